@@ -1,0 +1,36 @@
+/**
+ * Configuration is one typed object per program, read from the environment and validated at
+ * start-up; a bad value stops the program with a message naming the variable.
+ */
+import { z } from 'zod';
+
+export class ConfigError extends Error {}
+
+export function readConfig<T extends z.ZodType>(schema: T, env: NodeJS.ProcessEnv = process.env): z.infer<T> {
+  const result = schema.safeParse(env);
+  if (!result.success) {
+    const lines = result.error.issues.map((i) => `  ${i.path.join('.') || '(root)'}: ${i.message}`);
+    throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
+  }
+  return result.data;
+}
+
+/** Helpers for environment values (always strings). */
+export const env = {
+  int: (def: number, min = 0) => z.coerce.number().int().min(min).default(def),
+  bool: (def: boolean) =>
+    z
+      .enum(['true', 'false', '1', '0'])
+      .default(def ? 'true' : 'false')
+      .transform((v) => v === 'true' || v === '1'),
+  list: () =>
+    z
+      .string()
+      .default('')
+      .transform((v) =>
+        v
+          .split(',')
+          .map((s) => s.trim())
+          .filter(Boolean),
+      ),
+};

@@ -1,0 +1,53 @@
+import pg from 'pg';
+
+// numeric stays a string (decimal-safe); bigint ids become strings too, never lossy numbers.
+pg.types.setTypeParser(pg.types.builtins.INT8, (v) => v);
+
+export type Pool = pg.Pool;
+export type PoolClient = pg.PoolClient;
+export type Queryable = pg.Pool | pg.PoolClient;
+
+export function createPool(databaseUrl: string, max = 10, applicationName = 'flashsale'): pg.Pool {
+  return new pg.Pool({
+    connectionString: databaseUrl,
+    max,
+    // Explicit UTF-8: item names in Chinese must round-trip byte for byte.
+    client_encoding: 'UTF8',
+    application_name: applicationName,
+    connectionTimeoutMillis: 5_000,
+    idleTimeoutMillis: 30_000,
+    statement_timeout: 30_000,
+  });
+}
+
+/** Runs `fn` in a transaction; rolls back on any error. */
+export async function inTransaction<T>(pool: pg.Pool, fn: (c: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    const result = await fn(client);
+    await client.query('COMMIT');
+    return result;
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => undefined);
+    throw err;
+  } finally {
+    client.release();
+  }
+}
+
+/** Errors worth retrying: connection loss, serialization failures, deadlocks, shutdown. */
+export function isTransientDbError(err: unknown): boolean {
+  const code = (err as { code?: string }).code;
+  if (typeof code === 'string') {
+    return (
+      code.startsWith('08') ||
+      code === '40001' ||
+      code === '40P01' ||
+      code.startsWith('57P') ||
+      code === '53300'
+    );
+  }
+  const msg = (err as Error)?.message ?? '';
+  return /ECONNREFUSED|ECONNRESET|Connection terminated|timeout|ETIMEDOUT|EPIPE/i.test(msg);
+}

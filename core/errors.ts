@@ -1,0 +1,82 @@
+/**
+ * Stable error codes of the platform. The HTTP layer turns a FlashSaleError into
+ * `application/problem+json` with `code` as the machine-readable field; clients and dashboards
+ * rely on these strings, so they never change meaning.
+ */
+export const ErrorCodes = {
+  SOLD_OUT: { status: 409, title: 'Sold out' },
+  LIMIT_REACHED: { status: 409, title: 'Per-buyer limit reached' },
+  NOT_STARTED: { status: 409, title: 'The sale has not started' },
+  ENDED: { status: 409, title: 'The sale has ended' },
+  PAUSED: { status: 409, title: 'The sale is paused' },
+  INVALID_ORDER_CODE: { status: 403, title: 'Invalid order code' },
+  UNKNOWN_SKU: { status: 404, title: 'Unknown sku' },
+  UNKNOWN_ACTIVITY: { status: 404, title: 'Unknown activity' },
+  UNKNOWN_RESERVATION: { status: 404, title: 'Unknown reservation' },
+  CANCELLED: { status: 409, title: 'The request was cancelled' },
+  IDEMPOTENCY_CONFLICT: { status: 409, title: 'requestId reused with a different body' },
+  ALREADY_PAID: { status: 409, title: 'The order is paid' },
+  ORDER_CODES_DISABLED: { status: 409, title: 'This activity does not use order codes' },
+  VALIDATION_ERROR: { status: 400, title: 'The request is not valid' },
+  PAYLOAD_TOO_LARGE: { status: 413, title: 'The request body is too large' },
+  UNSUPPORTED_MEDIA_TYPE: { status: 415, title: 'Use application/json' },
+  UNAUTHORIZED: { status: 401, title: 'A valid bearer token is required' },
+  NOT_FOUND: { status: 404, title: 'Not found' },
+  METHOD_NOT_ALLOWED: { status: 405, title: 'Method not allowed' },
+  FROZEN: { status: 409, title: 'Stock was written back; the cache is frozen' },
+  MISMATCH: { status: 409, title: 'The reservation belongs to another buyer or sku' },
+  RELEASED: { status: 409, title: 'The reservation was released' },
+  STOCK_DECREASE: { status: 422, title: 'Initial stock can only grow' },
+  STALE_GENERATION: { status: 409, title: 'An older generation than the one loaded' },
+  NOT_LOADED: { status: 409, title: 'The activity is not loaded into the cache' },
+  BAD_ARGUMENT: { status: 500, title: 'A script was called with bad arguments' },
+  UNAVAILABLE: { status: 503, title: 'A dependency is unavailable; retry' },
+  INTERNAL: { status: 500, title: 'Internal error' },
+} as const satisfies Record<string, { status: number; title: string }>;
+
+export type ErrorCode = keyof typeof ErrorCodes;
+
+export class FlashSaleError extends Error {
+  readonly code: ErrorCode;
+  readonly status: number;
+  readonly extra: Readonly<Record<string, unknown>>;
+
+  constructor(code: ErrorCode, detail?: string, extra: Record<string, unknown> = {}) {
+    super(detail ?? ErrorCodes[code].title);
+    this.name = 'FlashSaleError';
+    this.code = code;
+    this.status = ErrorCodes[code].status;
+    this.extra = extra;
+  }
+}
+
+/**
+ * The one mapping from the Lua scripts' negative return codes (documented in each script's
+ * header) to error codes.
+ */
+export const ScriptErrorCodes: Readonly<Record<number, ErrorCode>> = {
+  [-1]: 'NOT_STARTED',
+  [-2]: 'ENDED',
+  [-3]: 'PAUSED',
+  [-4]: 'SOLD_OUT',
+  [-5]: 'LIMIT_REACHED',
+  [-6]: 'UNKNOWN_SKU',
+  [-7]: 'INVALID_ORDER_CODE',
+  [-8]: 'CANCELLED',
+  [-9]: 'NOT_LOADED',
+  [-10]: 'IDEMPOTENCY_CONFLICT',
+  [-11]: 'FROZEN',
+  [-12]: 'UNKNOWN_RESERVATION',
+  [-13]: 'ALREADY_PAID',
+  [-14]: 'MISMATCH',
+  [-15]: 'RELEASED',
+  [-16]: 'BAD_ARGUMENT',
+  [-17]: 'STOCK_DECREASE',
+  [-18]: 'STALE_GENERATION',
+};
+
+export function scriptError(script: string, code: number, data: (string | number)[] = []): FlashSaleError {
+  const mapped = ScriptErrorCodes[code];
+  if (!mapped) return new FlashSaleError('INTERNAL', `script ${script} returned unknown code ${code}`);
+  return new FlashSaleError(mapped, undefined, data.length > 0 ? { script, data } : { script });
+}

@@ -1,0 +1,71 @@
+/** Kafka topic names, topic creation and consumer lag, shared by relay, consumer and operator. */
+import { Kafka, logLevel } from 'kafkajs';
+import type { Admin } from 'kafkajs';
+
+export interface TopicNames {
+  orders: string;
+  dlq: string;
+  consumerGroup: string;
+}
+
+/** One topic per activity keeps activities apart; its DLQ sits beside it. */
+export function topicsFor(activityId: string, prefix = 'flashsale'): TopicNames {
+  return {
+    orders: `${prefix}.orders.${activityId}`,
+    dlq: `${prefix}.orders.${activityId}.dlq`,
+    consumerGroup: `${prefix}-orders-${activityId}`,
+  };
+}
+
+export function createKafka(brokers: string[], clientId: string): Kafka {
+  return new Kafka({
+    clientId,
+    brokers,
+    logLevel: logLevel.WARN,
+    retry: { retries: 8, initialRetryTime: 200 },
+  });
+}
+
+export async function ensureTopics(
+  admin: Admin,
+  topics: TopicNames,
+  partitions: number,
+  replicationFactor: number,
+): Promise<string[]> {
+  const existing = new Set(await admin.listTopics());
+  const wanted = [topics.orders, topics.dlq].filter((t) => !existing.has(t));
+  if (wanted.length === 0) return [];
+  await admin.createTopics({
+    waitForLeaders: true,
+    topics: wanted.map((topic) => ({
+      topic,
+      numPartitions: topic === topics.dlq ? 1 : partitions,
+      replicationFactor,
+      configEntries: [{ name: 'min.insync.replicas', value: String(Math.max(1, replicationFactor - 1)) }],
+    })),
+  });
+  return wanted;
+}
+
+/** Messages in `topic` not yet committed by `groupId` (high watermark minus committed offset). */
+export async function consumerLag(admin: Admin, groupId: string, topic: string): Promise<number> {
+  const [ends, committed] = await Promise.all([
+    admin.fetchTopicOffsets(topic),
+    admin.fetchOffsets({ groupId, topics: [topic] }),
+  ]);
+  const done = new Map<number, number>();
+  for (const t of committed) for (const p of t.partitions) done.set(p.partition, Number(p.offset));
+  let lag = 0;
+  for (const p of ends) {
+    const end = Number(p.high);
+    const c = done.get(p.partition) ?? -1;
+    lag += c < 0 ? end - Number(p.low) : Math.max(0, end - c);
+  }
+  return lag;
+}
+
+/** Messages currently held by a topic (used for the DLQ depth). */
+export async function topicDepth(admin: Admin, topic: string): Promise<number> {
+  const offsets = await admin.fetchTopicOffsets(topic);
+  return offsets.reduce((n, p) => n + Number(p.high) - Number(p.low), 0);
+}

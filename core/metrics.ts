@@ -1,0 +1,102 @@
+/**
+ * The metrics registry. Metric names are part of the product's contract (dashboards, alerts and
+ * checks use them): they are defined here and nowhere else.
+ */
+import client from 'prom-client';
+
+export type Metrics = ReturnType<typeof createMetrics>;
+
+export function createMetrics(component: string) {
+  const registry = new client.Registry();
+  registry.setDefaultLabels({ component });
+  client.collectDefaultMetrics({ register: registry, prefix: 'flashsale_process_' });
+  const r = [registry];
+  return {
+    registry,
+    outboxHalfMessages: new client.Gauge({
+      name: 'flashsale_outbox_half_messages',
+      help: 'Outbox entries (half messages) not yet acknowledged by Kafka',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    outboxOldestAge: new client.Gauge({
+      name: 'flashsale_outbox_oldest_age_seconds',
+      help: 'Age of the oldest half message',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    relayPublished: new client.Counter({
+      name: 'flashsale_relay_published_total',
+      help: 'Half messages published to Kafka and acknowledged',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    relayReclaimed: new client.Counter({
+      name: 'flashsale_relay_reclaimed_total',
+      help: 'Half messages reclaimed from a relay that stopped acknowledging',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    consumerRetries: new client.Counter({
+      name: 'flashsale_consumer_retries_total',
+      help: 'Consumer retries by reason',
+      labelNames: ['activity', 'reason'],
+      registers: r,
+    }),
+    consumerLag: new client.Gauge({
+      name: 'flashsale_consumer_lag',
+      help: 'Kafka messages not yet consumed by the order consumer group',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    dlqDepth: new client.Gauge({
+      name: 'flashsale_dlq_depth',
+      help: 'Messages in the dead-letter topic',
+      labelNames: ['topic'],
+      registers: r,
+    }),
+    dlqSent: new client.Counter({
+      name: 'flashsale_dlq_messages_total',
+      help: 'Messages sent to the dead-letter topic',
+      labelNames: ['activity', 'reason'],
+      registers: r,
+    }),
+    orderGap: new client.Gauge({
+      name: 'flashsale_order_gap',
+      help: 'Reservations older than the gap threshold with no order in PostgreSQL',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    reservations: new client.Counter({
+      name: 'flashsale_reservations_total',
+      help: 'Reservation attempts by result',
+      labelNames: ['activity', 'result'],
+      registers: r,
+    }),
+    stockRemaining: new client.Gauge({
+      name: 'flashsale_stock_remaining',
+      help: 'Stock remaining per SKU',
+      labelNames: ['activity', 'sku'],
+      registers: r,
+    }),
+    orders: new client.Counter({
+      name: 'flashsale_orders_total',
+      help: 'Orders by status transition',
+      labelNames: ['activity', 'status'],
+      registers: r,
+    }),
+    httpDuration: new client.Histogram({
+      name: 'flashsale_http_request_duration_seconds',
+      help: 'HTTP request duration',
+      labelNames: ['route', 'method', 'code'],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      registers: r,
+    }),
+    jobRuns: new client.Counter({
+      name: 'flashsale_job_runs_total',
+      help: 'Scheduled job runs by job and result',
+      labelNames: ['job', 'result'],
+      registers: r,
+    }),
+  };
+}

@@ -1,0 +1,47 @@
+/** Shared domain types: what every role and the operator agree on. */
+
+export type GateState = 'pending' | 'open' | 'paused' | 'closed' | 'frozen';
+
+export interface CatalogItem {
+  skuId: string;
+  name: string;
+  /** Decimal string, e.g. "1999.00"; never a float. */
+  price: string;
+  /** Initial stock of this SKU (grows only). */
+  stock: number;
+  limitPerUser: number;
+}
+
+/** What the cache needs to know of an activity; built by the operator from the custom resource. */
+export interface ActivityDefinition {
+  id: string;
+  /** The custom resource's generation; fences cache loading. */
+  generation: number;
+  startAt: Date;
+  endAt: Date;
+  requireOrderCode: boolean;
+  /** Whether a released reservation gives the buyer their limit back. */
+  reopenOnRelease: boolean;
+  items: CatalogItem[];
+}
+
+/** The half message: the outbox entry written by reserve-8.lua, relayed to Kafka verbatim. */
+export interface OrderMessage {
+  reservationId: string;
+  activityId: string;
+  userId: string;
+  skuId: string;
+  quantity: number;
+  slot: number;
+  unitPrice: string;
+  itemName: string;
+  reservedAt: number;
+  traceId: string;
+  requestId: string;
+}
+
+export type ReservationState = 'RESERVED' | 'RELEASED' | 'CANCELLED' | 'PAID';
+
+/** What a buyer sees when polling a reservation. */
+export type ReservationResult =
+  { status: 'QUEUED' } | { status: 'CREATED'; orderId: string } | { status: 'FAILED'; reason: string };

@@ -1,0 +1,174 @@
+/**
+ * Reservation operations over the cache: reserve, release, confirm. Each is one script call;
+ * the scripts hold the rules, this module only supplies keys and arguments.
+ */
+import { createHash } from 'node:crypto';
+import { activityKeys } from './keys.js';
+import type { OrderMessage, ReservationState } from './model.js';
+import type { RedisClient } from './scripts.js';
+import { runScript } from './scripts.js';
+
+/**
+ * Reservation ids are derived from (activity, buyer, requestId): a retried submission maps to
+ * the same id (the script replays it), and a cancellation can name a reservation that has not
+ * arrived yet.
+ */
+export function reservationIdFor(activityId: string, userId: string, requestId: string): string {
+  return createHash('sha256')
+    .update(`${activityId}\n${userId}\n${requestId}`)
+    .digest('base64url')
+    .slice(0, 22);
+}
+
+export interface ReserveInput {
+  activityId: string;
+  userId: string;
+  skuId: string;
+  quantity: number;
+  requestId: string;
+  traceId: string;
+  orderCode?: string | undefined;
+}
+
+export type ReserveOutcome =
+  | { kind: 'reserved'; reservationId: string; stockLeft: number }
+  | { kind: 'replayed'; reservationId: string; state: ReservationState };
+
+export async function reserve(redis: RedisClient, input: ReserveInput): Promise<ReserveOutcome> {
+  const k = activityKeys(input.activityId);
+  const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
+  const reply = await runScript(
+    redis,
+    'reserve',
+    [
+      k.meta,
+      k.sku(input.skuId),
+      k.buyer(input.userId),
+      k.reservation(rid),
+      k.outbox,
+      k.ledger,
+      k.counters,
+      input.orderCode ? k.orderCode(input.orderCode) : k.none,
+    ],
+    [
+      rid,
+      input.userId,
+      input.skuId,
+      input.quantity,
+      input.requestId,
+      input.traceId,
+      input.orderCode ?? '',
+      input.activityId,
+    ],
+  );
+  if (reply[0] === 1) return { kind: 'reserved', reservationId: rid, stockLeft: Number(reply[2]) };
+  return { kind: 'replayed', reservationId: rid, state: String(reply[2]) as ReservationState };
+}
+
+export interface ReleaseInput {
+  activityId: string;
+  reservationId: string;
+  userId: string;
+  skuId: string;
+  reason: string;
+  /** Record a tombstone when the reservation has not arrived yet (buyer cancellation). */
+  tombstoneIfMissing?: boolean;
+}
+
+export type ReleaseOutcome =
+  { kind: 'released'; stockAfter: number } | { kind: 'already-released' } | { kind: 'tombstoned' };
+
+export async function release(redis: RedisClient, input: ReleaseInput): Promise<ReleaseOutcome> {
+  const k = activityKeys(input.activityId);
+  const reply = await runScript(
+    redis,
+    'release',
+    [
+      k.meta,
+      k.reservation(input.reservationId),
+      k.sku(input.skuId),
+      k.buyer(input.userId),
+      k.ledger,
+      k.counters,
+    ],
+    [
+      input.reservationId,
+      input.userId,
+      input.skuId,
+      input.reason,
+      input.tombstoneIfMissing ? '1' : '0',
+      k.restockChannel,
+    ],
+  );
+  if (reply[0] === 1) return { kind: 'released', stockAfter: Number(reply[1]) };
+  if (reply[0] === 2) return { kind: 'already-released' };
+  return { kind: 'tombstoned' };
+}
+
+export async function confirmPaid(
+  redis: RedisClient,
+  activityId: string,
+  reservationId: string,
+): Promise<'paid' | 'already-paid'> {
+  const k = activityKeys(activityId);
+  const reply = await runScript(
+    redis,
+    'confirmPaid',
+    [k.reservation(reservationId), k.meta],
+    [reservationId],
+  );
+  return reply[0] === 1 ? 'paid' : 'already-paid';
+}
+
+export interface ReservationRecord {
+  reservationId: string;
+  state: ReservationState;
+  userId: string;
+  skuId: string;
+  quantity: number;
+  slot: number;
+  unitPrice: string;
+  itemName: string;
+  reservedAt: number;
+  traceId: string;
+  requestId: string;
+}
+
+export async function readReservation(
+  redis: RedisClient,
+  activityId: string,
+  reservationId: string,
+): Promise<ReservationRecord | undefined> {
+  const h = await redis.hgetall(activityKeys(activityId).reservation(reservationId));
+  if (!h.state) return undefined;
+  return {
+    reservationId,
+    state: h.state as ReservationState,
+    userId: h.user ?? '',
+    skuId: h.sku ?? '',
+    quantity: Number(h.qty ?? 0),
+    slot: Number(h.slot ?? 0),
+    unitPrice: h.price ?? '',
+    itemName: h.name ?? '',
+    reservedAt: Number(h.ts ?? 0),
+    traceId: h.trace ?? '',
+    requestId: h.req ?? '',
+  };
+}
+
+/** Rebuilds the half message of a reservation from its ledger entry (order-gap repair). */
+export function orderMessageOf(activityId: string, r: ReservationRecord): OrderMessage {
+  return {
+    reservationId: r.reservationId,
+    activityId,
+    userId: r.userId,
+    skuId: r.skuId,
+    quantity: r.quantity,
+    slot: r.slot,
+    unitPrice: r.unitPrice,
+    itemName: r.itemName,
+    reservedAt: r.reservedAt,
+    traceId: r.traceId,
+    requestId: r.requestId,
+  };
+}

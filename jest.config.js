@@ -1,0 +1,27 @@
+// Jest runs TypeScript as ESM (required by @kubernetes/client-node 1.x); see ARCHITECTURE.md.
+const transform = {
+  '^.+\\.ts$': ['ts-jest', { useESM: true, isolatedModules: true, diagnostics: false }],
+};
+const common = {
+  preset: 'ts-jest/presets/default-esm',
+  extensionsToTreatAsEsm: ['.ts'],
+  testEnvironment: 'node',
+  moduleNameMapper: { '^(\\.{1,2}/.*)\\.js$': '$1' },
+  transform,
+};
+
+/** @type {import('jest').Config} */
+export default {
+  projects: [
+    { ...common, displayName: 'unit', testMatch: ['<rootDir>/test/unit/**/*.test.ts'] },
+    {
+      ...common,
+      displayName: 'integration',
+      testMatch: ['<rootDir>/test/integration/**/*.test.ts', '<rootDir>/test/e2e/**/*.test.ts'],
+      globalSetup: '<rootDir>/test/env/global-setup.ts',
+      globalTeardown: '<rootDir>/test/env/global-teardown.ts',
+      testTimeout: 180_000,
+    },
+  ],
+  reporters: ['default', '<rootDir>/test/summary-reporter.cjs'],
+};

@@ -1,0 +1,58 @@
+--[[
+  Idempotent compensation keyed by reservation id: returns the reservation's stock at most once.
+  A release that arrives before its reservation leaves a CANCELLED tombstone, so the late
+  reservation is refused (reserve-8.lua returns CANCELLED).
+
+  Input:
+    KEYS[1] meta hash
+    KEYS[2] reservation hash
+    KEYS[3] sku hash
+    KEYS[4] buyer hash
+    KEYS[5] ledger sorted set
+    KEYS[6] counters hash
+
+    ARGV[1] reservation id
+    ARGV[2] buyer id     (must match the reservation)
+    ARGV[3] sku id       (must match the reservation)
+    ARGV[4] reason       (CANCELLED | PAYMENT_TIMEOUT | COMPENSATED | ...)
+    ARGV[5] '1' to record a tombstone when the reservation does not exist yet, else '0'
+    ARGV[6] restock pub/sub channel
+
+  Output:
+     {1, stockAfter}   released now
+     {2}               already released earlier (nothing changed)
+     {3}               tombstone recorded (reservation not seen yet)
+    -11 FROZEN         stock was written back: release through PostgreSQL instead
+    -12 UNKNOWN_RESERVATION
+    -13 ALREADY_PAID
+    -14 MISMATCH       buyer or sku differ from the reservation
+]]
+local rid, user, sku = ARGV[1], ARGV[2], ARGV[3]
+
+--- @include "includes/nowMs"
+
+if redis.call('HGET', KEYS[1], 'gate') == 'frozen' then return {-11} end
+
+local r = redis.call('HMGET', KEYS[2], 'state', 'user', 'sku', 'qty', 'slot')
+local state = r[1]
+if not state then
+  if ARGV[5] ~= '1' then return {-12} end
+  redis.call('HSET', KEYS[2], 'state', 'CANCELLED', 'user', user, 'sku', sku,
+    'releasedAt', nowMs(), 'reason', ARGV[4])
+  return {3}
+end
+if r[2] ~= user or r[3] ~= sku then return {-14} end
+if state == 'RELEASED' or state == 'CANCELLED' then return {2} end
+if state == 'PAID' then return {-13} end
+
+local qty = tonumber(r[4])
+local after = redis.call('HINCRBY', KEYS[3], 'stock', qty)
+if redis.call('HGET', KEYS[1], 'reopen') ~= '0' then
+  redis.call('HINCRBY', KEYS[4], sku .. ':qty', -qty)
+  redis.call('HDEL', KEYS[4], sku .. ':slot:' .. r[5])
+end
+redis.call('ZREM', KEYS[5], rid)
+redis.call('HSET', KEYS[2], 'state', 'RELEASED', 'releasedAt', nowMs(), 'reason', ARGV[4])
+redis.call('HINCRBY', KEYS[6], 'released', qty)
+redis.call('PUBLISH', ARGV[6], sku)
+return {1, after}

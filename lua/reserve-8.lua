@@ -1,0 +1,90 @@
+--[[
+  Reserves stock for one buyer in one atomic step, and appends the outbox entry (the half
+  message) in the same step: there is no instant in which stock is gone and no outbox entry
+  exists.
+
+  Input:
+    KEYS[1] meta hash            (gate, startMs, endMs, requireCode)
+    KEYS[2] sku hash             (stock, limit, price, name)
+    KEYS[3] buyer hash           (<sku>:qty, <sku>:slot:<n>)
+    KEYS[4] reservation hash     (the ledger entry; its existence makes the call a replay)
+    KEYS[5] outbox stream
+    KEYS[6] ledger sorted set    (reservations not yet confirmed as orders)
+    KEYS[7] counters hash
+    KEYS[8] order code key       (or the activity's placeholder key when no code was sent)
+
+    ARGV[1] reservation id (derived from activity, buyer and requestId by the caller)
+    ARGV[2] buyer id
+    ARGV[3] sku id
+    ARGV[4] quantity (integer >= 1)
+    ARGV[5] requestId
+    ARGV[6] trace id
+    ARGV[7] order code ('' when none)
+    ARGV[8] activity id
+
+  Output:
+     {1, reservationId, stockLeft}            reserved now
+     {2, reservationId, state}                replay of an earlier call with this requestId
+    -1  NOT_STARTED  gate pending or before startAt
+    -2  ENDED        gate closed/frozen or at/after endAt
+    -3  PAUSED
+    -4  SOLD_OUT     (second element: stock left)
+    -5  LIMIT_REACHED
+    -6  UNKNOWN_SKU
+    -7  INVALID_ORDER_CODE
+    -8  CANCELLED    the reservation was cancelled before it arrived
+    -9  NOT_LOADED   the activity is not in the cache
+    -10 IDEMPOTENCY_CONFLICT  the requestId was used for a different sku or quantity
+]]
+local rid, user, sku, qty = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+
+--- @include "includes/nowMs"
+--- @include "includes/gateRefusal"
+
+local prior = redis.call('HMGET', KEYS[4], 'state', 'sku', 'qty')
+if prior[1] then
+  if prior[1] == 'CANCELLED' then return {-8, rid} end
+  if prior[2] ~= sku or tonumber(prior[3]) ~= qty then return {-10, rid} end
+  return {2, rid, prior[1]}
+end
+
+local now = nowMs()
+local meta = redis.call('HMGET', KEYS[1], 'gate', 'startMs', 'endMs', 'requireCode')
+local refusal = gateRefusal(meta[1], meta[2], meta[3], now)
+if refusal then return {refusal} end
+
+local item = redis.call('HMGET', KEYS[2], 'stock', 'limit', 'price', 'name')
+if not item[1] then return {-6} end
+local stock, limit = tonumber(item[1]), tonumber(item[2])
+
+if meta[4] == '1' then
+  if ARGV[7] == '' or redis.call('GET', KEYS[8]) ~= (user .. '|' .. sku) then return {-7} end
+end
+
+local held = tonumber(redis.call('HGET', KEYS[3], sku .. ':qty') or '0')
+if held + qty > limit then return {-5} end
+-- A slot per live reservation: PostgreSQL's unique (activity, buyer, sku, slot) key repeats
+-- this limit, so a duplicate can never become a second order even if Redis state were lost.
+local slot = nil
+for i = 1, limit do
+  if redis.call('HEXISTS', KEYS[3], sku .. ':slot:' .. i) == 0 then slot = i; break end
+end
+if not slot then return {-5} end
+
+if stock < qty then return {-4, stock} end
+
+local left = redis.call('HINCRBY', KEYS[2], 'stock', -qty)
+redis.call('HINCRBY', KEYS[3], sku .. ':qty', qty)
+redis.call('HSET', KEYS[3], sku .. ':slot:' .. slot, rid)
+redis.call('HSET', KEYS[4], 'state', 'RESERVED', 'user', user, 'sku', sku, 'qty', qty,
+  'slot', slot, 'price', item[3], 'name', item[4], 'ts', now, 'trace', ARGV[6], 'req', ARGV[5])
+redis.call('XADD', KEYS[5], '*', 'rid', rid, 'm', cjson.encode({
+  reservationId = rid, activityId = ARGV[8], userId = user, skuId = sku, quantity = qty,
+  slot = slot, unitPrice = item[3], itemName = item[4], reservedAt = now,
+  traceId = ARGV[6], requestId = ARGV[5]
+}))
+redis.call('ZADD', KEYS[6], now, rid)
+redis.call('HINCRBY', KEYS[7], 'reserved', qty)
+redis.call('HINCRBY', KEYS[7], 'reservations', 1)
+if meta[4] == '1' then redis.call('DEL', KEYS[8]) end
+return {1, rid, left}
