@@ -100,3 +100,61 @@ export function createMetrics(component: string) {
     }),
   };
 }
+
+export type OperatorMetrics = ReturnType<typeof createOperatorMetrics>;
+
+/** The operator's metrics; names mirror controller-runtime's where they overlap. */
+export function createOperatorMetrics() {
+  const registry = new client.Registry();
+  registry.setDefaultLabels({ component: 'operator' });
+  client.collectDefaultMetrics({ register: registry, prefix: 'flashsale_process_' });
+  const r = [registry];
+  return {
+    registry,
+    activityPhase: new client.Gauge({
+      name: 'flashsale_activity_phase',
+      help: '1 for the phase each activity is in, 0 for the others',
+      labelNames: ['activity', 'namespace', 'phase'],
+      registers: r,
+    }),
+    reconcileTotal: new client.Counter({
+      name: 'flashsale_reconcile_total',
+      help: 'Reconcile passes by result (success, requeue, error)',
+      labelNames: ['result'],
+      registers: r,
+    }),
+    reconcileErrors: new client.Counter({
+      name: 'flashsale_reconcile_errors_total',
+      help: 'Reconcile passes that ended in an error',
+      registers: r,
+    }),
+    reconcileDuration: new client.Histogram({
+      name: 'flashsale_reconcile_duration_seconds',
+      help: 'Duration of one reconcile pass',
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers: r,
+    }),
+    workqueueDepth: new client.Gauge({
+      name: 'flashsale_workqueue_depth',
+      help: 'Keys waiting in the operator work queue',
+      registers: r,
+    }),
+    leader: new client.Gauge({
+      name: 'flashsale_leader',
+      help: '1 while this replica holds the leader Lease',
+      registers: r,
+    }),
+    activityHalfMessages: new client.Gauge({
+      name: 'flashsale_activity_half_messages',
+      help: 'Half messages of each activity as last seen by the operator',
+      labelNames: ['activity', 'namespace'],
+      registers: r,
+    }),
+    activityConsumerLag: new client.Gauge({
+      name: 'flashsale_activity_consumer_lag',
+      help: 'Consumer lag of each activity as last seen by the operator',
+      labelNames: ['activity', 'namespace'],
+      registers: r,
+    }),
+  };
+}
