@@ -140,12 +140,12 @@ export async function readOutbox(
 export async function recordResults(
   redis: RedisClient,
   activityId: string,
-  results: { reservationId: string; result: ReservationResult }[],
+  results: StoredResult[],
 ): Promise<void> {
   if (results.length === 0) return;
   const k = activityKeys(activityId);
   const flat: string[] = [];
-  for (const r of results) flat.push(r.reservationId, JSON.stringify(r.result));
+  for (const r of results) flat.push(r.reservationId, JSON.stringify({ ...r.result, userId: r.userId }));
   await redis
     .multi()
     .hset(k.results, ...flat)
@@ -153,13 +153,22 @@ export async function recordResults(
     .exec();
 }
 
+/** A buyer's result with its owner, so lookups stay owner-checked after cleanup. */
+export interface StoredResult {
+  reservationId: string;
+  userId: string;
+  result: ReservationResult;
+}
+
 export async function readResult(
   redis: RedisClient,
   activityId: string,
   reservationId: string,
-): Promise<ReservationResult | undefined> {
+): Promise<StoredResult | undefined> {
   const raw = await redis.hget(activityKeys(activityId).results, reservationId);
-  return raw ? (JSON.parse(raw) as ReservationResult) : undefined;
+  if (!raw) return undefined;
+  const { userId, ...result } = JSON.parse(raw) as ReservationResult & { userId: string };
+  return { reservationId, userId, result };
 }
 
 /** Reservations older than `olderThanMs` that are not yet confirmed as orders. */

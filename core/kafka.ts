@@ -1,6 +1,6 @@
 /** Kafka topic names, topic creation and consumer lag, shared by relay, consumer and operator. */
-import { Kafka, logLevel } from 'kafkajs';
-import type { Admin } from 'kafkajs';
+import { Kafka, Partitioners, logLevel } from 'kafkajs';
+import type { Admin, Producer } from 'kafkajs';
 
 export interface TopicNames {
   orders: string;
@@ -23,6 +23,21 @@ export function createKafka(brokers: string[], clientId: string): Kafka {
     brokers,
     logLevel: logLevel.WARN,
     retry: { retries: 8, initialRetryTime: 200 },
+  });
+}
+
+/**
+ * An idempotent producer (acks from all in-sync replicas, one request in flight). Retries are
+ * unbounded as kafkajs requires for its idempotence guarantee: during a broker outage a send
+ * waits instead of failing, and the half messages simply stay in the outbox.
+ */
+export function idempotentProducer(kafka: Kafka): Producer {
+  return kafka.producer({
+    idempotent: true,
+    maxInFlightRequests: 1,
+    allowAutoTopicCreation: false,
+    createPartitioner: Partitioners.DefaultPartitioner,
+    retry: { retries: Number.MAX_SAFE_INTEGER, initialRetryTime: 200, maxRetryTime: 5_000 },
   });
 }
 

@@ -86,3 +86,12 @@ export class ActivityKeys {
 export function activityKeys(activityId: string): ActivityKeys {
   return new ActivityKeys(activityId);
 }
+
+/** Pattern matching every activity's restock channel (for api replicas serving all activities). */
+export const RESTOCK_CHANNEL_PATTERN = `${PREFIX}:{*}:restock`;
+
+/** The activity id of a restock channel name, or undefined for anything else. */
+export function activityOfRestockChannel(channel: string): string | undefined {
+  const m = /^fs:\{([^}]+)\}:restock$/.exec(channel);
+  return m?.[1];
+}

@@ -1,0 +1,21 @@
+/**
+ * Fault injection for the crash-window tests: when FLASHSALE_CRASH_POINT names this point, the
+ * process dies right here with SIGKILL (no cleanup, no flush), on the Nth time the line is reached
+ * (FLASHSALE_CRASH_AFTER, default 1). Production never sets these variables.
+ */
+const point = process.env.FLASHSALE_CRASH_POINT ?? '';
+const after = Math.max(1, Number(process.env.FLASHSALE_CRASH_AFTER ?? '1') || 1);
+let hits = 0;
+
+export type CrashPoint =
+  | 'api-after-reserve'
+  | 'relay-after-kafka-ack'
+  | 'consumer-before-db-commit'
+  | 'consumer-after-db-commit'
+  | 'consumer-before-results';
+
+export function crashPoint(name: CrashPoint): void {
+  if (point !== name) return;
+  hits += 1;
+  if (hits >= after) process.kill(process.pid, 'SIGKILL');
+}

@@ -1,0 +1,74 @@
+/** The api role: the buyer HTTP API on top of the service app. */
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import express from 'express';
+import type { Express } from 'express';
+import { FlashSaleError } from '../../core/errors.js';
+import type { Logger } from '../../core/logger.js';
+import { createServiceApp } from '../http.js';
+import type { ServiceAppOptions } from '../http.js';
+import { bearerAuth } from './auth.js';
+import type { AuthConfig } from './auth.js';
+import { ordersRouter } from './orders-routes.js';
+import type { OrdersDeps } from './orders-routes.js';
+import { problemHandler, sendProblem } from './problem.js';
+
+export interface ApiOptions extends ServiceAppOptions, OrdersDeps {
+  auth: AuthConfig;
+  bodyLimit: string;
+  logger: Logger;
+  /** Extra routers mounted behind authentication (e.g. cancellation, payments). */
+  extraRouters?: express.Router[];
+  /** Routers mounted without buyer authentication (e.g. signed payment notifications). */
+  publicRouters?: express.Router[];
+}
+
+function findOpenApi(): string | undefined {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (let i = 0; i < 5; i += 1) {
+    const candidate = join(dir, 'runtime', 'api', 'openapi.yaml');
+    if (existsSync(candidate)) return candidate;
+    const here = join(dir, 'openapi.yaml');
+    if (existsSync(here)) return here;
+    dir = dirname(dir);
+  }
+  return undefined;
+}
+
+export async function createApiApp(opts: ApiOptions): Promise<Express> {
+  const app = createServiceApp(opts);
+  const openapiPath = findOpenApi();
+  const openapi = openapiPath ? readFileSync(openapiPath, 'utf8') : undefined;
+  app.get('/openapi.yaml', (_req, res) => {
+    if (!openapi) {
+      sendProblem(res, 'NOT_FOUND', 'the OpenAPI document is not bundled');
+      return;
+    }
+    res.type('application/yaml').send(openapi);
+  });
+  for (const r of opts.publicRouters ?? []) app.use(r);
+  // Only JSON bodies are read; anything else on a write is refused before authentication work.
+  app.use('/v1', (req, _res, next) => {
+    if (
+      (req.method === 'POST' || req.method === 'PUT' || req.method === 'DELETE') &&
+      req.headers['content-length'] !== '0'
+    ) {
+      const type = req.headers['content-type'] ?? '';
+      if (req.method !== 'DELETE' && !/^application\/json\b/i.test(type)) {
+        next(new FlashSaleError('UNSUPPORTED_MEDIA_TYPE', 'send application/json'));
+        return;
+      }
+    }
+    next();
+  });
+  app.use('/v1', express.json({ limit: opts.bodyLimit, strict: true }));
+  app.use('/v1', await bearerAuth(opts.auth));
+  app.use(ordersRouter(opts));
+  for (const r of opts.extraRouters ?? []) app.use(r);
+  app.use((_req, res) => {
+    sendProblem(res, 'NOT_FOUND', 'no such route');
+  });
+  app.use(problemHandler(opts.logger));
+  return app;
+}

@@ -1,0 +1,165 @@
+/** The buyer API: submit, poll, order codes. Handlers validate, call the core, map the outcome. */
+import { Router } from 'express';
+import type { Request, Response } from 'express';
+import { issueOrderCode, readMeta, readResult, skuExists } from '../../core/activity-cache.js';
+import { FlashSaleError } from '../../core/errors.js';
+import type { ErrorCode } from '../../core/errors.js';
+import { findByReservationId } from '../../core/db/orders-store.js';
+import type { Pool } from '../../core/db/pool.js';
+import type { Metrics } from '../../core/metrics.js';
+import type { ReservationResult } from '../../core/model.js';
+import { readReservation, reservationIdFor, reserve } from '../../core/reservations.js';
+import { crashPoint } from '../../core/crash.js';
+import type { RedisClient } from '../../core/scripts.js';
+import {
+  activityParam,
+  orderCodeBody,
+  parse,
+  requestIdQuery,
+  reservationParam,
+  submitOrderBody,
+} from './schemas.js';
+import type { SoldOutFlags } from './sold-out.js';
+
+export interface OrdersDeps {
+  redis: RedisClient;
+  pool: Pool;
+  metrics: Metrics;
+  soldOut: SoldOutFlags;
+  /** When set, this api serves only this activity. */
+  activityId: string | undefined;
+  orderCodeTtlSeconds: number;
+}
+
+const resultLabel: Partial<Record<ErrorCode, string>> = {
+  SOLD_OUT: 'sold_out',
+  LIMIT_REACHED: 'limit_reached',
+  NOT_STARTED: 'not_started',
+  ENDED: 'ended',
+  PAUSED: 'paused',
+  INVALID_ORDER_CODE: 'invalid_order_code',
+  UNKNOWN_SKU: 'unknown_sku',
+  CANCELLED: 'cancelled',
+  IDEMPOTENCY_CONFLICT: 'idempotency_conflict',
+  NOT_LOADED: 'not_started',
+};
+
+export function ordersRouter(deps: OrdersDeps): Router {
+  const router = Router();
+
+  const activityOf = (req: Request): string => {
+    const activityId = parse(activityParam, req.params.activityId);
+    if (deps.activityId && activityId !== deps.activityId) {
+      throw new FlashSaleError('UNKNOWN_ACTIVITY', `this endpoint serves activity ${deps.activityId}`);
+    }
+    return activityId;
+  };
+
+  router.post('/v1/activities/:activityId/orders', async (req: Request, res: Response) => {
+    const activityId = activityOf(req);
+    const body = parse(submitOrderBody, req.body);
+    const userId = res.locals.userId as string;
+    if (deps.soldOut.isSoldOut(activityId, body.skuId)) {
+      deps.metrics.reservations.inc({ activity: activityId, result: 'sold_out' });
+      throw new FlashSaleError('SOLD_OUT', 'sold out', {
+        reservationId: reservationIdFor(activityId, userId, body.requestId),
+      });
+    }
+    try {
+      const outcome = await reserve(deps.redis, {
+        activityId,
+        userId,
+        skuId: body.skuId,
+        quantity: body.quantity,
+        requestId: body.requestId,
+        traceId: res.locals.traceId as string,
+        orderCode: body.orderCode,
+      });
+      crashPoint('api-after-reserve');
+      deps.metrics.reservations.inc({
+        activity: activityId,
+        result: outcome.kind === 'reserved' ? 'ok' : 'duplicate',
+      });
+      const status =
+        outcome.kind === 'reserved' || outcome.state === 'RESERVED' || outcome.state === 'PAID'
+          ? 'QUEUED'
+          : 'FAILED';
+      res
+        .status(202)
+        .location(`/v1/activities/${activityId}/orders/${outcome.reservationId}`)
+        .json({
+          reservationId: outcome.reservationId,
+          status,
+          replayed: outcome.kind === 'replayed',
+        });
+    } catch (err) {
+      if (err instanceof FlashSaleError) {
+        deps.metrics.reservations.inc({ activity: activityId, result: resultLabel[err.code] ?? 'error' });
+        if (err.code === 'SOLD_OUT') deps.soldOut.markSoldOut(activityId, body.skuId);
+        if (err.code === 'NOT_LOADED') throw new FlashSaleError('NOT_STARTED', 'the sale is not open yet');
+      }
+      throw err;
+    }
+  });
+
+  const lookup = async (
+    activityId: string,
+    userId: string,
+    reservationId: string,
+  ): Promise<ReservationResult> => {
+    const [stored, rsv] = await Promise.all([
+      readResult(deps.redis, activityId, reservationId),
+      readReservation(deps.redis, activityId, reservationId),
+    ]);
+    if (rsv && rsv.userId !== userId) throw new FlashSaleError('UNKNOWN_RESERVATION');
+    if (stored && stored.userId === userId) return stored.result;
+    if (rsv?.state === 'RESERVED') return { status: 'QUEUED' };
+    if (rsv?.state === 'RELEASED' || rsv?.state === 'CANCELLED')
+      return { status: 'FAILED', reason: rsv.state };
+    // The Redis result may be missing (written after the DB commit, or expired): PostgreSQL decides.
+    const order = await findByReservationId(deps.pool, reservationId);
+    if (order && order.userId === userId && order.activityId === activityId) {
+      return order.status === 'CLOSED'
+        ? { status: 'FAILED', reason: order.closeReason ?? 'CLOSED' }
+        : { status: 'CREATED', orderId: order.id };
+    }
+    if (rsv) return { status: 'QUEUED' };
+    throw new FlashSaleError('UNKNOWN_RESERVATION');
+  };
+
+  router.get('/v1/activities/:activityId/orders/:reservationId', async (req: Request, res: Response) => {
+    const activityId = activityOf(req);
+    const reservationId = parse(reservationParam, req.params.reservationId);
+    const result = await lookup(activityId, res.locals.userId as string, reservationId);
+    res.json({ reservationId, ...result });
+  });
+
+  /** Lets a buyer who never saw the 202 (or got a fast SOLD_OUT on retry) find their reservation. */
+  router.get('/v1/activities/:activityId/orders', async (req: Request, res: Response) => {
+    const activityId = activityOf(req);
+    const requestId = parse(requestIdQuery, req.query.requestId);
+    const userId = res.locals.userId as string;
+    const reservationId = reservationIdFor(activityId, userId, requestId);
+    const result = await lookup(activityId, userId, reservationId);
+    res.json({ reservationId, ...result });
+  });
+
+  router.post('/v1/activities/:activityId/order-codes', async (req: Request, res: Response) => {
+    const activityId = activityOf(req);
+    const body = parse(orderCodeBody, req.body);
+    const meta = await readMeta(deps.redis, activityId);
+    if (!meta) throw new FlashSaleError('UNKNOWN_ACTIVITY');
+    if (!meta.requireOrderCode) throw new FlashSaleError('ORDER_CODES_DISABLED');
+    if (!(await skuExists(deps.redis, activityId, body.skuId))) throw new FlashSaleError('UNKNOWN_SKU');
+    const code = await issueOrderCode(
+      deps.redis,
+      activityId,
+      res.locals.userId as string,
+      body.skuId,
+      deps.orderCodeTtlSeconds,
+    );
+    res.status(201).json({ orderCode: code, expiresInSeconds: deps.orderCodeTtlSeconds });
+  });
+
+  return router;
+}

@@ -1,0 +1,69 @@
+/** The one catch point that turns errors into `application/problem+json`. */
+import type { ErrorRequestHandler, Response } from 'express';
+import { ErrorCodes, FlashSaleError } from '../../core/errors.js';
+import type { ErrorCode } from '../../core/errors.js';
+import type { Logger } from '../../core/logger.js';
+
+export function sendProblem(
+  res: Response,
+  code: ErrorCode,
+  detail?: string,
+  extra: Readonly<Record<string, unknown>> = {},
+): void {
+  const { status, title } = ErrorCodes[code];
+  res
+    .status(status)
+    .type('application/problem+json')
+    .json({
+      type: `https://flashsale.io/problems/${code.toLowerCase().replace(/_/g, '-')}`,
+      title,
+      status,
+      code,
+      detail: detail ?? title,
+      ...extra,
+    });
+}
+
+/** Body-parser and framework errors carry a `type` / `status`; map them to stable codes. */
+function frameworkCode(err: { type?: string; status?: number }): ErrorCode | undefined {
+  if (err.type === 'entity.too.large') return 'PAYLOAD_TOO_LARGE';
+  if (
+    err.type === 'entity.parse.failed' ||
+    err.type === 'encoding.unsupported' ||
+    err.type === 'charset.unsupported'
+  )
+    return 'VALIDATION_ERROR';
+  if (err.status === 400) return 'VALIDATION_ERROR';
+  return undefined;
+}
+
+export function problemHandler(logger: Logger): ErrorRequestHandler {
+  return (err: unknown, req, res, _next) => {
+    if (res.headersSent) return;
+    if (err instanceof FlashSaleError) {
+      const extra: Record<string, unknown> = {};
+      if (err.code === 'VALIDATION_ERROR' && err.extra.errors) extra.errors = err.extra.errors;
+      if (err.status >= 500) logger.error({ err, traceId: res.locals.traceId }, 'request failed');
+      sendProblem(res, err.code, err.message, extra);
+      return;
+    }
+    const code = frameworkCode(err as { type?: string; status?: number });
+    if (code) {
+      sendProblem(
+        res,
+        code,
+        code === 'PAYLOAD_TOO_LARGE' ? 'the body exceeds the limit' : 'malformed JSON body',
+      );
+      return;
+    }
+    const transient = /ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout/i.test(
+      (err as Error)?.message ?? '',
+    );
+    logger.error({ err, traceId: res.locals.traceId, path: req.path }, 'unhandled error');
+    sendProblem(
+      res,
+      transient ? 'UNAVAILABLE' : 'INTERNAL',
+      transient ? 'a dependency is unavailable; retry' : 'internal error',
+    );
+  };
+}

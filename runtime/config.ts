@@ -1,0 +1,74 @@
+/** The runtime's configuration: one typed object from the environment, validated at start. */
+import { z } from 'zod';
+import { env, readConfig } from '../core/config.js';
+import { isSafeId } from '../core/keys.js';
+
+export const roles = ['api', 'relay', 'consumer', 'jobs', 'all'] as const;
+export type Role = (typeof roles)[number];
+
+const schema = z
+  .object({
+    /** PostgreSQL connection URL. */
+    DATABASE_URL: z.string().url(),
+    /** Redis URL (redis://host:port). */
+    REDIS_URL: z.string().url(),
+    /** Kafka bootstrap brokers, comma separated host:port. */
+    KAFKA_BROKERS: env.list().refine((l) => l.length > 0, 'at least one broker'),
+    /** The activity this process serves (required for relay, consumer and jobs). */
+    ACTIVITY_ID: z
+      .string()
+      .optional()
+      .refine((v) => v === undefined || isSafeId(v), 'not a safe activity id'),
+    HTTP_PORT: env.int(8080),
+    HTTP_HOST: z.string().default('0.0.0.0'),
+    /** Buyer tokens: an HS256 shared secret (>= 32 bytes) or an RS256 public key (PEM, SPKI). */
+    JWT_HS256_SECRET: z.string().min(32, 'use at least 32 characters').optional(),
+    JWT_RS256_PUBLIC_KEY: z.string().optional(),
+    JWT_ISSUER: z.string().optional(),
+    JWT_AUDIENCE: z.string().optional(),
+    /** Seconds a buyer has to pay before the order is closed and its stock returned. */
+    PAYMENT_TIMEOUT_SECONDS: env.int(900, 1),
+    KAFKA_TOPIC_PREFIX: z.string().default('flashsale'),
+    /** One-time order codes live this long. */
+    ORDER_CODE_TTL_SECONDS: env.int(30, 1),
+    /** Largest JSON body the api accepts. */
+    HTTP_BODY_LIMIT: z.string().default('8kb'),
+    /** A sold-out flag is re-checked against Redis at most this often (restock events reset it at once). */
+    SOLD_OUT_RECHECK_MS: env.int(2000, 0),
+    RELAY_BATCH_SIZE: env.int(500, 1),
+    /** A half message pending this long on a silent relay is reclaimed by another. */
+    RELAY_RECLAIM_IDLE_MS: env.int(15_000, 100),
+    /** Stable name of this relay in the stream's consumer group (defaults to the host name). */
+    RELAY_CONSUMER_NAME: z.string().optional(),
+    CONSUMER_BATCH_SIZE: env.int(500, 1),
+    /** Attempts before a message that keeps failing for a non-transient reason goes to the DLQ. */
+    CONSUMER_MAX_ATTEMPTS: env.int(3, 1),
+    /** Reservations older than this with no order count as the order gap. */
+    ORDER_GAP_THRESHOLD_SECONDS: env.int(30, 1),
+    /** Run the scheduled jobs in the consumer role too (the jobs role always runs them). */
+    JOBS_IN_CONSUMER: env.bool(true),
+    /** node-cron expression (with seconds) for the gauges and order-gap check. */
+    JOBS_GAUGE_CRON: z.string().default('*/5 * * * * *'),
+    DB_POOL_SIZE: env.int(10, 1),
+    SHUTDOWN_TIMEOUT_MS: env.int(20_000, 1000),
+    LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  })
+  .refine((c) => !(c.JWT_HS256_SECRET && c.JWT_RS256_PUBLIC_KEY), {
+    message: 'set JWT_HS256_SECRET or JWT_RS256_PUBLIC_KEY, not both',
+    path: ['JWT_HS256_SECRET'],
+  });
+
+export type RuntimeConfig = z.infer<typeof schema>;
+
+export function loadRuntimeConfig(role: Role, source: NodeJS.ProcessEnv = process.env): RuntimeConfig {
+  const cfg = readConfig(schema, source);
+  if (role !== 'api' && !cfg.ACTIVITY_ID) {
+    throw new Error(`invalid configuration:\n  ACTIVITY_ID: required for the ${role} role`);
+  }
+  if ((role === 'api' || role === 'all') && !cfg.JWT_HS256_SECRET && !cfg.JWT_RS256_PUBLIC_KEY) {
+    throw new Error(
+      'invalid configuration:\n  JWT_HS256_SECRET: set it or JWT_RS256_PUBLIC_KEY for the api role',
+    );
+  }
+  return cfg;
+}

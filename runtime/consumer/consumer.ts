@@ -1,0 +1,272 @@
+/**
+ * The consumer role: Kafka -> PostgreSQL. Orders and their journal rows are inserted in one
+ * transaction per chunk; the database's unique keys (reservation id; live buyer slot) decide what
+ * is new, so a redelivered message never becomes a second order and no "consumed" marker is ever
+ * written ahead of the order. Offsets are committed only after the DB commit; then buyers'
+ * results are written to Redis (best effort: the api falls back to PostgreSQL and the order-gap
+ * job rewrites missing results).
+ *
+ * Failures: transient ones (database or network) are retried with backoff for as long as it
+ * takes; a message that fails for any other reason is retried CONSUMER_MAX_ATTEMPTS times and
+ * then sent to the DLQ with the error in its headers.
+ */
+import type { Consumer, EachBatchPayload, KafkaMessage, Producer } from 'kafkajs';
+import { z } from 'zod';
+import { recordResults } from '../../core/activity-cache.js';
+import type { StoredResult } from '../../core/activity-cache.js';
+import { crashPoint } from '../../core/crash.js';
+import { appendJournal } from '../../core/db/journal-store.js';
+import { insertOrders } from '../../core/db/orders-store.js';
+import type { InsertOutcome } from '../../core/db/orders-store.js';
+import { isTransientDbError } from '../../core/db/pool.js';
+import type { Pool } from '../../core/db/pool.js';
+import type { Logger } from '../../core/logger.js';
+import type { Metrics } from '../../core/metrics.js';
+import type { OrderMessage } from '../../core/model.js';
+import { release } from '../../core/reservations.js';
+import type { RedisClient } from '../../core/scripts.js';
+
+const orderMessage = z.object({
+  reservationId: z.string().min(1).max(64),
+  activityId: z.string().min(1).max(63),
+  userId: z.string().min(1).max(128),
+  skuId: z.string().min(1).max(63),
+  quantity: z.number().int().min(1),
+  slot: z.number().int().min(1),
+  unitPrice: z.string().regex(/^\d{1,12}(\.\d{1,2})?$/),
+  itemName: z.string().min(1),
+  reservedAt: z.number().int().positive(),
+  traceId: z.string(),
+  requestId: z.string(),
+});
+
+export interface ConsumerOptions {
+  activityId: string;
+  topic: string;
+  dlqTopic: string;
+  consumer: Consumer;
+  dlqProducer: Producer;
+  pool: Pool;
+  redis: RedisClient;
+  metrics: Metrics;
+  logger: Logger;
+  batchSize: number;
+  maxAttempts: number;
+  paymentTimeoutSeconds: number;
+}
+
+class PoisonMessage extends Error {}
+
+interface Parsed {
+  message: KafkaMessage;
+  order?: OrderMessage;
+  error?: string;
+}
+
+export class OrderConsumer {
+  /** Attempts per offset for messages failing for non-transient reasons. */
+  private readonly attempts = new Map<string, number>();
+
+  constructor(private readonly o: ConsumerOptions) {}
+
+  async start(): Promise<void> {
+    await this.o.consumer.connect();
+    await this.o.dlqProducer.connect();
+    await this.o.consumer.subscribe({ topic: this.o.topic, fromBeginning: true });
+    await this.o.consumer.run({
+      autoCommit: false,
+      eachBatchAutoResolve: false,
+      partitionsConsumedConcurrently: 1,
+      eachBatch: (payload) => this.onBatch(payload),
+    });
+  }
+
+  /** kafkajs finishes the batch in flight before disconnecting. */
+  async stop(): Promise<void> {
+    await this.o.consumer.disconnect();
+    await this.o.dlqProducer.disconnect();
+  }
+
+  private parse(message: KafkaMessage): Parsed {
+    try {
+      const raw: unknown = JSON.parse(message.value?.toString('utf8') ?? '');
+      const r = orderMessage.safeParse(raw);
+      if (!r.success) return { message, error: `invalid order message: ${r.error.issues[0]?.message ?? ''}` };
+      if (r.data.activityId !== this.o.activityId) return { message, error: 'message of another activity' };
+      return { message, order: r.data };
+    } catch (err) {
+      return { message, error: `unparseable message: ${(err as Error).message}` };
+    }
+  }
+
+  private async onBatch(p: EachBatchPayload): Promise<void> {
+    const { batch } = p;
+    for (let i = 0; i < batch.messages.length; i += this.o.batchSize) {
+      if (!p.isRunning() || p.isStale()) return;
+      const chunk = batch.messages.slice(i, i + this.o.batchSize).map((m) => this.parse(m));
+      await this.processChunk(chunk, p);
+      p.resolveOffset(chunk[chunk.length - 1]!.message.offset);
+      await p.commitOffsetsIfNecessary();
+      await p.heartbeat();
+    }
+  }
+
+  private async processChunk(chunk: Parsed[], p: EachBatchPayload): Promise<void> {
+    const poison = chunk.filter((c) => c.error);
+    let good = chunk.filter((c) => c.order);
+    for (const c of poison) {
+      // An unparseable message will not parse next time either; it still gets its attempts so
+      // that every failure is counted the same way.
+      while (!(await this.failed(c, new PoisonMessage(c.error), p)));
+    }
+
+    let delay = 100;
+    for (;;) {
+      try {
+        const outcome = await this.insert(good.map((g) => g.order!));
+        await this.afterCommit(
+          good.map((g) => g.order!),
+          outcome,
+        );
+        return;
+      } catch (err) {
+        if (!p.isRunning()) throw err;
+        if (isTransientDbError(err)) {
+          this.o.metrics.consumerRetries.inc({ activity: this.o.activityId, reason: 'transient' });
+          this.o.logger.warn(
+            { err: (err as Error).message, delayMs: delay },
+            'transient failure; retrying batch',
+          );
+          await new Promise((r) => setTimeout(r, delay));
+          delay = Math.min(delay * 2, 5_000);
+          await p.heartbeat().catch(() => undefined);
+          continue;
+        }
+        if (good.length > 1) {
+          // Isolate the message that fails: insert one by one.
+          for (const g of good) await this.processChunk([g], p);
+          return;
+        }
+        const only = good[0];
+        if (!only) return;
+        const done = await this.failed(only, err as Error, p);
+        if (done) return;
+        good = [only];
+      }
+    }
+  }
+
+  /** Counts a non-transient failure; returns true once the message went to the DLQ. */
+  private async failed(c: Parsed, err: Error, p: EachBatchPayload): Promise<boolean> {
+    const key = `${p.batch.partition}:${c.message.offset}`;
+    const n = (this.attempts.get(key) ?? 0) + 1;
+    this.attempts.set(key, n);
+    this.o.metrics.consumerRetries.inc({ activity: this.o.activityId, reason: 'poison' });
+    if (n < this.o.maxAttempts) {
+      await new Promise((r) => setTimeout(r, 50 * n));
+      return false;
+    }
+    await this.o.dlqProducer.send({
+      topic: this.o.dlqTopic,
+      acks: -1,
+      messages: [
+        {
+          key: c.message.key,
+          value: c.message.value,
+          headers: {
+            ...c.message.headers,
+            'dlq-error': err.message.slice(0, 1000),
+            'dlq-attempts': String(n),
+            'dlq-original-topic': p.batch.topic,
+            'dlq-original-partition': String(p.batch.partition),
+            'dlq-original-offset': c.message.offset,
+          },
+        },
+      ],
+    });
+    this.attempts.delete(key);
+    this.o.metrics.dlqSent.inc({
+      activity: this.o.activityId,
+      reason: err instanceof PoisonMessage ? 'invalid' : 'failed',
+    });
+    this.o.logger.error(
+      { offset: c.message.offset, partition: p.batch.partition, err: err.message },
+      'message sent to DLQ',
+    );
+    return true;
+  }
+
+  private async insert(orders: OrderMessage[]): Promise<InsertOutcome> {
+    const client = await this.o.pool.connect();
+    try {
+      await client.query('BEGIN');
+      const outcome = await insertOrders(client, orders, this.o.paymentTimeoutSeconds);
+      const byRid = new Map(orders.map((o) => [o.reservationId, o]));
+      await appendJournal(
+        client,
+        [...outcome.inserted].map(([rid, orderId]) => ({
+          activityId: this.o.activityId,
+          reservationId: rid,
+          orderId,
+          event: 'ORDER_CREATED',
+          toStatus: 'UNPAID',
+          traceId: byRid.get(rid)?.traceId ?? '',
+        })),
+      );
+      crashPoint('consumer-before-db-commit');
+      await client.query('COMMIT');
+      crashPoint('consumer-after-db-commit');
+      return outcome;
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => undefined);
+      throw err;
+    } finally {
+      client.release();
+    }
+  }
+
+  private async afterCommit(orders: OrderMessage[], outcome: InsertOutcome): Promise<void> {
+    if (outcome.inserted.size > 0)
+      this.o.metrics.orders.inc({ activity: this.o.activityId, status: 'UNPAID' }, outcome.inserted.size);
+    const byRid = new Map(orders.map((o) => [o.reservationId, o]));
+    const results: StoredResult[] = [];
+    for (const [rid, orderId] of outcome.inserted) {
+      results.push({
+        reservationId: rid,
+        userId: byRid.get(rid)!.userId,
+        result: { status: 'CREATED', orderId },
+      });
+    }
+    for (const [rid, row] of outcome.existing) {
+      const result =
+        row.status === 'CLOSED'
+          ? { status: 'FAILED' as const, reason: 'CLOSED' }
+          : { status: 'CREATED' as const, orderId: row.id };
+      results.push({ reservationId: rid, userId: byRid.get(rid)!.userId, result });
+    }
+    for (const rid of outcome.rejected) {
+      // Another live order holds this buyer slot: the database refused a second one. Return the
+      // stock of this reservation (idempotent) and tell the buyer.
+      const o = byRid.get(rid)!;
+      this.o.logger.warn({ reservationId: rid, traceId: o.traceId }, 'order refused by the buyer-slot key');
+      await release(this.o.redis, {
+        activityId: this.o.activityId,
+        reservationId: rid,
+        userId: o.userId,
+        skuId: o.skuId,
+        reason: 'REFUSED_DUPLICATE',
+      }).catch((err: Error) =>
+        this.o.logger.error({ err: err.message, reservationId: rid }, 'compensation failed'),
+      );
+      results.push({
+        reservationId: rid,
+        userId: o.userId,
+        result: { status: 'FAILED', reason: 'LIMIT_REACHED' },
+      });
+    }
+    crashPoint('consumer-before-results');
+    await recordResults(this.o.redis, this.o.activityId, results).catch((err: Error) =>
+      this.o.logger.warn({ err: err.message }, 'result update failed; the order-gap job will rewrite it'),
+    );
+  }
+}

@@ -1,0 +1,222 @@
+/**
+ * The runtime: one program, the role chosen by argument (`api`, `relay`, `consumer`, `jobs`, or
+ * `all` for local use). SIGTERM stops in order: stop taking HTTP, finish the relay's and the
+ * consumer's batches in flight, stop jobs, close pools.
+ */
+import type { Server } from 'node:http';
+import { Redis } from 'ioredis';
+import cron from 'node-cron';
+import { activityOfRestockChannel, activityKeys, RESTOCK_CHANNEL_PATTERN } from '../core/keys.js';
+import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
+import { createLogger, redactUrl } from '../core/logger.js';
+import { createMetrics } from '../core/metrics.js';
+import { migrate } from '../core/db/migrate.js';
+import { createPool } from '../core/db/pool.js';
+import { registerScripts } from '../core/scripts.js';
+import { createApiApp } from './api/app.js';
+import { SoldOutFlags } from './api/sold-out.js';
+import { loadRuntimeConfig, roles } from './config.js';
+import type { Role } from './config.js';
+import { OrderConsumer } from './consumer/consumer.js';
+import { createServiceApp } from './http.js';
+import { sampleGauges } from './jobs/gauges.js';
+import { Relay } from './relay/relay.js';
+
+async function main(): Promise<void> {
+  if (process.argv[2] === 'migrate') {
+    const url = process.env.DATABASE_URL;
+    if (!url) throw new Error('invalid configuration:\n  DATABASE_URL: required');
+    const applied = await migrate(url);
+    process.stdout.write(applied.length ? `applied ${applied.join(', ')}\n` : 'schema up to date\n');
+    return;
+  }
+  const role = (process.argv[2] ?? '') as Role;
+  if (!roles.includes(role)) {
+    process.stderr.write(`usage: runtime <${roles.join('|')}|migrate>\n`);
+    process.exit(2);
+  }
+  const cfg = loadRuntimeConfig(role);
+  const logger = createLogger(`runtime-${role}`, cfg.LOG_LEVEL);
+  const metrics = createMetrics(`runtime-${role}`);
+  const has = (r: Role): boolean => role === r || role === 'all';
+  logger.info(
+    {
+      role,
+      activity: cfg.ACTIVITY_ID,
+      db: redactUrl(cfg.DATABASE_URL),
+      redis: redactUrl(cfg.REDIS_URL),
+      brokers: cfg.KAFKA_BROKERS,
+    },
+    'starting',
+  );
+
+  // ioredis auto-pipelining batches concurrent commands into one round trip per tick.
+  const redis = new Redis(cfg.REDIS_URL, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
+  registerScripts(redis);
+  const pool = createPool(cfg.DATABASE_URL, cfg.DB_POOL_SIZE, `flashsale-${role}`);
+  const kafka = createKafka(cfg.KAFKA_BROKERS, `flashsale-${role}-${process.pid}`);
+  const activityId = cfg.ACTIVITY_ID;
+  const topics = activityId ? topicsFor(activityId, cfg.KAFKA_TOPIC_PREFIX) : undefined;
+  let stopping = false;
+  const closers: (() => Promise<unknown>)[] = [];
+
+  const ready = async (): Promise<boolean> => {
+    if (stopping) return false;
+    await redis.ping();
+    if (has('consumer') || has('jobs')) await pool.query('SELECT 1');
+    return true;
+  };
+
+  let server: Server;
+  if (has('api')) {
+    const soldOut = new SoldOutFlags(cfg.SOLD_OUT_RECHECK_MS);
+    const sub = new Redis(cfg.REDIS_URL);
+    sub.on('pmessage', (_p: string, channel: string, sku: string) => {
+      const a = activityOfRestockChannel(channel);
+      if (a) soldOut.restocked(a, sku);
+    });
+    sub.on('message', (channel: string, sku: string) => {
+      const a = activityOfRestockChannel(channel);
+      if (a) soldOut.restocked(a, sku);
+    });
+    if (activityId) await sub.subscribe(activityKeys(activityId).restockChannel);
+    else await sub.psubscribe(RESTOCK_CHANNEL_PATTERN);
+    closers.push(() => sub.quit());
+    const app = await createApiApp({
+      metrics,
+      ready,
+      redis,
+      pool,
+      soldOut,
+      activityId,
+      orderCodeTtlSeconds: cfg.ORDER_CODE_TTL_SECONDS,
+      auth: cfg,
+      bodyLimit: cfg.HTTP_BODY_LIMIT,
+      logger,
+    });
+    server = app.listen(cfg.HTTP_PORT, cfg.HTTP_HOST);
+  } else {
+    server = createServiceApp({ metrics, ready }).listen(cfg.HTTP_PORT, cfg.HTTP_HOST);
+  }
+  server.keepAliveTimeout = 65_000;
+  await new Promise<void>((resolve, reject) => {
+    server.once('listening', resolve);
+    server.once('error', reject);
+  });
+  logger.info({ port: cfg.HTTP_PORT }, 'http listening');
+
+  let relay: Relay | undefined;
+  if (has('relay') && activityId && topics) {
+    const producer = idempotentProducer(kafka);
+    await producer.connect();
+    const blocking = new Redis(cfg.REDIS_URL, { maxRetriesPerRequest: null });
+    relay = new Relay({
+      activityId,
+      topic: topics.orders,
+      redis,
+      blockingRedis: blocking,
+      producer,
+      metrics,
+      logger,
+      batchSize: cfg.RELAY_BATCH_SIZE,
+      reclaimIdleMs: cfg.RELAY_RECLAIM_IDLE_MS,
+      consumerName: cfg.RELAY_CONSUMER_NAME,
+    });
+    await relay.start();
+    const r = relay;
+    closers.push(async () => {
+      await r.stop();
+      await producer.disconnect();
+      blocking.disconnect();
+    });
+  }
+
+  let consumer: OrderConsumer | undefined;
+  if (has('consumer') && activityId && topics) {
+    consumer = new OrderConsumer({
+      activityId,
+      topic: topics.orders,
+      dlqTopic: topics.dlq,
+      consumer: kafka.consumer({
+        groupId: topics.consumerGroup,
+        allowAutoTopicCreation: false,
+        maxBytesPerPartition: 4 << 20,
+      }),
+      dlqProducer: idempotentProducer(kafka),
+      pool,
+      redis,
+      metrics,
+      logger,
+      batchSize: cfg.CONSUMER_BATCH_SIZE,
+      maxAttempts: cfg.CONSUMER_MAX_ATTEMPTS,
+      paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+    });
+    await consumer.start();
+    const c = consumer;
+    closers.push(() => c.stop());
+  }
+
+  if ((has('jobs') || (role === 'consumer' && cfg.JOBS_IN_CONSUMER)) && activityId && topics) {
+    const admin = kafka.admin();
+    await admin.connect();
+    const task = cron.schedule(
+      cfg.JOBS_GAUGE_CRON,
+      async () => {
+        try {
+          await sampleGauges({
+            activityId,
+            redis,
+            pool,
+            admin,
+            topics,
+            metrics,
+            gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
+          });
+          metrics.jobRuns.inc({ job: 'gauges', result: 'ok' });
+        } catch (err) {
+          metrics.jobRuns.inc({ job: 'gauges', result: 'error' });
+          logger.warn({ err: (err as Error).message }, 'gauge job failed');
+        }
+      },
+      { name: `gauges-${activityId}`, noOverlap: true },
+    );
+    closers.unshift(async () => {
+      await task.stop();
+      await admin.disconnect();
+    });
+  } else if (relay) {
+    const r = relay;
+    const timer = setInterval(() => void r.sampleGauges().catch(() => undefined), 1000);
+    closers.unshift(async () => clearInterval(timer));
+  }
+
+  const shutdown = async (signal: string): Promise<void> => {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, 'stopping');
+    const force = setTimeout(() => {
+      logger.error('shutdown timed out; exiting');
+      process.exit(1);
+    }, cfg.SHUTDOWN_TIMEOUT_MS);
+    force.unref();
+    await new Promise<void>((resolve) => {
+      server.close(() => resolve());
+      server.closeIdleConnections();
+    });
+    for (const close of closers) {
+      await close().catch((err: Error) => logger.warn({ err: err.message }, 'close failed'));
+    }
+    await pool.end();
+    await redis.quit();
+    logger.info('stopped');
+    process.exit(0);
+  };
+  process.on('SIGTERM', () => void shutdown('SIGTERM'));
+  process.on('SIGINT', () => void shutdown('SIGINT'));
+  logger.info({ role }, 'ready');
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`${(err as Error).message}\n`);
+  process.exit(1);
+});

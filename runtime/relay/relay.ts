@@ -1,0 +1,167 @@
+/**
+ * The relay role: the Kafka outbox. Reads half messages from the activity's stream with a
+ * consumer group, produces them with an idempotent producer (acks from all in-sync replicas),
+ * and acknowledges + deletes stream entries only after Kafka acknowledged them. Entries left
+ * pending by a relay that died are reclaimed (XAUTOCLAIM) after RELAY_RECLAIM_IDLE_MS; a message
+ * published twice that way is harmless because the consumer's unique keys absorb it.
+ *
+ * Partition key: the buyer id. One buyer's messages stay in order on one partition, and buyers
+ * spread evenly; a hot SKU does not pin one partition.
+ */
+import { hostname } from 'node:os';
+import type { Producer } from 'kafkajs';
+import { CompressionTypes } from 'kafkajs';
+import { readOutbox } from '../../core/activity-cache.js';
+import { crashPoint } from '../../core/crash.js';
+import { activityKeys } from '../../core/keys.js';
+import type { Logger } from '../../core/logger.js';
+import type { Metrics } from '../../core/metrics.js';
+import type { OrderMessage } from '../../core/model.js';
+import type { RedisClient } from '../../core/scripts.js';
+
+export const RELAY_GROUP = 'relay';
+
+export interface RelayOptions {
+  activityId: string;
+  topic: string;
+  redis: RedisClient;
+  /** A separate connection for blocking reads (XREADGROUP BLOCK would stall other commands). */
+  blockingRedis: RedisClient;
+  producer: Producer;
+  metrics: Metrics;
+  logger: Logger;
+  batchSize: number;
+  reclaimIdleMs: number;
+  consumerName?: string | undefined;
+}
+
+type StreamEntry = [id: string, fields: string[]];
+
+export class Relay {
+  private running = false;
+  private loop: Promise<void> | undefined;
+  private readonly keys;
+  private readonly name: string;
+  private lastReclaim = 0;
+
+  constructor(private readonly o: RelayOptions) {
+    this.keys = activityKeys(o.activityId);
+    this.name = o.consumerName ?? `${hostname()}`;
+  }
+
+  async start(): Promise<void> {
+    try {
+      await this.o.redis.xgroup('CREATE', this.keys.outbox, RELAY_GROUP, '0', 'MKSTREAM');
+    } catch (err) {
+      if (!/BUSYGROUP/.test((err as Error).message)) throw err;
+    }
+    this.running = true;
+    this.loop = this.run();
+  }
+
+  /** Finishes the batch in flight, then stops. */
+  async stop(): Promise<void> {
+    this.running = false;
+    await this.loop;
+  }
+
+  private async run(): Promise<void> {
+    // Our own entries left pending by a previous incarnation with the same name come first.
+    let backlogCursor: string | undefined = '0';
+    while (this.running) {
+      try {
+        if (backlogCursor !== undefined) {
+          const mine = await this.read(backlogCursor, false);
+          if (mine.length === 0) backlogCursor = undefined;
+          else {
+            await this.publish(mine, false);
+            backlogCursor = mine[mine.length - 1]![0];
+          }
+          continue;
+        }
+        if (Date.now() - this.lastReclaim >= Math.min(this.o.reclaimIdleMs, 5_000)) {
+          this.lastReclaim = Date.now();
+          const reclaimed = await this.reclaim();
+          if (reclaimed.length > 0) {
+            await this.publish(reclaimed, true);
+            continue;
+          }
+        }
+        const fresh = await this.read('>', true);
+        if (fresh.length > 0) await this.publish(fresh, false);
+      } catch (err) {
+        if (!this.running) break;
+        this.o.logger.warn({ err }, 'relay batch failed; retrying');
+        await new Promise((r) => setTimeout(r, 500));
+      }
+    }
+  }
+
+  private async read(cursor: string, block: boolean): Promise<StreamEntry[]> {
+    const client = block ? this.o.blockingRedis : this.o.redis;
+    const args: (string | number)[] = ['GROUP', RELAY_GROUP, this.name, 'COUNT', this.o.batchSize];
+    if (block) args.push('BLOCK', 1000);
+    args.push('STREAMS', this.keys.outbox, cursor);
+    const reply = (await (client.xreadgroup as (...a: (string | number)[]) => Promise<unknown>)(...args)) as
+      [string, StreamEntry[]][] | null;
+    return (reply?.[0]?.[1] ?? []).filter((e) => e[1] !== null && e[1].length > 0);
+  }
+
+  private async reclaim(): Promise<StreamEntry[]> {
+    const reply = (await this.o.redis.xautoclaim(
+      this.keys.outbox,
+      RELAY_GROUP,
+      this.name,
+      this.o.reclaimIdleMs,
+      '0-0',
+      'COUNT',
+      this.o.batchSize,
+    )) as [string, StreamEntry[], string[]?];
+    const claimed = reply[1] ?? [];
+    // Entries whose payload vanished (deleted while pending) are only acknowledged.
+    const deleted = reply[2] ?? [];
+    if (deleted.length > 0) await this.o.redis.xack(this.keys.outbox, RELAY_GROUP, ...deleted);
+    return claimed.filter((e) => e[1] !== null);
+  }
+
+  private async publish(entries: StreamEntry[], reclaimed: boolean): Promise<void> {
+    const messages = entries.map(([, fields]) => {
+      const m = fields[fields.indexOf('m') + 1] ?? '{}';
+      let parsed: Partial<OrderMessage> = {};
+      try {
+        parsed = JSON.parse(m) as Partial<OrderMessage>;
+      } catch {
+        // Published as it is: the consumer sends what it cannot parse to the DLQ.
+      }
+      return {
+        key: parsed.userId ?? null,
+        value: m,
+        headers: {
+          'trace-id': parsed.traceId ?? '',
+          'reservation-id': parsed.reservationId ?? '',
+        },
+      };
+    });
+    await this.o.producer.send({
+      topic: this.o.topic,
+      acks: -1,
+      compression: CompressionTypes.None,
+      messages,
+    });
+    crashPoint('relay-after-kafka-ack');
+    const ids = entries.map((e) => e[0]);
+    await this.o.redis
+      .multi()
+      .xack(this.keys.outbox, RELAY_GROUP, ...ids)
+      .xdel(this.keys.outbox, ...ids)
+      .exec();
+    this.o.metrics.relayPublished.inc({ activity: this.o.activityId }, entries.length);
+    if (reclaimed) this.o.metrics.relayReclaimed.inc({ activity: this.o.activityId }, entries.length);
+  }
+
+  async sampleGauges(): Promise<void> {
+    const f = await readOutbox(this.o.redis, this.o.activityId);
+    this.o.metrics.outboxHalfMessages.set({ activity: this.o.activityId }, f.halfMessages);
+    this.o.metrics.outboxOldestAge.set({ activity: this.o.activityId }, f.oldestAgeSeconds);
+  }
+}
