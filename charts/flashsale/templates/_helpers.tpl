@@ -1,0 +1,126 @@
+{{/* Chart name, truncated to 63 characters (a DNS label). */}}
+{{- define "flashsale.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: <release>-<chart>, or <release> when it already contains the chart name. */}}
+{{- define "flashsale.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flashsale.operatorName" -}}
+{{- printf "%s-operator" (include "flashsale.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "flashsale.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels of every object. */}}
+{{- define "flashsale.labels" -}}
+helm.sh/chart: {{ include "flashsale.chart" . }}
+app.kubernetes.io/name: {{ include "flashsale.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: flashsale
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of the operator pods (immutable once installed). */}}
+{{- define "flashsale.operatorSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "flashsale.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "flashsale.operatorLabels" -}}
+{{ include "flashsale.labels" . }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "flashsale.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "flashsale.operatorName" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag or repository@digest; the tag defaults to the chart's appVersion. */}}
+{{- define "flashsale.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .appVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flashsale.operatorImage" -}}
+{{- include "flashsale.imageRef" (dict "image" .Values.image "appVersion" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "flashsale.runtimeImage" -}}
+{{- include "flashsale.imageRef" (dict "image" .Values.runtime.image "appVersion" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The Secret holding the runtime's (and the operator's) connection settings. */}}
+{{- define "flashsale.runtimeSecretName" -}}
+{{- default .Values.runtime.secretName .Values.runtime.existingSecret -}}
+{{- end -}}
+
+{{/* Fails the render on contradictory values that JSON schema cannot express simply. */}}
+{{- define "flashsale.validate" -}}
+{{- if and .Values.runtime.jwt.hs256Secret .Values.runtime.jwt.rs256PublicKey -}}
+{{- fail "runtime.jwt: set hs256Secret or rs256PublicKey, not both" -}}
+{{- end -}}
+{{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) -}}
+{{- fail "operator.leaderElection.enabled=false needs operator.replicas=1: two active operators would drive the same sale twice" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* True ("true") when the connection settings are incomplete (no existing Secret, a value missing). */}}
+{{- define "flashsale.connectionMissing" -}}
+{{- $r := .Values.runtime -}}
+{{- if and (not $r.existingSecret) (or (not $r.database.url) (not $r.redis.url) (not $r.kafka.brokers) (and (not $r.jwt.hs256Secret) (not $r.jwt.rs256PublicKey))) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Comma-separated names of imagePullSecrets. */}}
+{{- define "flashsale.pullSecretNames" -}}
+{{- $names := list -}}
+{{- range .Values.imagePullSecrets }}{{ $names = append $names .name }}{{ end -}}
+{{- join "," $names -}}
+{{- end -}}
+
+{{/* Labels the operator puts on the runtime pods it creates (see operator/ in the repository). */}}
+{{- define "flashsale.runtimePodSelectorLabels" -}}
+app.kubernetes.io/name: flashsale-runtime
+{{- end -}}
+
+{{/* A map as `k=v, k=v` (sorted), for NOTES.txt. */}}
+{{- define "flashsale.inlineMap" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := . }}{{ $pairs = append $pairs (printf "%s=%v" $k $v) }}{{ end -}}
+{{- join ", " $pairs -}}
+{{- end -}}
+
+{{/* Namespaces of the runtime Secret (JSON list): the release's, the watched one, the extra ones. */}}
+{{- define "flashsale.runtimeSecretNamespaces" -}}
+{{- $namespaces := list .Release.Namespace -}}
+{{- with .Values.operator.watchNamespace }}{{ $namespaces = append $namespaces . }}{{ end -}}
+{{- $namespaces = concat $namespaces .Values.runtime.secretNamespaces -}}
+{{- $namespaces | uniq | toJson -}}
+{{- end -}}
