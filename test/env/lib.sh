@@ -1,0 +1,65 @@
+# Shared helpers for the test-environment scripts. Sourced, never executed.
+# shellcheck shell=bash
+
+FLASHSALE_CACHE="${FLASHSALE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flashsale}"
+mkdir -p "$FLASHSALE_CACHE"
+
+# Versions of the servers built from registries; bump here only.
+KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
+KUBE_STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+HELM_VERSION="${HELM_VERSION:-v3.19.5}"
+KAFKA_VERSION="${KAFKA_VERSION:-3.9.1}"
+
+export GOMODCACHE="${GOMODCACHE_OVERRIDE:-$FLASHSALE_CACHE/go/mod}"
+export GOCACHE="${GOCACHE_OVERRIDE:-$FLASHSALE_CACHE/go/build}"
+export GOFLAGS="-mod=mod"
+export GOTOOLCHAIN=local
+
+log() { printf '[env %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# Prints a TCP port that nothing listens on right now.
+free_port() {
+  node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
+}
+
+# wait_for DESCRIPTION SECONDS COMMAND...: retries COMMAND every 0.2 s.
+wait_for() {
+  local what="$1" secs="$2"; shift 2
+  local deadline=$(( $(date +%s) + secs ))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then die "$what did not come up within ${secs}s"; fi
+    sleep 0.2
+  done
+}
+
+# wait_up DESCRIPTION SECONDS PID LOG COMMAND...: like wait_for, but fails at once (showing the
+# end of LOG) when the server process PID has died.
+wait_up() {
+  local what="$1" secs="$2" pid="$3" logfile="$4"; shift 4
+  local deadline=$(( $(date +%s) + secs ))
+  until "$@" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 20 "$logfile" >&2 2>/dev/null || true
+      die "$what exited during startup (log: $logfile)"
+    fi
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      tail -n 20 "$logfile" >&2 2>/dev/null || true
+      die "$what did not come up within ${secs}s (log: $logfile)"
+    fi
+    sleep 0.2
+  done
+}
+
+# Serialises concurrent builds of the same artifact (two shells running setup at once).
+with_lock() {
+  local name="$1"; shift
+  mkdir -p "$FLASHSALE_CACHE/locks"
+  exec {lockfd}>"$FLASHSALE_CACHE/locks/$name.lock"
+  flock "$lockfd"
+  "$@"
+  local rc=$?
+  flock -u "$lockfd"
+  return $rc
+}
