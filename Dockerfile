@@ -1,0 +1,56 @@
+# syntax=docker/dockerfile:1
+# Images of the flash-sale platform, from one multi-stage file (docs/images.md):
+#   docker build --target runtime  -t flashsale-runtime:0.1.0 .
+#   docker build --target operator -t flashsale-operator:0.1.0 .
+# Both run as the non-root user 1000 from a read-only filesystem: the application files belong to
+# root and are not writable. Layout of /app: package.json, node_modules/ (production dependencies
+# only), dist/ (compiled TypeScript), lua/ (Redis scripts, found by walking up from dist/core),
+# and for the runtime runtime/api/openapi.yaml (served at /openapi.yaml).
+ARG NODE_IMAGE=node:20-bookworm-slim
+
+# ---- build: all dependencies, compile TypeScript to dist/
+FROM ${NODE_IMAGE} AS build
+WORKDIR /src
+COPY package.json package-lock.json ./
+RUN --mount=type=cache,target=/root/.npm npm ci --no-audit --no-fund --ignore-scripts
+COPY tsconfig.json tsconfig.build.json ./
+COPY core core
+COPY runtime runtime
+COPY operator operator
+RUN npm run build
+
+# ---- prod-deps: production dependencies only (no TypeScript, jest, eslint)
+FROM ${NODE_IMAGE} AS prod-deps
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN --mount=type=cache,target=/root/.npm npm ci --omit=dev --no-audit --no-fund --ignore-scripts
+
+# ---- base: what both images share
+FROM ${NODE_IMAGE} AS base
+ARG VERSION=0.1.0
+ENV NODE_ENV=production
+WORKDIR /app
+COPY package.json ./
+COPY --from=prod-deps /app/node_modules node_modules
+COPY --from=build /src/dist dist
+COPY lua lua
+LABEL org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/flashsale/flashsale"
+# The numeric user of the base image's "node" account, so that runAsNonRoot can verify it.
+USER 1000:1000
+
+# ---- runtime: api | relay | consumer | jobs | all (the operator sets the role as the argument)
+FROM base AS runtime
+COPY runtime/api/openapi.yaml runtime/api/openapi.yaml
+LABEL org.opencontainers.image.title="flashsale-runtime" \
+      org.opencontainers.image.description="Flash-sale order runtime: api, relay, consumer and jobs roles"
+EXPOSE 8080
+CMD ["node", "dist/runtime/main.js", "all"]
+
+# ---- operator: the FlashSaleActivity operator (the last stage, so a plain `docker build` builds it)
+FROM base AS operator
+LABEL org.opencontainers.image.title="flashsale-operator" \
+      org.opencontainers.image.description="Operator driving FlashSaleActivity resources through their lifecycle"
+EXPOSE 8081
+CMD ["node", "dist/operator/main.js"]

@@ -1,0 +1,291 @@
+// The container images (Dockerfile, targets `runtime` and `operator`) cannot be built here: there
+// is no Docker. What is checked instead: the Dockerfile's structure (multi-stage, production
+// dependencies only, numeric non-root user, a CMD per target), that every file it copies from the
+// build context exists and passes .dockerignore, and the image's /app layout, staged in a temporary
+// directory exactly as the COPY instructions lay it out (`npm ci --omit=dev` for node_modules, the
+// compiled dist/, lua/, the OpenAPI document), made read-only and run as user 1000: each program
+// loads every module it imports with production dependencies only, finds the Lua scripts, and
+// stops on its configuration check (no servers are given).
+import {
+  chmodSync,
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  rmSync,
+  statSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { mustRun, readText, repoRoot, run, type RunResult } from './chart-helpers.js';
+
+interface Instruction {
+  op: string;
+  args: string;
+}
+interface Stage {
+  name: string;
+  from: string;
+  instructions: Instruction[];
+}
+
+/** The stages of a Dockerfile (line continuations joined, comments dropped). */
+function parseDockerfile(text: string): Stage[] {
+  const lines = text
+    .replace(/\\\r?\n/g, ' ')
+    .split(/\r?\n/)
+    .map((l) => l.trim())
+    .filter((l) => l !== '' && !l.startsWith('#'));
+  const stages: Stage[] = [];
+  for (const line of lines) {
+    const m = /^(\w+)\s+(.*)$/.exec(line);
+    if (!m) throw new Error(`unparsable Dockerfile line: ${line}`);
+    const op = (m[1] as string).toUpperCase();
+    const args = m[2] as string;
+    if (op === 'FROM') {
+      const from = /^(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?$/i.exec(args);
+      if (!from) throw new Error(`unparsable FROM: ${line}`);
+      stages.push({ from: from[1] as string, name: from[2] ?? String(stages.length), instructions: [] });
+    } else if (op !== 'ARG' || stages.length > 0) {
+      const stage = stages.at(-1);
+      if (!stage) throw new Error(`${op} before the first FROM`);
+      stage.instructions.push({ op, args });
+    }
+  }
+  return stages;
+}
+
+/** A stage and the stages it is built FROM, base first. */
+function chain(stages: Stage[], name: string): Stage[] {
+  const stage = stages.find((s) => s.name === name);
+  if (!stage) throw new Error(`no stage ${name}`);
+  const parent = stages.find((s) => s.name === stage.from);
+  return parent ? [...chain(stages, parent.name), stage] : [stage];
+}
+
+interface Copy {
+  from: string | undefined;
+  sources: string[];
+  dest: string;
+}
+
+function copies(stages: Stage[]): Copy[] {
+  return stages.flatMap((s) =>
+    s.instructions
+      .filter((i) => i.op === 'COPY')
+      .map((i) => {
+        const words = i.args.split(/\s+/);
+        const flags = words.filter((w) => w.startsWith('--'));
+        const paths = words.filter((w) => !w.startsWith('--'));
+        const from = flags.find((f) => f.startsWith('--from='))?.slice('--from='.length);
+        return { from, sources: paths.slice(0, -1), dest: paths.at(-1) as string };
+      }),
+  );
+}
+
+const GLOB: Record<string, string> = { '**/': '(.*/)?', '**': '.*', '*': '[^/]*' };
+
+/** Whether .dockerignore (`**` then `!` exceptions, as this repository writes it) lets a path in. */
+function passesDockerignore(patterns: string[], file: string): boolean {
+  let included = true;
+  for (const p of patterns) {
+    const negate = p.startsWith('!');
+    const body = negate ? p.slice(1) : p;
+    const source = body
+      .split(/(\*\*\/|\*\*|\*)/)
+      .map((part) => GLOB[part] ?? part.replace(/[.+?^${}()|[\]\\]/g, '\\$&'))
+      .join('');
+    const re = new RegExp(`^${source}$`);
+    if (re.test(file)) included = negate;
+  }
+  return included;
+}
+
+function filesUnder(rel: string): string[] {
+  const abs = path.join(repoRoot, rel);
+  if (!statSync(abs).isDirectory()) return [rel];
+  return readdirSync(abs).flatMap((f) => filesUnder(path.join(rel, f)));
+}
+
+const dockerfile = parseDockerfile(readText(path.join(repoRoot, 'Dockerfile')));
+const ignore = readText(path.join(repoRoot, '.dockerignore'))
+  .split('\n')
+  .map((l) => l.trim())
+  .filter((l) => l !== '' && !l.startsWith('#'));
+
+describe('Dockerfile', () => {
+  it('has a runtime and an operator target built on a slim Node 20 base', () => {
+    for (const target of ['runtime', 'operator']) {
+      const stages = chain(dockerfile, target);
+      expect(stages[0]?.from).toMatch(/^(\$\{NODE_IMAGE\}|node:20[\w.-]*-slim)$/);
+      const cmd = stages.flatMap((s) => s.instructions).filter((i) => i.op === 'CMD');
+      expect(cmd.at(-1)?.args).toContain(`dist/${target}/main.js`);
+    }
+    expect(readText(path.join(repoRoot, 'Dockerfile'))).toMatch(/^ARG NODE_IMAGE=node:20-[\w.-]*slim$/m);
+  });
+
+  it('runs as a numeric non-root user and installs production dependencies only in the final image', () => {
+    for (const target of ['runtime', 'operator']) {
+      const stages = chain(dockerfile, target);
+      const users = stages.flatMap((s) => s.instructions).filter((i) => i.op === 'USER');
+      expect(users.at(-1)?.args).toMatch(/^[1-9]\d*(:\d+)?$/);
+      const fromOtherStages = copies(stages).filter((c) => c.from !== undefined);
+      for (const c of fromOtherStages) {
+        const source = dockerfile.find((s) => s.name === c.from);
+        expect(source).toBeDefined();
+        if (c.dest === 'node_modules') {
+          const runs = (source?.instructions ?? []).filter((i) => i.op === 'RUN').map((i) => i.args);
+          expect(runs.some((r) => /npm ci\b.*--omit=dev/.test(r))).toBe(true);
+        }
+      }
+      // Nothing in the final stages installs or compiles: that happens in the build stages.
+      expect(stages.flatMap((s) => s.instructions).filter((i) => i.op === 'RUN')).toEqual([]);
+    }
+  });
+
+  it('copies only files that exist and that .dockerignore lets into the build context', () => {
+    const all = [...new Set(dockerfile.map((s) => s.name))].flatMap((n) =>
+      copies([dockerfile.find((s) => s.name === n) as Stage]),
+    );
+    const fromContext = all.filter((c) => c.from === undefined).flatMap((c) => c.sources);
+    expect(fromContext.length).toBeGreaterThan(5);
+    for (const source of fromContext) {
+      expect(existsSync(path.join(repoRoot, source))).toBe(true);
+      for (const file of filesUnder(source).filter((f) => !f.endsWith('.test.ts'))) {
+        expect([file, passesDockerignore(ignore, file)]).toEqual([file, true]);
+      }
+    }
+    expect(passesDockerignore(ignore, 'node_modules/typescript/package.json')).toBe(false);
+    expect(passesDockerignore(ignore, 'test/integration/chart/chart.test.ts')).toBe(false);
+    expect(passesDockerignore(ignore, '.git/config')).toBe(false);
+  });
+});
+
+describe('image layout, staged as the Dockerfile lays it out', () => {
+  const root = mkdtempSync(path.join(tmpdir(), 'flashsale-image-'));
+  const app = path.join(root, 'app');
+  const asRoot = process.getuid?.() === 0;
+
+  /**
+   * Replays a dependency stage in a directory of its own: its COPYs from the build context, then
+   * its RUN commands (BuildKit's --mount flags dropped) with the directory as WORKDIR.
+   */
+  function buildStage(name: string): string {
+    const dir = path.join(root, name);
+    mkdirSync(dir);
+    const stage = dockerfile.find((s) => s.name === name) as Stage;
+    for (const i of stage.instructions) {
+      if (i.op === 'COPY') {
+        const [c] = copies([{ ...stage, instructions: [i] }]) as [Copy];
+        if (c.from !== undefined) throw new Error(`${name}: COPY --from is not replayed`);
+        for (const source of c.sources)
+          cpSync(path.join(repoRoot, source), path.join(dir, path.basename(source)));
+      } else if (i.op === 'RUN') {
+        const command = i.args.replace(/--mount=\S+\s+/g, '');
+        mustRun('bash', ['-c', command], {
+          cwd: dir,
+          env: { ...process.env, npm_config_prefer_offline: 'true' },
+          timeoutMs: 600_000,
+        });
+      } else if (!['WORKDIR', 'ENV', 'ARG', 'LABEL'].includes(i.op)) {
+        throw new Error(`${name}: ${i.op} is not replayed`);
+      }
+    }
+    return dir;
+  }
+
+  /** Runs node in the staged /app as user 1000 (when the tests run as root), with a bare environment. */
+  function node(args: string[], env: Record<string, string> = {}): RunResult {
+    const base = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp', NODE_ENV: 'production', ...env };
+    const command = asRoot ? 'setpriv' : process.execPath;
+    const prefix = asRoot ? ['--reuid=1000', '--regid=1000', '--clear-groups', process.execPath] : [];
+    return run(command, [...prefix, ...args], { cwd: app, env: base, timeoutMs: 60_000 });
+  }
+
+  beforeAll(() => {
+    chmodSync(root, 0o755);
+    mkdirSync(app);
+    const stages = chain(dockerfile, 'runtime');
+    for (const c of copies(stages)) {
+      const dest = path.join(app, c.dest);
+      if (c.from === 'prod-deps') {
+        // COPY --from=prod-deps /app/node_modules node_modules: that stage, replayed here.
+        cpSync(path.join(buildStage('prod-deps'), 'node_modules'), dest, { recursive: true });
+      } else if (c.from === 'build') {
+        // COPY --from=build /src/dist dist: the dist/ that `npm run build` compiled (test/run.sh builds first).
+        if (!existsSync(path.join(repoRoot, 'dist', 'core')))
+          throw new Error('dist/ is missing: run npm run build');
+        cpSync(path.join(repoRoot, 'dist'), dest, {
+          recursive: true,
+          filter: (s) => !s.includes(`${path.sep}test${path.sep}`),
+        });
+      } else if (c.from === undefined) {
+        for (const source of c.sources) {
+          const target =
+            c.sources.length > 1 || c.dest.endsWith('/') ? path.join(dest, path.basename(source)) : dest;
+          mkdirSync(path.dirname(target), { recursive: true });
+          cpSync(path.join(repoRoot, source), target, { recursive: true });
+        }
+      } else {
+        throw new Error(`unexpected COPY --from=${c.from}`);
+      }
+    }
+    // The image's files belong to root and are not writable by the user the programs run as.
+    mustRun('chmod', ['-R', 'a-w,a+rX', app]);
+  }, 900_000);
+
+  afterAll(() => {
+    mustRun('chmod', ['-R', 'u+w', root]);
+    rmSync(root, { recursive: true, force: true });
+  });
+
+  it('has production dependencies only', () => {
+    const pkg = JSON.parse(readText(path.join(repoRoot, 'package.json'))) as {
+      dependencies: Record<string, string>;
+    };
+    for (const dep of Object.keys(pkg.dependencies)) {
+      expect([dep, existsSync(path.join(app, 'node_modules', dep, 'package.json'))]).toEqual([dep, true]);
+    }
+    // Every package the lock file marks dev-only (typescript, jest, eslint and what they pull in) is absent.
+    const lock = JSON.parse(readText(path.join(repoRoot, 'package-lock.json'))) as {
+      packages: Record<string, { dev?: boolean }>;
+    };
+    const devOnly = Object.entries(lock.packages)
+      .filter(([key, meta]) => key.startsWith('node_modules/') && meta.dev === true)
+      .map(([key]) => key);
+    expect(devOnly).toEqual(expect.arrayContaining(['node_modules/typescript', 'node_modules/jest']));
+    expect(devOnly.filter((key) => existsSync(path.join(app, key)))).toEqual([]);
+  });
+
+  it('finds the Lua scripts from dist/core (the script registry walks up to /app/lua)', () => {
+    const r = node([
+      '--input-type=module',
+      '-e',
+      "const m = await import('./dist/core/scripts.js'); console.log(m.luaDirectory()); console.log([...m.loadScripts().keys()].sort().join(','));",
+    ]);
+    expect(r.stderr).toBe('');
+    const [dir, names] = r.stdout.trim().split('\n');
+    expect(dir).toBe(path.join(app, 'lua'));
+    expect(names?.split(',')).toEqual(expect.arrayContaining(['reserve', 'release', 'setGate']));
+  });
+
+  it('runs the runtime: every import resolves, then the configuration check stops it', () => {
+    const usage = node(['dist/runtime/main.js']);
+    expect(usage.status).toBe(2);
+    expect(usage.stderr).toMatch(/usage: runtime <api\|relay\|consumer\|jobs\|all/);
+    const api = node(['dist/runtime/main.js', 'api']);
+    expect(api.status).not.toBe(0);
+    expect(`${api.stdout}${api.stderr}`).not.toMatch(/ERR_MODULE_NOT_FOUND|Cannot find (module|package)/);
+    expect(`${api.stdout}${api.stderr}`).toMatch(/invalid configuration[\s\S]*DATABASE_URL/);
+    expect(existsSync(path.join(app, 'runtime', 'api', 'openapi.yaml'))).toBe(true);
+  });
+
+  it('runs the operator: every import resolves, then the configuration check stops it', () => {
+    expect(existsSync(path.join(app, 'dist', 'operator', 'main.js'))).toBe(true);
+    const r = node(['dist/operator/main.js']);
+    expect(r.status).not.toBe(0);
+    expect(`${r.stdout}${r.stderr}`).not.toMatch(/ERR_MODULE_NOT_FOUND|Cannot find (module|package)/);
+    expect(`${r.stdout}${r.stderr}`).toMatch(/invalid configuration[\s\S]*DATABASE_URL/);
+  });
+});
