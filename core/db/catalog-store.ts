@@ -4,7 +4,13 @@ import type { Queryable } from './pool.js';
 
 /** The items of one catalog, ordered by sku id; an unknown catalog gives an empty list. */
 export async function readCatalog(db: Queryable, catalog: string): Promise<CatalogItem[]> {
-  const res = await db.query<{ skuId: string; name: string; price: string; stock: number; limitPerUser: number }>(
+  const res = await db.query<{
+    skuId: string;
+    name: string;
+    price: string;
+    stock: number;
+    limitPerUser: number;
+  }>(
     `SELECT sku_id AS "skuId", name, price::text AS price, stock, limit_per_user AS "limitPerUser"
        FROM catalog_items WHERE catalog = $1 ORDER BY sku_id`,
     [catalog],

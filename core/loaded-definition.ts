@@ -1,0 +1,53 @@
+/**
+ * Reads back the activity definition that loadActivity() put into the cache (the fields written
+ * by lua/loadItems-var.lua), so a later spec generation can be compared with what is live.
+ */
+import { activityKeys } from './keys.js';
+import type { CatalogItem } from './model.js';
+import type { RedisClient } from './scripts.js';
+
+export interface LoadedDefinition {
+  generation: number;
+  loads: number;
+  startMs: number;
+  endMs: number;
+  requireOrderCode: boolean;
+  reopenOnRelease: boolean;
+  /** Items as loaded; `stock` is the initial stock (not what remains). */
+  items: CatalogItem[];
+}
+
+export async function readLoadedDefinition(
+  redis: RedisClient,
+  activityId: string,
+): Promise<LoadedDefinition | undefined> {
+  const k = activityKeys(activityId);
+  const meta = await redis.hgetall(k.meta);
+  if (!meta.gate) return undefined;
+  const skuIds = (await redis.smembers(k.skuIndex)).sort();
+  const pipeline = redis.pipeline();
+  for (const s of skuIds) pipeline.hmget(k.sku(s), 'initial', 'limit', 'price', 'name');
+  const replies = (await pipeline.exec()) ?? [];
+  const items: CatalogItem[] = [];
+  skuIds.forEach((skuId, i) => {
+    const [initial, limit, price, name] = ((replies[i]?.[1] as (string | null)[] | undefined) ?? []).map(
+      (v) => v ?? '',
+    );
+    items.push({
+      skuId,
+      name: name ?? '',
+      price: price ?? '',
+      stock: Number(initial ?? 0),
+      limitPerUser: Number(limit ?? 0),
+    });
+  });
+  return {
+    generation: Number(meta.gen ?? 0),
+    loads: Number(meta.loads ?? 0),
+    startMs: Number(meta.startMs ?? 0),
+    endMs: Number(meta.endMs ?? 0),
+    requireOrderCode: meta.requireCode === '1',
+    reopenOnRelease: meta.reopen !== '0',
+    items,
+  };
+}
