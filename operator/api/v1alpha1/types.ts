@@ -1,0 +1,256 @@
+/**
+ * FlashSaleActivity (flashsale.io/v1alpha1): schema only, no behaviour (see funcs.ts for that).
+ * Mirrors crds/flashsale.io_flashsaleactivities.yaml; test/unit/operator/api-schema.test.ts fails
+ * when the two drift apart. Fields the CRD defaults are required here: the API server applies
+ * the defaults on every read, so the operator always sees them.
+ */
+
+export const GROUP = 'flashsale.io';
+export const VERSION = 'v1alpha1';
+export const API_VERSION = `${GROUP}/${VERSION}`;
+export const KIND = 'FlashSaleActivity';
+export const PLURAL = 'flashsaleactivities';
+/** Held while the activity may still have state in Redis, Kafka consumers or unwritten stock. */
+export const FINALIZER = 'flashsale.io/cleanup';
+export const FIELD_MANAGER = 'flashsale-operator';
+
+/** The lifecycle, in order; `Failed` can follow any phase. Derived from the conditions. */
+export const Phase = {
+  Pending: 'Pending',
+  WarmingUp: 'WarmingUp',
+  Ready: 'Ready',
+  Active: 'Active',
+  Draining: 'Draining',
+  WritingBack: 'WritingBack',
+  CleaningUp: 'CleaningUp',
+  Completed: 'Completed',
+  Failed: 'Failed',
+} as const;
+export type Phase = (typeof Phase)[keyof typeof Phase];
+
+export const PHASE_ORDER: readonly Phase[] = [
+  Phase.Pending,
+  Phase.WarmingUp,
+  Phase.Ready,
+  Phase.Active,
+  Phase.Draining,
+  Phase.WritingBack,
+  Phase.CleaningUp,
+  Phase.Completed,
+];
+
+export const ConditionType = {
+  /** The sale can serve buyers (cache loaded, runtime applied); False once it has ended. */
+  Ready: 'Ready',
+  /** The operator is moving the activity through a lifecycle step. */
+  Progressing: 'Progressing',
+  /** Something needs attention (a refused edit, a drain timeout, a blocked cleanup, an error). */
+  Degraded: 'Degraded',
+  /** Terminal outcome: True = Completed, False = Failed, Unknown while running. */
+  Succeeded: 'Succeeded',
+  /** The gate is closed by spec.paused without ending the sale. */
+  Paused: 'Paused',
+} as const;
+export type ConditionType = (typeof ConditionType)[keyof typeof ConditionType];
+
+export type ConditionStatus = 'True' | 'False' | 'Unknown';
+
+/** Condition reasons (CamelCase, stable: alerts and tests match on them). */
+export const Reason = {
+  // Progressing / Ready
+  WaitingForWarmUp: 'WaitingForWarmUp',
+  WarmingUp: 'WarmingUp',
+  CacheLoaded: 'CacheLoaded',
+  WaitingForStart: 'WaitingForStart',
+  SaleOpen: 'SaleOpen',
+  SaleRunning: 'SaleRunning',
+  SaleEnded: 'SaleEnded',
+  Draining: 'Draining',
+  WritingBack: 'WritingBack',
+  CleaningUp: 'CleaningUp',
+  Completed: 'Completed',
+  InProgress: 'InProgress',
+  // Degraded
+  AsExpected: 'AsExpected',
+  DrainTimedOut: 'DrainTimedOut',
+  SpecChangeRefused: 'SpecChangeRefused',
+  CleanupBlocked: 'CleanupBlocked',
+  ReconcileError: 'ReconcileError',
+  // Paused
+  PausedBySpec: 'PausedBySpec',
+  NotPaused: 'NotPaused',
+  // Failed (Succeeded=False)
+  CacheLost: 'CacheLost',
+  ScheduleMissed: 'ScheduleMissed',
+  ActivityIdInUse: 'ActivityIdInUse',
+  CatalogEmpty: 'CatalogEmpty',
+} as const;
+export type Reason = (typeof Reason)[keyof typeof Reason];
+
+/** Event reasons (CamelCase); one per lifecycle milestone, not one per operation. */
+export const EventReason = {
+  WarmUpStarted: 'WarmUpStarted',
+  TopicsCreated: 'TopicsCreated',
+  CacheLoaded: 'CacheLoaded',
+  SaleOpened: 'SaleOpened',
+  SalePaused: 'SalePaused',
+  SaleResumed: 'SaleResumed',
+  SpecChangeApplied: 'SpecChangeApplied',
+  SpecChangeRefused: 'SpecChangeRefused',
+  DrainStarted: 'DrainStarted',
+  Drained: 'Drained',
+  DrainTimedOut: 'DrainTimedOut',
+  WroteBack: 'WroteBack',
+  CleanupBlocked: 'CleanupBlocked',
+  CleanedUp: 'CleanedUp',
+  Completed: 'Completed',
+  Failed: 'Failed',
+  FinalizerRemoved: 'FinalizerRemoved',
+} as const;
+export type EventReason = (typeof EventReason)[keyof typeof EventReason];
+
+export const RUNTIME_ROLES = ['api', 'relay', 'consumer'] as const;
+export type RuntimeRole = (typeof RUNTIME_ROLES)[number];
+
+export interface RoleReplicas {
+  api: number;
+  relay: number;
+  consumer: number;
+}
+
+export interface Schedule {
+  warmUpAt?: string;
+  /** Duration (`10m`, `90s`); warm-up begins this long before startAt. */
+  warmUpLead?: string;
+  startAt: string;
+  endAt: string;
+}
+
+export interface ItemSpec {
+  skuId: string;
+  name: string;
+  /** Decimal string, at most 2 decimals. */
+  price: string;
+  stock: number;
+  limitPerUser: number;
+}
+
+export interface CatalogRef {
+  name: string;
+}
+
+export interface RuntimeSpec {
+  image?: string;
+  replicas: {
+    warmUp: RoleReplicas;
+    active: RoleReplicas;
+    draining: RoleReplicas;
+  };
+}
+
+export type CleanupPolicy = 'Delete' | 'Retain';
+
+export interface FlashSaleActivitySpec {
+  activityId?: string;
+  schedule: Schedule;
+  items?: ItemSpec[];
+  catalogRef?: CatalogRef;
+  requireOrderCode: boolean;
+  reopenOnRelease: boolean;
+  paused: boolean;
+  runtime: RuntimeSpec;
+  payment: { timeout: string };
+  drain: { timeout: string };
+  cleanup: { policy: CleanupPolicy; resultRetention: string };
+}
+
+/** metav1.Condition. */
+export interface Condition {
+  type: string;
+  status: ConditionStatus;
+  observedGeneration?: number;
+  lastTransitionTime: string;
+  reason: string;
+  message: string;
+}
+
+export interface RoleStatus {
+  deployment?: string;
+  replicas?: number;
+  readyReplicas?: number;
+}
+
+export interface CacheStatus {
+  loadedGeneration?: number;
+  syncedGeneration?: number;
+  loads?: number;
+  skus?: number;
+  refusal?: { generation?: number; reason?: string; message?: string };
+}
+
+export interface StockStatus {
+  initial?: number;
+  reserved?: number;
+  released?: number;
+  remaining?: number;
+  ordered?: number;
+  paid?: number;
+}
+
+export interface BacklogStatus {
+  halfMessages?: number;
+  oldestHalfMessageAgeSeconds?: number;
+  consumerLag?: number;
+  dlqDepth?: number;
+  orderGap?: number;
+  unconfirmed?: number;
+}
+
+export interface PhaseTimestamps {
+  pending?: string;
+  warmingUp?: string;
+  ready?: string;
+  active?: string;
+  draining?: string;
+  writingBack?: string;
+  cleaningUp?: string;
+  completed?: string;
+  failed?: string;
+}
+
+export interface FlashSaleActivityStatus {
+  phase?: Phase;
+  observedGeneration?: number;
+  activityId?: string;
+  conditions?: Condition[];
+  cache?: CacheStatus;
+  stock?: StockStatus;
+  backlog?: BacklogStatus;
+  runtime?: { api?: RoleStatus; relay?: RoleStatus; consumer?: RoleStatus };
+  timestamps?: PhaseTimestamps;
+  drain?: { deadline?: string; timedOut?: boolean; leftover?: string };
+  writeBack?: { writtenAt?: string; generation?: number; remaining?: number; orders?: number };
+  cleanup?: { deletedKeys?: number; resultsRetainedUntil?: string };
+  nextCheckAt?: string;
+}
+
+export interface ObjectMeta {
+  name: string;
+  namespace: string;
+  uid: string;
+  generation: number;
+  resourceVersion: string;
+  creationTimestamp?: string;
+  deletionTimestamp?: string;
+  finalizers?: string[];
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+}
+
+export interface FlashSaleActivity {
+  apiVersion: typeof API_VERSION;
+  kind: typeof KIND;
+  metadata: ObjectMeta;
+  spec: FlashSaleActivitySpec;
+  status?: FlashSaleActivityStatus;
+}

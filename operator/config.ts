@@ -1,0 +1,154 @@
+/**
+ * The operator's configuration: one typed object read from the environment and validated at
+ * start-up. Every variable is documented in docs/operator.md ("Configuration").
+ */
+import { hostname } from 'node:os';
+import { z } from 'zod';
+import { env, readConfig } from '../core/config.js';
+
+const quantities = z.record(z.string(), z.union([z.string(), z.number()]).transform(String));
+const resourcesSchema = z.object({ requests: quantities.optional(), limits: quantities.optional() }).strict();
+export type ContainerResources = z.infer<typeof resourcesSchema>;
+
+const durationSeconds = (def: number, min = 0) => z.coerce.number().min(min).default(def);
+
+export const operatorConfigSchema = z
+  .object({
+    DATABASE_URL: z.string().min(1),
+    REDIS_URL: z.string().min(1),
+    KAFKA_BROKERS: env.list().refine((l) => l.length > 0, 'at least one broker'),
+    KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
+    KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
+    KAFKA_REPLICATION_FACTOR: env.int(1, 1),
+    /** Namespace to watch; empty = every namespace (needs the ClusterRole bound cluster-wide). */
+    WATCH_NAMESPACE: z.string().default(''),
+    /** The operator's own namespace (downward API); holds the leader Lease. */
+    POD_NAMESPACE: z.string().default('flashsale-system'),
+    POD_NAME: z.string().optional(),
+    OPERATOR_IDENTITY: z.string().optional(),
+    LEADER_ELECTION: env.bool(true),
+    LEASE_NAME: z.string().default('flashsale-operator'),
+    LEASE_NAMESPACE: z.string().optional(),
+    LEASE_DURATION_SECONDS: durationSeconds(15, 1),
+    LEASE_RENEW_DEADLINE_SECONDS: durationSeconds(10, 1),
+    LEASE_RETRY_PERIOD_SECONDS: durationSeconds(2, 0.1),
+    HTTP_PORT: env.int(8081),
+    WORKERS: env.int(2, 1),
+    RELIST_SECONDS: durationSeconds(300, 1),
+    STATUS_REFRESH_SECONDS: durationSeconds(10, 0),
+    DRAIN_CHECK_SECONDS: durationSeconds(2, 0.1),
+    CLEANUP_RETRY_SECONDS: durationSeconds(5, 0.1),
+    ORDER_GAP_THRESHOLD_SECONDS: durationSeconds(30, 0),
+    RETRY_BASE_MS: env.int(500, 1),
+    RETRY_MAX_SECONDS: durationSeconds(60, 1),
+    DEFAULT_WARM_UP_LEAD: z
+      .string()
+      .regex(/^(?:\d+(?:ms|s|m|h))+$/, 'a duration such as 5m')
+      .default('5m'),
+    RUNTIME_IMAGE: z.string().min(1).default('ghcr.io/flashsale/flashsale:0.1.0'),
+    RUNTIME_IMAGE_PULL_POLICY: z.enum(['Always', 'IfNotPresent', 'Never']).default('IfNotPresent'),
+    RUNTIME_SECRET_NAME: z.string().min(1).default('flashsale-runtime'),
+    RUNTIME_SERVICE_ACCOUNT: z.string().default(''),
+    RUNTIME_HTTP_PORT: env.int(8080, 1),
+    /** Resources of every runtime container, as JSON: {"requests":{"cpu":"250m"},"limits":{...}}. */
+    RUNTIME_RESOURCES: z
+      .string()
+      .default('')
+      .transform((text, zctx) => {
+        if (text.trim() === '') return undefined;
+        try {
+          return resourcesSchema.parse(JSON.parse(text));
+        } catch (err) {
+          zctx.addIssue({ code: 'custom', message: `not a resources object: ${String(err)}` });
+          return z.NEVER;
+        }
+      }),
+    LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  })
+  .refine((c) => c.LEASE_RENEW_DEADLINE_SECONDS < c.LEASE_DURATION_SECONDS, {
+    message: 'LEASE_RENEW_DEADLINE_SECONDS must be less than LEASE_DURATION_SECONDS',
+    path: ['LEASE_RENEW_DEADLINE_SECONDS'],
+  })
+  .refine((c) => c.LEASE_RETRY_PERIOD_SECONDS < c.LEASE_RENEW_DEADLINE_SECONDS, {
+    message: 'LEASE_RETRY_PERIOD_SECONDS must be less than LEASE_RENEW_DEADLINE_SECONDS',
+    path: ['LEASE_RETRY_PERIOD_SECONDS'],
+  });
+
+export interface OperatorConfig {
+  databaseUrl: string;
+  redisUrl: string;
+  kafkaBrokers: string[];
+  kafka: { topicPrefix: string; partitions: number; replicationFactor: number };
+  watchNamespace: string | undefined;
+  identity: string;
+  leaderElection: {
+    enabled: boolean;
+    namespace: string;
+    name: string;
+    leaseDurationMs: number;
+    renewDeadlineMs: number;
+    retryPeriodMs: number;
+  };
+  httpPort: number;
+  workers: number;
+  relistMs: number;
+  statusRefreshMs: number;
+  drainCheckMs: number;
+  cleanupRetryMs: number;
+  orderGapThresholdMs: number;
+  retryBaseMs: number;
+  retryMaxMs: number;
+  defaultWarmUpLead: string;
+  runtime: {
+    image: string;
+    imagePullPolicy: 'Always' | 'IfNotPresent' | 'Never';
+    secretName: string;
+    serviceAccount: string | undefined;
+    httpPort: number;
+    resources: ContainerResources | undefined;
+  };
+  logLevel: string;
+}
+
+export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env): OperatorConfig {
+  const c = readConfig(operatorConfigSchema, environment);
+  return {
+    databaseUrl: c.DATABASE_URL,
+    redisUrl: c.REDIS_URL,
+    kafkaBrokers: c.KAFKA_BROKERS,
+    kafka: {
+      topicPrefix: c.KAFKA_TOPIC_PREFIX,
+      partitions: c.KAFKA_TOPIC_PARTITIONS,
+      replicationFactor: c.KAFKA_REPLICATION_FACTOR,
+    },
+    watchNamespace: c.WATCH_NAMESPACE || undefined,
+    identity: c.OPERATOR_IDENTITY || c.POD_NAME || hostname(),
+    leaderElection: {
+      enabled: c.LEADER_ELECTION,
+      namespace: c.LEASE_NAMESPACE || c.POD_NAMESPACE,
+      name: c.LEASE_NAME,
+      leaseDurationMs: c.LEASE_DURATION_SECONDS * 1000,
+      renewDeadlineMs: c.LEASE_RENEW_DEADLINE_SECONDS * 1000,
+      retryPeriodMs: c.LEASE_RETRY_PERIOD_SECONDS * 1000,
+    },
+    httpPort: c.HTTP_PORT,
+    workers: c.WORKERS,
+    relistMs: c.RELIST_SECONDS * 1000,
+    statusRefreshMs: c.STATUS_REFRESH_SECONDS * 1000,
+    drainCheckMs: c.DRAIN_CHECK_SECONDS * 1000,
+    cleanupRetryMs: c.CLEANUP_RETRY_SECONDS * 1000,
+    orderGapThresholdMs: c.ORDER_GAP_THRESHOLD_SECONDS * 1000,
+    retryBaseMs: c.RETRY_BASE_MS,
+    retryMaxMs: c.RETRY_MAX_SECONDS * 1000,
+    defaultWarmUpLead: c.DEFAULT_WARM_UP_LEAD,
+    runtime: {
+      image: c.RUNTIME_IMAGE,
+      imagePullPolicy: c.RUNTIME_IMAGE_PULL_POLICY,
+      secretName: c.RUNTIME_SECRET_NAME,
+      serviceAccount: c.RUNTIME_SERVICE_ACCOUNT || undefined,
+      httpPort: c.RUNTIME_HTTP_PORT,
+      resources: c.RUNTIME_RESOURCES,
+    },
+    logLevel: c.LOG_LEVEL,
+  };
+}

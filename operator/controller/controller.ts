@@ -1,0 +1,163 @@
+/**
+ * The controller: informers on FlashSaleActivities and on the Deployments the operator owns, whose
+ * handlers only enqueue a key; workers that take keys from the queue and reconcile them; requeue at
+ * the instant the reconcile asks for, rate-limited retries after an error.
+ */
+import type { AppsV1Api, KubeConfig, KubernetesObject, V1Deployment } from '@kubernetes/client-node';
+import type { Logger } from '../../core/logger.js';
+import type { OperatorMetrics } from '../../core/metrics.js';
+import { objectKey } from '../api/v1alpha1/funcs.js';
+import { GROUP, KIND, PLURAL, VERSION } from '../api/v1alpha1/types.js';
+import type { ActivityClient } from '../kube/activities.js';
+import type { Reconciler } from '../reconcile/reconciler.js';
+import { MANAGED_BY_SELECTOR } from '../reconcile/runtime-objects.js';
+import type { InformerEvent } from './informer.js';
+import { ResilientInformer } from './informer.js';
+import { WorkQueue } from './work-queue.js';
+
+export interface ControllerOptions {
+  kubeConfig: KubeConfig;
+  activities: ActivityClient;
+  apps: AppsV1Api;
+  reconciler: Reconciler;
+  namespace: string | undefined;
+  workers: number;
+  relistMs: number;
+  retryBaseMs: number;
+  retryMaxMs: number;
+  metrics: OperatorMetrics;
+  log: Logger;
+}
+
+/**
+ * What, in a FlashSaleActivity, warrants a reconcile: the spec (generation), deletion, finalizers
+ * and annotations. Status-only updates (most of them written by the operator itself) do not.
+ */
+export function triggerSignature(fsa: KubernetesObject): string {
+  const m = fsa.metadata ?? {};
+  return JSON.stringify([m.generation, m.deletionTimestamp ?? '', m.finalizers ?? [], m.annotations ?? {}]);
+}
+
+export class Controller {
+  readonly queue: WorkQueue;
+  private readonly activityInformer: ResilientInformer<KubernetesObject>;
+  private readonly deploymentInformer: ResilientInformer<V1Deployment>;
+  private readonly seen = new Map<string, string>();
+  private readonly workers: Promise<void>[] = [];
+  private running = false;
+
+  constructor(private readonly o: ControllerOptions) {
+    this.queue = new WorkQueue({
+      baseDelayMs: o.retryBaseMs,
+      maxDelayMs: o.retryMaxMs,
+      onDepth: (d) => o.metrics.workqueueDepth.set(d),
+    });
+    const ns = o.namespace;
+    this.activityInformer = new ResilientInformer<KubernetesObject>({
+      name: 'flashsaleactivities',
+      kubeConfig: o.kubeConfig,
+      path: ns
+        ? `/apis/${GROUP}/${VERSION}/namespaces/${ns}/${PLURAL}`
+        : `/apis/${GROUP}/${VERSION}/${PLURAL}`,
+      list: () => o.activities.list(ns),
+      relistMs: o.relistMs,
+      onEvent: (event, obj) => this.onActivity(event, obj),
+      log: o.log,
+    });
+    this.deploymentInformer = new ResilientInformer<V1Deployment>({
+      name: 'deployments',
+      kubeConfig: o.kubeConfig,
+      path: ns ? `/apis/apps/v1/namespaces/${ns}/deployments` : '/apis/apps/v1/deployments',
+      list: () =>
+        ns
+          ? o.apps.listNamespacedDeployment({ namespace: ns, labelSelector: MANAGED_BY_SELECTOR })
+          : o.apps.listDeploymentForAllNamespaces({ labelSelector: MANAGED_BY_SELECTOR }),
+      labelSelector: MANAGED_BY_SELECTOR,
+      relistMs: o.relistMs,
+      onEvent: (_event, obj) => this.onDeployment(obj),
+      log: o.log,
+    });
+  }
+
+  /** The Deployment informer's cache (read by scale-runtime). */
+  deployment(namespace: string, name: string): V1Deployment | undefined {
+    return this.deploymentInformer.get(name, namespace);
+  }
+
+  get synced(): boolean {
+    return this.activityInformer.hasSynced && this.deploymentInformer.hasSynced;
+  }
+
+  get isRunning(): boolean {
+    return this.running;
+  }
+
+  async start(): Promise<void> {
+    if (this.running) return;
+    this.running = true;
+    // Deployments first, so the first reconciles find the cache filled.
+    await this.deploymentInformer.start();
+    await this.activityInformer.start();
+    for (let i = 0; i < this.o.workers; i += 1) this.workers.push(this.work(i));
+    this.o.log.info(
+      { namespace: this.o.namespace ?? '(all)', workers: this.o.workers },
+      'controller started',
+    );
+  }
+
+  async stop(): Promise<void> {
+    if (!this.running) return;
+    this.running = false;
+    this.queue.shutDown();
+    await Promise.all([this.activityInformer.stop(), this.deploymentInformer.stop()]);
+    await Promise.all(this.workers.splice(0));
+  }
+
+  private onActivity(event: InformerEvent, fsa: KubernetesObject): void {
+    const { namespace, name } = fsa.metadata ?? {};
+    if (!namespace || !name) return;
+    const key = objectKey(namespace, name);
+    if (event === 'delete') {
+      this.seen.delete(key);
+      this.queue.add(key); // clears its metrics
+      return;
+    }
+    const signature = triggerSignature(fsa);
+    if (event === 'update' && this.seen.get(key) === signature) return;
+    this.seen.set(key, signature);
+    this.queue.add(key);
+  }
+
+  private onDeployment(d: V1Deployment): void {
+    const owner = d.metadata?.ownerReferences?.find((r) => r.kind === KIND && r.controller);
+    const ns = d.metadata?.namespace;
+    if (owner && ns) this.queue.add(objectKey(ns, owner.name));
+  }
+
+  private async work(worker: number): Promise<void> {
+    const { metrics, log, reconciler } = this.o;
+    for (;;) {
+      const key = await this.queue.get();
+      if (key === undefined) return;
+      const started = process.hrtime.bigint();
+      try {
+        const result = await reconciler.reconcile(key);
+        this.queue.forget(key);
+        if (result.requeueAtMs !== undefined) this.queue.addAt(key, result.requeueAtMs);
+        metrics.reconcileTotal.inc({ result: result.requeueAtMs !== undefined ? 'requeue' : 'success' });
+      } catch (err) {
+        const delay = this.queue.addRateLimited(key);
+        metrics.reconcileTotal.inc({ result: 'error' });
+        metrics.reconcileErrors.inc();
+        const conflict = (err as { code?: unknown }).code === 409;
+        log[conflict ? 'debug' : 'warn'](
+          { key, worker, err: err instanceof Error ? err.message : String(err), retryInMs: delay },
+          conflict ? 'reconcile conflict; retrying' : 'reconcile failed; retrying',
+        );
+      } finally {
+        metrics.reconcileDuration.observe(Number(process.hrtime.bigint() - started) / 1e9);
+        this.queue.done(key);
+      }
+    }
+  }
+}

@@ -1,0 +1,125 @@
+/**
+ * An informer that keeps going. @kubernetes/client-node 1.4's informer stops for good after most
+ * errors and its watch can stall silently, so this wrapper (1) restarts it with a backoff after an
+ * error, and (2) replaces it with a fresh one (a full relist) every `relistMs`, which re-delivers
+ * every object as an `add`. Handlers must only enqueue: the reconcile reads current state itself.
+ */
+import { makeInformer } from '@kubernetes/client-node';
+import type {
+  Informer,
+  KubeConfig,
+  KubernetesListObject,
+  KubernetesObject,
+  ObjectCache,
+} from '@kubernetes/client-node';
+import type { Logger } from '../../core/logger.js';
+
+export type InformerEvent = 'add' | 'update' | 'delete';
+
+export interface ResilientInformerOptions<T extends KubernetesObject> {
+  name: string;
+  kubeConfig: KubeConfig;
+  /** Watch path, e.g. /apis/apps/v1/namespaces/ns/deployments. */
+  path: string;
+  list: () => Promise<KubernetesListObject<T>>;
+  labelSelector?: string;
+  relistMs: number;
+  onEvent: (event: InformerEvent, obj: T) => void;
+  log: Logger;
+  /** Restart backoff bounds. */
+  minRestartMs?: number;
+  maxRestartMs?: number;
+}
+
+export class ResilientInformer<T extends KubernetesObject> {
+  private current: (Informer<T> & ObjectCache<T>) | undefined;
+  private relistTimer: NodeJS.Timeout | undefined;
+  private restartTimer: NodeJS.Timeout | undefined;
+  private restartDelay: number;
+  private stopped = true;
+  private syncedOnce = false;
+  /** Incremented on every (re)start; events from older informers are ignored. */
+  private epoch = 0;
+
+  constructor(private readonly o: ResilientInformerOptions<T>) {
+    this.restartDelay = o.minRestartMs ?? 500;
+  }
+
+  /** True once a list has succeeded (the cache has been filled at least once). */
+  get hasSynced(): boolean {
+    return this.syncedOnce;
+  }
+
+  get(name: string, namespace?: string): T | undefined {
+    return this.current?.get(name, namespace);
+  }
+
+  list(namespace?: string): readonly T[] {
+    return this.current?.list(namespace) ?? [];
+  }
+
+  async start(): Promise<void> {
+    this.stopped = false;
+    await this.replace('start');
+    this.relistTimer = setInterval(() => {
+      void this.replace('relist');
+    }, this.o.relistMs);
+    this.relistTimer.unref?.();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.relistTimer) clearInterval(this.relistTimer);
+    if (this.restartTimer) clearTimeout(this.restartTimer);
+    this.epoch += 1;
+    const old = this.current;
+    this.current = undefined;
+    if (old) await old.stop().catch(() => undefined);
+  }
+
+  private async replace(why: 'start' | 'relist' | 'restart'): Promise<void> {
+    if (this.stopped) return;
+    const epoch = ++this.epoch;
+    const informer = makeInformer<T>(this.o.kubeConfig, this.o.path, this.o.list, this.o.labelSelector);
+    let failed = false;
+    const live = (): boolean => epoch === this.epoch && !this.stopped;
+    informer.on('add', (obj) => live() && this.o.onEvent('add', obj));
+    informer.on('update', (obj) => live() && this.o.onEvent('update', obj));
+    informer.on('delete', (obj) => live() && this.o.onEvent('delete', obj));
+    informer.on('error', (err: unknown) => {
+      failed = true;
+      if (!live()) return; // the old informer reporting its own stop
+      this.o.log.warn({ informer: this.o.name, err: String(err) }, 'informer failed; restarting');
+      this.scheduleRestart();
+    });
+    informer.on('connect', () => {
+      if (live()) this.restartDelay = this.o.minRestartMs ?? 500;
+    });
+    const old = this.current;
+    this.current = informer;
+    // start() resolves after the list and once the watch is open (or after reporting an error).
+    await informer.start().catch((err: unknown) => {
+      failed = true;
+      if (live()) {
+        this.o.log.warn({ informer: this.o.name, err: String(err) }, 'informer start failed');
+        this.scheduleRestart();
+      }
+    });
+    if (!failed && live()) {
+      this.syncedOnce = true;
+      this.o.log.debug({ informer: this.o.name, why }, 'informer listed and watching');
+    }
+    if (old) await old.stop().catch(() => undefined);
+  }
+
+  private scheduleRestart(): void {
+    if (this.stopped || this.restartTimer) return;
+    const delay = this.restartDelay;
+    this.restartDelay = Math.min(this.o.maxRestartMs ?? 30_000, this.restartDelay * 2);
+    this.restartTimer = setTimeout(() => {
+      this.restartTimer = undefined;
+      void this.replace('restart');
+    }, delay);
+    this.restartTimer.unref?.();
+  }
+}

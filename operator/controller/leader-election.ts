@@ -1,0 +1,205 @@
+/**
+ * Leader election with a coordination.k8s.io/v1 Lease, as client-go's leaderelection package does
+ * it (the JS client has none): candidates try every `retryPeriod` to take a Lease whose holder has
+ * not renewed it for `leaseDuration` (measured on the candidate's own clock from when it last saw
+ * the record change, so clock skew does not matter); the leader renews every `retryPeriod` and
+ * steps down when it could not renew for `renewDeadline`. Every write carries the Lease's
+ * resourceVersion, so two candidates can never both win. `release()` (on SIGTERM) empties the
+ * holder so a successor takes over at once instead of after the lease duration.
+ *
+ * A process restarted with the same identity (a container restart in the same pod) takes its own
+ * Lease back immediately.
+ */
+import type { CoordinationV1Api, V1Lease } from '@kubernetes/client-node';
+import type { Logger } from '../../core/logger.js';
+
+export interface LeaderElectionOptions {
+  api: CoordinationV1Api;
+  namespace: string;
+  name: string;
+  identity: string;
+  leaseDurationMs: number;
+  renewDeadlineMs: number;
+  retryPeriodMs: number;
+  log: Logger;
+  onStartedLeading: () => void;
+  /** Leadership lost (not released): the process should stop reconciling at once. */
+  onStoppedLeading: () => void;
+  now?: () => number;
+}
+
+/** metav1.MicroTime wants exactly six fractional digits; the client sends Dates with three. */
+export function microTime(ms: number): Date {
+  return new Date(ms).toISOString().replace(/\.(\d{3})Z$/, '.$1000Z') as unknown as Date;
+}
+
+function timeOf(value: Date | string | undefined): number | undefined {
+  if (value === undefined || value === null) return undefined;
+  const t = new Date(value).getTime();
+  return Number.isNaN(t) ? undefined : t;
+}
+
+function isStatus(err: unknown, code: number): boolean {
+  return typeof err === 'object' && err !== null && (err as { code?: unknown }).code === code;
+}
+
+const sleep = (ms: number): Promise<void> =>
+  new Promise((resolve) => {
+    setTimeout(resolve, ms).unref?.();
+  });
+
+export class LeaderElector {
+  private leading = false;
+  private stopped = false;
+  private observedRecord = '';
+  private observedAt = 0;
+  private lastRenewAt = 0;
+  /** Set when the Lease shows another holder while this process believed it led. */
+  private takenOver = false;
+  private readonly now: () => number;
+
+  constructor(private readonly o: LeaderElectionOptions) {
+    this.now = o.now ?? Date.now;
+  }
+
+  get isLeader(): boolean {
+    return this.leading;
+  }
+
+  /** Runs until stop(): acquire, then renew; calls the callbacks on changes. */
+  async run(): Promise<void> {
+    while (!this.stopped) {
+      if (!this.leading) {
+        const won = await this.tryAcquireOrRenew().catch((err: unknown) => {
+          this.o.log.warn({ err: String(err) }, 'lease acquire attempt failed');
+          return false;
+        });
+        if (won && !this.stopped) {
+          this.leading = true;
+          this.lastRenewAt = this.now();
+          this.o.log.info(
+            { lease: `${this.o.namespace}/${this.o.name}`, identity: this.o.identity },
+            'became leader',
+          );
+          this.o.onStartedLeading();
+        }
+      } else {
+        const renewed = await this.tryAcquireOrRenew().catch((err: unknown) => {
+          this.o.log.warn({ err: String(err) }, 'lease renewal failed');
+          return false;
+        });
+        if (renewed) this.lastRenewAt = this.now();
+        else if (this.takenOver || this.now() - this.lastRenewAt >= this.o.renewDeadlineMs) {
+          this.leading = false;
+          this.o.log.error(
+            { identity: this.o.identity, takenOver: this.takenOver },
+            'leadership lost: the lease was not renewed in time',
+          );
+          this.o.onStoppedLeading();
+          return;
+        }
+      }
+      await sleep(this.o.retryPeriodMs);
+    }
+  }
+
+  stop(): void {
+    this.stopped = true;
+  }
+
+  /** Gives the Lease up (holder emptied) if this process holds it. */
+  async release(): Promise<void> {
+    this.stopped = true;
+    if (!this.leading) return;
+    this.leading = false;
+    try {
+      const lease = await this.o.api.readNamespacedLease({ name: this.o.name, namespace: this.o.namespace });
+      if (lease.spec?.holderIdentity !== this.o.identity) return;
+      const now = this.now();
+      await this.o.api.replaceNamespacedLease({
+        name: this.o.name,
+        namespace: this.o.namespace,
+        body: {
+          metadata: {
+            name: this.o.name,
+            namespace: this.o.namespace,
+            resourceVersion: lease.metadata?.resourceVersion,
+          },
+          spec: {
+            ...lease.spec,
+            holderIdentity: '',
+            leaseDurationSeconds: 1,
+            acquireTime: microTime(now),
+            renewTime: microTime(now),
+          },
+        },
+      });
+      this.o.log.info({ identity: this.o.identity }, 'lease released');
+    } catch (err) {
+      this.o.log.warn({ err: String(err) }, 'lease release failed');
+    }
+  }
+
+  /** One attempt; true when this process holds the Lease afterwards. */
+  private async tryAcquireOrRenew(): Promise<boolean> {
+    const now = this.now();
+    const { api, namespace, name, identity } = this.o;
+    const durationSeconds = Math.max(1, Math.round(this.o.leaseDurationMs / 1000));
+    let lease: V1Lease;
+    try {
+      lease = await api.readNamespacedLease({ name, namespace });
+    } catch (err) {
+      if (!isStatus(err, 404)) throw err;
+      await api.createNamespacedLease({
+        namespace,
+        body: {
+          metadata: { name, namespace },
+          spec: {
+            holderIdentity: identity,
+            leaseDurationSeconds: durationSeconds,
+            acquireTime: microTime(now),
+            renewTime: microTime(now),
+            leaseTransitions: 0,
+          },
+        },
+      });
+      return true;
+    }
+    const spec = lease.spec ?? {};
+    const record = `${spec.holderIdentity ?? ''}|${String(timeOf(spec.renewTime) ?? '')}|${spec.leaseTransitions ?? 0}`;
+    if (record !== this.observedRecord) {
+      this.observedRecord = record;
+      this.observedAt = now;
+    }
+    const holder = spec.holderIdentity ?? '';
+    const heldByUs = holder === identity;
+    const leaseMs = (spec.leaseDurationSeconds ?? durationSeconds) * 1000;
+    if (this.leading && !heldByUs) {
+      this.takenOver = true; // released or taken by someone else: never take it back while leading
+      return false;
+    }
+    if (holder !== '' && !heldByUs && this.observedAt + leaseMs > now) return false;
+    const transitions = (spec.leaseTransitions ?? 0) + (heldByUs ? 0 : 1);
+    try {
+      await api.replaceNamespacedLease({
+        name,
+        namespace,
+        body: {
+          metadata: { name, namespace, resourceVersion: lease.metadata?.resourceVersion },
+          spec: {
+            holderIdentity: identity,
+            leaseDurationSeconds: durationSeconds,
+            acquireTime:
+              heldByUs && spec.acquireTime ? microTime(timeOf(spec.acquireTime) ?? now) : microTime(now),
+            renewTime: microTime(now),
+            leaseTransitions: transitions,
+          },
+        },
+      });
+    } catch (err) {
+      if (isStatus(err, 409)) return false; // someone else wrote it first
+      throw err;
+    }
+    return true;
+  }
+}

@@ -1,0 +1,159 @@
+/**
+ * The operator's entry point: `node dist/operator/main.js`. Configured by environment variables
+ * (operator/config.ts, docs/operator.md). Serves /healthz, /readyz and /metrics on HTTP_PORT at
+ * once; reconciles only while it holds the leader Lease; on SIGTERM/SIGINT it stops the workers,
+ * releases the Lease (so a standby takes over at once) and closes its connections.
+ */
+import {
+  AppsV1Api,
+  CoordinationV1Api,
+  CoreV1Api,
+  CustomObjectsApi,
+  KubeConfig,
+} from '@kubernetes/client-node';
+import { Redis } from 'ioredis';
+import { createPool } from '../core/db/pool.js';
+import { createLogger, redactUrl } from '../core/logger.js';
+import { createOperatorMetrics } from '../core/metrics.js';
+import { loadOperatorConfig } from './config.js';
+import { Controller } from './controller/controller.js';
+import { startHealthServer } from './controller/health-server.js';
+import { LeaderElector } from './controller/leader-election.js';
+import { ActivityClient } from './kube/activities.js';
+import { EventRecorder } from './kube/events.js';
+import { KafkaAdminAccess } from './reconcile/kafka-access.js';
+import { Reconciler } from './reconcile/reconciler.js';
+
+async function main(): Promise<void> {
+  const config = loadOperatorConfig();
+  const log = createLogger('operator', config.logLevel);
+  log.info(
+    {
+      identity: config.identity,
+      watchNamespace: config.watchNamespace ?? '(all)',
+      lease: config.leaderElection.enabled
+        ? `${config.leaderElection.namespace}/${config.leaderElection.name}`
+        : '(leader election off)',
+      database: redactUrl(config.databaseUrl),
+      redis: redactUrl(config.redisUrl),
+      kafka: config.kafkaBrokers.join(','),
+    },
+    'starting flashsale operator',
+  );
+
+  const kc = new KubeConfig();
+  kc.loadFromDefault();
+  const activities = new ActivityClient(kc.makeApiClient(CustomObjectsApi));
+  const apps = kc.makeApiClient(AppsV1Api);
+  const core = kc.makeApiClient(CoreV1Api);
+  const metrics = createOperatorMetrics();
+  const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 3, lazyConnect: false });
+  redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
+  const pool = createPool(config.databaseUrl, 4, 'flashsale-operator');
+  pool.on('error', (err: Error) => log.warn({ err: err.message }, 'postgres pool error'));
+  const kafka = new KafkaAdminAccess({
+    brokers: config.kafkaBrokers,
+    clientId: `flashsale-operator-${config.identity}`.slice(0, 200),
+    topicPrefix: config.kafka.topicPrefix,
+    partitions: config.kafka.partitions,
+    replicationFactor: config.kafka.replicationFactor,
+  });
+
+  // The controller's Deployment cache is read through this late-bound reference.
+  const ref: { controller?: Controller } = {};
+  const reconciler = new Reconciler({
+    config,
+    log,
+    activities,
+    apps,
+    core,
+    events: new EventRecorder(core, config.identity, log),
+    deployment: (ns, name) => ref.controller?.deployment(ns, name),
+    redis,
+    pool,
+    kafka,
+    metrics,
+    identity: config.identity,
+    now: () => new Date(),
+  });
+  const ctl = new Controller({
+    kubeConfig: kc,
+    activities,
+    apps,
+    reconciler,
+    namespace: config.watchNamespace,
+    workers: config.workers,
+    relistMs: config.relistMs,
+    retryBaseMs: config.retryBaseMs,
+    retryMaxMs: config.retryMaxMs,
+    metrics,
+    log,
+  });
+  ref.controller = ctl;
+
+  const elector = config.leaderElection.enabled
+    ? new LeaderElector({
+        api: kc.makeApiClient(CoordinationV1Api),
+        namespace: config.leaderElection.namespace,
+        name: config.leaderElection.name,
+        identity: config.identity,
+        leaseDurationMs: config.leaderElection.leaseDurationMs,
+        renewDeadlineMs: config.leaderElection.renewDeadlineMs,
+        retryPeriodMs: config.leaderElection.retryPeriodMs,
+        log,
+        onStartedLeading: () => {
+          metrics.leader.set(1);
+          ctl.start().catch((err: unknown) => {
+            log.error({ err: String(err) }, 'controller failed to start');
+            process.exit(1);
+          });
+        },
+        onStoppedLeading: () => {
+          // As controller-runtime does: a replica that lost the Lease exits and starts afresh.
+          metrics.leader.set(0);
+          log.error('lost the leader Lease; exiting');
+          process.exit(1);
+        },
+      })
+    : undefined;
+
+  const server = await startHealthServer(config.httpPort, metrics.registry, {
+    notReady: async () => {
+      if (redis.status !== 'ready') return `redis ${redis.status}`;
+      if (ctl.isRunning && !ctl.synced) return 'informers not synced';
+      return undefined;
+    },
+  });
+  log.info({ port: config.httpPort }, 'serving /healthz /readyz /metrics');
+
+  let stopping = false;
+  const shutdown = async (signal: string): Promise<void> => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ signal }, 'shutting down');
+    elector?.stop();
+    await ctl.stop().catch(() => undefined);
+    await elector?.release();
+    metrics.leader.set(0);
+    server.close();
+    await Promise.allSettled([kafka.close(), pool.end(), redis.quit()]);
+    log.info('stopped');
+    process.exit(0);
+  };
+  process.on('SIGTERM', () => void shutdown('SIGTERM'));
+  process.on('SIGINT', () => void shutdown('SIGINT'));
+
+  if (elector) {
+    void elector.run();
+  } else {
+    metrics.leader.set(1);
+    await ctl.start();
+  }
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(
+    `flashsale operator failed to start: ${err instanceof Error ? err.message : String(err)}\n`,
+  );
+  process.exit(1);
+});

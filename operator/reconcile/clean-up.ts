@@ -1,0 +1,49 @@
+/**
+ * Step 9: CleaningUp. Deletes this activity's Redis keys only (core's cleanupActivity: SCAN over
+ * the activity's own prefix, never KEYS or a global pattern), keeps buyers' results with a TTL of
+ * spec.cleanup.resultRetention, and refuses while anything is still in flight; the runtime is
+ * scaled to zero once the activity is Completed. With cleanup.policy Retain the keys stay until
+ * the resource is deleted.
+ */
+import { cleanupActivity } from '../../core/activity-cache.js';
+import { FlashSaleError } from '../../core/errors.js';
+import { parseDuration } from '../api/v1alpha1/funcs.js';
+import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
+import { crashPoint } from '../crash-points.js';
+import type { ReconcileContext, StepResult } from './context.js';
+import { CONTINUE, DONE } from './context.js';
+
+/** Runs the cleanup; false (and Degraded=CleanupBlocked) while something is still in flight. */
+export async function deleteActivityKeys(ctx: ReconcileContext): Promise<boolean> {
+  const retentionMs = parseDuration(ctx.fsa.spec.cleanup.resultRetention);
+  try {
+    const outcome = await cleanupActivity(ctx.deps.redis, ctx.activityId, Math.ceil(retentionMs / 1000));
+    crashPoint('operator-after-cleanup');
+    ctx.status.cleanup = {
+      deletedKeys: (ctx.status.cleanup?.deletedKeys ?? 0) + outcome.deleted,
+      ...(outcome.retained > 0
+        ? { resultsRetainedUntil: new Date(ctx.now.getTime() + retentionMs).toISOString() }
+        : {}),
+    };
+    return true;
+  } catch (err) {
+    if (!(err instanceof FlashSaleError) || err.code !== 'UNAVAILABLE') throw err;
+    const already = ctx.fsa.status?.conditions?.some((c) => c.reason === Reason.CleanupBlocked) ?? false;
+    ctx.degraded = { reason: Reason.CleanupBlocked, message: err.message };
+    if (!already) await ctx.event('Warning', EventReason.CleanupBlocked, err.message);
+    ctx.requeueAfter(ctx.deps.config.cleanupRetryMs);
+    return false;
+  }
+}
+
+export async function cleanUp(ctx: ReconcileContext): Promise<StepResult> {
+  if (ctx.phase !== Phase.CleaningUp) return CONTINUE;
+  const retain = ctx.fsa.spec.cleanup.policy === 'Retain' && !ctx.deleting;
+  if (!retain && !(await deleteActivityKeys(ctx))) return DONE;
+  const message = retain
+    ? 'completed; Redis keys retained (cleanup.policy Retain) until the resource is deleted'
+    : `completed; ${ctx.status.cleanup?.deletedKeys ?? 0} Redis key(s) deleted, results kept for ${ctx.fsa.spec.cleanup.resultRetention}`;
+  await ctx.event('Normal', EventReason.CleanedUp, message);
+  await ctx.event('Normal', EventReason.Completed, 'the activity is complete; runtime scaled to zero');
+  return ctx.transition(Phase.Completed, message);
+}

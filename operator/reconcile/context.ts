@@ -1,0 +1,127 @@
+/**
+ * What a reconcile pass works with. Steps read the resource as fetched at the start of the pass,
+ * act, and record what they did on the working status; update-status.ts writes it once at the end.
+ * A step that moves the lifecycle calls `transition()` and ends the pass, so every phase is
+ * recorded in the API server before any side effect of the next phase happens.
+ */
+import type { AppsV1Api, CoreV1Api, V1Deployment } from '@kubernetes/client-node';
+import type { Redis } from 'ioredis';
+import type { Pool } from '../../core/db/pool.js';
+import type { Logger } from '../../core/logger.js';
+import type { OperatorMetrics } from '../../core/metrics.js';
+import type { OperatorConfig } from '../config.js';
+import { enterPhase, derivePhase } from '../api/v1alpha1/conditions.js';
+import type { EffectiveSchedule } from '../api/v1alpha1/funcs.js';
+import type {
+  FlashSaleActivity,
+  FlashSaleActivityStatus,
+  Phase,
+  PhaseTimestamps,
+} from '../api/v1alpha1/types.js';
+import type { ActivityClient } from '../kube/activities.js';
+import type { EventSink, EventType } from '../kube/events.js';
+import type { EventReason } from '../api/v1alpha1/types.js';
+import type { KafkaAccess } from './kafka-access.js';
+
+export interface ReconcileDeps {
+  config: OperatorConfig;
+  log: Logger;
+  activities: ActivityClient;
+  apps: AppsV1Api;
+  core: CoreV1Api;
+  events: EventSink;
+  /** The Deployment informer's cache. */
+  deployment: (namespace: string, name: string) => V1Deployment | undefined;
+  redis: Redis;
+  pool: Pool;
+  kafka: KafkaAccess;
+  metrics: OperatorMetrics;
+  identity: string;
+  now: () => Date;
+}
+
+export interface StepResult {
+  /** End the pass here (update-status still runs). */
+  done: boolean;
+}
+
+export const CONTINUE: StepResult = { done: false };
+export const DONE: StepResult = { done: true };
+
+export type Step = (ctx: ReconcileContext) => Promise<StepResult>;
+
+const TIMESTAMP_FIELD: Record<Phase, keyof PhaseTimestamps> = {
+  Pending: 'pending',
+  WarmingUp: 'warmingUp',
+  Ready: 'ready',
+  Active: 'active',
+  Draining: 'draining',
+  WritingBack: 'writingBack',
+  CleaningUp: 'cleaningUp',
+  Completed: 'completed',
+  Failed: 'failed',
+};
+
+export class ReconcileContext {
+  /** The phase the pass started in (as recorded in the API server). */
+  readonly phase: Phase;
+  readonly deleting: boolean;
+  readonly now: Date;
+  /** The working status; written by update-status.ts. */
+  status: FlashSaleActivityStatus;
+  /** Earliest instant at which the key should be looked at again. */
+  requeueAtMs: number | undefined;
+  /** Set by transition(): the next pass should run at once. */
+  transitioned = false;
+  /** A temporary problem seen in this pass (reported as Degraded). */
+  degraded: { reason: string; message: string } | undefined;
+  /** The pass failed with this error (reported as Degraded/ReconcileError). */
+  error: unknown;
+  /** The object is gone (finalizer removed): nothing to write. */
+  gone = false;
+
+  constructor(
+    readonly deps: ReconcileDeps,
+    public fsa: FlashSaleActivity,
+    readonly activityId: string,
+    readonly schedule: EffectiveSchedule,
+    readonly log: Logger,
+  ) {
+    this.now = deps.now();
+    this.phase = derivePhase(fsa.status?.conditions);
+    this.deleting = Boolean(fsa.metadata.deletionTimestamp);
+    this.status = structuredClone(fsa.status ?? {});
+  }
+
+  get generation(): number {
+    return this.fsa.metadata.generation;
+  }
+
+  requeueAt(ms: number): void {
+    if (this.requeueAtMs === undefined || ms < this.requeueAtMs) this.requeueAtMs = ms;
+  }
+
+  requeueAfter(ms: number): void {
+    this.requeueAt(this.now.getTime() + ms);
+  }
+
+  /** Moves the lifecycle to `phase` (conditions + timestamp) and ends the pass. */
+  transition(phase: Phase, message: string, failureReason?: string): StepResult {
+    this.status.conditions = enterPhase(
+      this.status.conditions,
+      phase,
+      message,
+      this.generation,
+      this.now,
+      failureReason,
+    );
+    this.status.timestamps = { ...this.status.timestamps, [TIMESTAMP_FIELD[phase]]: this.now.toISOString() };
+    this.transitioned = true;
+    this.log.info({ from: this.phase, to: phase }, message);
+    return DONE;
+  }
+
+  async event(type: EventType, reason: EventReason, message: string): Promise<void> {
+    await this.deps.events.record(this.fsa, type, reason, message);
+  }
+}

@@ -1,0 +1,48 @@
+/**
+ * Step 2: states the lifecycle cannot recover from. A Failed activity is left alone (its data is
+ * not touched any more) until it is deleted.
+ */
+import { readMeta } from '../../core/activity-cache.js';
+import { readWriteBack } from '../../core/db/stock-store.js';
+import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
+import type { ReconcileContext, StepResult } from './context.js';
+import { CONTINUE, DONE } from './context.js';
+
+async function fail(ctx: ReconcileContext, reason: string, message: string): Promise<StepResult> {
+  await ctx.event('Warning', EventReason.Failed, `${reason}: ${message}`);
+  return ctx.transition(Phase.Failed, message, reason);
+}
+
+export async function detectFailure(ctx: ReconcileContext): Promise<StepResult> {
+  const { redis, pool } = ctx.deps;
+  switch (ctx.phase) {
+    case Phase.Failed:
+      return DONE;
+    case Phase.Pending:
+    case Phase.WarmingUp: {
+      if (ctx.deleting || ctx.now < ctx.schedule.endAt) return CONTINUE;
+      if (await readMeta(redis, ctx.activityId)) return CONTINUE; // loaded: end the sale normally
+      return fail(
+        ctx,
+        Reason.ScheduleMissed,
+        `the sale window ended (${ctx.schedule.endAt.toISOString()}) before the activity was loaded`,
+      );
+    }
+    case Phase.Ready:
+    case Phase.Active:
+    case Phase.Draining:
+    case Phase.WritingBack: {
+      if (await readMeta(redis, ctx.activityId)) return CONTINUE;
+      if (ctx.phase === Phase.WritingBack && (await readWriteBack(pool, ctx.activityId))) return CONTINUE;
+      if (ctx.status.cache?.loadedGeneration === undefined) return CONTINUE; // never loaded (deleted early)
+      return fail(
+        ctx,
+        Reason.CacheLost,
+        `the Redis cache of activity ${ctx.activityId} disappeared before stock was written back; ` +
+          'remaining stock is unknown (check Redis persistence, then reconcile PostgreSQL by hand)',
+      );
+    }
+    default:
+      return CONTINUE;
+  }
+}

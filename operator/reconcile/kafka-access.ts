@@ -1,0 +1,72 @@
+/**
+ * The operator's Kafka admin connection (topics, consumer lag, DLQ depth), connected on first use
+ * and re-created after a failure so a broker restart does not leave a dead client behind.
+ */
+import type { Admin } from 'kafkajs';
+import { consumerLag, createKafka, ensureTopics, topicDepth, topicsFor } from '../../core/kafka.js';
+import type { TopicNames } from '../../core/kafka.js';
+
+export interface KafkaAccess {
+  topics(activityId: string): TopicNames;
+  ensureTopics(activityId: string): Promise<string[]>;
+  /** Consumer lag of the activity's consumer group on its orders topic. */
+  lag(activityId: string): Promise<number>;
+  dlqDepth(activityId: string): Promise<number>;
+  close(): Promise<void>;
+}
+
+export interface KafkaAccessOptions {
+  brokers: string[];
+  clientId: string;
+  topicPrefix: string;
+  partitions: number;
+  replicationFactor: number;
+}
+
+export class KafkaAdminAccess implements KafkaAccess {
+  private admin: Promise<Admin> | undefined;
+
+  constructor(private readonly o: KafkaAccessOptions) {}
+
+  topics(activityId: string): TopicNames {
+    return topicsFor(activityId, this.o.topicPrefix);
+  }
+
+  async ensureTopics(activityId: string): Promise<string[]> {
+    return this.use((a) =>
+      ensureTopics(a, this.topics(activityId), this.o.partitions, this.o.replicationFactor),
+    );
+  }
+
+  async lag(activityId: string): Promise<number> {
+    const t = this.topics(activityId);
+    return this.use((a) => consumerLag(a, t.consumerGroup, t.orders));
+  }
+
+  async dlqDepth(activityId: string): Promise<number> {
+    return this.use((a) => topicDepth(a, this.topics(activityId).dlq));
+  }
+
+  async close(): Promise<void> {
+    const admin = this.admin;
+    this.admin = undefined;
+    if (admin) await (await admin.catch(() => undefined))?.disconnect().catch(() => undefined);
+  }
+
+  private async use<T>(fn: (admin: Admin) => Promise<T>): Promise<T> {
+    if (!this.admin) {
+      const admin = createKafka(this.o.brokers, this.o.clientId).admin();
+      this.admin = admin.connect().then(() => admin);
+    }
+    const pending = this.admin;
+    try {
+      return await fn(await pending);
+    } catch (err) {
+      if (this.admin === pending) {
+        this.admin = undefined;
+        void pending.then((a) => a.disconnect()).catch(() => undefined);
+      }
+      throw err;
+    }
+  }
+}

@@ -1,0 +1,23 @@
+/**
+ * Step 10: a deleted activity lets go once nothing of it is live: Completed (after deleting keys
+ * retained by cleanup.policy Retain), Failed (its data is left for an operator to inspect), or
+ * still Pending (nothing was created yet).
+ */
+import { EventReason, FINALIZER, Phase } from '../api/v1alpha1/types.js';
+import type { ReconcileContext, StepResult } from './context.js';
+import { CONTINUE, DONE } from './context.js';
+import { deleteActivityKeys } from './clean-up.js';
+
+export async function removeFinalizer(ctx: ReconcileContext): Promise<StepResult> {
+  if (!ctx.deleting || !ctx.fsa.metadata.finalizers?.includes(FINALIZER)) return CONTINUE;
+  const releasable =
+    ctx.phase === Phase.Completed || ctx.phase === Phase.Failed || ctx.phase === Phase.Pending;
+  if (!releasable) return CONTINUE;
+  if (ctx.phase === Phase.Completed && ctx.fsa.spec.cleanup.policy === 'Retain') {
+    if (!(await deleteActivityKeys(ctx))) return DONE;
+  }
+  await ctx.event('Normal', EventReason.FinalizerRemoved, `released after ${ctx.phase}`);
+  await ctx.deps.activities.removeFinalizer(ctx.fsa);
+  ctx.gone = true;
+  return DONE;
+}

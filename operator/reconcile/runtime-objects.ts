@@ -1,0 +1,163 @@
+/**
+ * The desired runtime objects of an activity: one Deployment per role (api, relay, consumer) and a
+ * Service for the api. Pure: built from the resource, the phase's replicas and the operator's
+ * configuration; applied by scale-runtime.ts.
+ */
+import { createHash } from 'node:crypto';
+import type { V1Deployment, V1EnvVar, V1OwnerReference, V1Service } from '@kubernetes/client-node';
+import type { OperatorConfig } from '../config.js';
+import { deploymentName, parseDuration } from '../api/v1alpha1/funcs.js';
+import type { FlashSaleActivity, RuntimeRole } from '../api/v1alpha1/types.js';
+
+export const LABEL_ACTIVITY = 'flashsale.io/activity';
+export const MANAGED_BY = 'flashsale-operator';
+export const MANAGED_BY_SELECTOR = `app.kubernetes.io/managed-by=${MANAGED_BY}`;
+/** Hash of the desired Deployment without its replicas: unchanged hash and replicas = no write. */
+export const SPEC_HASH_ANNOTATION = 'flashsale.io/spec-hash';
+
+export function ownerReference(fsa: FlashSaleActivity): V1OwnerReference {
+  return {
+    apiVersion: fsa.apiVersion,
+    kind: fsa.kind,
+    name: fsa.metadata.name,
+    uid: fsa.metadata.uid,
+    controller: true,
+    blockOwnerDeletion: true,
+  };
+}
+
+export function selectorLabels(fsa: FlashSaleActivity, role: RuntimeRole): Record<string, string> {
+  return {
+    'app.kubernetes.io/name': 'flashsale-runtime',
+    'app.kubernetes.io/instance': fsa.metadata.name,
+    'app.kubernetes.io/component': role,
+  };
+}
+
+function labels(fsa: FlashSaleActivity, role: RuntimeRole, activityId: string): Record<string, string> {
+  return {
+    ...selectorLabels(fsa, role),
+    'app.kubernetes.io/part-of': 'flashsale',
+    'app.kubernetes.io/managed-by': MANAGED_BY,
+    [LABEL_ACTIVITY]: activityId,
+  };
+}
+
+export function runtimeEnv(fsa: FlashSaleActivity, activityId: string, config: OperatorConfig): V1EnvVar[] {
+  return [
+    { name: 'ACTIVITY_ID', value: activityId },
+    { name: 'HTTP_PORT', value: String(config.runtime.httpPort) },
+    {
+      name: 'PAYMENT_TIMEOUT_SECONDS',
+      value: String(Math.round(parseDuration(fsa.spec.payment.timeout) / 1000)),
+    },
+    { name: 'KAFKA_TOPIC_PREFIX', value: config.kafka.topicPrefix },
+    { name: 'POD_NAME', valueFrom: { fieldRef: { fieldPath: 'metadata.name' } } },
+    { name: 'POD_NAMESPACE', valueFrom: { fieldRef: { fieldPath: 'metadata.namespace' } } },
+  ];
+}
+
+export function desiredDeployment(
+  fsa: FlashSaleActivity,
+  role: RuntimeRole,
+  replicas: number,
+  activityId: string,
+  config: OperatorConfig,
+): V1Deployment {
+  const port = config.runtime.httpPort;
+  const template = {
+    metadata: {
+      labels: labels(fsa, role, activityId),
+      annotations: {
+        'prometheus.io/scrape': 'true',
+        'prometheus.io/port': String(port),
+        'prometheus.io/path': '/metrics',
+      },
+    },
+    spec: {
+      ...(config.runtime.serviceAccount ? { serviceAccountName: config.runtime.serviceAccount } : {}),
+      automountServiceAccountToken: false,
+      terminationGracePeriodSeconds: 30,
+      securityContext: { runAsNonRoot: true, runAsUser: 1000, seccompProfile: { type: 'RuntimeDefault' } },
+      containers: [
+        {
+          name: role,
+          image: fsa.spec.runtime.image ?? config.runtime.image,
+          imagePullPolicy: config.runtime.imagePullPolicy,
+          command: ['node', 'dist/runtime/main.js'],
+          args: [role],
+          env: runtimeEnv(fsa, activityId, config),
+          envFrom: [{ secretRef: { name: config.runtime.secretName } }],
+          ports: [{ name: 'http', containerPort: port, protocol: 'TCP' }],
+          ...(config.runtime.resources ? { resources: config.runtime.resources } : {}),
+          readinessProbe: {
+            httpGet: { path: '/readyz', port: 'http' },
+            periodSeconds: 5,
+            failureThreshold: 3,
+          },
+          livenessProbe: {
+            httpGet: { path: '/healthz', port: 'http' },
+            periodSeconds: 10,
+            failureThreshold: 6,
+          },
+          securityContext: {
+            allowPrivilegeEscalation: false,
+            readOnlyRootFilesystem: true,
+            capabilities: { drop: ['ALL'] },
+          },
+        },
+      ],
+    },
+  };
+  const hash = createHash('sha256')
+    .update(JSON.stringify({ labels: labels(fsa, role, activityId), template }))
+    .digest('hex')
+    .slice(0, 16);
+  return {
+    apiVersion: 'apps/v1',
+    kind: 'Deployment',
+    metadata: {
+      name: deploymentName(fsa.metadata.name, role),
+      namespace: fsa.metadata.namespace,
+      labels: labels(fsa, role, activityId),
+      annotations: { [SPEC_HASH_ANNOTATION]: hash },
+      ownerReferences: [ownerReference(fsa)],
+    },
+    spec: {
+      replicas,
+      selector: { matchLabels: selectorLabels(fsa, role) },
+      template,
+    },
+  };
+}
+
+export function apiServiceName(activityName: string): string {
+  return `${activityName}-api`;
+}
+
+export function desiredApiService(fsa: FlashSaleActivity, activityId: string): V1Service {
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: {
+      name: apiServiceName(fsa.metadata.name),
+      namespace: fsa.metadata.namespace,
+      labels: labels(fsa, 'api', activityId),
+      ownerReferences: [ownerReference(fsa)],
+    },
+    spec: {
+      type: 'ClusterIP',
+      selector: selectorLabels(fsa, 'api'),
+      ports: [{ name: 'http', port: 80, targetPort: 'http', protocol: 'TCP' }],
+    },
+  };
+}
+
+/** Whether the live Deployment already is what `desired` describes. */
+export function deploymentUpToDate(live: V1Deployment | undefined, desired: V1Deployment): boolean {
+  if (!live) return false;
+  return (
+    live.metadata?.annotations?.[SPEC_HASH_ANNOTATION] ===
+      desired.metadata?.annotations?.[SPEC_HASH_ANNOTATION] && live.spec?.replicas === desired.spec?.replicas
+  );
+}

@@ -1,0 +1,70 @@
+/**
+ * Step 3: the runtime Deployments (api, relay, consumer) and the api Service, with the replicas of
+ * the phase recorded in the status. Server-side apply with the operator's field manager; skipped
+ * when the live Deployment already has the desired spec hash and replicas.
+ */
+import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
+import { deploymentName, replicasFor } from '../api/v1alpha1/funcs.js';
+import { FIELD_MANAGER, Phase, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
+import type { ReconcileContext, StepResult } from './context.js';
+import { CONTINUE } from './context.js';
+import {
+  apiServiceName,
+  deploymentUpToDate,
+  desiredApiService,
+  desiredDeployment,
+} from './runtime-objects.js';
+import { isApiStatus } from '../kube/activities.js';
+
+const applyOptions = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
+
+export async function scaleRuntime(ctx: ReconcileContext): Promise<StepResult> {
+  const { apps, core, config, deployment } = ctx.deps;
+  const ns = ctx.fsa.metadata.namespace;
+  const terminal = ctx.phase === Phase.Completed || ctx.phase === Phase.Failed;
+  const replicas = replicasFor(ctx.fsa.spec, ctx.phase);
+  const runtime: NonNullable<typeof ctx.status.runtime> = {};
+  for (const role of RUNTIME_ROLES) {
+    const name = deploymentName(ctx.fsa.metadata.name, role);
+    const live = deployment(ns, name);
+    const desired = desiredDeployment(ctx.fsa, role, replicas[role], ctx.activityId, config);
+    // A resource being deleted gets no new Deployments (garbage collection would remove them).
+    const skip = deploymentUpToDate(live, desired) || (ctx.deleting && !live) || (terminal && !live);
+    if (!skip) {
+      await apps.patchNamespacedDeployment(
+        { name, namespace: ns, body: desired, fieldManager: FIELD_MANAGER, force: true },
+        applyOptions,
+      );
+      ctx.log.debug({ role, replicas: replicas[role] }, 'runtime deployment applied');
+    }
+    runtime[role] = {
+      deployment: name,
+      replicas: replicas[role],
+      readyReplicas: live?.status?.readyReplicas ?? 0,
+    };
+  }
+  if (!ctx.deleting && !terminal) {
+    const name = apiServiceName(ctx.fsa.metadata.name);
+    let exists = true;
+    try {
+      await core.readNamespacedService({ name, namespace: ns });
+    } catch (err) {
+      if (!isApiStatus(err, 404)) throw err;
+      exists = false;
+    }
+    if (!exists) {
+      await core.patchNamespacedService(
+        {
+          name,
+          namespace: ns,
+          body: desiredApiService(ctx.fsa, ctx.activityId),
+          fieldManager: FIELD_MANAGER,
+          force: true,
+        },
+        applyOptions,
+      );
+    }
+  }
+  ctx.status.runtime = runtime;
+  return CONTINUE;
+}

@@ -1,0 +1,69 @@
+/**
+ * Step 4: Pending -> WarmingUp at warm-up time; then Kafka topics (created if missing) and cache
+ * loading (once per generation: the load script's fence makes a repeat after a crash a no-op,
+ * so live stock is never reset), then -> Ready.
+ */
+import { readMeta } from '../../core/activity-cache.js';
+import { readWriteBack } from '../../core/db/stock-store.js';
+import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
+import { crashPoint } from '../crash-points.js';
+import type { ReconcileContext, StepResult } from './context.js';
+import { CONTINUE, DONE } from './context.js';
+import { recordCache, syncCache } from './sync-spec.js';
+
+export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
+  if (ctx.deleting) return CONTINUE;
+  if (ctx.phase === Phase.Pending) {
+    const at = ctx.schedule.warmUpAt;
+    if (ctx.now < at) {
+      ctx.requeueAt(at.getTime());
+      return CONTINUE;
+    }
+    await ctx.event('Normal', EventReason.WarmUpStarted, `warm-up of activity ${ctx.activityId} began`);
+    return ctx.transition(Phase.WarmingUp, `warming up: topics, cache loading, runtime at warm-up size`);
+  }
+  if (ctx.phase !== Phase.WarmingUp) return CONTINUE;
+
+  const { redis, pool, kafka } = ctx.deps;
+  const created = await kafka.ensureTopics(ctx.activityId);
+  crashPoint('operator-after-topics');
+  if (created.length > 0) {
+    await ctx.event('Normal', EventReason.TopicsCreated, `created Kafka topics ${created.join(', ')}`);
+  }
+
+  // A user-chosen activityId that an earlier activity already used: never touch its data.
+  const meta = await readMeta(redis, ctx.activityId);
+  const foreign = meta !== undefined && meta.generation > ctx.generation;
+  if (foreign || (!meta && (await readWriteBack(pool, ctx.activityId)))) {
+    const message = `activity id ${ctx.activityId} already belongs to another activity (cache or write-back exists)`;
+    await ctx.event('Warning', EventReason.Failed, message);
+    return ctx.transition(Phase.Failed, message, Reason.ActivityIdInUse);
+  }
+
+  const outcome = await syncCache(ctx, Phase.WarmingUp);
+  if (outcome.kind === 'empty') {
+    ctx.degraded = {
+      reason: Reason.CatalogEmpty,
+      message: `catalog "${ctx.fsa.spec.catalogRef?.name ?? ''}" has no items; retrying`,
+    };
+    ctx.requeueAfter(ctx.deps.config.cleanupRetryMs);
+    return DONE;
+  }
+  if (outcome.kind === 'refused') {
+    // Loaded by an earlier pass and then edited unsafely (e.g. stock lowered): keep what is loaded.
+    ctx.status.cache = {
+      ...ctx.status.cache,
+      refusal: { generation: ctx.generation, reason: Reason.SpecChangeRefused, message: outcome.message },
+    };
+    await ctx.event('Warning', EventReason.SpecChangeRefused, outcome.message);
+  }
+  crashPoint('operator-after-load');
+  await recordCache(ctx);
+  const c = ctx.status.cache;
+  await ctx.event(
+    'Normal',
+    EventReason.CacheLoaded,
+    `loaded ${c?.skus ?? 0} sku(s) of generation ${c?.loadedGeneration ?? ctx.generation} into the cache`,
+  );
+  return ctx.transition(Phase.Ready, 'cache loaded; waiting for the sale to start');
+}

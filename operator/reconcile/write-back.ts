@@ -1,0 +1,56 @@
+/**
+ * Step 8: WritingBack. The gate is frozen (Redis stock never changes again), then the remaining
+ * stock and the final counters go to PostgreSQL in one transaction fenced by a unique row, so a
+ * repeat after a crash writes nothing. From here on PostgreSQL is the source of truth.
+ */
+import { readMeta, readStock, setGate } from '../../core/activity-cache.js';
+import { countOrders } from '../../core/db/orders-store.js';
+import { readWriteBack, writeBack as writeBackStock } from '../../core/db/stock-store.js';
+import { EventReason, Phase } from '../api/v1alpha1/types.js';
+import { crashPoint } from '../crash-points.js';
+import type { ReconcileContext, StepResult } from './context.js';
+import { CONTINUE } from './context.js';
+
+export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
+  if (ctx.phase !== Phase.WritingBack) return CONTINUE;
+  const { redis, pool, identity } = ctx.deps;
+  let record = await readWriteBack(pool, ctx.activityId);
+  if (!record) {
+    const meta = await readMeta(redis, ctx.activityId);
+    if (!meta) return ctx.transition(Phase.CleaningUp, 'nothing was loaded; nothing to write back');
+    await setGate(redis, ctx.activityId, 'frozen');
+    crashPoint('operator-after-freeze');
+    const [stock, orders] = await Promise.all([
+      readStock(redis, ctx.activityId),
+      countOrders(pool, ctx.activityId),
+    ]);
+    const { written } = await writeBackStock(pool, {
+      activityId: ctx.activityId,
+      generation: meta.generation,
+      skus: stock.skus,
+      reserved: stock.reserved,
+      released: stock.released,
+      orders: orders.orders,
+      writtenBy: identity,
+    });
+    crashPoint('operator-after-write-back');
+    record = await readWriteBack(pool, ctx.activityId);
+    if (written) {
+      await ctx.event(
+        'Normal',
+        EventReason.WroteBack,
+        `wrote remaining stock ${stock.remaining} of ${stock.initial} (${stock.skus.length} sku(s)) and ` +
+          `${orders.orders} order(s) to PostgreSQL`,
+      );
+    }
+  }
+  if (record) {
+    ctx.status.writeBack = {
+      writtenAt: new Date(record.writtenAt).toISOString(),
+      generation: record.generation,
+      remaining: record.remainingTotal,
+      orders: record.ordersTotal,
+    };
+  }
+  return ctx.transition(Phase.CleaningUp, 'stock written back; cleaning up');
+}
