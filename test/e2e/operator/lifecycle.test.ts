@@ -1,0 +1,292 @@
+// The operator drives one activity through its whole lifecycle on the real API server, with the
+// runtime roles running as local processes and buyers reserving over HTTP: every phase in order,
+// stock loaded once, orders created, stock written back once, keys cleaned, replicas per phase.
+import { spawnSync } from 'node:child_process';
+import { Redis } from 'ioredis';
+import type { Kafka } from 'kafkajs';
+import { readMeta } from '../../../core/activity-cache.js';
+import { countOrders } from '../../../core/db/orders-store.js';
+import { createPool } from '../../../core/db/pool.js';
+import type { Pool } from '../../../core/db/pool.js';
+import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
+import { createKafka, topicsFor } from '../../../core/kafka.js';
+import { activityKeys } from '../../../core/keys.js';
+import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
+import { PHASE_ORDER, Phase } from '../../../operator/api/v1alpha1/types.js';
+import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+import { httpClient, pool as inParallel, startRole, tokenFor } from '../../helpers/runtime.js';
+import type { RoleProcess } from '../../helpers/runtime.js';
+import {
+  Recorder,
+  activityBody,
+  admin,
+  createActivity,
+  eventsOf,
+  installCrd,
+  prepareNamespace,
+  startOperator,
+  waitFor,
+  waitForPhase,
+} from './harness.js';
+import type { OperatorNamespace, OperatorProcess } from './harness.js';
+
+const TIMEOUT_MS = 150_000;
+
+describe('operator: the whole lifecycle of one activity', () => {
+  const a = admin();
+  let db: FreshDatabase;
+  let pg: Pool;
+  let redis: Redis;
+  let kafka: Kafka;
+  let ns: OperatorNamespace;
+  let operator: OperatorProcess | undefined;
+  let runtime: RoleProcess | undefined;
+  let recorder: Recorder;
+
+  beforeAll(async () => {
+    await installCrd(a);
+    db = await freshDatabase();
+    pg = createPool(db.url, 2);
+    redis = new Redis(testEnv().redisUrl);
+    kafka = createKafka(testEnv().kafkaBrokers, uniqueId('op-life'));
+    ns = await prepareNamespace(uniqueId('op-life'), a);
+    recorder = new Recorder(a, ns.namespace);
+    await recorder.start();
+    operator = await startOperator({ ns, databaseUrl: db.url });
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    recorder?.stop();
+    await runtime?.stop();
+    await operator?.kill('SIGTERM');
+    redis?.disconnect();
+    await pg?.end();
+    await db?.drop();
+  }, TIMEOUT_MS);
+
+  it(
+    'passes Pending → WarmingUp → Ready → Active → Draining → WritingBack → CleaningUp → Completed',
+    async () => {
+      const name = 'double11';
+      const t0 = Date.now();
+      const warmUpAt = new Date(t0 + 2_000);
+      const startAt = new Date(warmUpAt.getTime() + 10_000);
+      const endAt = new Date(startAt.getTime() + 20_000);
+      await createActivity(
+        a,
+        activityBody(ns.namespace, name, {
+          warmUpAt,
+          startAt,
+          endAt,
+          items: [
+            {
+              skuId: 'phone-256g',
+              name: '旗舰手机 256G 曜石黑',
+              price: '5999.00',
+              stock: 12,
+              limitPerUser: 1,
+            },
+            { skuId: 'tea-gift', name: '西湖龙井礼盒', price: '199.9', stock: 9, limitPerUser: 2 },
+          ],
+          replicas: {
+            warmUp: { api: 1, relay: 1, consumer: 1 },
+            active: { api: 3, relay: 2, consumer: 2 },
+            draining: { api: 0, relay: 1, consumer: 1 },
+          },
+        }),
+      );
+
+      const pending = await waitForPhase(a, ns.namespace, name, Phase.Pending, 20_000);
+      const activityId = pending.status?.activityId ?? '';
+      expect(activityId).toMatch(new RegExp(`^${ns.namespace}\\.${name}-[0-9a-f]{8}$`));
+      expect(pending.status?.nextCheckAt).toBe(warmUpAt.toISOString());
+
+      // Ready: topics exist, the cache is loaded once and the gate is still shut.
+      const ready = await waitForPhase(a, ns.namespace, name, Phase.Ready, 30_000);
+      expect(Date.now()).toBeLessThan(startAt.getTime());
+      expect(ready.status?.cache?.loads).toBe(1);
+      const metaReady = await readMeta(redis, activityId);
+      expect(metaReady).toMatchObject({ gate: 'pending', loads: 1, generation: 1 });
+      const topics = topicsFor(activityId);
+      const kadmin = kafka.admin();
+      await kadmin.connect();
+      try {
+        expect(await kadmin.listTopics()).toEqual(expect.arrayContaining([topics.orders, topics.dlq]));
+      } finally {
+        await kadmin.disconnect();
+      }
+
+      // The runtime roles as a local process (no kubelet here), serving this activity.
+      runtime = await startRole('all', { activityId, databaseUrl: db.url });
+
+      const active = await waitForPhase(a, ns.namespace, name, Phase.Active, 30_000);
+      expect(Date.now()).toBeGreaterThanOrEqual(startAt.getTime());
+      expect(findCondition(active.status?.conditions, 'Ready')).toMatchObject({
+        status: 'True',
+        reason: 'SaleOpen',
+      });
+      expect((await readMeta(redis, activityId))?.gate).toBe('open');
+      await waitFor('active replicas', async () => {
+        const r = await a.apps.readNamespacedDeployment({ name: `${name}-api`, namespace: ns.namespace });
+        return r.spec?.replicas === 3;
+      });
+
+      // Buyers: more demand than stock.
+      const http = httpClient(16);
+      const url = `${runtime.url}/v1/activities/${activityId}/orders`;
+      const phoneBuyers = Array.from({ length: 20 }, (_, i) => `p-buyer-${i}`);
+      const teaBuyers = Array.from({ length: 6 }, (_, i) => `t-buyer-${i}`);
+      const submit = async (user: string, skuId: string, quantity: number): Promise<number> => {
+        const r = await http.post(url, { skuId, quantity, requestId: `${user}-1` }, await tokenFor(user));
+        return r.status;
+      };
+      const statuses = await inParallel(8, [
+        ...phoneBuyers.map((u) => () => submit(u, 'phone-256g', 1)),
+        ...teaBuyers.map((u) => () => submit(u, 'tea-gift', 2)),
+      ]);
+      await http.close();
+      expect(statuses.filter((s) => s === 202)).toHaveLength(12 + 4);
+      expect(statuses.filter((s) => s !== 202).every((s) => s === 409)).toBe(true);
+
+      const done = await waitForPhase(a, ns.namespace, name, Phase.Completed, 60_000);
+      expect(Date.now()).toBeGreaterThanOrEqual(endAt.getTime());
+
+      // Every phase, in order, as seen by a watch on the resource.
+      expect(recorder.phases.get(name)).toEqual(PHASE_ORDER);
+      const ts = done.status?.timestamps ?? {};
+      const times = [
+        ts.pending,
+        ts.warmingUp,
+        ts.ready,
+        ts.active,
+        ts.draining,
+        ts.writingBack,
+        ts.cleaningUp,
+        ts.completed,
+      ];
+      expect(times.every((t) => typeof t === 'string')).toBe(true);
+      const ms = times.map((t) => new Date(t ?? 0).getTime());
+      expect([...ms].sort((x, y) => x - y)).toEqual(ms);
+      expect(ms[1]).toBeGreaterThanOrEqual(warmUpAt.getTime());
+      expect(ms[3]).toBeGreaterThanOrEqual(startAt.getTime());
+      expect(ms[4]).toBeGreaterThanOrEqual(endAt.getTime());
+
+      // Deployments: 0 until warm-up, warm-up size, active size, draining size, then zero (applied
+      // by the pass after the one that recorded Completed).
+      await waitFor('runtime scaled to zero', async () => {
+        const list = await a.apps.listNamespacedDeployment({ namespace: ns.namespace });
+        return list.items.length === 3 && list.items.every((d) => d.spec?.replicas === 0);
+      });
+      expect(recorder.replicas.get(`${name}-api`)).toEqual([0, 1, 3, 0]);
+      expect(recorder.replicas.get(`${name}-relay`)).toEqual([0, 1, 2, 1, 0]);
+      expect(recorder.replicas.get(`${name}-consumer`)).toEqual([0, 1, 2, 1, 0]);
+      const dep = await a.apps.readNamespacedDeployment({
+        name: `${name}-consumer`,
+        namespace: ns.namespace,
+      });
+      expect(dep.metadata?.ownerReferences?.[0]).toMatchObject({
+        kind: 'FlashSaleActivity',
+        name,
+        controller: true,
+      });
+      const env = Object.fromEntries(
+        (dep.spec?.template.spec?.containers[0]?.env ?? []).map((e) => [e.name, e.value ?? '']),
+      );
+      expect(env).toMatchObject({ ACTIVITY_ID: activityId, PAYMENT_TIMEOUT_SECONDS: '900' });
+      expect(dep.spec?.template.spec?.containers[0]?.envFrom?.[0]?.secretRef?.name).toBe('flashsale-runtime');
+      expect(dep.spec?.template.spec?.containers[0]?.args).toEqual(['consumer']);
+
+      // Orders created, stock written back once, PostgreSQL is the truth now.
+      const orders = await countOrders(pg, activityId);
+      expect(orders).toMatchObject({ orders: 16, quantity: 20 });
+      const wb = await readWriteBack(pg, activityId);
+      expect(wb).toMatchObject({
+        generation: 1,
+        initialTotal: 21,
+        remainingTotal: 1,
+        reservedTotal: 20,
+        ordersTotal: 16,
+      });
+      expect(await readStockRows(pg, activityId)).toEqual([
+        { skuId: 'phone-256g', initial: 12, remaining: 0 },
+        { skuId: 'tea-gift', initial: 9, remaining: 1 },
+      ]);
+      expect(done.status?.stock).toMatchObject({ initial: 21, remaining: 1, reserved: 20, ordered: 16 });
+      expect(done.status?.backlog).toMatchObject({
+        halfMessages: 0,
+        unconfirmed: 0,
+        orderGap: 0,
+        consumerLag: 0,
+      });
+      expect(done.status?.cache?.loads).toBe(1);
+      expect(done.status?.writeBack).toMatchObject({ remaining: 1, orders: 16, generation: 1 });
+      expect(findCondition(done.status?.conditions, 'Succeeded')).toMatchObject({
+        status: 'True',
+        reason: 'Completed',
+      });
+      expect(findCondition(done.status?.conditions, 'Degraded')).toMatchObject({ status: 'False' });
+      expect(done.status?.observedGeneration).toBe(done.metadata.generation);
+
+      // Only the buyers' results are left, with the retention TTL.
+      const k = activityKeys(activityId);
+      const left: string[] = [];
+      let cursor = '0';
+      do {
+        const [next, keys] = await redis.scan(cursor, 'MATCH', k.scanPattern, 'COUNT', 1000);
+        cursor = next;
+        left.push(...keys);
+      } while (cursor !== '0');
+      expect(left).toEqual([k.results]);
+      const ttl = await redis.ttl(k.results);
+      expect(ttl).toBeGreaterThan(3000);
+      expect(ttl).toBeLessThanOrEqual(3600);
+      expect(await redis.hlen(k.results)).toBe(16);
+
+      // Events: one per milestone, all Normal; one load, one write-back.
+      const events = await eventsOf(a, ns.namespace, name);
+      const reasons = events.map((e) => e.reason);
+      for (const r of [
+        'WarmUpStarted',
+        'TopicsCreated',
+        'CacheLoaded',
+        'SaleOpened',
+        'DrainStarted',
+        'Drained',
+        'WroteBack',
+        'CleanedUp',
+        'Completed',
+      ]) {
+        expect(reasons).toContain(r);
+      }
+      expect(reasons.filter((r) => r === 'WroteBack')).toHaveLength(1);
+      expect(reasons.filter((r) => r === 'CacheLoaded')).toHaveLength(1);
+      expect(events.filter((e) => e.type !== 'Normal')).toEqual([]);
+
+      // kubectl shows the printer columns.
+      const kubectl = testEnv().kubectl;
+      if (kubectl) {
+        const out = spawnSync(kubectl, ['get', 'fsa', '-n', ns.namespace], {
+          encoding: 'utf8',
+          env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
+        });
+        expect(out.stdout.split('\n')[0]).toMatch(/NAME\s+PHASE\s+START\s+END\s+REMAINING\s+ORDER-GAP\s+AGE/);
+        expect(out.stdout).toMatch(new RegExp(`${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+1\\s+0\\s`));
+      }
+
+      // The operator's own endpoints.
+      const base = `http://127.0.0.1:${operator?.port ?? 0}`;
+      expect((await fetch(`${base}/healthz`)).status).toBe(200);
+      expect((await fetch(`${base}/readyz`)).status).toBe(200);
+      const metrics = await (await fetch(`${base}/metrics`)).text();
+      expect(metrics).toContain(
+        `flashsale_activity_phase{activity="${name}",namespace="${ns.namespace}",phase="Completed",component="operator"} 1`,
+      );
+      expect(metrics).toMatch(
+        /flashsale_reconcile_total\{result="(success|requeue)",component="operator"\} \d+/,
+      );
+      expect(metrics).toContain('flashsale_leader{component="operator"} 1');
+    },
+    TIMEOUT_MS,
+  );
+});
