@@ -1,6 +1,6 @@
 // Jest runs TypeScript as ESM (required by @kubernetes/client-node 1.x); see ARCHITECTURE.md.
 const transform = {
-  '^.+\\.ts$': ['ts-jest', { useESM: true, isolatedModules: true, diagnostics: false }],
+  '^.+\\.ts$': ['ts-jest', { useESM: true, diagnostics: false }],
 };
 const common = {
   preset: 'ts-jest/presets/default-esm',
@@ -20,8 +20,9 @@ export default {
       testMatch: ['<rootDir>/test/integration/**/*.test.ts', '<rootDir>/test/e2e/**/*.test.ts'],
       globalSetup: '<rootDir>/test/env/global-setup.ts',
       globalTeardown: '<rootDir>/test/env/global-teardown.ts',
-      testTimeout: 180_000,
     },
   ],
+  // Integration tests start real processes and wait for real pipelines; unit tests finish in ms.
+  testTimeout: 180_000,
   reporters: ['default', '<rootDir>/test/summary-reporter.cjs'],
 };

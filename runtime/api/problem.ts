@@ -24,6 +24,9 @@ export function sendProblem(
     });
 }
 
+/** Fields of FlashSaleError.extra a client may see; anything else (script data) stays inside. */
+const PUBLIC_EXTRAS = ['errors', 'reservationId'] as const;
+
 /** Body-parser and framework errors carry a `type` / `status`; map them to stable codes. */
 function frameworkCode(err: { type?: string; status?: number }): ErrorCode | undefined {
   if (err.type === 'entity.too.large') return 'PAYLOAD_TOO_LARGE';
@@ -42,7 +45,7 @@ export function problemHandler(logger: Logger): ErrorRequestHandler {
     if (res.headersSent) return;
     if (err instanceof FlashSaleError) {
       const extra: Record<string, unknown> = {};
-      if (err.code === 'VALIDATION_ERROR' && err.extra.errors) extra.errors = err.extra.errors;
+      for (const field of PUBLIC_EXTRAS) if (err.extra[field] !== undefined) extra[field] = err.extra[field];
       if (err.status >= 500) logger.error({ err, traceId: res.locals.traceId }, 'request failed');
       sendProblem(res, err.code, err.message, extra);
       return;

@@ -1,0 +1,256 @@
+// Runs the runtime's roles as real child processes for integration tests, and helpers around
+// them: buyer tokens, activity set-up on the real servers, a keep-alive HTTP client.
+import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createServer } from 'node:net';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import { SignJWT } from 'jose';
+import { Agent, request } from 'undici';
+import { loadActivity, setGate } from '../../core/activity-cache.js';
+import { createKafka, ensureTopics, topicsFor } from '../../core/kafka.js';
+import type { TopicNames } from '../../core/kafka.js';
+import type { ActivityDefinition, CatalogItem } from '../../core/model.js';
+import { testEnv } from './env.js';
+
+export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const JWT_SECRET = 'test-secret-test-secret-test-secret-0123';
+
+export async function freePort(): Promise<number> {
+  const srv = createServer();
+  srv.listen(0, '127.0.0.1');
+  await once(srv, 'listening');
+  const port = (srv.address() as { port: number }).port;
+  await new Promise((r) => srv.close(r));
+  return port;
+}
+
+export async function waitFor<T>(
+  what: string,
+  probe: () => Promise<T | undefined | false>,
+  timeoutMs = 60_000,
+  intervalMs = 200,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await probe();
+      if (v !== undefined && v !== false) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline)
+      throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+}
+
+export interface RoleProcess {
+  role: string;
+  port: number;
+  url: string;
+  proc: ChildProcess;
+  output: () => string;
+  /** SIGTERM and wait for the exit code. */
+  stop: () => Promise<number | null>;
+  /** SIGKILL and wait. */
+  kill: () => Promise<void>;
+  exited: Promise<number | null>;
+}
+
+export interface RoleOptions {
+  activityId?: string;
+  databaseUrl: string;
+  env?: Record<string, string>;
+  /** Wait for /readyz (default true). */
+  waitReady?: boolean;
+}
+
+export async function startRole(role: string, o: RoleOptions): Promise<RoleProcess> {
+  const env = testEnv();
+  const port = await freePort();
+  const childEnv: NodeJS.ProcessEnv = {
+    PATH: process.env.PATH,
+    HOME: process.env.HOME,
+    DATABASE_URL: o.databaseUrl,
+    REDIS_URL: env.redisUrl,
+    KAFKA_BROKERS: env.kafkaBrokers.join(','),
+    HTTP_PORT: String(port),
+    HTTP_HOST: '127.0.0.1',
+    JWT_HS256_SECRET: JWT_SECRET,
+    LOG_LEVEL: 'warn',
+    KAFKAJS_NO_PARTITIONER_WARNING: '1',
+    RELAY_RECLAIM_IDLE_MS: '2000',
+    ...(o.activityId ? { ACTIVITY_ID: o.activityId } : {}),
+    ...o.env,
+  };
+  const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'runtime', 'main.ts'), role], {
+    cwd: ROOT,
+    env: childEnv,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  const keep = (b: Buffer): void => {
+    out = (out + b.toString('utf8')).slice(-20_000);
+  };
+  proc.stdout!.on('data', keep);
+  proc.stderr!.on('data', keep);
+  const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve(code)));
+  const url = `http://127.0.0.1:${port}`;
+  const p: RoleProcess = {
+    role,
+    port,
+    url,
+    proc,
+    output: () => out,
+    exited,
+    stop: async () => {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+      return exited;
+    },
+    kill: async () => {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
+      await exited;
+    },
+  };
+  if (o.waitReady !== false) {
+    await waitFor(
+      `${role} readiness`,
+      async () => {
+        if (proc.exitCode !== null) throw new Error(`${role} exited early (${proc.exitCode}):\n${out}`);
+        const r = await request(`${url}/readyz`);
+        await r.body.dump();
+        return r.statusCode === 200;
+      },
+      60_000,
+    );
+    // The consumer is "ready" before it joined its group; wait for the join so tests are not
+    // racing the group's first rebalance.
+  }
+  return p;
+}
+
+export async function tokenFor(userId: string, secret = JWT_SECRET): Promise<string> {
+  return new SignJWT({})
+    .setProtectedHeader({ alg: 'HS256' })
+    .setSubject(userId)
+    .setIssuedAt()
+    .setExpirationTime('1h')
+    .sign(new TextEncoder().encode(secret));
+}
+
+export interface TestActivity {
+  id: string;
+  topics: TopicNames;
+  definition: ActivityDefinition;
+}
+
+/** Creates topics, loads the activity into Redis and (by default) opens the gate. */
+export async function setUpActivity(
+  id: string,
+  items: CatalogItem[],
+  opts: {
+    open?: boolean;
+    requireOrderCode?: boolean;
+    startInMs?: number;
+    durationMs?: number;
+    partitions?: number;
+  } = {},
+): Promise<TestActivity> {
+  const env = testEnv();
+  const kafka = createKafka(env.kafkaBrokers, `test-${id}`);
+  const admin = kafka.admin();
+  await admin.connect();
+  const topics = topicsFor(id);
+  await ensureTopics(admin, topics, opts.partitions ?? 2, 1);
+  await admin.disconnect();
+  const now = Date.now();
+  const definition: ActivityDefinition = {
+    id,
+    generation: 1,
+    startAt: new Date(now + (opts.startInMs ?? -1000)),
+    endAt: new Date(now + (opts.durationMs ?? 3_600_000)),
+    requireOrderCode: opts.requireOrderCode ?? false,
+    reopenOnRelease: true,
+    items,
+  };
+  const redis = new Redis(env.redisUrl);
+  try {
+    await loadActivity(redis, definition);
+    if (opts.open !== false) await setGate(redis, id, 'open');
+  } finally {
+    redis.disconnect();
+  }
+  return { id, topics, definition };
+}
+
+/** A keep-alive HTTP client for load from the test process. */
+export function httpClient(connections = 64): {
+  post: (
+    url: string,
+    body: unknown,
+    token?: string,
+  ) => Promise<{ status: number; json: Record<string, unknown> }>;
+  get: (url: string, token?: string) => Promise<{ status: number; json: Record<string, unknown> }>;
+  raw: (
+    url: string,
+    init: { method: string; body?: string | Buffer; headers?: Record<string, string> },
+  ) => Promise<{
+    status: number;
+    contentType: string;
+    json: Record<string, unknown>;
+  }>;
+  close: () => Promise<void>;
+} {
+  const dispatcher = new Agent({ connections, pipelining: 1, keepAliveTimeout: 30_000 });
+  const raw = async (
+    url: string,
+    init: { method: string; body?: string | Buffer; headers?: Record<string, string> },
+  ) => {
+    const r = await request(url, {
+      method: init.method as 'GET',
+      body: init.body,
+      headers: init.headers,
+      dispatcher,
+    });
+    const text = await r.body.text();
+    let json: Record<string, unknown> = {};
+    try {
+      json = text ? (JSON.parse(text) as Record<string, unknown>) : {};
+    } catch {
+      json = { raw: text };
+    }
+    return { status: r.statusCode, contentType: String(r.headers['content-type'] ?? ''), json };
+  };
+  const auth = (token?: string): Record<string, string> =>
+    token ? { authorization: `Bearer ${token}` } : {};
+  return {
+    raw,
+    post: (url, body, token) =>
+      raw(url, {
+        method: 'POST',
+        body: JSON.stringify(body),
+        headers: { 'content-type': 'application/json', ...auth(token) },
+      }),
+    get: (url, token) => raw(url, { method: 'GET', headers: auth(token) }),
+    close: () => dispatcher.close(),
+  };
+}
+
+/** Runs `tasks` with at most `limit` in flight. */
+export async function pool<T>(limit: number, tasks: (() => Promise<T>)[]): Promise<T[]> {
+  const results = new Array<T>(tasks.length);
+  let next = 0;
+  const workers = Array.from({ length: Math.min(limit, tasks.length) }, async () => {
+    for (;;) {
+      const i = next++;
+      if (i >= tasks.length) return;
+      results[i] = await tasks[i]!();
+    }
+  });
+  await Promise.all(workers);
+  return results;
+}
