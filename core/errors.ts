@@ -32,6 +32,14 @@ export const ErrorCodes = {
   BAD_ARGUMENT: { status: 500, title: 'A script was called with bad arguments' },
   UNAVAILABLE: { status: 503, title: 'A dependency is unavailable; retry' },
   INTERNAL: { status: 500, title: 'Internal error' },
+  BAD_SIGNATURE: { status: 401, title: 'The payment notification signature is not valid' },
+  MERCHANT_MISMATCH: { status: 403, title: 'The notification is for another merchant or app' },
+  UNKNOWN_ORDER: { status: 404, title: 'Unknown order' },
+  TRADE_CONFLICT: { status: 409, title: 'The trade number is already recorded for another order or amount' },
+  NOT_WRITTEN_BACK: {
+    status: 503,
+    title: 'The cache is frozen but the stock is not written back yet; retry',
+  },
 } as const satisfies Record<string, { status: number; title: string }>;
 
 export type ErrorCode = keyof typeof ErrorCodes;

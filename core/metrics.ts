@@ -98,6 +98,54 @@ export function createMetrics(component: string) {
       labelNames: ['job', 'result'],
       registers: r,
     }),
+    payments: new client.Counter({
+      name: 'flashsale_payment_notifications_total',
+      help: 'Payment notifications by provider and outcome (PAID, ALREADY_PAID, REFUND_PENDING, IGNORED, rejected_*)',
+      labelNames: ['provider', 'outcome'],
+      registers: r,
+    }),
+    stockReturns: new client.Counter({
+      name: 'flashsale_stock_returns_total',
+      help: 'Closed orders whose stock was returned, by where it went (redis, postgres, unresolved)',
+      labelNames: ['activity', 'via'],
+      registers: r,
+    }),
+    ordersClosed: new client.Counter({
+      name: 'flashsale_orders_closed_total',
+      help: 'Orders closed, by reason (PAYMENT_TIMEOUT, CANCELLED, GAP_COMPENSATED)',
+      labelNames: ['activity', 'reason'],
+      registers: r,
+    }),
+    cancellations: new client.Counter({
+      name: 'flashsale_cancellations_total',
+      help: 'Buyer cancellations by outcome (cancelled, tombstoned, already_cancelled, already_paid)',
+      labelNames: ['activity', 'outcome'],
+      registers: r,
+    }),
+    orderGapRepairs: new client.Counter({
+      name: 'flashsale_order_gap_repairs_total',
+      help: 'Order-gap repair actions (republished, compensated, abandoned, skipped)',
+      labelNames: ['activity', 'action'],
+      registers: r,
+    }),
+    reconciliationMismatch: new client.Gauge({
+      name: 'flashsale_reconciliation_mismatch',
+      help: 'Failed checks of the last Redis/ledger/PostgreSQL reconciliation (0 = consistent)',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    reconciliationStockDelta: new client.Gauge({
+      name: 'flashsale_reconciliation_stock_delta',
+      help: 'Stock held by the source of truth minus stock accounted for by orders and reservations',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    reconciliationRuns: new client.Counter({
+      name: 'flashsale_reconciliation_runs_total',
+      help: 'Reconciliation runs by result (ok, mismatch, skipped, error)',
+      labelNames: ['activity', 'result'],
+      registers: r,
+    }),
   };
 }
 

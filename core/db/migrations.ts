@@ -91,4 +91,67 @@ CREATE TABLE catalog_items (
 );
 `,
   },
+  {
+    version: 2,
+    name: 'payments-compensation-reconciliation',
+    sql: `
+-- Where a closed order's stock went (exactly once): 'redis' (release-6.lua while the cache was
+-- live), 'postgres' (activity_stock after write-back) or 'unresolved' (cannot be proven either
+-- way: flagged for a human, never returned twice). stock_returned stays the boolean truth.
+ALTER TABLE orders ADD COLUMN stock_return_via text
+  CHECK (stock_return_via IN ('redis', 'postgres', 'unresolved'));
+-- Set just before a Redis release is attempted: after a cache cleanup it tells whether Redis may
+-- already hold the returned stock (in the write-back snapshot) or certainly does not.
+ALTER TABLE orders ADD COLUMN stock_release_attempted_at timestamptz;
+ALTER TABLE orders ADD CONSTRAINT orders_stock_returned_via
+  CHECK (NOT stock_returned OR stock_return_via IN ('redis', 'postgres'));
+CREATE INDEX orders_closed_stock_pending ON orders (activity_id, closed_at)
+  WHERE status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL;
+
+-- Source 004: one row per real payment, keyed by (provider, trade_no); RECEIVED only inside the
+-- transaction that applies it.
+CREATE TABLE payments (
+  provider       text          NOT NULL,
+  trade_no       text          NOT NULL CHECK (length(trade_no) BETWEEN 1 AND 128),
+  order_id       bigint        NOT NULL REFERENCES orders (id),
+  activity_id    text          NOT NULL,
+  reservation_id text          NOT NULL,
+  amount         numeric(16,2) NOT NULL CHECK (amount > 0),
+  state          text          NOT NULL CHECK (state IN ('RECEIVED', 'APPLIED', 'REFUND_PENDING')),
+  refund_reason  text,
+  trace_id       text          NOT NULL DEFAULT '',
+  notification   jsonb         NOT NULL DEFAULT '{}'::jsonb,
+  received_at    timestamptz   NOT NULL DEFAULT now(),
+  updated_at     timestamptz   NOT NULL DEFAULT now(),
+  PRIMARY KEY (provider, trade_no),
+  CHECK ((state = 'REFUND_PENDING') = (refund_reason IS NOT NULL))
+);
+CREATE INDEX payments_order ON payments (order_id);
+-- At most one payment is ever applied to an order, whatever the application does.
+CREATE UNIQUE INDEX payments_one_applied ON payments (order_id) WHERE state = 'APPLIED';
+CREATE INDEX payments_refund_pending ON payments (received_at) WHERE state = 'REFUND_PENDING';
+
+-- One row per reconciliation run (Redis counters, the reservation ledger and PostgreSQL).
+CREATE TABLE reconciliation_reports (
+  id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  activity_id    text        NOT NULL,
+  basis          text        NOT NULL CHECK (basis IN ('redis', 'postgres', 'skipped')),
+  ok             boolean     NOT NULL,
+  mismatches     jsonb       NOT NULL DEFAULT '[]'::jsonb,
+  figures        jsonb       NOT NULL DEFAULT '{}'::jsonb,
+  created_at     timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX reconciliation_reports_activity ON reconciliation_reports (activity_id, created_at DESC);
+
+-- Order-gap repair bookkeeping: how often a reservation was re-published (bounded, spaced out).
+CREATE TABLE order_gap_repairs (
+  activity_id    text        NOT NULL,
+  reservation_id text        NOT NULL,
+  attempts       integer     NOT NULL DEFAULT 0,
+  last_action    text        NOT NULL,
+  last_at        timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (activity_id, reservation_id)
+);
+`,
+  },
 ];

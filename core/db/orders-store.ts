@@ -121,3 +121,273 @@ export async function countOrders(db: Queryable, activityId: string): Promise<Ac
   }
   return { orders, quantity, byStatus };
 }
+
+// ---------------------------------------------------------------------------------------------
+// The order state machine (source 004 / 003): every transition is one conditional UPDATE on the
+// expected current status, and reports what happened instead of overwriting a state somebody
+// else reached first.
+//
+//   UNPAID --PAY--> PAID --START_REFUND--> REFUNDING --FINISH_REFUND--> REFUNDED
+//   UNPAID --CLOSE--> CLOSED   (payment timeout, buyer cancellation, gap compensation)
+// ---------------------------------------------------------------------------------------------
+
+export const ORDER_TRANSITIONS = {
+  PAY: { from: 'UNPAID', to: 'PAID' },
+  CLOSE: { from: 'UNPAID', to: 'CLOSED' },
+  START_REFUND: { from: 'PAID', to: 'REFUNDING' },
+  FINISH_REFUND: { from: 'REFUNDING', to: 'REFUNDED' },
+} as const satisfies Record<string, { from: OrderStatus; to: OrderStatus }>;
+
+export type OrderTransition = keyof typeof ORDER_TRANSITIONS;
+
+/** Statuses in which the stock of an order is sold (a refund does not return it to the sale). */
+export const PAID_STATUSES: readonly OrderStatus[] = ['PAID', 'REFUNDING', 'REFUNDED'];
+
+export type StockReturnVia = 'redis' | 'postgres' | 'unresolved';
+
+/** An order row with the after-sale bookkeeping columns (migration 2). */
+export interface LifecycleOrderRow extends OrderRow {
+  reservedAt: Date;
+  paidAt: Date | null;
+  closedAt: Date | null;
+  stockReturnVia: StockReturnVia | null;
+  stockReleaseAttemptedAt: Date | null;
+}
+
+const LIFECYCLE_COLUMNS = `${COLUMNS}, reserved_at AS "reservedAt", paid_at AS "paidAt", closed_at AS "closedAt",
+  stock_return_via AS "stockReturnVia", stock_release_attempted_at AS "stockReleaseAttemptedAt"`;
+
+export type TransitionResult =
+  | { applied: true; from: OrderStatus; to: OrderStatus; order: LifecycleOrderRow }
+  | {
+      applied: false;
+      /** The status the transition required. */
+      expected: OrderStatus;
+      to: OrderStatus;
+      /** The status found instead, or undefined when the order does not exist. */
+      current: OrderStatus | undefined;
+      order: LifecycleOrderRow | undefined;
+    };
+
+/**
+ * Applies one transition if, and only if, the order is still in the transition's source status.
+ * `reason` is recorded as close_reason for CLOSE.
+ */
+export async function transitionOrder(
+  db: Queryable,
+  orderId: string,
+  transition: OrderTransition,
+  reason?: string,
+): Promise<TransitionResult> {
+  const { from, to } = ORDER_TRANSITIONS[transition];
+  const res = await db.query<LifecycleOrderRow>(
+    `UPDATE orders SET status = $3,
+            paid_at = CASE WHEN $3 = 'PAID' THEN now() ELSE paid_at END,
+            closed_at = CASE WHEN $3 = 'CLOSED' THEN now() ELSE closed_at END,
+            close_reason = CASE WHEN $3 = 'CLOSED' THEN $4 ELSE close_reason END
+      WHERE id = $1 AND status = $2
+      RETURNING ${LIFECYCLE_COLUMNS}`,
+    [orderId, from, to, reason ?? null],
+  );
+  const row = res.rows[0];
+  if (row) return { applied: true, from, to, order: row };
+  const current = await findOrderById(db, orderId);
+  return { applied: false, expected: from, to, current: current?.status, order: current };
+}
+
+export async function findOrderById(db: Queryable, orderId: string): Promise<LifecycleOrderRow | undefined> {
+  const res = await db.query<LifecycleOrderRow>(`SELECT ${LIFECYCLE_COLUMNS} FROM orders WHERE id = $1`, [
+    orderId,
+  ]);
+  return res.rows[0];
+}
+
+/** Locks the order row (source 004: the order row is always locked before its payment rows). */
+export async function lockOrder(db: Queryable, orderId: string): Promise<LifecycleOrderRow | undefined> {
+  const res = await db.query<LifecycleOrderRow>(
+    `SELECT ${LIFECYCLE_COLUMNS} FROM orders WHERE id = $1 FOR UPDATE`,
+    [orderId],
+  );
+  return res.rows[0];
+}
+
+export async function findLifecycleByReservationId(
+  db: Queryable,
+  reservationId: string,
+): Promise<LifecycleOrderRow | undefined> {
+  const res = await db.query<LifecycleOrderRow>(
+    `SELECT ${LIFECYCLE_COLUMNS} FROM orders WHERE reservation_id = $1`,
+    [reservationId],
+  );
+  return res.rows[0];
+}
+
+/**
+ * Closes up to `limit` orders of the activity whose payment window has passed, in one statement.
+ * `FOR UPDATE SKIP LOCKED` lets several sweepers run at once: each row is taken by exactly one of
+ * them, and a row locked by a payment in progress is skipped (the next sweep sees its outcome).
+ */
+export async function closeExpiredOrders(
+  db: Queryable,
+  activityId: string,
+  limit: number,
+  reason = 'PAYMENT_TIMEOUT',
+): Promise<LifecycleOrderRow[]> {
+  const res = await db.query<LifecycleOrderRow>(
+    `WITH due AS (
+       SELECT id AS due_id FROM orders
+        WHERE activity_id = $1 AND status = 'UNPAID' AND expires_at <= now()
+        ORDER BY expires_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED)
+     UPDATE orders SET status = 'CLOSED', closed_at = now(), close_reason = $3
+       FROM due
+      WHERE id = due.due_id AND status = 'UNPAID'
+      RETURNING ${LIFECYCLE_COLUMNS}`,
+    [activityId, limit, reason],
+  );
+  return res.rows;
+}
+
+/**
+ * Inserts the order of an in-flight reservation directly as CLOSED (cancellation or gap
+ * compensation before the consumer wrote it): the consumer's later insert then finds this row by
+ * the reservation id and the buyer's result becomes FAILED. Returns undefined when an order for
+ * the reservation exists already.
+ */
+export async function insertClosedOrder(
+  db: Queryable,
+  m: OrderMessage,
+  reason: string,
+  paymentTimeoutSeconds: number,
+): Promise<LifecycleOrderRow | undefined> {
+  const res = await db.query<LifecycleOrderRow>(
+    `INSERT INTO orders (reservation_id, activity_id, user_id, sku_id, slot, quantity, unit_price, amount,
+                         item_name, status, close_reason, closed_at, trace_id, reserved_at, expires_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7::numeric, $7::numeric * $6, $8, 'CLOSED', $9, now(), $10,
+             to_timestamp($11 / 1000.0), to_timestamp($11 / 1000.0) + make_interval(secs => $12))
+     ON CONFLICT (reservation_id) DO NOTHING
+     RETURNING ${LIFECYCLE_COLUMNS}`,
+    [
+      m.reservationId,
+      m.activityId,
+      m.userId,
+      m.skuId,
+      m.slot,
+      m.quantity,
+      m.unitPrice,
+      m.itemName,
+      reason,
+      m.traceId,
+      m.reservedAt,
+      paymentTimeoutSeconds,
+    ],
+  );
+  return res.rows[0];
+}
+
+/** The live order holding a buyer's slot, if any (the database refuses a second one). */
+export async function findLiveSlotHolder(
+  db: Queryable,
+  activityId: string,
+  userId: string,
+  skuId: string,
+  slot: number,
+): Promise<LifecycleOrderRow | undefined> {
+  const res = await db.query<LifecycleOrderRow>(
+    `SELECT ${LIFECYCLE_COLUMNS} FROM orders
+      WHERE activity_id = $1 AND user_id = $2 AND sku_id = $3 AND slot = $4 AND status <> 'CLOSED'`,
+    [activityId, userId, skuId, slot],
+  );
+  return res.rows[0];
+}
+
+/** Records that a Redis release is about to be attempted for these orders (see migration 2). */
+export async function markReleaseAttempted(db: Queryable, orderIds: string[]): Promise<void> {
+  if (orderIds.length === 0) return;
+  await db.query(
+    `UPDATE orders SET stock_release_attempted_at = now()
+      WHERE id = ANY($1::bigint[]) AND stock_release_attempted_at IS NULL`,
+    [orderIds],
+  );
+}
+
+/**
+ * Settles where the stock of closed orders went; conditional, so each order is settled once.
+ * Returns the ids settled by this call.
+ */
+export async function markStockReturned(
+  db: Queryable,
+  orderIds: string[],
+  via: StockReturnVia,
+): Promise<string[]> {
+  if (orderIds.length === 0) return [];
+  const res = await db.query<{ id: string }>(
+    `UPDATE orders SET stock_returned = ($2 <> 'unresolved'), stock_return_via = $2
+      WHERE id = ANY($1::bigint[]) AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+      RETURNING id`,
+    [orderIds, via],
+  );
+  return res.rows.map((r) => r.id);
+}
+
+/** Closed orders whose stock is not settled yet and were closed at least `graceSeconds` ago. */
+export async function findUnsettledClosedOrders(
+  db: Queryable,
+  activityId: string,
+  graceSeconds: number,
+  limit: number,
+): Promise<LifecycleOrderRow[]> {
+  const res = await db.query<LifecycleOrderRow>(
+    `SELECT ${LIFECYCLE_COLUMNS} FROM orders
+      WHERE activity_id = $1 AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+        AND closed_at <= now() - make_interval(secs => $2)
+      ORDER BY closed_at LIMIT $3`,
+    [activityId, graceSeconds, limit],
+  );
+  return res.rows;
+}
+
+export interface OrderQuantities {
+  /** Quantity of orders holding stock: UNPAID, PAID, REFUNDING, REFUNDED. */
+  live: number;
+  /** Quantity per status. */
+  byStatus: Record<OrderStatus, number>;
+  /** Closed orders whose stock has not been settled yet (still held). */
+  closedUnsettled: number;
+  /** Closed orders whose stock return could not be proven (flagged). */
+  closedUnresolved: number;
+  closedViaRedis: number;
+  closedViaPostgres: number;
+}
+
+export async function orderQuantities(db: Queryable, activityId: string): Promise<OrderQuantities> {
+  const res = await db.query<{
+    status: OrderStatus;
+    via: StockReturnVia | null;
+    returned: boolean;
+    q: string;
+  }>(
+    `SELECT status, stock_return_via AS via, stock_returned AS returned, coalesce(sum(quantity), 0)::text AS q
+       FROM orders WHERE activity_id = $1 GROUP BY 1, 2, 3`,
+    [activityId],
+  );
+  const out: OrderQuantities = {
+    live: 0,
+    byStatus: { UNPAID: 0, PAID: 0, CLOSED: 0, REFUNDING: 0, REFUNDED: 0 },
+    closedUnsettled: 0,
+    closedUnresolved: 0,
+    closedViaRedis: 0,
+    closedViaPostgres: 0,
+  };
+  for (const r of res.rows) {
+    const q = Number(r.q);
+    out.byStatus[r.status] += q;
+    if (r.status !== 'CLOSED') out.live += q;
+    else if (r.via === 'unresolved') out.closedUnresolved += q;
+    else if (r.via === 'redis') out.closedViaRedis += q;
+    else if (r.via === 'postgres') out.closedViaPostgres += q;
+    else out.closedUnsettled += q;
+  }
+  return out;
+}

@@ -1,0 +1,64 @@
+/**
+ * Every query on `order_gap_repairs`: bounds how often a reservation with no order is re-published
+ * (spaced out, at most N times), whatever number of job replicas run the repair.
+ */
+import type { Queryable } from './pool.js';
+
+export type GapClaim = { claimed: true; attempt: number } | { claimed: false; attempts: number };
+
+/**
+ * Claims the next re-publication of a reservation: succeeds when it was never re-published, or
+ * the last attempt is older than `intervalSeconds` and fewer than `maxAttempts` were made.
+ */
+export async function claimRepublish(
+  db: Queryable,
+  activityId: string,
+  reservationId: string,
+  intervalSeconds: number,
+  maxAttempts: number,
+): Promise<GapClaim> {
+  const res = await db.query<{ attempts: number }>(
+    `INSERT INTO order_gap_repairs AS g (activity_id, reservation_id, attempts, last_action)
+     VALUES ($1, $2, 1, 'republished')
+     ON CONFLICT (activity_id, reservation_id) DO UPDATE
+        SET attempts = g.attempts + 1, last_action = 'republished', last_at = now()
+      WHERE g.attempts < $4 AND g.last_at <= now() - make_interval(secs => $3)
+     RETURNING attempts`,
+    [activityId, reservationId, intervalSeconds, maxAttempts],
+  );
+  const row = res.rows[0];
+  if (row) return { claimed: true, attempt: row.attempts };
+  const cur = await db.query<{ attempts: number }>(
+    'SELECT attempts FROM order_gap_repairs WHERE activity_id = $1 AND reservation_id = $2',
+    [activityId, reservationId],
+  );
+  return { claimed: false, attempts: cur.rows[0]?.attempts ?? 0 };
+}
+
+/** Records a final action (compensated, abandoned) for a reservation. */
+export async function recordGapAction(
+  db: Queryable,
+  activityId: string,
+  reservationId: string,
+  action: string,
+): Promise<void> {
+  await db.query(
+    `INSERT INTO order_gap_repairs AS g (activity_id, reservation_id, attempts, last_action)
+     VALUES ($1, $2, 0, $3)
+     ON CONFLICT (activity_id, reservation_id) DO UPDATE SET last_action = $3, last_at = now()`,
+    [activityId, reservationId, action],
+  );
+}
+
+export async function gapRepairOf(
+  db: Queryable,
+  activityId: string,
+  reservationId: string,
+): Promise<{ attempts: number; lastAction: string } | undefined> {
+  const res = await db.query<{ attempts: number; lastAction: string }>(
+    `SELECT attempts, last_action AS "lastAction" FROM order_gap_repairs
+      WHERE activity_id = $1 AND reservation_id = $2`,
+    [activityId, reservationId],
+  );
+  return res.rows[0];
+}
