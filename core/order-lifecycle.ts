@@ -1,0 +1,397 @@
+/**
+ * After-sale order lifecycle shared by the api (cancellation, payments) and the scheduled jobs
+ * (payment-timeout sweeper, order-gap compensation): closing an order and returning its stock
+ * exactly once.
+ *
+ * Rules (see docs/after-sale.md):
+ * - PostgreSQL decides first. An order is closed by a conditional UPDATE (UNPAID -> CLOSED); stock
+ *   is returned only for an order that is CLOSED in PostgreSQL (or inserted CLOSED from the
+ *   reservation ledger while in flight), never the other way round. A payment locks the same row,
+ *   so close and pay can never both win.
+ * - The stock of a closed order is "settled" once: `orders.stock_return_via` records where it went.
+ *   While the cache is live it goes back to Redis through release-6.lua (idempotent by reservation
+ *   id). Once the gate is frozen (write-back), Redis refuses every release, so whatever was not
+ *   released before the freeze is in the write-back snapshot as held, and is returned to
+ *   `activity_stock` in the same transaction that marks the order settled.
+ * - When neither can be proven (the cache was cleaned up after a release may have been attempted)
+ *   the order is marked 'unresolved' and reported: stock is returned at most once, never twice.
+ */
+import { readMeta } from './activity-cache.js';
+import { appendJournal } from './db/journal-store.js';
+import type { JournalEntry } from './db/journal-store.js';
+import {
+  findLifecycleByReservationId,
+  insertClosedOrder,
+  markReleaseAttempted,
+  markStockReturned,
+  PAID_STATUSES,
+  transitionOrder,
+} from './db/orders-store.js';
+import type { LifecycleOrderRow, StockReturnVia, TransitionResult } from './db/orders-store.js';
+import { inTransaction } from './db/pool.js';
+import type { Pool } from './db/pool.js';
+import { readWriteBack, returnStock } from './db/stock-store.js';
+import { FlashSaleError } from './errors.js';
+import { activityKeys } from './keys.js';
+import type { Logger } from './logger.js';
+import type { Metrics } from './metrics.js';
+import { orderMessageOf, readReservation, release } from './reservations.js';
+import type { ReservationRecord } from './reservations.js';
+import type { RedisClient } from './scripts.js';
+
+export interface LifecycleDeps {
+  pool: Pool;
+  redis: RedisClient;
+  logger: Logger;
+  metrics?: Metrics | undefined;
+  /** Used for the expiry of orders inserted CLOSED from the ledger (kept consistent with the consumer). */
+  paymentTimeoutSeconds: number;
+}
+
+/** The fields of a closed order that settling its stock needs. */
+export type SettleableOrder = Pick<
+  LifecycleOrderRow,
+  'id' | 'reservationId' | 'activityId' | 'userId' | 'skuId' | 'quantity' | 'traceId' | 'closeReason'
+>;
+
+export interface SettleSummary {
+  redis: number;
+  postgres: number;
+  unresolved: number;
+  /** Left for a later attempt (dependency unavailable, write-back not finished). */
+  deferred: number;
+}
+
+/** Redis calls in flight at once while settling a batch (auto-pipelined by ioredis). */
+const RELEASE_CONCURRENCY = 64;
+
+async function mapLimit<T, R>(items: T[], limit: number, fn: (item: T) => Promise<R>): Promise<R[]> {
+  const out: R[] = new Array<R>(items.length);
+  let next = 0;
+  const worker = async (): Promise<void> => {
+    while (next < items.length) {
+      const i = next;
+      next += 1;
+      out[i] = await fn(items[i]!);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  return out;
+}
+
+function journalSettled(orders: SettleableOrder[], via: StockReturnVia, detail = {}): JournalEntry[] {
+  return orders.map((o) => ({
+    activityId: o.activityId,
+    reservationId: o.reservationId,
+    orderId: o.id,
+    event: via === 'unresolved' ? 'STOCK_RETURN_UNRESOLVED' : 'STOCK_RETURNED',
+    fromStatus: 'CLOSED',
+    toStatus: 'CLOSED',
+    traceId: o.traceId,
+    detail: { via, quantity: o.quantity, sku: o.skuId, reason: o.closeReason, ...detail },
+  }));
+}
+
+async function settle(
+  deps: LifecycleDeps,
+  orders: SettleableOrder[],
+  via: 'redis' | 'unresolved',
+  why?: string,
+): Promise<number> {
+  if (orders.length === 0) return 0;
+  const settled = await inTransaction(deps.pool, async (c) => {
+    const ids = new Set(
+      await markStockReturned(
+        c,
+        orders.map((o) => o.id),
+        via,
+      ),
+    );
+    const done = orders.filter((o) => ids.has(o.id));
+    await appendJournal(c, journalSettled(done, via, why ? { why } : {}));
+    return done;
+  });
+  if (settled.length > 0) {
+    const activity = settled[0]!.activityId;
+    deps.metrics?.stockReturns.inc({ activity, via }, settled.length);
+    if (via === 'unresolved') {
+      deps.logger.error(
+        { activity, orders: settled.map((o) => o.id), why },
+        'STOCK RETURN UNRESOLVED: cannot prove whether Redis returned this stock before the cache was cleaned up; not returning it twice, check the write-back figures',
+      );
+    }
+  }
+  return settled.length;
+}
+
+/** Returns stock of one closed order to PostgreSQL after write-back, in the settling transaction. */
+async function settleInPostgres(deps: LifecycleDeps, o: SettleableOrder): Promise<boolean> {
+  return inTransaction(deps.pool, async (c) => {
+    const ids = await markStockReturned(c, [o.id], 'postgres');
+    if (ids.length === 0) return false; // settled by somebody else meanwhile
+    if (!(await readWriteBack(c, o.activityId))) {
+      // Frozen but the snapshot is not committed yet: returning now would be overwritten or lost.
+      throw new FlashSaleError('NOT_WRITTEN_BACK', `activity ${o.activityId} is frozen but not written back`);
+    }
+    await returnStock(c, o.activityId, o.skuId, o.quantity);
+    await appendJournal(c, journalSettled([o], 'postgres'));
+    return true;
+  });
+}
+
+function isCode(err: unknown, ...codes: string[]): boolean {
+  return err instanceof FlashSaleError && codes.includes(err.code);
+}
+
+/**
+ * Returns the stock of closed orders exactly once (see the module comment). Safe to call any
+ * number of times, concurrently, for the same orders.
+ */
+export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]): Promise<SettleSummary> {
+  const summary: SettleSummary = { redis: 0, postgres: 0, unresolved: 0, deferred: 0 };
+  const byActivity = new Map<string, SettleableOrder[]>();
+  for (const o of orders) byActivity.set(o.activityId, [...(byActivity.get(o.activityId) ?? []), o]);
+  for (const [activityId, list] of byActivity) {
+    const meta = await readMeta(deps.redis, activityId);
+    let frozen: SettleableOrder[] = list;
+    if (meta && meta.gate !== 'frozen') {
+      await markReleaseAttempted(
+        deps.pool,
+        list.map((o) => o.id),
+      );
+      const results = await mapLimit(list, RELEASE_CONCURRENCY, async (o) => {
+        try {
+          await release(deps.redis, {
+            activityId,
+            reservationId: o.reservationId,
+            userId: o.userId,
+            skuId: o.skuId,
+            reason: o.closeReason ?? 'CLOSED',
+          });
+          return { o, r: 'released' as const };
+        } catch (err) {
+          if (isCode(err, 'FROZEN')) return { o, r: 'frozen' as const };
+          if (isCode(err, 'UNKNOWN_RESERVATION', 'MISMATCH', 'ALREADY_PAID'))
+            return { o, r: 'broken' as const, err: err as FlashSaleError };
+          deps.logger.warn({ err: (err as Error).message, orderId: o.id }, 'stock release deferred');
+          return { o, r: 'deferred' as const };
+        }
+      });
+      summary.redis += await settle(
+        deps,
+        results.filter((x) => x.r === 'released').map((x) => x.o),
+        'redis',
+      );
+      for (const x of results.filter((y) => y.r === 'broken')) {
+        summary.unresolved += await settle(deps, [x.o], 'unresolved', `redis release: ${x.err?.code}`);
+      }
+      summary.deferred += results.filter((x) => x.r === 'deferred').length;
+      frozen = results.filter((x) => x.r === 'frozen').map((x) => x.o);
+    }
+    let toPostgres = 0;
+    for (const o of frozen) {
+      try {
+        const rsv = await readReservation(deps.redis, activityId, o.reservationId);
+        if (rsv && (rsv.state === 'RELEASED' || rsv.state === 'CANCELLED')) {
+          // Released before the freeze: already part of the write-back snapshot's remaining stock.
+          summary.redis += await settle(deps, [o], 'redis');
+        } else if (rsv && rsv.state === 'PAID') {
+          summary.unresolved += await settle(deps, [o], 'unresolved', 'reservation is PAID in Redis');
+        } else if (!rsv) {
+          const row = await findLifecycleByReservationId(deps.pool, o.reservationId);
+          if (row?.stockReleaseAttemptedAt) {
+            summary.unresolved += await settle(
+              deps,
+              [o],
+              'unresolved',
+              'cache cleaned up after a release attempt',
+            );
+          } else if (await settleInPostgres(deps, o)) toPostgres += 1;
+        } else if (await settleInPostgres(deps, o)) toPostgres += 1;
+      } catch (err) {
+        summary.deferred += 1;
+        deps.logger.warn({ err: (err as Error).message, orderId: o.id }, 'stock return deferred');
+      }
+    }
+    summary.postgres += toPostgres;
+    if (toPostgres > 0) deps.metrics?.stockReturns.inc({ activity: activityId, via: 'postgres' }, toPostgres);
+  }
+  return summary;
+}
+
+function closedJournal(
+  o: LifecycleOrderRow,
+  traceId: string,
+  fromStatus: string | null,
+  detail = {},
+): JournalEntry {
+  return {
+    activityId: o.activityId,
+    reservationId: o.reservationId,
+    orderId: o.id,
+    event: 'ORDER_CLOSED',
+    fromStatus,
+    toStatus: 'CLOSED',
+    traceId,
+    detail: { reason: o.closeReason, ...detail },
+  };
+}
+
+export interface CloseResult {
+  transition: TransitionResult;
+  settle: SettleSummary | undefined;
+}
+
+/**
+ * Closes one order (UNPAID -> CLOSED, conditional) and settles its stock. An order that is CLOSED
+ * already has its settlement re-driven (idempotent); a paid order is left alone and reported.
+ */
+export async function closeOrder(
+  deps: LifecycleDeps,
+  orderId: string,
+  reason: string,
+  traceId: string,
+): Promise<CloseResult> {
+  const transition = await inTransaction(deps.pool, async (c) => {
+    const t = await transitionOrder(c, orderId, 'CLOSE', reason);
+    if (t.applied) await appendJournal(c, [closedJournal(t.order, traceId, 'UNPAID')]);
+    return t;
+  });
+  if (transition.applied) {
+    deps.metrics?.orders.inc({ activity: transition.order.activityId, status: 'CLOSED' });
+    deps.metrics?.ordersClosed.inc({ activity: transition.order.activityId, reason });
+    return { transition, settle: await settleStock(deps, [transition.order]) };
+  }
+  const o = transition.order;
+  if (o && o.status === 'CLOSED' && !o.stockReturned && o.stockReturnVia === null) {
+    return { transition, settle: await settleStock(deps, [o]) };
+  }
+  return { transition, settle: undefined };
+}
+
+export type InFlightCloseResult =
+  | { kind: 'closed'; order: LifecycleOrderRow; settle: SettleSummary }
+  | { kind: 'order-exists'; order: LifecycleOrderRow | undefined };
+
+/**
+ * Closes a reservation that is in flight (reserved in Redis, no order in PostgreSQL yet) by
+ * inserting its order as CLOSED from the ledger entry: the consumer's later insert conflicts on the
+ * reservation id and finds it closed, so no live order can appear afterwards.
+ */
+export async function closeInFlight(
+  deps: LifecycleDeps,
+  activityId: string,
+  rsv: ReservationRecord,
+  reason: string,
+  traceId: string,
+  detail: Record<string, unknown> = {},
+): Promise<InFlightCloseResult> {
+  const inserted = await inTransaction(deps.pool, async (c) => {
+    const row = await insertClosedOrder(
+      c,
+      orderMessageOf(activityId, rsv),
+      reason,
+      deps.paymentTimeoutSeconds,
+    );
+    if (row) await appendJournal(c, [closedJournal(row, traceId, null, { inFlight: true, ...detail })]);
+    return row;
+  });
+  if (!inserted) {
+    return { kind: 'order-exists', order: await findLifecycleByReservationId(deps.pool, rsv.reservationId) };
+  }
+  deps.metrics?.ordersClosed.inc({ activity: activityId, reason });
+  return { kind: 'closed', order: inserted, settle: await settleStock(deps, [inserted]) };
+}
+
+export interface CancelInput {
+  activityId: string;
+  userId: string;
+  reservationId: string;
+  traceId: string;
+}
+
+export type CancelOutcome =
+  | { outcome: 'cancelled'; orderId: string | undefined; inFlight: boolean }
+  | { outcome: 'already-cancelled'; orderId: string | undefined; state: string }
+  | { outcome: 'tombstoned' };
+
+/** A SKU id the tombstone path passes: never a real SKU, so it can never release a reservation. */
+const TOMBSTONE_SKU_CANDIDATES = ['0-cancelled-before-reservation-0', '0-cancelled-before-reservation-1'];
+
+async function tombstoneSku(redis: RedisClient, activityId: string): Promise<string> {
+  const k = activityKeys(activityId);
+  for (const s of TOMBSTONE_SKU_CANDIDATES) if ((await redis.sismember(k.skuIndex, s)) === 0) return s;
+  throw new FlashSaleError('INTERNAL', 'no free tombstone sku id');
+}
+
+/**
+ * Buyer cancellation of a reservation or its order (source 004): the same close and release path
+ * as the payment timeout. A cancellation that arrives before its reservation leaves a tombstone so
+ * the late reservation is refused; cancelling twice is idempotent; a paid order is refused with
+ * ALREADY_PAID.
+ */
+export async function cancelReservation(deps: LifecycleDeps, input: CancelInput): Promise<CancelOutcome> {
+  const { activityId, userId, reservationId, traceId } = input;
+  for (let attempt = 0; attempt < 5; attempt += 1) {
+    const [rsv, order] = await Promise.all([
+      readReservation(deps.redis, activityId, reservationId),
+      findLifecycleByReservationId(deps.pool, reservationId),
+    ]);
+    if (
+      (rsv && rsv.userId !== userId) ||
+      (order && (order.userId !== userId || order.activityId !== activityId))
+    ) {
+      throw new FlashSaleError('UNKNOWN_RESERVATION');
+    }
+    if (order) {
+      if (PAID_STATUSES.includes(order.status))
+        throw new FlashSaleError('ALREADY_PAID', undefined, { orderId: order.id });
+      if (order.status === 'CLOSED') {
+        if (!order.stockReturned && order.stockReturnVia === null) await settleStock(deps, [order]);
+        return { outcome: 'already-cancelled', orderId: order.id, state: order.closeReason ?? 'CLOSED' };
+      }
+      const r = await closeOrder(deps, order.id, 'CANCELLED', traceId);
+      if (r.transition.applied) return { outcome: 'cancelled', orderId: order.id, inFlight: false };
+      continue; // paid or closed meanwhile: the next round reports it
+    }
+    if (rsv) {
+      if (rsv.state === 'RELEASED' || rsv.state === 'CANCELLED')
+        return { outcome: 'already-cancelled', orderId: undefined, state: rsv.state };
+      if (rsv.state === 'PAID') throw new FlashSaleError('ALREADY_PAID');
+      const r = await closeInFlight(deps, activityId, rsv, 'CANCELLED', traceId, { cancelledBy: 'buyer' });
+      if (r.kind === 'closed') return { outcome: 'cancelled', orderId: r.order.id, inFlight: true };
+      continue; // the consumer wrote the order meanwhile
+    }
+    // Neither a reservation nor an order: record the cancellation so a late reservation is refused.
+    const meta = await readMeta(deps.redis, activityId);
+    if (!meta || meta.gate === 'frozen') throw new FlashSaleError('UNKNOWN_RESERVATION');
+    try {
+      const r = await release(deps.redis, {
+        activityId,
+        reservationId,
+        userId,
+        skuId: await tombstoneSku(deps.redis, activityId),
+        reason: 'CANCELLED',
+        tombstoneIfMissing: true,
+      });
+      if (r.kind === 'tombstoned') {
+        await appendJournal(deps.pool, [
+          {
+            activityId,
+            reservationId,
+            event: 'CANCELLED_BEFORE_RESERVATION',
+            toStatus: 'CANCELLED',
+            traceId,
+          },
+        ]);
+        return { outcome: 'tombstoned' };
+      }
+      // 'already-released': a concurrent cancellation tombstoned it; the next round reports it.
+    } catch (err) {
+      if (isCode(err, 'FROZEN')) throw new FlashSaleError('UNKNOWN_RESERVATION');
+      if (!isCode(err, 'MISMATCH')) throw err;
+      // MISMATCH: the reservation arrived between our read and the release; the next round closes it.
+    }
+  }
+  throw new FlashSaleError('UNAVAILABLE', 'the reservation kept changing; retry the cancellation');
+}
