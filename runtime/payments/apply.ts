@@ -1,0 +1,155 @@
+/**
+ * Applying a verified payment notification (source 004 "acceptAlipay"), in one transaction:
+ *
+ *   1. lock the order row (SELECT ... FOR UPDATE): notifications for one order, the timeout
+ *      sweeper and cancellations queue here; always the order first, then the payment
+ *   2. insert the payment as RECEIVED, keyed by (provider, trade_no); on conflict lock the existing
+ *      row and check it is the same order and amount (else TRADE_CONFLICT, nothing written)
+ *   3. an existing APPLIED / REFUND_PENDING row answers a redelivery with the same outcome
+ *   4. a wrong amount -> REFUND_PENDING (the order is untouched)
+ *   5. conditional UNPAID -> PAID; success -> APPLIED, otherwise (closed, or paid by another
+ *      trade) -> REFUND_PENDING and the order keeps its state
+ *
+ * After the commit a paid order's reservation is marked PAID in Redis (confirmPaid) while the
+ * cache is live, so no release can ever return its stock; a transient failure there makes the
+ * notification fail (5xx) and the provider's retry re-confirms (ALREADY_PAID path).
+ */
+import { Decimal } from 'decimal.js';
+import { appendJournal } from '../../core/db/journal-store.js';
+import { lockOrder, PAID_STATUSES, transitionOrder } from '../../core/db/orders-store.js';
+import type { LifecycleOrderRow } from '../../core/db/orders-store.js';
+import { finishPayment, insertPayment, lockPayment } from '../../core/db/payments-store.js';
+import type { RefundReason } from '../../core/db/payments-store.js';
+import { inTransaction } from '../../core/db/pool.js';
+import type { Pool } from '../../core/db/pool.js';
+import { FlashSaleError } from '../../core/errors.js';
+import type { Logger } from '../../core/logger.js';
+import type { Metrics } from '../../core/metrics.js';
+import { confirmPaid } from '../../core/reservations.js';
+import type { RedisClient } from '../../core/scripts.js';
+import type { PaymentNotice } from './provider.js';
+
+export type PaymentOutcome = 'PAID' | 'ALREADY_PAID' | 'REFUND_PENDING';
+
+export interface ApplyResult {
+  outcome: PaymentOutcome;
+  refundReason: RefundReason | null;
+  order: LifecycleOrderRow;
+}
+
+export interface PaymentDeps {
+  pool: Pool;
+  redis: RedisClient;
+  logger: Logger;
+  metrics?: Metrics | undefined;
+}
+
+/** Steps 1-5 above, in one transaction; throws (and writes nothing) for unknown orders and trade conflicts. */
+export async function applyPayment(
+  pool: Pool,
+  provider: string,
+  notice: PaymentNotice,
+  traceId: string,
+): Promise<ApplyResult> {
+  return inTransaction(pool, async (c) => {
+    const order = await lockOrder(c, notice.orderId);
+    if (!order) throw new FlashSaleError('UNKNOWN_ORDER', `no order ${notice.orderId}`);
+    const journal = (event: string, to: string | null, detail: Record<string, unknown>) =>
+      appendJournal(c, [
+        {
+          activityId: order.activityId,
+          reservationId: order.reservationId,
+          orderId: order.id,
+          event,
+          fromStatus: order.status,
+          toStatus: to,
+          traceId,
+          detail: { provider, tradeNo: notice.tradeNo, amount: notice.amount, ...detail },
+        },
+      ]);
+    const refund = async (reason: RefundReason): Promise<ApplyResult> => {
+      await finishPayment(c, provider, notice.tradeNo, { state: 'REFUND_PENDING', reason });
+      await journal('PAYMENT_REFUND_PENDING', order.status, { reason });
+      return { outcome: 'REFUND_PENDING', refundReason: reason, order };
+    };
+
+    const fresh = await insertPayment(c, {
+      provider,
+      tradeNo: notice.tradeNo,
+      orderId: order.id,
+      activityId: order.activityId,
+      reservationId: order.reservationId,
+      amount: notice.amount,
+      traceId,
+      notification: notice.fields,
+    });
+    if (!fresh) {
+      const existing = await lockPayment(c, provider, notice.tradeNo);
+      if (!existing) throw new Error(`payment ${provider}/${notice.tradeNo} vanished`);
+      if (existing.orderId !== order.id || !new Decimal(existing.amount).eq(notice.amount)) {
+        throw new FlashSaleError(
+          'TRADE_CONFLICT',
+          `trade ${notice.tradeNo} is recorded for order ${existing.orderId} with amount ${existing.amount}`,
+        );
+      }
+      if (existing.state === 'APPLIED') return { outcome: 'ALREADY_PAID', refundReason: null, order };
+      if (existing.state === 'REFUND_PENDING') {
+        return { outcome: 'REFUND_PENDING', refundReason: existing.refundReason, order };
+      }
+      // RECEIVED is never committed by this code; should one exist, it is decided now.
+    }
+
+    if (!new Decimal(order.amount).eq(notice.amount)) return refund('AMOUNT_MISMATCH');
+
+    const t = await transitionOrder(c, order.id, 'PAY');
+    if (t.applied) {
+      await finishPayment(c, provider, notice.tradeNo, { state: 'APPLIED' });
+      await journal('ORDER_PAID', 'PAID', {});
+      return { outcome: 'PAID', refundReason: null, order: t.order };
+    }
+    // The row is locked, so the status read before is still current.
+    if (order.status === 'CLOSED') return refund('ORDER_CLOSED');
+    if (PAID_STATUSES.includes(order.status)) return refund('PAID_BY_OTHER_TRADE');
+    return refund('ORDER_NOT_PAYABLE');
+  });
+}
+
+/**
+ * Applies the notice, then marks the reservation paid in Redis for paid orders. A FROZEN cache
+ * (written back) or a cleaned-up one needs no mark: PostgreSQL holds the state alone then.
+ */
+export async function acceptPayment(
+  deps: PaymentDeps,
+  provider: string,
+  notice: PaymentNotice,
+  traceId: string,
+): Promise<ApplyResult> {
+  const result = await applyPayment(deps.pool, provider, notice, traceId);
+  const { order } = result;
+  if (result.outcome === 'PAID') deps.metrics?.orders.inc({ activity: order.activityId, status: 'PAID' });
+  if (result.outcome === 'REFUND_PENDING') {
+    deps.logger.warn(
+      { orderId: order.id, tradeNo: notice.tradeNo, reason: result.refundReason, traceId },
+      'payment recorded as REFUND_PENDING',
+    );
+  }
+  if (result.outcome !== 'REFUND_PENDING' && PAID_STATUSES.includes(order.status)) {
+    try {
+      await confirmPaid(deps.redis, order.activityId, order.reservationId);
+    } catch (err) {
+      if (err instanceof FlashSaleError && (err.code === 'FROZEN' || err.code === 'UNKNOWN_RESERVATION')) {
+        return result;
+      }
+      if (err instanceof FlashSaleError && err.code === 'RELEASED') {
+        // Cannot happen while releases follow a CLOSED order in PostgreSQL; loud if it ever does.
+        deps.logger.error(
+          { orderId: order.id, reservationId: order.reservationId, traceId },
+          'INCONSISTENT: a paid order whose reservation was released in Redis',
+        );
+        return result;
+      }
+      throw err;
+    }
+  }
+  return result;
+}

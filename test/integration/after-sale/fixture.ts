@@ -1,0 +1,323 @@
+// Shared set-up of the after-sale integration tests: a fresh database, a loaded and open activity
+// in the real Redis, reservations made through the real Lua script, orders written the way the
+// consumer writes them, and the buyer api (with the payment and cancellation routers) on a port.
+import type { AddressInfo } from 'node:net';
+import type { Server } from 'node:http';
+import { Redis } from 'ioredis';
+import { SignJWT } from 'jose';
+import { loadActivity, recordResults, setGate } from '../../../core/activity-cache.js';
+import { insertOrders } from '../../../core/db/orders-store.js';
+import { activityKeys } from '../../../core/keys.js';
+import { createPool } from '../../../core/db/pool.js';
+import type { Pool } from '../../../core/db/pool.js';
+import { createLogger } from '../../../core/logger.js';
+import type { Logger } from '../../../core/logger.js';
+import { createMetrics } from '../../../core/metrics.js';
+import type { Metrics } from '../../../core/metrics.js';
+import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
+import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
+import { registerScripts } from '../../../core/scripts.js';
+import { createApiApp } from '../../../runtime/api/app.js';
+import { cancelRouter } from '../../../runtime/api/cancel-routes.js';
+import { SoldOutFlags } from '../../../runtime/api/sold-out.js';
+import { HmacProvider, signNotification } from '../../../runtime/payments/hmac-provider.js';
+import { paymentsRouter } from '../../../runtime/payments/routes.js';
+import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+
+export const TIMEOUT_MS = 180_000;
+export const PAYMENT_TIMEOUT_SECONDS = 900;
+export const JWT_SECRET = 'after-sale-test-secret-of-at-least-32-chars';
+export const PAY_SECRET = 'payment-provider-shared-secret-0123456789';
+export const APP_ID = 'fs-app';
+export const MERCHANT_ID = 'fs-merchant';
+
+export interface Fixture {
+  db: FreshDatabase;
+  pool: Pool;
+  redis: Redis;
+  logger: Logger;
+  metrics: Metrics;
+  deps: LifecycleDeps;
+  close(): Promise<void>;
+}
+
+export async function setUp(poolSize = 10): Promise<Fixture> {
+  const db = await freshDatabase();
+  const pool = createPool(db.url, poolSize, 'after-sale-test');
+  const redis = new Redis(testEnv().redisUrl, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
+  registerScripts(redis);
+  const logger = createLogger('after-sale-test', process.env.TEST_LOG_LEVEL ?? 'silent');
+  const metrics = createMetrics('after-sale-test');
+  return {
+    db,
+    pool,
+    redis,
+    logger,
+    metrics,
+    deps: { pool, redis, logger, metrics, paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS },
+    close: async () => {
+      await pool.end();
+      redis.disconnect();
+      await db.drop();
+    },
+  };
+}
+
+export interface ActivitySpec {
+  stock: number;
+  price?: string;
+  limitPerUser?: number;
+  skuId?: string;
+}
+
+/** Loads a one-SKU activity into Redis and opens its gate; returns its id. */
+export async function openActivity(redis: Redis, spec: ActivitySpec): Promise<{ activityId: string; skuId: string }> {
+  const activityId = uniqueId('as');
+  const skuId = spec.skuId ?? 'sku-1';
+  const now = Date.now();
+  await loadActivity(redis, {
+    id: activityId,
+    generation: 1,
+    startAt: new Date(now - 60_000),
+    endAt: new Date(now + 3_600_000),
+    requireOrderCode: false,
+    reopenOnRelease: false,
+    items: [
+      {
+        skuId,
+        name: '秒杀商品 flash item',
+        price: spec.price ?? '19.90',
+        stock: spec.stock,
+        limitPerUser: spec.limitPerUser ?? 1,
+      },
+    ],
+  });
+  await setGate(redis, activityId, 'open');
+  return { activityId, skuId };
+}
+
+/** Reserves one unit for each user through reserve-8.lua; returns the reservation ids in order. */
+export async function reserveFor(
+  redis: Redis,
+  activityId: string,
+  skuId: string,
+  users: string[],
+  quantity = 1,
+): Promise<string[]> {
+  const out: string[] = [];
+  const chunk = 500;
+  for (let i = 0; i < users.length; i += chunk) {
+    const rs = await Promise.all(
+      users.slice(i, i + chunk).map((userId) =>
+        reserve(redis, {
+          activityId,
+          userId,
+          skuId,
+          quantity,
+          requestId: `req-${userId}`,
+          traceId: `trace-${userId}`,
+        }),
+      ),
+    );
+    out.push(...rs.map((r) => r.reservationId));
+  }
+  return out;
+}
+
+/** Writes the orders of these reservations as the consumer does (insert + results). */
+export async function materialize(
+  pool: Pool,
+  redis: Redis,
+  activityId: string,
+  reservationIds: string[],
+): Promise<Map<string, string>> {
+  const messages = [];
+  for (const rid of reservationIds) {
+    const r = await readReservation(redis, activityId, rid);
+    if (!r) throw new Error(`no reservation ${rid}`);
+    messages.push(orderMessageOf(activityId, r));
+  }
+  const ids = new Map<string, string>();
+  for (let i = 0; i < messages.length; i += 1000) {
+    const batch = messages.slice(i, i + 1000);
+    const outcome = await insertOrders(pool, batch, PAYMENT_TIMEOUT_SECONDS);
+    await recordResults(
+      redis,
+      activityId,
+      [...outcome.inserted].map(([rid, orderId]) => ({
+        reservationId: rid,
+        userId: batch.find((m) => m.reservationId === rid)!.userId,
+        result: { status: 'CREATED' as const, orderId },
+      })),
+    );
+    for (const [rid, id] of outcome.inserted) ids.set(rid, id);
+  }
+  return ids;
+}
+
+/** Moves every unpaid order of the activity past its payment deadline. */
+export async function expireAll(pool: Pool, activityId: string): Promise<number> {
+  const r = await pool.query(
+    `UPDATE orders SET expires_at = now() - interval '1 second' WHERE activity_id = $1 AND status = 'UNPAID'`,
+    [activityId],
+  );
+  return r.rowCount ?? 0;
+}
+
+export async function buyerToken(userId: string): Promise<string> {
+  return new SignJWT({})
+    .setProtectedHeader({ alg: 'HS256' })
+    .setSubject(userId)
+    .setIssuedAt()
+    .setExpirationTime('10m')
+    .sign(new TextEncoder().encode(JWT_SECRET));
+}
+
+export interface Api {
+  url: string;
+  close(): Promise<void>;
+}
+
+/** The real buyer api (createApiApp) with the payment and cancellation routers, on a free port. */
+export async function startApi(f: Pick<Fixture, 'pool' | 'redis' | 'logger' | 'metrics'>, pool?: Pool): Promise<Api> {
+  const p = pool ?? f.pool;
+  const app = await createApiApp({
+    metrics: f.metrics,
+    ready: async () => true,
+    redis: f.redis,
+    pool: p,
+    soldOut: new SoldOutFlags(0),
+    activityId: undefined,
+    orderCodeTtlSeconds: 30,
+    auth: { JWT_HS256_SECRET: JWT_SECRET },
+    bodyLimit: '8kb',
+    logger: f.logger,
+    extraRouters: [
+      cancelRouter({
+        pool: p,
+        redis: f.redis,
+        logger: f.logger,
+        metrics: f.metrics,
+        paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS,
+        activityId: undefined,
+      }),
+    ],
+    publicRouters: [
+      paymentsRouter({
+        pool: p,
+        redis: f.redis,
+        logger: f.logger,
+        metrics: f.metrics,
+        providers: [
+          new HmacProvider({
+            name: 'hmac',
+            secrets: [PAY_SECRET],
+            appId: APP_ID,
+            merchantId: MERCHANT_ID,
+            toleranceSeconds: 300,
+          }),
+        ],
+      }),
+    ],
+  });
+  const server: Server = await new Promise((resolve) => {
+    const s = app.listen(0, '127.0.0.1', () => resolve(s));
+  });
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}
+
+export interface Notification {
+  orderId: string;
+  tradeNo: string;
+  amount: string;
+  status?: string;
+  appId?: string;
+  merchantId?: string;
+}
+
+export function notificationBody(n: Notification): string {
+  return JSON.stringify({
+    app_id: n.appId ?? APP_ID,
+    merchant_id: n.merchantId ?? MERCHANT_ID,
+    out_trade_no: n.orderId,
+    trade_no: n.tradeNo,
+    total_amount: n.amount,
+    trade_status: n.status ?? 'TRADE_SUCCESS',
+    gmt_payment: new Date().toISOString(),
+  });
+}
+
+export interface HttpReply {
+  status: number;
+  body: Record<string, unknown>;
+}
+
+async function reply(res: Response): Promise<HttpReply> {
+  const text = await res.text();
+  let body: Record<string, unknown> = {};
+  try {
+    body = JSON.parse(text) as Record<string, unknown>;
+  } catch {
+    body = { text };
+  }
+  return { status: res.status, body };
+}
+
+/** Posts a notification signed like the provider does (or with the given signature header). */
+export async function notify(
+  api: Api,
+  n: Notification | string,
+  opts: { secret?: string; signature?: string | null; timestamp?: number; provider?: string } = {},
+): Promise<HttpReply> {
+  const body = typeof n === 'string' ? n : notificationBody(n);
+  const t = opts.timestamp ?? Math.floor(Date.now() / 1000);
+  const headers: Record<string, string> = { 'content-type': 'application/json' };
+  const sig = opts.signature === undefined ? signNotification(opts.secret ?? PAY_SECRET, body, t) : opts.signature;
+  if (sig !== null) headers['x-fs-signature'] = sig;
+  const res = await fetch(`${api.url}/v1/payments/${opts.provider ?? 'hmac'}/notifications`, {
+    method: 'POST',
+    headers,
+    body,
+  });
+  return reply(res);
+}
+
+export async function buyerCall(
+  api: Api,
+  method: 'GET' | 'POST' | 'DELETE',
+  path: string,
+  userId: string,
+  body?: unknown,
+): Promise<HttpReply> {
+  const headers: Record<string, string> = { authorization: `Bearer ${await buyerToken(userId)}` };
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  const res = await fetch(`${api.url}${path}`, {
+    method,
+    headers,
+    ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+  });
+  return reply(res);
+}
+
+export async function countRows(pool: Pool, sql: string, params: unknown[] = []): Promise<number> {
+  const r = await pool.query<{ n: string }>(sql, params);
+  return Number(r.rows[0]?.n ?? 0);
+}
+
+export async function skuStock(redis: Redis, activityId: string, skuId: string): Promise<number> {
+  return Number(await redis.hget(activityKeys(activityId).sku(skuId), 'stock'));
+}
+
+export async function counters(redis: Redis, activityId: string): Promise<Record<string, number>> {
+  const h = await redis.hgetall(activityKeys(activityId).counters);
+  return Object.fromEntries(Object.entries(h).map(([k, v]) => [k, Number(v)]));
+}
