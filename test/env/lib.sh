@@ -1,6 +1,10 @@
 # Shared helpers for the test-environment scripts. Sourced, never executed.
 # shellcheck shell=bash
 
+# CI may run with a minimal environment: derive HOME, find Go where its tarball installs it.
+if [ -z "${HOME:-}" ]; then HOME="$(getent passwd "$(id -u)" | cut -d: -f6)"; export HOME; fi
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then export PATH="$PATH:/usr/local/go/bin"; fi
+
 FLASHSALE_CACHE="${FLASHSALE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flashsale}"
 mkdir -p "$FLASHSALE_CACHE"
 

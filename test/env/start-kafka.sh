@@ -41,7 +41,10 @@ log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 CONF
 jvm=(java -Xms256m -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto
   "-Dlog4j.configuration=file:$data/log4j.properties" -cp "$libs/*")
-uuid="$("${jvm[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
+# A cluster id as StorageTool random-uuid makes it (base64url of 16 random bytes, not starting with
+# '-'), without paying for one more JVM start.
+uuid="-"
+while [ "${uuid:0:1}" = "-" ]; do uuid="$(openssl rand 16 | base64 | tr '+/' '-_' | tr -d '=')"; done
 "${jvm[@]}" kafka.tools.StorageTool format -t "$uuid" -c "$data/server.properties" >"$state/kafka-format.log" 2>&1
 nohup "${jvm[@]}" kafka.Kafka "$data/server.properties" >"$state/kafka.out" 2>&1 &
 echo $! >"$state/kafka.pid"
