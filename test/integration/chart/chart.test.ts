@@ -327,7 +327,9 @@ describe('example activities', () => {
       for (const file of exampleActivities) {
         const objects = parseManifests(readText(file));
         expect(objects.every((o) => o.kind === 'FlashSaleActivity')).toBe(true);
-        const out = k(['apply', '--validate=strict', '-n', namespace, '-f', file]);
+        // Into the test's namespace, whatever namespace the example names.
+        const docs = objects.map((o) => stringify({ ...o, metadata: { ...o.metadata, namespace } }));
+        const out = k(['apply', '--validate=strict', '-n', namespace, '-f', '-'], docs.join('---\n'));
         expect(out).toMatch(/flashsaleactivity\.flashsale\.io\/\S+ created/);
       }
       const listed = k(['get', 'fsa', '-n', namespace, '-o', 'name']).trim().split('\n');

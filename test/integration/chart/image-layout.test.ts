@@ -1,5 +1,6 @@
 // The container images (Dockerfile, targets `runtime` and `operator`) cannot be built here: there
-// is no Docker. What is checked instead: the Dockerfile's structure (multi-stage, production
+// is no Docker. What is checked instead: the Dockerfile parses with BuildKit's own parser (built
+// from its Go module, dockerfile-check/) without lint warnings; its structure (multi-stage, production
 // dependencies only, numeric non-root user, a CMD per target), that every file it copies from the
 // build context exists and passes .dockerignore, and the image's /app layout, staged in a temporary
 // directory exactly as the COPY instructions lay it out (`npm ci --omit=dev` for node_modules, the
@@ -15,6 +16,7 @@ import {
   readdirSync,
   rmSync,
   statSync,
+  writeFileSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -115,6 +117,27 @@ const ignore = readText(path.join(repoRoot, '.dockerignore'))
   .filter((l) => l !== '' && !l.startsWith('#'));
 
 describe('Dockerfile', () => {
+  it("parses with BuildKit's own parser, without a lint warning (test/integration/chart/dockerfile-check)", () => {
+    const check = mustRun('bash', ['test/integration/chart/dockerfile-check/build.sh'], {
+      timeoutMs: 900_000,
+    })
+      .trim()
+      .split('\n')
+      .at(-1) as string;
+    const out = mustRun(check, [path.join(repoRoot, 'Dockerfile')]);
+    expect(out).toMatch(/stage runtime from base/);
+    expect(out).toMatch(/stage operator from base/);
+    // The check can fail: a misspelled flag, and a lint rule BuildKit applies while parsing.
+    const dir = mkdtempSync(path.join(tmpdir(), 'flashsale-dockerfile-'));
+    try {
+      writeFileSync(path.join(dir, 'flag'), 'FROM node:20-slim AS base\nCOPY --frm=x a b\n');
+      writeFileSync(path.join(dir, 'casing'), 'FROM node:20-slim as base\nCMD ["node"]\n');
+      for (const bad of ['flag', 'casing']) expect(run(check, [path.join(dir, bad)]).status).toBe(1);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('has a runtime and an operator target built on a slim Node 20 base', () => {
     for (const target of ['runtime', 'operator']) {
       const stages = chain(dockerfile, target);
