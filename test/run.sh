@@ -21,10 +21,12 @@ fi
 
 state=""
 jest_pid=""
+helm_pid=""
 jest_out="$(mktemp /tmp/flashsale-jest-out.XXXXXX)"
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  if [ -n "$helm_pid" ]; then kill -TERM -- "-$helm_pid" 2>/dev/null || true; fi
   if [ -n "$jest_pid" ]; then # jest and its workers
     kill -TERM -- "-$jest_pid" 2>/dev/null || true
     wait "$jest_pid" 2>/dev/null || true
@@ -40,6 +42,11 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# helm (for the chart tests) builds into the cache alongside the servers' start: only a fresh
+# machine pays for it, and not inside a test's timeout.
+setsid bash "$env_dir/build-kube.sh" helm >/dev/null &
+helm_pid=$!
+
 if [ -n "${DATABASE_URL:-}" ] && [ -n "${REDIS_URL:-}" ] && [ -n "${KAFKA_BROKERS:-}" ] && [ -n "${KUBECONFIG:-}" ]; then
   log "using the servers given by DATABASE_URL, REDIS_URL, KAFKA_BROKERS and KUBECONFIG"
 else
@@ -51,6 +58,8 @@ else
   # shellcheck disable=SC1091
   . "$state/env.sh"
 fi
+wait "$helm_pid" || log "building helm failed; the chart tests will try again"
+helm_pid=""
 log "environment ready after $(($(date +%s) - t0))s; running jest"
 
 # jest runs in the background so that INT/TERM reach the traps at once (bash defers traps while
