@@ -1,0 +1,55 @@
+import { mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ScriptErrorCodes, scriptError } from '../../../core/errors.js';
+import { loadScripts, luaDirectory } from '../../../core/scripts.js';
+
+describe('script registry', () => {
+  test('loads every script with the key count its file name carries, includes spliced in', () => {
+    const scripts = loadScripts();
+    expect([...scripts.keys()]).toEqual(
+      expect.arrayContaining(['confirmPaid', 'loadItems', 'release', 'reserve', 'setGate']),
+    );
+    expect(scripts.get('reserve')?.numberOfKeys).toBe(8);
+    expect(scripts.get('release')?.numberOfKeys).toBe(6);
+    expect(scripts.get('loadItems')?.numberOfKeys).toBeUndefined();
+    const reserve = scripts.get('reserve')!.lua;
+    expect(reserve).toContain('local function nowMs()');
+    expect(reserve).not.toContain('@include');
+  });
+
+  test('a missing or circular include fails loudly', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lua-'));
+    writeFileSync(join(dir, 'broken-1.lua'), '--- @include "nope"\nreturn 1\n');
+    expect(() => loadScripts(dir)).toThrow(/missing @include "nope"/);
+    const dir2 = mkdtempSync(join(tmpdir(), 'lua-'));
+    writeFileSync(join(dir2, 'a.lua'), '--- @include "b"\n');
+    writeFileSync(join(dir2, 'b.lua'), '--- @include "a"\n');
+    writeFileSync(join(dir2, 'loop-1.lua'), '--- @include "a"\nreturn 1\n');
+    expect(() => loadScripts(dir2)).toThrow(/circular @include/);
+  });
+
+  test('every negative code documented in a script header maps to an error code, and no mapping is unused', () => {
+    const documented = new Set<number>();
+    for (const file of readdirSync(luaDirectory()).filter((f) => f.endsWith('.lua'))) {
+      const header = /--\[\[([\s\S]*?)\]\]/.exec(readFileSync(join(luaDirectory(), file), 'utf8'))?.[1] ?? '';
+      for (const m of header.matchAll(/^\s*(-\d+)\s+([A-Z_]+)/gm)) {
+        const code = Number(m[1]);
+        documented.add(code);
+        expect({ file, code, name: ScriptErrorCodes[code] }).toEqual({ file, code, name: m[2] });
+      }
+    }
+    expect([...documented].sort((a, b) => a - b)).toEqual(
+      Object.keys(ScriptErrorCodes)
+        .map(Number)
+        .sort((a, b) => a - b),
+    );
+  });
+
+  test('script errors carry the stable code and keep script data out of the message', () => {
+    const e = scriptError('reserve', -4, [0]);
+    expect([e.code, e.status, e.message]).toEqual(['SOLD_OUT', 409, 'Sold out']);
+    expect(e.extra).toEqual({ script: 'reserve', data: [0] });
+    expect(scriptError('reserve', -99).code).toBe('INTERNAL');
+  });
+});

@@ -1,0 +1,38 @@
+import { loadRuntimeConfig } from '../../../runtime/config.js';
+
+const base = {
+  DATABASE_URL: 'postgres://u:secret@127.0.0.1:5432/db',
+  REDIS_URL: 'redis://127.0.0.1:6379',
+  KAFKA_BROKERS: '127.0.0.1:9092, 127.0.0.1:9093',
+  JWT_HS256_SECRET: 's'.repeat(32),
+};
+
+describe('runtime configuration', () => {
+  test('defaults are applied and lists are parsed', () => {
+    const c = loadRuntimeConfig('api', base);
+    expect(c.KAFKA_BROKERS).toEqual(['127.0.0.1:9092', '127.0.0.1:9093']);
+    expect(c.HTTP_PORT).toBe(8080);
+    expect(c.PAYMENT_TIMEOUT_SECONDS).toBe(900);
+    expect(c.JOBS_IN_CONSUMER).toBe(true);
+  });
+
+  test('a bad value names the variable', () => {
+    expect(() => loadRuntimeConfig('api', { ...base, HTTP_PORT: 'eighty' })).toThrow(/HTTP_PORT/);
+    expect(() => loadRuntimeConfig('api', { ...base, DATABASE_URL: 'nope' })).toThrow(/DATABASE_URL/);
+    expect(() => loadRuntimeConfig('api', { ...base, JWT_HS256_SECRET: 'short' })).toThrow(
+      /JWT_HS256_SECRET/,
+    );
+    expect(() => loadRuntimeConfig('api', { ...base, JOBS_IN_CONSUMER: 'maybe' })).toThrow(
+      /JOBS_IN_CONSUMER/,
+    );
+  });
+
+  test('roles that serve one activity require it; the api requires a token key', () => {
+    expect(() => loadRuntimeConfig('relay', base)).toThrow(/ACTIVITY_ID: required for the relay role/);
+    expect(() => loadRuntimeConfig('consumer', { ...base, ACTIVITY_ID: 'bad id' })).toThrow(/ACTIVITY_ID/);
+    expect(loadRuntimeConfig('relay', { ...base, ACTIVITY_ID: 'a1' }).ACTIVITY_ID).toBe('a1');
+    const { JWT_HS256_SECRET: _s, ...noKey } = base;
+    expect(() => loadRuntimeConfig('api', noKey)).toThrow(/JWT_HS256_SECRET/);
+    expect(() => loadRuntimeConfig('api', { ...base, JWT_RS256_PUBLIC_KEY: 'pem' })).toThrow(/not both/);
+  });
+});
