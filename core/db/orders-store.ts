@@ -264,8 +264,8 @@ export async function insertClosedOrder(
   const res = await db.query<LifecycleOrderRow>(
     `INSERT INTO orders (reservation_id, activity_id, user_id, sku_id, slot, quantity, unit_price, amount,
                          item_name, status, close_reason, closed_at, trace_id, reserved_at, expires_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7::numeric, $7::numeric * $6, $8, 'CLOSED', $9, now(), $10,
-             to_timestamp($11 / 1000.0), to_timestamp($11 / 1000.0) + make_interval(secs => $12))
+     VALUES ($1, $2, $3, $4, $5::int, $6::int, $7::numeric, $7::numeric * $6::int, $8, 'CLOSED', $9, now(), $10,
+             to_timestamp($11::bigint / 1000.0), to_timestamp($11::bigint / 1000.0) + make_interval(secs => $12))
      ON CONFLICT (reservation_id) DO NOTHING
      RETURNING ${LIFECYCLE_COLUMNS}`,
     [
