@@ -1,0 +1,199 @@
+// Buyer cancellation through the real api (failure window 9 and source 004's release rules):
+// cancel before the reservation (tombstone: the late reservation is refused), cancel twice
+// (idempotent), cancel an in-flight reservation (never a live order afterwards, even racing the
+// consumer's insert), cancel after payment (ALREADY_PAID), somebody else's reservation (404).
+import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
+import { journalFor } from '../../../core/db/journal-store.js';
+import { readReservation } from '../../../core/reservations.js';
+import {
+  TIMEOUT_MS,
+  buyerCall,
+  counters,
+  materialize,
+  notify,
+  openActivity,
+  setUp,
+  skuStock,
+  startApi,
+  type Api,
+  type Fixture,
+} from './fixture.js';
+
+describe('buyer cancellation', () => {
+  let f: Fixture;
+  let api: Api;
+  let activityId: string;
+  let skuId: string;
+  const INITIAL = 100;
+
+  beforeAll(async () => {
+    f = await setUp();
+    ({ activityId, skuId } = await openActivity(f.redis, { stock: INITIAL, price: '5.00' }));
+    api = await startApi(f);
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    await api?.close();
+    await f?.close();
+  }, TIMEOUT_MS);
+
+  const submit = (user: string, requestId: string) =>
+    buyerCall(api, 'POST', `/v1/activities/${activityId}/orders`, user, { skuId, quantity: 1, requestId });
+  const cancel = (user: string, rid: string) =>
+    buyerCall(api, 'DELETE', `/v1/activities/${activityId}/orders/${rid}`, user);
+  const returnedEvents = async (rid: string) =>
+    (await journalFor(f.pool, rid)).filter((j) => j.event === 'STOCK_RETURNED').length;
+
+  it(
+    'cancel before the reservation arrives: tombstoned, and the late reservation is refused with CANCELLED',
+    async () => {
+      const stock = await skuStock(f.redis, activityId, skuId);
+      const c = await buyerCall(
+        api,
+        'DELETE',
+        `/v1/activities/${activityId}/orders?requestId=early-1`,
+        'early',
+      );
+      expect([c.status, c.body.outcome]).toEqual([200, 'tombstoned']);
+      const late = await submit('early', 'early-1');
+      expect([late.status, late.body.code]).toEqual([409, 'CANCELLED']);
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(stock);
+      const rid = c.body.reservationId as string;
+      const poll = await buyerCall(api, 'GET', `/v1/activities/${activityId}/orders/${rid}`, 'early');
+      expect(poll.body).toMatchObject({ status: 'FAILED', reason: 'CANCELLED' });
+      const again = await buyerCall(
+        api,
+        'DELETE',
+        `/v1/activities/${activityId}/orders?requestId=early-1`,
+        'early',
+      );
+      expect([again.status, again.body.outcome]).toEqual([200, 'already-cancelled']);
+      // The buyer may still buy with a new request.
+      expect((await submit('early', 'early-2')).status).toBe(202);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'cancel an unpaid order twice (and twice at once): closed once, stock returned once',
+    async () => {
+      for (const [user, concurrent] of [
+        ['twice', false],
+        ['twice-at-once', true],
+      ] as const) {
+        const r = await submit(user, `${user}-1`);
+        expect(r.status).toBe(202);
+        const rid = r.body.reservationId as string;
+        await materialize(f.pool, f.redis, activityId, [rid]);
+        const stock = await skuStock(f.redis, activityId, skuId);
+        const replies = concurrent
+          ? await Promise.all([cancel(user, rid), cancel(user, rid), cancel(user, rid)])
+          : [await cancel(user, rid), await cancel(user, rid)];
+        expect(replies.every((x) => x.status === 200)).toBe(true);
+        const outcomes = replies.map((x) => x.body.outcome as string).sort();
+        const expected = ['cancelled', ...replies.slice(1).map(() => 'already-cancelled')].sort();
+        expect(outcomes).toEqual(expected);
+        const order = await findLifecycleByReservationId(f.pool, rid);
+        expect([order?.status, order?.closeReason, order?.stockReturned]).toEqual([
+          'CLOSED',
+          'CANCELLED',
+          true,
+        ]);
+        expect(await skuStock(f.redis, activityId, skuId)).toBe(stock + 1);
+        expect(await returnedEvents(rid)).toBe(1);
+      }
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'cancel an in-flight reservation (no order yet): the order is written CLOSED, the consumer cannot revive it',
+    async () => {
+      const r = await submit('inflight', 'inflight-1');
+      const rid = r.body.reservationId as string;
+      const stock = await skuStock(f.redis, activityId, skuId);
+      const c = await cancel('inflight', rid);
+      expect([c.status, c.body.outcome]).toEqual([200, 'cancelled']);
+      // The consumer now delivers the reservation's message: the database finds it closed.
+      const ids = await materialize(f.pool, f.redis, activityId, [rid]);
+      expect(ids.size).toBe(0);
+      const order = await findLifecycleByReservationId(f.pool, rid);
+      expect([order?.status, order?.stockReturned]).toEqual(['CLOSED', true]);
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(stock + 1);
+      expect((await readReservation(f.redis, activityId, rid))?.state).toBe('RELEASED');
+      const poll = await buyerCall(api, 'GET', `/v1/activities/${activityId}/orders/${rid}`, 'inflight');
+      expect(poll.body.status).toBe('FAILED');
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'cancellation racing the consumer insert, 20 times: never a live order, stock returned exactly once',
+    async () => {
+      const users = Array.from({ length: 20 }, (_, i) => `racer-${i}`);
+      const rids = await Promise.all(
+        users.map(async (u) => (await submit(u, `${u}-1`)).body.reservationId as string),
+      );
+      const before = await counters(f.redis, activityId);
+      const replies = await Promise.all(
+        users.map((u, i) =>
+          Promise.all([cancel(u, rids[i]!), materialize(f.pool, f.redis, activityId, [rids[i]!])]).then(
+            ([c]) => c,
+          ),
+        ),
+      );
+      expect(replies.map((x) => [x.status, x.body.outcome])).toEqual(users.map(() => [200, 'cancelled']));
+      for (const rid of rids) {
+        const order = await findLifecycleByReservationId(f.pool, rid);
+        expect([order?.status, order?.stockReturned]).toEqual(['CLOSED', true]);
+        expect(await returnedEvents(rid)).toBe(1);
+      }
+      const after = await counters(f.redis, activityId);
+      expect(after.released! - before.released!).toBe(20);
+      const live = await f.pool.query(
+        `SELECT 1 FROM orders WHERE reservation_id = ANY($1::text[]) AND status <> 'CLOSED'`,
+        [rids],
+      );
+      expect(live.rowCount).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'cancel after payment: 409 ALREADY_PAID, the order stays PAID and keeps its stock',
+    async () => {
+      const r = await submit('payer', 'payer-1');
+      const rid = r.body.reservationId as string;
+      const ids = await materialize(f.pool, f.redis, activityId, [rid]);
+      const paid = await notify(api, {
+        orderId: ids.get(rid)!,
+        tradeNo: `cancel-paid-${rid}`,
+        amount: '5.00',
+      });
+      expect(paid.body.outcome).toBe('PAID');
+      const stock = await skuStock(f.redis, activityId, skuId);
+      const c = await cancel('payer', rid);
+      expect([c.status, c.body.code]).toEqual([409, 'ALREADY_PAID']);
+      expect((await findLifecycleByReservationId(f.pool, rid))?.status).toBe('PAID');
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(stock);
+      expect(await returnedEvents(rid)).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    "somebody else's reservation: 404, nothing changes",
+    async () => {
+      const r = await submit('owner', 'owner-1');
+      const rid = r.body.reservationId as string;
+      const c = await cancel('intruder', rid);
+      expect([c.status, c.body.code]).toEqual([404, 'UNKNOWN_RESERVATION']);
+      expect((await readReservation(f.redis, activityId, rid))?.state).toBe('RESERVED');
+      const unauth = await fetch(`${api.url}/v1/activities/${activityId}/orders/${rid}`, {
+        method: 'DELETE',
+      });
+      expect(unauth.status).toBe(401);
+    },
+    TIMEOUT_MS,
+  );
+});
