@@ -4,6 +4,7 @@
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import { Redis } from 'ioredis';
+import type { Consumer, ConsumerRunConfig, EachBatchPayload } from 'kafkajs';
 import { SignJWT } from 'jose';
 import { loadActivity, recordResults, setGate } from '../../../core/activity-cache.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
@@ -72,7 +73,10 @@ export interface ActivitySpec {
 }
 
 /** Loads a one-SKU activity into Redis and opens its gate; returns its id. */
-export async function openActivity(redis: Redis, spec: ActivitySpec): Promise<{ activityId: string; skuId: string }> {
+export async function openActivity(
+  redis: Redis,
+  spec: ActivitySpec,
+): Promise<{ activityId: string; skuId: string }> {
   const activityId = uniqueId('as');
   const skuId = spec.skuId ?? 'sku-1';
   const now = Date.now();
@@ -132,12 +136,11 @@ export async function materialize(
   activityId: string,
   reservationIds: string[],
 ): Promise<Map<string, string>> {
-  const messages = [];
-  for (const rid of reservationIds) {
-    const r = await readReservation(redis, activityId, rid);
-    if (!r) throw new Error(`no reservation ${rid}`);
-    messages.push(orderMessageOf(activityId, r));
-  }
+  const records = await Promise.all(reservationIds.map((rid) => readReservation(redis, activityId, rid)));
+  const messages = records.map((r, i) => {
+    if (!r) throw new Error(`no reservation ${reservationIds[i]}`);
+    return orderMessageOf(activityId, r);
+  });
   const ids = new Map<string, string>();
   for (let i = 0; i < messages.length; i += 1000) {
     const batch = messages.slice(i, i + 1000);
@@ -180,7 +183,10 @@ export interface Api {
 }
 
 /** The real buyer api (createApiApp) with the payment and cancellation routers, on a free port. */
-export async function startApi(f: Pick<Fixture, 'pool' | 'redis' | 'logger' | 'metrics'>, pool?: Pool): Promise<Api> {
+export async function startApi(
+  f: Pick<Fixture, 'pool' | 'redis' | 'logger' | 'metrics'>,
+  pool?: Pool,
+): Promise<Api> {
   const p = pool ?? f.pool;
   const app = await createApiApp({
     metrics: f.metrics,
@@ -281,7 +287,8 @@ export async function notify(
   const body = typeof n === 'string' ? n : notificationBody(n);
   const t = opts.timestamp ?? Math.floor(Date.now() / 1000);
   const headers: Record<string, string> = { 'content-type': 'application/json' };
-  const sig = opts.signature === undefined ? signNotification(opts.secret ?? PAY_SECRET, body, t) : opts.signature;
+  const sig =
+    opts.signature === undefined ? signNotification(opts.secret ?? PAY_SECRET, body, t) : opts.signature;
   if (sig !== null) headers['x-fs-signature'] = sig;
   const res = await fetch(`${api.url}/v1/payments/${opts.provider ?? 'hmac'}/notifications`, {
     method: 'POST',
@@ -320,4 +327,51 @@ export async function skuStock(redis: Redis, activityId: string, skuId: string):
 export async function counters(redis: Redis, activityId: string): Promise<Record<string, number>> {
   const h = await redis.hgetall(activityKeys(activityId).counters);
   return Object.fromEntries(Object.entries(h).map(([k, v]) => [k, Number(v)]));
+}
+
+/**
+ * A kafkajs consumer whose batches are observed: `processed()` is the highest offset per partition
+ * whose eachBatch call returned. (The order consumer's own committed offsets are not a usable
+ * signal: see the report on commitOffsetsIfNecessary with autoCommit off.)
+ */
+export function observedConsumer(consumer: Consumer): {
+  consumer: Consumer;
+  processed: () => Map<number, number>;
+} {
+  const done = new Map<number, number>();
+  const run = consumer.run.bind(consumer);
+  const wrapped: Consumer = Object.assign(Object.create(consumer) as Consumer, {
+    run: (config?: ConsumerRunConfig) =>
+      run({
+        ...config,
+        ...(config?.eachBatch
+          ? {
+              eachBatch: async (p: EachBatchPayload) => {
+                await config.eachBatch!(p);
+                const last = p.batch.messages.at(-1);
+                if (last)
+                  done.set(
+                    p.batch.partition,
+                    Math.max(done.get(p.batch.partition) ?? -1, Number(last.offset)),
+                  );
+              },
+            }
+          : {}),
+      }),
+  });
+  return { consumer: wrapped, processed: () => new Map(done) };
+}
+
+export async function until<T>(
+  what: string,
+  fn: () => Promise<T | undefined>,
+  timeoutMs = 60_000,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v !== undefined) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }

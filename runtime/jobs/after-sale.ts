@@ -1,0 +1,116 @@
+/**
+ * Schedules the after-sale jobs of one activity with node-cron (noOverlap: a run never starts
+ * while the previous one is still going): the payment-timeout sweeper, order-gap repair and
+ * reconciliation. Runs in the roles that run jobs (see main.ts). Every replica may run them:
+ * the sweeper's SKIP LOCKED batches, the conditional settlement and the bounded re-publication
+ * claims make concurrent runs safe.
+ */
+import type { Producer } from 'kafkajs';
+import cron from 'node-cron';
+import type { Pool } from '../../core/db/pool.js';
+import type { Logger } from '../../core/logger.js';
+import type { Metrics } from '../../core/metrics.js';
+import type { RedisClient } from '../../core/scripts.js';
+import { checkOrderGap } from './gauges.js';
+import { repairOrderGap } from './gap-repair.js';
+import { sweepExpiredOrders } from './payment-timeout.js';
+import { reconcileActivity } from './reconciliation.js';
+
+export interface AfterSaleJobsConfig {
+  PAYMENT_TIMEOUT_SECONDS: number;
+  PAYMENT_SWEEP_CRON: string;
+  PAYMENT_SWEEP_BATCH_SIZE: number;
+  PAYMENT_SWEEP_MAX_BATCHES: number;
+  STOCK_SETTLE_GRACE_SECONDS: number;
+  ORDER_GAP_REPAIR: boolean;
+  ORDER_GAP_THRESHOLD_SECONDS: number;
+  ORDER_GAP_REPUBLISH_INTERVAL_SECONDS: number;
+  ORDER_GAP_MAX_REPUBLISH: number;
+  JOBS_GAUGE_CRON: string;
+  RECONCILIATION_CRON: string;
+}
+
+export interface AfterSaleJobsDeps {
+  cfg: AfterSaleJobsConfig;
+  activityId: string;
+  topic: string;
+  redis: RedisClient;
+  pool: Pool;
+  logger: Logger;
+  metrics: Metrics;
+  /** Connected idempotent producer for order-gap re-publication. */
+  producer: Producer;
+}
+
+export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promise<void> } {
+  const { cfg, activityId } = d;
+  const base = {
+    pool: d.pool,
+    redis: d.redis,
+    logger: d.logger,
+    metrics: d.metrics,
+    paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+  };
+  const job = (name: string, fn: () => Promise<unknown>) => async () => {
+    try {
+      await fn();
+      d.metrics.jobRuns.inc({ job: name, result: 'ok' });
+    } catch (err) {
+      d.metrics.jobRuns.inc({ job: name, result: 'error' });
+      d.logger.warn({ job: name, err: (err as Error).message }, 'job failed');
+    }
+  };
+  const tasks = [
+    cron.schedule(
+      cfg.PAYMENT_SWEEP_CRON,
+      job('payment-timeout', () =>
+        sweepExpiredOrders({
+          ...base,
+          activityId,
+          batchSize: cfg.PAYMENT_SWEEP_BATCH_SIZE,
+          maxBatches: cfg.PAYMENT_SWEEP_MAX_BATCHES,
+          settleGraceSeconds: cfg.STOCK_SETTLE_GRACE_SECONDS,
+        }),
+      ),
+      { name: `payment-timeout-${activityId}`, noOverlap: true },
+    ),
+    cron.schedule(
+      cfg.RECONCILIATION_CRON,
+      job('reconciliation', () => reconcileActivity({ ...base, activityId })),
+      { name: `reconciliation-${activityId}`, noOverlap: true },
+    ),
+  ];
+  if (cfg.ORDER_GAP_REPAIR) {
+    tasks.push(
+      cron.schedule(
+        cfg.JOBS_GAUGE_CRON,
+        job('order-gap-repair', async () => {
+          const gap = await checkOrderGap({
+            activityId,
+            redis: d.redis,
+            pool: d.pool,
+            gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
+          });
+          if (gap.missing.length === 0) return;
+          await repairOrderGap(
+            {
+              ...base,
+              activityId,
+              topic: d.topic,
+              producer: d.producer,
+              republishIntervalSeconds: cfg.ORDER_GAP_REPUBLISH_INTERVAL_SECONDS,
+              maxRepublish: cfg.ORDER_GAP_MAX_REPUBLISH,
+            },
+            gap.missing,
+          );
+        }),
+        { name: `order-gap-repair-${activityId}`, noOverlap: true },
+      ),
+    );
+  }
+  return {
+    stop: async () => {
+      for (const t of tasks) await t.stop();
+    },
+  };
+}

@@ -1,0 +1,200 @@
+/**
+ * Order-gap repair (source 000): a reservation still without an order after the threshold
+ * (checkOrderGap's `missing`) is
+ *   - re-published from its ledger entry to the activity topic with the idempotent producer (the
+ *     consumer's unique keys make a duplicate harmless), at most ORDER_GAP_MAX_REPUBLISH times,
+ *     ORDER_GAP_REPUBLISH_INTERVAL_SECONDS apart, whatever the number of job replicas; or
+ *   - compensated when it provably can never become an order: another live order holds the
+ *     buyer's slot (the database would refuse it), or its ledger entry cannot form a valid order.
+ *     Compensation inserts the order CLOSED first (so a late message cannot create it) and returns
+ *     the stock through the settlement path.
+ * Every action is journaled and counted (flashsale_order_gap_repairs_total{action}).
+ */
+import type { Producer } from 'kafkajs';
+import { appendJournal } from '../../core/db/journal-store.js';
+import { claimRepublish, recordGapAction } from '../../core/db/gap-repairs-store.js';
+import { findLiveSlotHolder } from '../../core/db/orders-store.js';
+import { activityKeys } from '../../core/keys.js';
+import type { OrderMessage } from '../../core/model.js';
+import { closeInFlight, settleStock } from '../../core/order-lifecycle.js';
+import type { LifecycleDeps } from '../../core/order-lifecycle.js';
+import { orderMessageOf, readReservation, release } from '../../core/reservations.js';
+
+export interface GapRepairDeps extends LifecycleDeps {
+  activityId: string;
+  topic: string;
+  producer: Producer;
+  republishIntervalSeconds: number;
+  maxRepublish: number;
+}
+
+export interface GapRepairReport {
+  republished: string[];
+  compensated: string[];
+  abandoned: string[];
+  waiting: string[];
+  skipped: string[];
+  failed: string[];
+}
+
+/** Whether a ledger entry can form an order the consumer accepts (mirrors its message schema). */
+export function isInsertable(m: OrderMessage): boolean {
+  return (
+    m.userId.length > 0 &&
+    m.skuId.length > 0 &&
+    Number.isInteger(m.quantity) &&
+    m.quantity >= 1 &&
+    Number.isInteger(m.slot) &&
+    m.slot >= 1 &&
+    /^\d{1,12}(\.\d{1,2})?$/.test(m.unitPrice) &&
+    m.itemName.length > 0 &&
+    Number.isInteger(m.reservedAt) &&
+    m.reservedAt > 0
+  );
+}
+
+export async function repairOrderGap(d: GapRepairDeps, missing: string[]): Promise<GapRepairReport> {
+  const report: GapRepairReport = {
+    republished: [],
+    compensated: [],
+    abandoned: [],
+    waiting: [],
+    skipped: [],
+    failed: [],
+  };
+  const a = d.activityId;
+  const count = (action: keyof GapRepairReport, rid: string) => {
+    report[action].push(rid);
+    d.metrics?.orderGapRepairs.inc({ activity: a, action });
+  };
+  for (const rid of missing) {
+    try {
+      await repairOne(d, rid, count);
+    } catch (err) {
+      d.logger.warn(
+        { activity: a, reservationId: rid, err: (err as Error).message },
+        'order-gap repair failed; retried next run',
+      );
+      count('failed', rid);
+    }
+  }
+  if (missing.length > 0) {
+    d.logger.warn(
+      {
+        activity: a,
+        republished: report.republished.length,
+        compensated: report.compensated.length,
+        abandoned: report.abandoned.length,
+        waiting: report.waiting.length,
+        skipped: report.skipped.length,
+        failed: report.failed.length,
+      },
+      'order-gap repair',
+    );
+  }
+  return report;
+}
+
+async function repairOne(
+  d: GapRepairDeps,
+  rid: string,
+  count: (action: keyof GapRepairReport, rid: string) => void,
+): Promise<void> {
+  const a = d.activityId;
+  const rsv = await readReservation(d.redis, a, rid);
+  if (!rsv || rsv.state !== 'RESERVED') {
+    // Released or cancelled entries leave the ledger in the same script; anything else is odd.
+    if (rsv && (rsv.state === 'RELEASED' || rsv.state === 'CANCELLED')) {
+      await d.redis.zrem(activityKeys(a).ledger, rid);
+    } else
+      d.logger.warn({ activity: a, reservationId: rid, state: rsv?.state }, 'order gap: odd ledger entry');
+    count('skipped', rid);
+    return;
+  }
+  const message = orderMessageOf(a, rsv);
+  if (!isInsertable(message)) {
+    // Cannot become an order: nothing to close in PostgreSQL, only the stock to give back.
+    await release(d.redis, {
+      activityId: a,
+      reservationId: rid,
+      userId: rsv.userId,
+      skuId: rsv.skuId,
+      reason: 'GAP_COMPENSATED',
+    });
+    await appendJournal(d.pool, [
+      {
+        activityId: a,
+        reservationId: rid,
+        event: 'GAP_COMPENSATED',
+        toStatus: 'RELEASED',
+        traceId: rsv.traceId,
+        detail: { why: 'invalid ledger entry' },
+      },
+    ]);
+    await recordGapAction(d.pool, a, rid, 'compensated');
+    count('compensated', rid);
+    return;
+  }
+  const holder = await findLiveSlotHolder(d.pool, a, rsv.userId, rsv.skuId, rsv.slot);
+  if (holder && holder.reservationId !== rid) {
+    const r = await closeInFlight(d, a, rsv, 'GAP_COMPENSATED', rsv.traceId, {
+      slotHeldBy: holder.reservationId,
+    });
+    if (r.kind === 'closed') {
+      await appendJournal(d.pool, [
+        {
+          activityId: a,
+          reservationId: rid,
+          orderId: r.order.id,
+          event: 'GAP_COMPENSATED',
+          toStatus: 'CLOSED',
+          traceId: rsv.traceId,
+          detail: { why: 'buyer slot held by another live order', slotHeldBy: holder.reservationId },
+        },
+      ]);
+      await recordGapAction(d.pool, a, rid, 'compensated');
+      count('compensated', rid);
+    } else {
+      if (r.order?.status === 'CLOSED') await settleStock(d, [r.order]);
+      count('skipped', rid); // an order appeared meanwhile: no gap any more
+    }
+    return;
+  }
+  const claim = await claimRepublish(d.pool, a, rid, d.republishIntervalSeconds, d.maxRepublish);
+  if (!claim.claimed) {
+    if (claim.attempts >= d.maxRepublish) {
+      d.logger.error(
+        { activity: a, reservationId: rid, attempts: claim.attempts, traceId: rsv.traceId },
+        'ORDER GAP: reservation re-published the maximum number of times and still has no order; check the DLQ',
+      );
+      count('abandoned', rid);
+    } else count('waiting', rid);
+    return;
+  }
+  await d.producer.send({
+    topic: d.topic,
+    acks: -1,
+    messages: [
+      {
+        key: message.userId,
+        value: JSON.stringify(message),
+        headers: {
+          'trace-id': message.traceId,
+          'reservation-id': rid,
+          'gap-repair-attempt': String(claim.attempt),
+        },
+      },
+    ],
+  });
+  await appendJournal(d.pool, [
+    {
+      activityId: a,
+      reservationId: rid,
+      event: 'GAP_REPUBLISHED',
+      toStatus: 'RESERVED',
+      traceId: rsv.traceId,
+      detail: { attempt: claim.attempt, topic: d.topic },
+    },
+  ]);
+  count('republished', rid);
+}

@@ -1,0 +1,301 @@
+// Reconciliation detects injected Redis and PostgreSQL mismatches (report row, metric, log), live
+// and after write-back; order-gap repair turns a reservation whose outbox entry was lost into
+// exactly one order (re-published through Kafka to the real consumer, even when re-published
+// twice) or exactly one compensation when it can never become an order.
+import type { Admin, Kafka, Producer } from 'kafkajs';
+import { readStock, setGate } from '../../../core/activity-cache.js';
+import { latestReports } from '../../../core/db/reconciliation-store.js';
+import { writeBack } from '../../../core/db/stock-store.js';
+import { journalFor } from '../../../core/db/journal-store.js';
+import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
+import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
+import { activityKeys } from '../../../core/keys.js';
+import { closeOrder } from '../../../core/order-lifecycle.js';
+import { readReservation } from '../../../core/reservations.js';
+import { OrderConsumer } from '../../../runtime/consumer/consumer.js';
+import { checkOrderGap } from '../../../runtime/jobs/gauges.js';
+import { repairOrderGap } from '../../../runtime/jobs/gap-repair.js';
+import type { GapRepairDeps } from '../../../runtime/jobs/gap-repair.js';
+import { reconcileActivity } from '../../../runtime/jobs/reconciliation.js';
+import { testEnv, uniqueId } from '../../helpers/env.js';
+import {
+  TIMEOUT_MS,
+  PAYMENT_TIMEOUT_SECONDS,
+  counters,
+  countRows,
+  materialize,
+  notify,
+  openActivity,
+  reserveFor,
+  setUp,
+  skuStock,
+  startApi,
+  observedConsumer,
+  until,
+  type Fixture,
+} from './fixture.js';
+
+describe('reconciliation', () => {
+  let f: Fixture;
+
+  beforeAll(async () => {
+    f = await setUp();
+  }, TIMEOUT_MS);
+  afterAll(async () => {
+    await f?.close();
+  }, TIMEOUT_MS);
+
+  const reconcile = (activityId: string) =>
+    reconcileActivity({ ...f.deps, activityId, remeasureDelayMs: 20 });
+  const mismatchGauge = async (activityId: string) =>
+    (await f.metrics.reconciliationMismatch.get()).values.find((v) => v.labels.activity === activityId)
+      ?.value;
+
+  it(
+    'a consistent activity (paid, closed, unpaid and in-flight) reconciles; injected mismatches are reported',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 50, price: '3.00' });
+      const users = Array.from({ length: 12 }, (_, i) => `rec-${i}`);
+      const rids = await reserveFor(f.redis, activityId, skuId, users);
+      const ids = await materialize(f.pool, f.redis, activityId, rids.slice(0, 9)); // 3 stay in flight
+      const api = await startApi(f);
+      try {
+        for (const rid of rids.slice(0, 3)) {
+          await notify(api, { orderId: ids.get(rid)!, tradeNo: `rec-${rid}`, amount: '3.00' });
+        }
+      } finally {
+        await api.close();
+      }
+      for (const rid of rids.slice(3, 6)) await closeOrder(f.deps, ids.get(rid)!, 'CANCELLED', 'test');
+
+      const ok = await reconcile(activityId);
+      expect([ok.basis, ok.ok, ok.mismatches]).toEqual(['redis', true, []]);
+      expect(ok.figures).toMatchObject({
+        held: 9,
+        accounted: 9,
+        liveOrderQuantity: 6,
+        inFlightQuantity: 3,
+        paid: 3,
+        closedViaRedis: 3,
+        appliedPayments: 3,
+      });
+      expect(await mismatchGauge(activityId)).toBe(0);
+
+      // Redis: stock appears from nowhere (a bad manual fix, a replayed script, ...).
+      await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 2);
+      const bad = await reconcile(activityId);
+      expect(bad.ok).toBe(false);
+      expect(bad.mismatches.map((m) => [m.check, m.expected, m.actual])).toEqual([
+        ['redis-counters', 7, 9],
+        ['stock-held', 7, 9],
+      ]);
+      expect(await mismatchGauge(activityId)).toBe(2);
+      const [report] = await latestReports(f.pool, activityId, 1);
+      expect([report?.id, report?.ok, report?.basis]).toEqual([bad.reportId, false, 'redis']);
+      expect(report?.mismatches.map((m) => m.check)).toEqual(['redis-counters', 'stock-held']);
+      await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', -2);
+      expect((await reconcile(activityId)).ok).toBe(true);
+
+      // PostgreSQL: an order's quantity differs from its reservation.
+      await f.pool.query(`UPDATE orders SET quantity = 2 WHERE reservation_id = $1`, [rids[6]]);
+      const pg = await reconcile(activityId);
+      expect(pg.mismatches.map((m) => [m.check, m.expected, m.actual])).toEqual([['stock-held', 9, 10]]);
+      await f.pool.query(`UPDATE orders SET quantity = 1 WHERE reservation_id = $1`, [rids[6]]);
+
+      // A paid order without its payment row.
+      await f.pool.query(`DELETE FROM payments WHERE reservation_id = $1`, [rids[0]]);
+      const pay = await reconcile(activityId);
+      expect(pay.mismatches.map((m) => m.check)).toEqual(['paid-without-payment']);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'after write-back PostgreSQL is the basis; an activity_stock mismatch is reported',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 20 });
+      const rids = await reserveFor(f.redis, activityId, skuId, ['wb-1', 'wb-2', 'wb-3']);
+      await materialize(f.pool, f.redis, activityId, rids);
+      await setGate(f.redis, activityId, 'frozen');
+      const frozenNoWriteBack = await reconcile(activityId);
+      expect(frozenNoWriteBack.basis).toBe('skipped');
+      const s = await readStock(f.redis, activityId);
+      await writeBack(f.pool, {
+        activityId,
+        generation: 1,
+        skus: s.skus,
+        reserved: s.reserved,
+        released: s.released,
+        orders: 3,
+        writtenBy: 'test',
+      });
+      const ok = await reconcile(activityId);
+      expect([ok.basis, ok.ok, ok.figures.held, ok.figures.accounted]).toEqual(['postgres', true, 3, 3]);
+      await f.pool.query(`UPDATE activity_stock SET remaining = remaining + 1 WHERE activity_id = $1`, [
+        activityId,
+      ]);
+      const bad = await reconcile(activityId);
+      expect(bad.mismatches.map((m) => [m.check, m.expected, m.actual])).toEqual([['stock-held', 2, 3]]);
+    },
+    TIMEOUT_MS,
+  );
+});
+
+describe('order-gap repair', () => {
+  let f: Fixture;
+  let kafka: Kafka;
+  let admin: Admin;
+  let producer: Producer;
+  let consumer: OrderConsumer | undefined;
+  const prefix = uniqueId('gap');
+
+  beforeAll(async () => {
+    f = await setUp();
+    kafka = createKafka(testEnv().kafkaBrokers, uniqueId('gap-test'));
+    admin = kafka.admin();
+    await admin.connect();
+    producer = idempotentProducer(kafka);
+    await producer.connect();
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    await consumer?.stop();
+    await producer?.disconnect();
+    await admin?.disconnect();
+    await f?.close();
+  }, TIMEOUT_MS);
+
+  const deps = (activityId: string): GapRepairDeps => ({
+    ...f.deps,
+    activityId,
+    topic: topicsFor(activityId, prefix).orders,
+    producer,
+    republishIntervalSeconds: 0,
+    maxRepublish: 5,
+  });
+
+  it(
+    'a reservation whose outbox entry was deleted becomes exactly one order, even when re-published twice',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 });
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const [rid] = await reserveFor(f.redis, activityId, skuId, ['lost-1']);
+      // The half message is lost (e.g. the stream was trimmed by hand): only the ledger knows it.
+      const k = activityKeys(activityId);
+      const entries = await f.redis.xrange(k.outbox, '-', '+');
+      expect(entries).toHaveLength(1);
+      await f.redis.xdel(k.outbox, entries[0]![0]);
+
+      const gap = await checkOrderGap(
+        { activityId, redis: f.redis, pool: f.pool, gapThresholdSeconds: 0 },
+        Date.now() + 1,
+      );
+      expect(gap.missing).toEqual([rid]);
+      const first = await repairOrderGap(deps(activityId), gap.missing);
+      const second = await repairOrderGap(deps(activityId), gap.missing);
+      expect([first.republished, second.republished]).toEqual([[rid], [rid]]);
+
+      const observed = observedConsumer(
+        kafka.consumer({ groupId: topics.consumerGroup, maxWaitTimeInMs: 200 }),
+      );
+      consumer = new OrderConsumer({
+        activityId,
+        topic: topics.orders,
+        dlqTopic: topics.dlq,
+        consumer: observed.consumer,
+        dlqProducer: idempotentProducer(kafka),
+        pool: f.pool,
+        redis: f.redis,
+        metrics: f.metrics,
+        logger: f.logger,
+        batchSize: 100,
+        maxAttempts: 2,
+        paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS,
+      });
+      await consumer.start();
+      // Both copies (offsets 0 and 1) processed, then exactly one order.
+      await until('both copies consumed', async () =>
+        (observed.processed().get(0) ?? -1) >= 1 ? true : undefined,
+      );
+      expect(
+        await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE reservation_id = $1', [rid]),
+      ).toBe(1);
+      expect((await findLifecycleByReservationId(f.pool, rid!))?.status).toBe('UNPAID');
+      const after = await checkOrderGap(
+        { activityId, redis: f.redis, pool: f.pool, gapThresholdSeconds: 0 },
+        Date.now() + 1,
+      );
+      expect(after.gap).toBe(0);
+      expect((await journalFor(f.pool, rid!)).map((j) => j.event)).toEqual([
+        'GAP_REPUBLISHED',
+        'GAP_REPUBLISHED',
+        'ORDER_CREATED',
+      ]);
+      expect(
+        (await f.metrics.orderGapRepairs.get()).values.find((v) => v.labels.activity === activityId)?.value,
+      ).toBe(2);
+      // Re-publication is bounded: with the interval not elapsed nothing is sent again.
+      const bounded = await repairOrderGap({ ...deps(activityId), republishIntervalSeconds: 3600 }, [rid!]);
+      expect(bounded.waiting).toEqual([rid]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a reservation that can never become an order (buyer slot held by a live order) is compensated exactly once',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10, limitPerUser: 1 });
+      const [first] = await reserveFor(f.redis, activityId, skuId, ['twin']);
+      await materialize(f.pool, f.redis, activityId, [first!]);
+      // Redis lost the buyer's state (failover without persistence): a second reservation takes slot 1 again.
+      const k = activityKeys(activityId);
+      await f.redis.del(k.buyer('twin'));
+      const { reserve } = await import('../../../core/reservations.js');
+      const second = (
+        await reserve(f.redis, {
+          activityId,
+          userId: 'twin',
+          skuId,
+          quantity: 1,
+          requestId: 'again',
+          traceId: 't2',
+        })
+      ).reservationId;
+      expect((await readReservation(f.redis, activityId, second))?.slot).toBe(1);
+      await f.redis.del(k.outbox);
+      const stock = await skuStock(f.redis, activityId, skuId);
+
+      const gap = await checkOrderGap(
+        { activityId, redis: f.redis, pool: f.pool, gapThresholdSeconds: 0 },
+        Date.now() + 1,
+      );
+      expect(gap.missing).toEqual([second]);
+      const r = await repairOrderGap(deps(activityId), gap.missing);
+      expect([r.compensated, r.republished]).toEqual([[second], []]);
+      const again = await repairOrderGap(deps(activityId), [second]);
+      expect(again.compensated).toEqual([]);
+      const order = await findLifecycleByReservationId(f.pool, second);
+      expect([order?.status, order?.closeReason, order?.stockReturned]).toEqual([
+        'CLOSED',
+        'GAP_COMPENSATED',
+        true,
+      ]);
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(stock + 1);
+      expect((await counters(f.redis, activityId)).released).toBe(1);
+      expect((await journalFor(f.pool, second)).map((j) => j.event)).toEqual([
+        'ORDER_CLOSED',
+        'STOCK_RETURNED',
+        'GAP_COMPENSATED',
+      ]);
+      expect(
+        await countRows(
+          f.pool,
+          `SELECT count(*) AS n FROM orders WHERE user_id = 'twin' AND activity_id = $1 AND status <> 'CLOSED'`,
+          [activityId],
+        ),
+      ).toBe(1);
+    },
+    TIMEOUT_MS,
+  );
+});

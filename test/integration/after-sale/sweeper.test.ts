@@ -1,0 +1,225 @@
+// The payment-timeout sweeper: two sweepers (separate pools, like two replicas) over 5,000 expired
+// orders close each exactly once and return its stock exactly once; after write-back the stock
+// goes to PostgreSQL exactly once; an interrupted settlement is completed once; a settlement that
+// cannot be proven is flagged, never doubled.
+import { readStock, setGate } from '../../../core/activity-cache.js';
+import { createPool } from '../../../core/db/pool.js';
+import type { Pool } from '../../../core/db/pool.js';
+import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
+import { activityKeys } from '../../../core/keys.js';
+import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
+import {
+  TIMEOUT_MS,
+  counters,
+  countRows,
+  expireAll,
+  materialize,
+  openActivity,
+  reserveFor,
+  setUp,
+  skuStock,
+  type Fixture,
+} from './fixture.js';
+
+describe('payment-timeout sweeper', () => {
+  let f: Fixture;
+  const replicaPools: Pool[] = [];
+
+  beforeAll(async () => {
+    f = await setUp();
+    replicaPools.push(createPool(f.db.url, 3, 'sweeper-a'), createPool(f.db.url, 3, 'sweeper-b'));
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    for (const p of replicaPools) await p.end();
+    await f?.close();
+  }, TIMEOUT_MS);
+
+  const sweep = (activityId: string, pool: Pool, batchSize = 500) =>
+    sweepExpiredOrders({ ...f.deps, pool, activityId, batchSize, maxBatches: 100, settleGraceSeconds: 0 });
+
+  /** Per order: [ORDER_CLOSED rows, STOCK_RETURNED rows]; every order must show [1, 1]. */
+  const journalCounts = async (activityId: string) =>
+    (
+      await f.pool.query<{ closed: string; returned: string; n: string }>(
+        `SELECT closed, returned, count(*)::text AS n FROM (
+           SELECT o.id,
+                  count(*) FILTER (WHERE j.event = 'ORDER_CLOSED')::text AS closed,
+                  count(*) FILTER (WHERE j.event = 'STOCK_RETURNED')::text AS returned
+             FROM orders o LEFT JOIN order_journal j ON j.order_id = o.id
+            WHERE o.activity_id = $1 GROUP BY o.id) x
+          GROUP BY closed, returned`,
+        [activityId],
+      )
+    ).rows.map((r) => [Number(r.closed), Number(r.returned), Number(r.n)]);
+
+  it(
+    'two sweepers at once over 5,000 expired orders: each closed once, stock returned once',
+    async () => {
+      const n = 5000;
+      const { activityId, skuId } = await openActivity(f.redis, { stock: n });
+      const users = Array.from({ length: n }, (_, i) => `sleeper-${i}`);
+      const rids = await reserveFor(f.redis, activityId, skuId, users);
+      await materialize(f.pool, f.redis, activityId, rids);
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(0);
+      expect(await expireAll(f.pool, activityId)).toBe(n);
+
+      const [a, b] = await Promise.all([
+        sweep(activityId, replicaPools[0]!),
+        sweep(activityId, replicaPools[1]!),
+      ]);
+      expect(a.closed + b.closed).toBe(n);
+      expect(a.settled.redis + b.settled.redis).toBe(n);
+      expect(a.settled.deferred + b.settled.deferred + a.settled.unresolved + b.settled.unresolved).toBe(0);
+      expect(
+        await countRows(
+          f.pool,
+          `SELECT count(*) AS n FROM orders WHERE activity_id = $1 AND status = 'CLOSED' AND stock_returned
+             AND stock_return_via = 'redis' AND close_reason = 'PAYMENT_TIMEOUT'`,
+          [activityId],
+        ),
+      ).toBe(n);
+      expect(await journalCounts(activityId)).toEqual([[1, 1, n]]);
+      const c = await counters(f.redis, activityId);
+      expect([c.reserved, c.released]).toEqual([n, n]);
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(n);
+      expect(await f.redis.zcard(activityKeys(activityId).ledger)).toBe(0);
+
+      // Sweeping again, twice at once, changes nothing.
+      const again = await Promise.all([
+        sweep(activityId, replicaPools[0]!),
+        sweep(activityId, replicaPools[1]!),
+      ]);
+      expect(again.map((r) => [r.closed, r.resettled])).toEqual([
+        [0, 0],
+        [0, 0],
+      ]);
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(n);
+      expect(await journalCounts(activityId)).toEqual([[1, 1, n]]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'after write-back (frozen cache) the stock goes to PostgreSQL, exactly once, and Redis stays frozen',
+    async () => {
+      const n = 120;
+      const initial = 150;
+      const { activityId, skuId } = await openActivity(f.redis, { stock: initial });
+      const rids = await reserveFor(
+        f.redis,
+        activityId,
+        skuId,
+        Array.from({ length: n }, (_, i) => `late-${i}`),
+      );
+      await materialize(f.pool, f.redis, activityId, rids);
+      await setGate(f.redis, activityId, 'frozen');
+      const s = await readStock(f.redis, activityId);
+      await writeBack(f.pool, {
+        activityId,
+        generation: 1,
+        skus: s.skus,
+        reserved: s.reserved,
+        released: s.released,
+        orders: n,
+        writtenBy: 'test',
+      });
+      expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial - n);
+      await expireAll(f.pool, activityId);
+
+      const [a, b] = await Promise.all([
+        sweep(activityId, replicaPools[0]!, 20),
+        sweep(activityId, replicaPools[1]!, 20),
+      ]);
+      expect(a.closed + b.closed).toBe(n);
+      expect(a.settled.postgres + b.settled.postgres).toBe(n);
+      expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial);
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(initial - n);
+      expect(await journalCounts(activityId)).toEqual([[1, 1, n]]);
+      await Promise.all([sweep(activityId, replicaPools[0]!), sweep(activityId, replicaPools[1]!)]);
+      expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'an order closed but not settled (crash in between) is settled once by the next sweep; unprovable ones are flagged',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 });
+      const rids = await reserveFor(f.redis, activityId, skuId, ['crash-1', 'crash-2', 'crash-3']);
+      const ids = await materialize(f.pool, f.redis, activityId, rids);
+      // Crash after the close committed, before any stock return (the state a killed sweeper leaves).
+      await f.pool.query(
+        `UPDATE orders SET status = 'CLOSED', closed_at = now(), close_reason = 'PAYMENT_TIMEOUT' WHERE activity_id = $1`,
+        [activityId],
+      );
+      // Order 2: a Redis release happened before the crash, the database never heard of it.
+      const { release } = await import('../../../core/reservations.js');
+      await f.pool.query(`UPDATE orders SET stock_release_attempted_at = now() WHERE id = $1`, [
+        ids.get(rids[1]!),
+      ]);
+      await release(f.redis, {
+        activityId,
+        reservationId: rids[1]!,
+        userId: 'crash-2',
+        skuId,
+        reason: 'PAYMENT_TIMEOUT',
+      });
+      // Order 3: a release was attempted, then the cache was frozen, written back and cleaned up.
+      await f.pool.query(`UPDATE orders SET stock_release_attempted_at = now() WHERE id = $1`, [
+        ids.get(rids[2]!),
+      ]);
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(8);
+
+      const r = await sweep(activityId, f.pool);
+      expect([r.closed, r.resettled]).toEqual([0, 3]);
+      expect(r.settled).toEqual({ redis: 3, postgres: 0, unresolved: 0, deferred: 0 });
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(10);
+      expect((await counters(f.redis, activityId)).released).toBe(3);
+
+      // The unprovable case, on a second activity whose cache is gone after write-back.
+      const other = await openActivity(f.redis, { stock: 5 });
+      const [rid] = await reserveFor(f.redis, other.activityId, other.skuId, ['gone-1']);
+      const [rid2] = await reserveFor(f.redis, other.activityId, other.skuId, ['gone-2']);
+      const oids = await materialize(f.pool, f.redis, other.activityId, [rid!, rid2!]);
+      await setGate(f.redis, other.activityId, 'frozen');
+      const s = await readStock(f.redis, other.activityId);
+      await writeBack(f.pool, {
+        activityId: other.activityId,
+        generation: 1,
+        skus: s.skus,
+        reserved: s.reserved,
+        released: s.released,
+        orders: 2,
+        writtenBy: 'test',
+      });
+      await f.pool.query(
+        `UPDATE orders SET status = 'CLOSED', closed_at = now(), close_reason = 'PAYMENT_TIMEOUT' WHERE activity_id = $1`,
+        [other.activityId],
+      );
+      await f.pool.query(`UPDATE orders SET stock_release_attempted_at = now() WHERE id = $1`, [
+        oids.get(rid!),
+      ]);
+      await f.redis.del(
+        activityKeys(other.activityId).reservation(rid!),
+        activityKeys(other.activityId).reservation(rid2!),
+      );
+      const r2 = await sweep(other.activityId, f.pool);
+      // gone-1: a release may have reached Redis before the freeze: flagged, not returned.
+      // gone-2: no release was ever attempted: certainly held in the snapshot, returned in PostgreSQL.
+      expect(r2.settled).toEqual({ redis: 0, postgres: 1, unresolved: 1, deferred: 0 });
+      expect((await readStockRows(f.pool, other.activityId))[0]?.remaining).toBe(5 - 2 + 1);
+      const via = await f.pool.query<{ id: string; v: string; r: boolean }>(
+        `SELECT id, stock_return_via AS v, stock_returned AS r FROM orders WHERE activity_id = $1 ORDER BY id`,
+        [other.activityId],
+      );
+      expect(via.rows.map((x) => [x.v, x.r])).toEqual([
+        ['unresolved', false],
+        ['postgres', true],
+      ]);
+      const r3 = await sweep(other.activityId, f.pool);
+      expect(r3.resettled).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+});
