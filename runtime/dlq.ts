@@ -1,0 +1,242 @@
+/**
+ * DLQ tooling: list, inspect and replay the messages the consumer dead-lettered.
+ *
+ *   node dist/runtime/dlq.js list    [--activity ID] [--limit N] [--json]
+ *   node dist/runtime/dlq.js inspect <partition:offset> [--activity ID]
+ *   node dist/runtime/dlq.js replay  <partition:offset>... | --all [--activity ID]
+ *   (also `node dist/runtime/main.js dlq ...`; in development `node --import tsx runtime/dlq.ts ...`)
+ *
+ * Environment: KAFKA_BROKERS (required), KAFKA_TOPIC_PREFIX (default flashsale), ACTIVITY_ID
+ * (instead of --activity).
+ *
+ * Replay produces the message's original key and value to the activity's order topic with the
+ * idempotent producer (the dlq-* headers are replaced by dlq-replayed-from). Replaying is safe any
+ * number of times: the consumer's unique keys (reservation id; live buyer slot) turn a repeated
+ * message into the same single order. The DLQ itself is never modified: its retention ages
+ * messages out, and `list` shows each message's replay command.
+ */
+import { randomBytes } from 'node:crypto';
+import { pathToFileURL } from 'node:url';
+import type { IHeaders, Kafka } from 'kafkajs';
+import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
+import { isSafeId } from '../core/keys.js';
+
+export interface DlqMessage {
+  partition: number;
+  offset: string;
+  timestamp: string;
+  key: string | null;
+  value: string;
+  headers: Record<string, string>;
+}
+
+function headerText(headers: IHeaders | undefined): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, v] of Object.entries(headers ?? {})) {
+    if (v === undefined) continue;
+    out[k] = (Array.isArray(v) ? v.map((x) => x.toString()).join(',') : v.toString()) ?? '';
+  }
+  return out;
+}
+
+/** Reads every message currently in `topic` (a throwaway consumer group, deleted afterwards). */
+export async function readTopic(kafka: Kafka, topic: string, timeoutMs = 60_000): Promise<DlqMessage[]> {
+  const admin = kafka.admin();
+  await admin.connect();
+  const groupId = `flashsale-dlq-tool-${randomBytes(6).toString('hex')}`;
+  try {
+    const offsets = await admin.fetchTopicOffsets(topic);
+    const remaining = new Map<number, bigint>();
+    for (const p of offsets)
+      if (BigInt(p.high) > BigInt(p.low)) remaining.set(p.partition, BigInt(p.high) - 1n);
+    if (remaining.size === 0) return [];
+    const consumer = kafka.consumer({ groupId, maxWaitTimeInMs: 200, allowAutoTopicCreation: false });
+    const messages: DlqMessage[] = [];
+    await consumer.connect();
+    try {
+      await consumer.subscribe({ topic, fromBeginning: true });
+      await new Promise<void>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`timed out reading ${topic}`)), timeoutMs);
+        consumer
+          .run({
+            autoCommit: false,
+            eachMessage: async ({ partition, message }) => {
+              messages.push({
+                partition,
+                offset: message.offset,
+                timestamp: new Date(Number(message.timestamp)).toISOString(),
+                key: message.key ? message.key.toString('utf8') : null,
+                value: message.value ? message.value.toString('utf8') : '',
+                headers: headerText(message.headers),
+              });
+              const last = remaining.get(partition);
+              if (last !== undefined && BigInt(message.offset) >= last) remaining.delete(partition);
+              if (remaining.size === 0) {
+                clearTimeout(timer);
+                resolve();
+              }
+            },
+          })
+          .catch(reject);
+      });
+    } finally {
+      await consumer.disconnect();
+    }
+    return messages.sort((x, y) => x.partition - y.partition || Number(BigInt(x.offset) - BigInt(y.offset)));
+  } finally {
+    await admin.deleteGroups([groupId]).catch(() => undefined);
+    await admin.disconnect();
+  }
+}
+
+export const replayedFromHeader = 'dlq-replayed-from';
+
+/** Produces the messages back to `topic` (idempotent producer, acks from all in-sync replicas). */
+export async function replayMessages(kafka: Kafka, topic: string, messages: DlqMessage[]): Promise<number> {
+  if (messages.length === 0) return 0;
+  const producer = idempotentProducer(kafka);
+  await producer.connect();
+  try {
+    await producer.send({
+      topic,
+      acks: -1,
+      messages: messages.map((m) => {
+        const headers: Record<string, string> = {};
+        for (const [k, v] of Object.entries(m.headers)) if (!k.startsWith('dlq-')) headers[k] = v;
+        headers[replayedFromHeader] = `${m.partition}:${m.offset}`;
+        return { key: m.key, value: m.value, headers };
+      }),
+    });
+  } finally {
+    await producer.disconnect();
+  }
+  return messages.length;
+}
+
+const USAGE = `usage: dlq <list|inspect|replay> [options]
+  list [--limit N] [--json]              messages in the activity's DLQ (oldest first)
+  inspect <partition:offset>             headers and value of one message
+  replay <partition:offset>... | --all   produce the messages back into the order topic
+options: --activity ID (default $ACTIVITY_ID); env KAFKA_BROKERS, KAFKA_TOPIC_PREFIX`;
+
+class UsageError extends Error {}
+
+interface Args {
+  command: string;
+  activity: string;
+  refs: string[];
+  all: boolean;
+  json: boolean;
+  limit: number;
+}
+
+function parseArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
+  const [command = '', ...rest] = argv;
+  const args: Args = {
+    command,
+    activity: env.ACTIVITY_ID ?? '',
+    refs: [],
+    all: false,
+    json: false,
+    limit: 1000,
+  };
+  for (let i = 0; i < rest.length; i += 1) {
+    const a = rest[i]!;
+    if (a === '--activity') args.activity = rest[(i += 1)] ?? '';
+    else if (a === '--limit') args.limit = Number(rest[(i += 1)]);
+    else if (a === '--all') args.all = true;
+    else if (a === '--json') args.json = true;
+    else if (/^\d+:\d+$/.test(a)) args.refs.push(a);
+    else throw new UsageError(`unexpected argument ${a}`);
+  }
+  if (!['list', 'inspect', 'replay'].includes(command)) throw new UsageError('unknown command');
+  if (!isSafeId(args.activity)) throw new UsageError('set --activity or ACTIVITY_ID to a valid activity id');
+  if (!Number.isInteger(args.limit) || args.limit < 1)
+    throw new UsageError('--limit must be a positive integer');
+  if (command === 'inspect' && args.refs.length !== 1)
+    throw new UsageError('inspect takes one partition:offset');
+  if (command === 'replay' && args.refs.length === 0 && !args.all) {
+    throw new UsageError('replay needs partition:offset references or --all');
+  }
+  return args;
+}
+
+/** Runs the command; returns the process exit code. Output goes to `out`. */
+export async function runDlqCli(
+  argv: string[],
+  env: NodeJS.ProcessEnv = process.env,
+  out: (line: string) => void = (l) => process.stdout.write(`${l}\n`),
+): Promise<number> {
+  let args: Args;
+  try {
+    args = parseArgs(argv, env);
+  } catch (err) {
+    if (!(err instanceof UsageError)) throw err;
+    process.stderr.write(`${err.message}\n${USAGE}\n`);
+    return 2;
+  }
+  const brokers = (env.KAFKA_BROKERS ?? '')
+    .split(',')
+    .map((b) => b.trim())
+    .filter(Boolean);
+  if (brokers.length === 0) {
+    process.stderr.write('invalid configuration:\n  KAFKA_BROKERS: required\n');
+    return 2;
+  }
+  const topics = topicsFor(args.activity, env.KAFKA_TOPIC_PREFIX || 'flashsale');
+  const kafka = createKafka(brokers, `flashsale-dlq-${process.pid}`);
+  const all = await readTopic(kafka, topics.dlq);
+  const ref = (m: DlqMessage) => `${m.partition}:${m.offset}`;
+  if (args.command === 'list') {
+    const shown = all.slice(0, args.limit);
+    if (args.json) out(JSON.stringify(shown, null, 2));
+    else {
+      out(`${all.length} message(s) in ${topics.dlq}`);
+      for (const m of shown) {
+        let rid = m.headers['reservation-id'] ?? '';
+        if (!rid) {
+          try {
+            rid = String((JSON.parse(m.value) as { reservationId?: unknown }).reservationId ?? '');
+          } catch {
+            rid = '(unparseable)';
+          }
+        }
+        out(
+          `${ref(m)}\t${m.timestamp}\treservation=${rid || '?'}\tattempts=${m.headers['dlq-attempts'] ?? '?'}\terror=${m.headers['dlq-error'] ?? ''}`,
+        );
+      }
+    }
+    return 0;
+  }
+  const byRef = new Map(all.map((m) => [ref(m), m]));
+  const missing = args.refs.filter((r) => !byRef.has(r));
+  if (missing.length > 0) {
+    process.stderr.write(`not in ${topics.dlq}: ${missing.join(', ')}\n`);
+    return 1;
+  }
+  if (args.command === 'inspect') {
+    const m = byRef.get(args.refs[0]!)!;
+    let value: unknown = m.value;
+    try {
+      value = JSON.parse(m.value);
+    } catch {
+      // shown as the raw string
+    }
+    out(JSON.stringify({ ...m, value }, null, 2));
+    return 0;
+  }
+  const chosen = args.all ? all : args.refs.map((r) => byRef.get(r)!);
+  const n = await replayMessages(kafka, topics.orders, chosen);
+  out(`replayed ${n} message(s) from ${topics.dlq} into ${topics.orders}`);
+  return 0;
+}
+
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  runDlqCli(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (err: unknown) => {
+      process.stderr.write(`${(err as Error).message}\n`);
+      process.exit(1);
+    },
+  );
+}

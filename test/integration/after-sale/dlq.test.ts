@@ -1,0 +1,156 @@
+// DLQ tooling: a message that fails for a non-transient reason goes to the DLQ through the real
+// consumer; once the cause is fixed, the `dlq` command (run as a real process) lists, inspects and
+// replays it into the order topic, twice, and the order is created exactly once.
+import { execFile } from 'node:child_process';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import type { Admin, Kafka, Producer } from 'kafkajs';
+import { journalFor } from '../../../core/db/journal-store.js';
+import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
+import { createKafka, ensureTopics, idempotentProducer, topicDepth, topicsFor } from '../../../core/kafka.js';
+import { orderMessageOf, readReservation } from '../../../core/reservations.js';
+import { OrderConsumer } from '../../../runtime/consumer/consumer.js';
+import { runDlqCli } from '../../../runtime/dlq.js';
+import { testEnv, uniqueId } from '../../helpers/env.js';
+import {
+  TIMEOUT_MS,
+  PAYMENT_TIMEOUT_SECONDS,
+  countRows,
+  observedConsumer,
+  openActivity,
+  reserveFor,
+  setUp,
+  until,
+  type Fixture,
+} from './fixture.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+const run = promisify(execFile);
+
+describe('DLQ list / inspect / replay', () => {
+  let f: Fixture;
+  let kafka: Kafka;
+  let admin: Admin;
+  let producer: Producer;
+  let consumer: OrderConsumer | undefined;
+  const prefix = uniqueId('dlq');
+
+  beforeAll(async () => {
+    f = await setUp();
+    kafka = createKafka(testEnv().kafkaBrokers, uniqueId('dlq-test'));
+    admin = kafka.admin();
+    await admin.connect();
+    producer = idempotentProducer(kafka);
+    await producer.connect();
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    await consumer?.stop();
+    await producer?.disconnect();
+    await admin?.disconnect();
+    await f?.close();
+  }, TIMEOUT_MS);
+
+  const dlqCommand = async (activityId: string, ...args: string[]): Promise<string> => {
+    const { stdout } = await run(
+      process.execPath,
+      ['--import', 'tsx', join(root, 'runtime', 'dlq.ts'), ...args, '--activity', activityId],
+      {
+        cwd: root,
+        env: { ...process.env, KAFKA_BROKERS: testEnv().kafkaBrokers.join(','), KAFKA_TOPIC_PREFIX: prefix },
+        timeout: 120_000,
+      },
+    );
+    return stdout;
+  };
+
+  it(
+    'a fixed poison message replayed twice creates its order exactly once',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 });
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const [rid] = await reserveFor(f.redis, activityId, skuId, ['poisoned-buyer']);
+      const message = orderMessageOf(activityId, (await readReservation(f.redis, activityId, rid!))!);
+
+      // A defect that makes exactly this message fail for a non-transient reason (check violation).
+      await f.pool.query(
+        `ALTER TABLE orders ADD CONSTRAINT dlq_test_defect CHECK (reservation_id <> '${rid}')`,
+      );
+      await producer.send({
+        topic: topics.orders,
+        acks: -1,
+        messages: [
+          { key: message.userId, value: JSON.stringify(message), headers: { 'reservation-id': rid! } },
+        ],
+      });
+      const observed = observedConsumer(
+        kafka.consumer({ groupId: topics.consumerGroup, maxWaitTimeInMs: 200 }),
+      );
+      consumer = new OrderConsumer({
+        activityId,
+        topic: topics.orders,
+        dlqTopic: topics.dlq,
+        consumer: observed.consumer,
+        dlqProducer: idempotentProducer(kafka),
+        pool: f.pool,
+        redis: f.redis,
+        metrics: f.metrics,
+        logger: f.logger,
+        batchSize: 100,
+        maxAttempts: 2,
+        paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS,
+      });
+      await consumer.start();
+      await until('the message in the DLQ', async () =>
+        (await topicDepth(admin, topics.dlq)) === 1 ? true : undefined,
+      );
+      expect(await findLifecycleByReservationId(f.pool, rid!)).toBeUndefined();
+
+      // The defect is fixed.
+      await f.pool.query('ALTER TABLE orders DROP CONSTRAINT dlq_test_defect');
+
+      const list = await dlqCommand(activityId, 'list');
+      expect(list).toContain(`1 message(s) in ${topics.dlq}`);
+      expect(list).toMatch(
+        new RegExp(`^0:0\\t\\S+\\treservation=${rid}\\tattempts=2\\terror=.*dlq_test_defect`, 'm'),
+      );
+
+      const lines: string[] = [];
+      expect(
+        await runDlqCli(
+          ['inspect', '0:0', '--activity', activityId],
+          { KAFKA_BROKERS: testEnv().kafkaBrokers.join(','), KAFKA_TOPIC_PREFIX: prefix },
+          (l) => lines.push(l),
+        ),
+      ).toBe(0);
+      const inspected = JSON.parse(lines.join('\n')) as {
+        value: { reservationId: string };
+        headers: Record<string, string>;
+      };
+      expect(inspected.value.reservationId).toBe(rid);
+      expect(inspected.headers['dlq-original-topic']).toBe(topics.orders);
+
+      expect(await dlqCommand(activityId, 'replay', '0:0')).toContain('replayed 1 message(s)');
+      expect(await dlqCommand(activityId, 'replay', '--all')).toContain('replayed 1 message(s)');
+
+      // Offsets 1 and 2 are the replays: both processed, one order.
+      await until('both replays consumed', async () =>
+        (observed.processed().get(0) ?? -1) >= 2 ? true : undefined,
+      );
+      expect(
+        await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = $1', [activityId]),
+      ).toBe(1);
+      expect((await findLifecycleByReservationId(f.pool, rid!))?.status).toBe('UNPAID');
+      expect((await journalFor(f.pool, rid!)).filter((j) => j.event === 'ORDER_CREATED')).toHaveLength(1);
+      expect(await topicDepth(admin, topics.dlq)).toBe(1); // nothing new dead-lettered
+
+      // Bad usage is refused with exit code 2 and nothing produced.
+      expect(
+        await runDlqCli(['replay', '--activity', activityId], { KAFKA_BROKERS: 'x:1' }, () => undefined),
+      ).toBe(2);
+    },
+    TIMEOUT_MS,
+  );
+});
