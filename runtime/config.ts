@@ -52,10 +52,43 @@ const schema = z
     DB_POOL_SIZE: env.int(10, 1),
     SHUTDOWN_TIMEOUT_MS: env.int(20_000, 1000),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+    // --- After-sale (docs/after-sale.md) ---
+    /** Shared secret of the built-in HMAC-SHA256 payment provider; unset = no payment endpoint. */
+    PAYMENT_HMAC_SECRET: z.string().min(32, 'use at least 32 characters').optional(),
+    /** The previous secret, still accepted while a rotation is in progress. */
+    PAYMENT_HMAC_SECRET_PREVIOUS: z.string().min(32, 'use at least 32 characters').optional(),
+    /** Our app id and merchant id at the provider; notifications naming others are refused (403). */
+    PAYMENT_HMAC_APP_ID: z.string().min(1).optional(),
+    PAYMENT_HMAC_MERCHANT_ID: z.string().min(1).optional(),
+    /** Provider name in the notification URL (/v1/payments/<name>/notifications) and payment rows. */
+    PAYMENT_HMAC_PROVIDER_NAME: z
+      .string()
+      .regex(/^[a-z][a-z0-9-]{0,15}$/)
+      .default('hmac'),
+    /** Largest accepted age (and clock skew) of a notification's signed timestamp; 0 disables the check. */
+    PAYMENT_SIGNATURE_TOLERANCE_SECONDS: env.int(300, 0),
+    /** node-cron expression (with seconds) of the payment-timeout sweeper. */
+    PAYMENT_SWEEP_CRON: z.string().default('*/10 * * * * *'),
+    /** Orders closed per sweeper transaction, and batches per run. */
+    PAYMENT_SWEEP_BATCH_SIZE: env.int(500, 1),
+    PAYMENT_SWEEP_MAX_BATCHES: env.int(20, 1),
+    /** A closed order whose stock is still unsettled this long after closing is settled again by the sweeper. */
+    STOCK_SETTLE_GRACE_SECONDS: env.int(30, 0),
+    /** Re-publish reservations with no order (order gap) from their ledger entries. */
+    ORDER_GAP_REPAIR: env.bool(true),
+    /** Seconds between two re-publications of one reservation, and the most re-publications before a human is needed. */
+    ORDER_GAP_REPUBLISH_INTERVAL_SECONDS: env.int(60, 1),
+    ORDER_GAP_MAX_REPUBLISH: env.int(5, 1),
+    /** node-cron expression (with seconds) of the Redis/ledger/PostgreSQL reconciliation. */
+    RECONCILIATION_CRON: z.string().default('0 */5 * * * *'),
   })
   .refine((c) => !(c.JWT_HS256_SECRET && c.JWT_RS256_PUBLIC_KEY), {
     message: 'set JWT_HS256_SECRET or JWT_RS256_PUBLIC_KEY, not both',
     path: ['JWT_HS256_SECRET'],
+  })
+  .refine((c) => !c.PAYMENT_HMAC_SECRET || (c.PAYMENT_HMAC_APP_ID && c.PAYMENT_HMAC_MERCHANT_ID), {
+    message: 'PAYMENT_HMAC_APP_ID and PAYMENT_HMAC_MERCHANT_ID are required with PAYMENT_HMAC_SECRET',
+    path: ['PAYMENT_HMAC_SECRET'],
   });
 
 export type RuntimeConfig = z.infer<typeof schema>;

@@ -19,7 +19,12 @@ import { loadRuntimeConfig, roles } from './config.js';
 import type { Role } from './config.js';
 import { OrderConsumer } from './consumer/consumer.js';
 import { createServiceApp } from './http.js';
+import { runDlqCli } from './dlq.js';
+import { cancelRouter } from './api/cancel-routes.js';
+import { scheduleAfterSaleJobs } from './jobs/after-sale.js';
 import { sampleGauges } from './jobs/gauges.js';
+import { HmacProvider } from './payments/hmac-provider.js';
+import { paymentsRouter } from './payments/routes.js';
 import { Relay } from './relay/relay.js';
 
 async function main(): Promise<void> {
@@ -30,9 +35,12 @@ async function main(): Promise<void> {
     process.stdout.write(applied.length ? `applied ${applied.join(', ')}\n` : 'schema up to date\n');
     return;
   }
+  if (process.argv[2] === 'dlq') {
+    process.exit(await runDlqCli(process.argv.slice(3)));
+  }
   const role = (process.argv[2] ?? '') as Role;
   if (!roles.includes(role)) {
-    process.stderr.write(`usage: runtime <${roles.join('|')}|migrate>\n`);
+    process.stderr.write(`usage: runtime <${roles.join('|')}|migrate|dlq>\n`);
     process.exit(2);
   }
   const cfg = loadRuntimeConfig(role);
@@ -93,6 +101,37 @@ async function main(): Promise<void> {
       auth: cfg,
       bodyLimit: cfg.HTTP_BODY_LIMIT,
       logger,
+      extraRouters: [
+        cancelRouter({
+          pool,
+          redis,
+          logger,
+          metrics,
+          paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+          activityId,
+        }),
+      ],
+      publicRouters: cfg.PAYMENT_HMAC_SECRET
+        ? [
+            paymentsRouter({
+              pool,
+              redis,
+              logger,
+              metrics,
+              providers: [
+                new HmacProvider({
+                  name: cfg.PAYMENT_HMAC_PROVIDER_NAME,
+                  secrets: [cfg.PAYMENT_HMAC_SECRET, cfg.PAYMENT_HMAC_SECRET_PREVIOUS].filter(
+                    (x): x is string => Boolean(x),
+                  ),
+                  appId: cfg.PAYMENT_HMAC_APP_ID ?? '',
+                  merchantId: cfg.PAYMENT_HMAC_MERCHANT_ID ?? '',
+                  toleranceSeconds: cfg.PAYMENT_SIGNATURE_TOLERANCE_SECONDS,
+                }),
+              ],
+            }),
+          ]
+        : [],
     });
     server = app.listen(cfg.HTTP_PORT, cfg.HTTP_HOST);
   } else {
@@ -180,8 +219,22 @@ async function main(): Promise<void> {
       },
       { name: `gauges-${activityId}`, noOverlap: true },
     );
+    const gapProducer = idempotentProducer(kafka);
+    await gapProducer.connect();
+    const afterSale = scheduleAfterSaleJobs({
+      cfg,
+      activityId,
+      topic: topics.orders,
+      redis,
+      pool,
+      logger,
+      metrics,
+      producer: gapProducer,
+    });
     closers.unshift(async () => {
       await task.stop();
+      await afterSale.stop();
+      await gapProducer.disconnect();
       await admin.disconnect();
     });
   } else if (relay) {
