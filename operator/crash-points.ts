@@ -15,10 +15,10 @@ export type OperatorCrashPoint =
   | 'operator-after-load'
   | 'operator-after-open-gate'
   | 'operator-after-close-gate'
+  | 'operator-after-drain'
   | 'operator-after-freeze'
   | 'operator-after-write-back'
-  | 'operator-after-cleanup'
-  | 'operator-after-scale-down';
+  | 'operator-after-cleanup';
 
 export function crashPoint(name: OperatorCrashPoint): void {
   if (point !== name) return;

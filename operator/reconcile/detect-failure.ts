@@ -1,12 +1,12 @@
 /**
- * Step 2: states the lifecycle cannot recover from. A Failed activity is left alone (its data is
- * not touched any more) until it is deleted.
+ * Step 2: states the lifecycle cannot recover from. A Failed activity's data is not touched any
+ * more: its runtime is scaled to zero and it waits to be deleted.
  */
 import { readMeta } from '../../core/activity-cache.js';
 import { readWriteBack } from '../../core/db/stock-store.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
-import { CONTINUE, DONE } from './context.js';
+import { CONTINUE } from './context.js';
 
 async function fail(ctx: ReconcileContext, reason: string, message: string): Promise<StepResult> {
   await ctx.event('Warning', EventReason.Failed, `${reason}: ${message}`);
@@ -17,7 +17,7 @@ export async function detectFailure(ctx: ReconcileContext): Promise<StepResult> 
   const { redis, pool } = ctx.deps;
   switch (ctx.phase) {
     case Phase.Failed:
-      return DONE;
+      return CONTINUE; // only scale-runtime (to zero) and remove-finalizer act on a Failed activity
     case Phase.Pending:
     case Phase.WarmingUp: {
       if (ctx.deleting || ctx.now < ctx.schedule.endAt) return CONTINUE;

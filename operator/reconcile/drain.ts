@@ -68,6 +68,7 @@ export async function drain(ctx: ReconcileContext): Promise<StepResult> {
   const backlog = await readBacklog(ctx);
   const left = backlogLeft(backlog);
   if (left.length === 0) {
+    crashPoint('operator-after-drain');
     await ctx.event('Normal', EventReason.Drained, 'backlog empty: every reservation is an order');
     return ctx.transition(Phase.WritingBack, 'drained; writing back');
   }
@@ -79,6 +80,7 @@ export async function drain(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.now.getTime() >= deadlineMs) {
     const message = `drain timed out after ${ctx.fsa.spec.drain.timeout}: ${left.join(', ')}`;
     ctx.status.drain = { ...ctx.status.drain, timedOut: true, leftover: message };
+    crashPoint('operator-after-drain');
     await ctx.event('Warning', EventReason.DrainTimedOut, message);
     return ctx.transition(Phase.WritingBack, message);
   }

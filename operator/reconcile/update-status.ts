@@ -131,6 +131,7 @@ export async function updateStatus(ctx: ReconcileContext): Promise<void> {
   const status = ctx.status;
   const { now } = ctx;
   if (!status.conditions || status.conditions.length === 0) {
+    // A pass that ended before warm-up.ts recorded Pending (an error, a deletion).
     status.conditions = enterPhase([], Phase.Pending, 'waiting for warm-up', ctx.generation, now);
     status.timestamps = { ...status.timestamps, pending: now.toISOString() };
   }

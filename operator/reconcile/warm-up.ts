@@ -15,6 +15,11 @@ export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.deleting) return CONTINUE;
   if (ctx.phase === Phase.Pending) {
     const at = ctx.schedule.warmUpAt;
+    if (!ctx.fsa.status?.conditions?.length) {
+      // A new resource is recorded as Pending first, even when warm-up time has already come.
+      if (ctx.now < at) ctx.requeueAt(at.getTime());
+      return ctx.transition(Phase.Pending, `waiting for warm-up at ${at.toISOString()}`);
+    }
     if (ctx.now < at) {
       ctx.requeueAt(at.getTime());
       return CONTINUE;

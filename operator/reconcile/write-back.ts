@@ -34,23 +34,22 @@ export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
       writtenBy: identity,
     });
     crashPoint('operator-after-write-back');
+    ctx.log.info({ written }, 'write-back done');
     record = await readWriteBack(pool, ctx.activityId);
-    if (written) {
-      await ctx.event(
-        'Normal',
-        EventReason.WroteBack,
-        `wrote remaining stock ${stock.remaining} of ${stock.initial} (${stock.skus.length} sku(s)) and ` +
-          `${orders.orders} order(s) to PostgreSQL`,
-      );
-    }
   }
-  if (record) {
-    ctx.status.writeBack = {
-      writtenAt: new Date(record.writtenAt).toISOString(),
-      generation: record.generation,
-      remaining: record.remainingTotal,
-      orders: record.ordersTotal,
-    };
-  }
+  if (!record) throw new Error(`write-back of ${ctx.activityId} left no fence row`);
+  ctx.status.writeBack = {
+    writtenAt: new Date(record.writtenAt).toISOString(),
+    generation: record.generation,
+    remaining: record.remainingTotal,
+    orders: record.ordersTotal,
+  };
+  // Recorded by whoever completes the step (the writer may have died right after writing).
+  await ctx.event(
+    'Normal',
+    EventReason.WroteBack,
+    `remaining stock ${record.remainingTotal} of ${record.initialTotal}, ${record.reservedTotal} reserved, ` +
+      `${record.ordersTotal} order(s) written to PostgreSQL`,
+  );
   return ctx.transition(Phase.CleaningUp, 'stock written back; cleaning up');
 }
