@@ -21,6 +21,7 @@ import type {
   V1Deployment,
   V1Role,
 } from '@kubernetes/client-node';
+import type { Redis } from 'ioredis';
 import { parse } from 'yaml';
 import { FINALIZER, GROUP, PLURAL, VERSION } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity, Phase } from '../../../operator/api/v1alpha1/types.js';
@@ -443,4 +444,16 @@ export async function forceRemoveFinalizers(a: Admin, namespace: string): Promis
       })
       .catch(() => undefined);
   }
+}
+
+/** Every key matching `pattern` (a full SCAN, never KEYS). */
+export async function scanKeys(redis: Redis, pattern: string): Promise<string[]> {
+  const found: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+    cursor = next;
+    found.push(...keys);
+  } while (cursor !== '0');
+  return found.sort();
 }

@@ -23,8 +23,10 @@ import {
   admin,
   createActivity,
   eventsOf,
+  getActivity,
   installCrd,
   prepareNamespace,
+  scanKeys,
   startOperator,
   waitFor,
   waitForPhase,
@@ -97,7 +99,11 @@ describe('operator: the whole lifecycle of one activity', () => {
         }),
       );
 
-      const pending = await waitForPhase(a, ns.namespace, name, Phase.Pending, 20_000);
+      // Pending, with the next look scheduled exactly at warm-up time (no polling).
+      const pending = await waitFor('Pending with its next check', async () => {
+        const fsa = await getActivity(a, ns.namespace, name);
+        return fsa?.status?.phase === Phase.Pending && fsa.status.nextCheckAt ? fsa : undefined;
+      });
       const activityId = pending.status?.activityId ?? '';
       expect(activityId).toMatch(new RegExp(`^${ns.namespace}\\.${name}-[0-9a-f]{8}$`));
       expect(pending.status?.nextCheckAt).toBe(warmUpAt.toISOString());
@@ -230,14 +236,7 @@ describe('operator: the whole lifecycle of one activity', () => {
 
       // Only the buyers' results are left, with the retention TTL.
       const k = activityKeys(activityId);
-      const left: string[] = [];
-      let cursor = '0';
-      do {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', k.scanPattern, 'COUNT', 1000);
-        cursor = next;
-        left.push(...keys);
-      } while (cursor !== '0');
-      expect(left).toEqual([k.results]);
+      expect(await scanKeys(redis, k.scanPattern)).toEqual([k.results]);
       const ttl = await redis.ttl(k.results);
       expect(ttl).toBeGreaterThan(3000);
       expect(ttl).toBeLessThanOrEqual(3600);

@@ -1,0 +1,397 @@
+// The CRD's OpenAPI schema and CEL rules on the real API server: defaults, invalid specs refused
+// with clear messages, edits refused once the sale is Active, and the operator's RBAC boundary.
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { AuthorizationV1Api } from '@kubernetes/client-node';
+import { parse } from 'yaml';
+import { GROUP, PLURAL, VERSION } from '../../../operator/api/v1alpha1/types.js';
+import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
+import { isApiError, uniqueId } from '../../helpers/env.js';
+import { ROOT, SERVICE_ACCOUNT, admin, installCrd, prepareNamespace } from './harness.js';
+
+const TIMEOUT_MS = 60_000;
+
+type Spec = Record<string, unknown>;
+
+function valid(): Spec {
+  return {
+    schedule: {
+      warmUpAt: '2031-01-01T09:50:00Z',
+      startAt: '2031-01-01T10:00:00Z',
+      endAt: '2031-01-01T11:00:00Z',
+    },
+    items: [
+      { skuId: 'phone', name: '手机', price: '1999.00', stock: 10 },
+      { skuId: 'case', name: '手机壳', price: '29.9', stock: 100, limitPerUser: 3 },
+    ],
+  };
+}
+
+describe('FlashSaleActivity CRD on the API server', () => {
+  const a = admin();
+  const namespace = uniqueId('op-crd');
+
+  const body = (name: string, spec: Spec): Record<string, unknown> => ({
+    apiVersion: `${GROUP}/${VERSION}`,
+    kind: 'FlashSaleActivity',
+    metadata: { name, namespace },
+    spec,
+  });
+  const create = async (name: string, spec: Spec): Promise<FlashSaleActivity> =>
+    (await a.custom.createNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace,
+      plural: PLURAL,
+      body: body(name, spec),
+    })) as FlashSaleActivity;
+  /** The API server's message for a refused object, or undefined when it was accepted. */
+  const refusal = async (call: Promise<unknown>): Promise<string | undefined> => {
+    try {
+      await call;
+      return undefined;
+    } catch (err) {
+      if (!isApiError(err, 422)) throw err;
+      return JSON.parse(String(err.body)).message as string;
+    }
+  };
+  const patch = (name: string, ops: unknown[]): Promise<unknown> =>
+    a.custom.patchNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace,
+      plural: PLURAL,
+      name,
+      body: ops,
+    });
+  const setPhase = (name: string, phase: string): Promise<unknown> =>
+    a.custom.patchNamespacedCustomObjectStatus({
+      group: GROUP,
+      version: VERSION,
+      namespace,
+      plural: PLURAL,
+      name,
+      body: [{ op: 'add', path: '/status', value: { phase } }],
+    });
+
+  beforeAll(async () => {
+    await installCrd(a);
+    await prepareNamespace(namespace, a);
+  }, TIMEOUT_MS);
+
+  it(
+    'applies the defaults to a minimal activity',
+    async () => {
+      const fsa = await create('defaults', valid());
+      expect(fsa.spec).toMatchObject({
+        requireOrderCode: false,
+        reopenOnRelease: true,
+        paused: false,
+        payment: { timeout: '15m' },
+        drain: { timeout: '5m' },
+        cleanup: { policy: 'Delete', resultRetention: '24h' },
+        runtime: {
+          replicas: {
+            warmUp: { api: 1, relay: 1, consumer: 1 },
+            active: { api: 2, relay: 1, consumer: 1 },
+            draining: { api: 1, relay: 1, consumer: 1 },
+          },
+        },
+      });
+      expect(fsa.spec.items?.[0]?.limitPerUser).toBe(1);
+      expect(fsa.spec.items?.[1]?.limitPerUser).toBe(3);
+      expect(fsa.spec.items?.[0]?.name).toBe('手机');
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'accepts the example in examples/activity.yaml (server-side dry run)',
+    async () => {
+      const example = parse(readFileSync(join(ROOT, 'examples', 'activity.yaml'), 'utf8')) as Record<
+        string,
+        unknown
+      >;
+      const metadata = { ...(example.metadata as Record<string, unknown>), namespace };
+      await expect(
+        a.custom.createNamespacedCustomObject({
+          group: GROUP,
+          version: VERSION,
+          namespace,
+          plural: PLURAL,
+          body: { ...example, metadata },
+          dryRun: 'All',
+          fieldValidation: 'Strict',
+        }),
+      ).resolves.toBeDefined();
+    },
+    TIMEOUT_MS,
+  );
+
+  const schedule = (s: Record<string, string>): Spec => ({ ...valid(), schedule: s });
+  const items = (list: unknown[]): Spec => ({ ...valid(), items: list });
+  const item = (over: Record<string, unknown>): Spec =>
+    items([{ skuId: 'x', name: 'x', price: '1.00', stock: 1, ...over }]);
+  const invalid: [string, Spec, RegExp][] = [
+    [
+      'start after end',
+      schedule({ startAt: '2031-01-01T12:00:00Z', endAt: '2031-01-01T11:00:00Z' }),
+      /schedule\.startAt must be before schedule\.endAt/,
+    ],
+    [
+      'start equal to end',
+      schedule({ startAt: '2031-01-01T11:00:00Z', endAt: '2031-01-01T11:00:00Z' }),
+      /schedule\.startAt must be before schedule\.endAt/,
+    ],
+    [
+      'warm-up after start',
+      schedule({
+        warmUpAt: '2031-01-01T10:30:00Z',
+        startAt: '2031-01-01T10:00:00Z',
+        endAt: '2031-01-01T11:00:00Z',
+      }),
+      /schedule\.warmUpAt must be before schedule\.startAt/,
+    ],
+    [
+      'warm-up instant and lead',
+      schedule({
+        warmUpAt: '2031-01-01T09:00:00Z',
+        warmUpLead: '10m',
+        startAt: '2031-01-01T10:00:00Z',
+        endAt: '2031-01-01T11:00:00Z',
+      }),
+      /set schedule\.warmUpAt or schedule\.warmUpLead, not both/,
+    ],
+    [
+      'malformed warm-up lead',
+      schedule({ warmUpLead: 'ten minutes', startAt: '2031-01-01T10:00:00Z', endAt: '2031-01-01T11:00:00Z' }),
+      /spec\.schedule\.warmUpLead.*should match/,
+    ],
+    ['no end', schedule({ startAt: '2031-01-01T10:00:00Z' }), /spec\.schedule\.endAt: Required value/],
+    ['zero stock', item({ stock: 0 }), /spec\.items\[0\]\.stock.*greater than or equal to 1/],
+    ['negative stock', item({ stock: -5 }), /spec\.items\[0\]\.stock.*greater than or equal to 1/],
+    [
+      'duplicate sku ids',
+      items([
+        { skuId: 'dup', name: 'a', price: '1', stock: 1 },
+        { skuId: 'dup', name: 'b', price: '2', stock: 2 },
+      ]),
+      /spec\.items\[1\]: Duplicate value: .*"skuId":"dup"/,
+    ],
+    ['unsafe sku id', item({ skuId: 'a:b*' }), /spec\.items\[0\]\.skuId.*should match/],
+    ['price as a float with 3 decimals', item({ price: '19.999' }), /spec\.items\[0\]\.price.*should match/],
+    ['negative price', item({ price: '-1.00' }), /spec\.items\[0\]\.price.*should match/],
+    ['price as a number', item({ price: 19.9 }), /spec\.items\[0\]\.price.*must be of type string/],
+    ['limit 0', item({ limitPerUser: 0 }), /spec\.items\[0\]\.limitPerUser.*greater than or equal to 1/],
+    ['no items at all', { schedule: valid().schedule }, /set exactly one of spec\.items or spec\.catalogRef/],
+    [
+      'items and catalogRef',
+      { ...valid(), catalogRef: { name: 'spring' } },
+      /set exactly one of spec\.items or spec\.catalogRef/,
+    ],
+    ['empty item list', items([]), /spec\.items.*should have at least 1 items/],
+    [
+      'negative replicas',
+      { ...valid(), runtime: { replicas: { active: { api: -1 } } } },
+      /spec\.runtime\.replicas\.active\.api.*greater than or equal to 0/,
+    ],
+    [
+      'draining without a consumer',
+      { ...valid(), runtime: { replicas: { draining: { consumer: 0 } } } },
+      /draining needs at least one relay and one consumer/,
+    ],
+    [
+      'payment timeout too short',
+      { ...valid(), payment: { timeout: '1s' } },
+      /payment\.timeout must be between 10s and 24h/,
+    ],
+    [
+      'unknown cleanup policy',
+      { ...valid(), cleanup: { policy: 'Shred' } },
+      /spec\.cleanup\.policy.*Unsupported value: "Shred"/,
+    ],
+    ['unsafe activity id', { ...valid(), activityId: 'a/b' }, /spec\.activityId.*should match/],
+  ];
+
+  it(
+    `refuses ${invalid.length} invalid specs, each with a message naming the problem`,
+    async () => {
+      const results: [string, string | undefined][] = [];
+      for (const [what, spec] of invalid) {
+        results.push([what, await refusal(create(uniqueId('bad'), spec))]);
+      }
+      invalid.forEach(([what, , message], i) => {
+        const [, got] = results[i] ?? [];
+        expect({ what, got }).toEqual({ what, got: expect.stringMatching(message) });
+      });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'refuses a name too long for the runtime objects',
+    async () => {
+      const message = await refusal(create(`a${'b'.repeat(55)}`, valid()));
+      expect(message).toMatch(/metadata\.name must be at most 50 characters/);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'lets stock only grow and keeps activityId immutable',
+    async () => {
+      await create('grow', { ...valid(), activityId: 'grow-1' });
+      expect(
+        await refusal(patch('grow', [{ op: 'replace', path: '/spec/items/0/stock', value: 9 }])),
+      ).toMatch(/spec\.items\[0\]\.stock: .*stock can only grow/);
+      expect(
+        await refusal(patch('grow', [{ op: 'replace', path: '/spec/items/0/stock', value: 11 }])),
+      ).toBeUndefined();
+      expect(
+        await refusal(patch('grow', [{ op: 'replace', path: '/spec/activityId', value: 'grow-2' }])),
+      ).toMatch(/spec\.activityId is immutable/);
+      expect(await refusal(patch('grow', [{ op: 'remove', path: '/spec/activityId' }]))).toMatch(
+        /spec\.activityId cannot be added or removed/,
+      );
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'allows only safe edits once the sale is Active, and none once it has ended',
+    async () => {
+      await create('live', valid());
+      // Before the sale: anything goes (within the rules above).
+      expect(
+        await refusal(patch('live', [{ op: 'replace', path: '/spec/items/0/price', value: '1899.00' }])),
+      ).toBeUndefined();
+      await setPhase('live', 'Active');
+      const refusedWhileActive: [unknown[], RegExp][] = [
+        [
+          [{ op: 'replace', path: '/spec/schedule/startAt', value: '2031-01-01T09:59:00Z' }],
+          /startAt cannot change once the sale is Active/,
+        ],
+        [
+          [{ op: 'replace', path: '/spec/schedule/endAt', value: '2031-01-01T10:30:00Z' }],
+          /endAt can only be extended while the sale is Active/,
+        ],
+        [
+          [{ op: 'replace', path: '/spec/items/0/price', value: '1.00' }],
+          /price, name and limitPerUser cannot change/,
+        ],
+        [[{ op: 'replace', path: '/spec/items/1/limitPerUser', value: 5 }], /price, name and limitPerUser/],
+        [[{ op: 'remove', path: '/spec/items/1' }], /items cannot be removed/],
+        [
+          [{ op: 'replace', path: '/spec/requireOrderCode', value: true }],
+          /requireOrderCode and spec\.reopenOnRelease/,
+        ],
+      ];
+      for (const [ops, message] of refusedWhileActive) {
+        expect(await refusal(patch('live', ops))).toMatch(message);
+      }
+      // Safe while Active: extend the sale, add stock, add an item, pause, resize the runtime.
+      for (const ops of [
+        [{ op: 'replace', path: '/spec/schedule/endAt', value: '2031-01-01T12:00:00Z' }],
+        [{ op: 'replace', path: '/spec/items/0/stock', value: 20 }],
+        [
+          {
+            op: 'add',
+            path: '/spec/items/-',
+            value: { skuId: 'charger', name: '充电器', price: '99', stock: 5 },
+          },
+        ],
+        [{ op: 'replace', path: '/spec/paused', value: true }],
+        [{ op: 'replace', path: '/spec/runtime/replicas/active/api', value: 6 }],
+      ]) {
+        expect(await refusal(patch('live', ops))).toBeUndefined();
+      }
+      await setPhase('live', 'Draining');
+      expect(
+        await refusal(
+          patch('live', [{ op: 'replace', path: '/spec/schedule/endAt', value: '2031-01-01T13:00:00Z' }]),
+        ),
+      ).toMatch(/the sale has ended; spec\.schedule and spec\.items cannot change/);
+      expect(
+        await refusal(patch('live', [{ op: 'replace', path: '/spec/items/0/stock', value: 30 }])),
+      ).toMatch(/the sale has ended/);
+      // Runtime sizes stay adjustable while draining.
+      expect(
+        await refusal(
+          patch('live', [{ op: 'replace', path: '/spec/runtime/replicas/draining/consumer', value: 3 }]),
+        ),
+      ).toBeUndefined();
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'gives the operator exactly the access its RBAC manifest grants, in its namespace only',
+    async () => {
+      const authz = a.kc.makeApiClient(AuthorizationV1Api);
+      const user = `system:serviceaccount:${namespace}:${SERVICE_ACCOUNT}`;
+      const can = async (verb: string, group: string, resource: string, ns = namespace, sub?: string) => {
+        const r = await authz.createSubjectAccessReview({
+          body: {
+            spec: {
+              user,
+              groups: [
+                'system:serviceaccounts',
+                `system:serviceaccounts:${namespace}`,
+                'system:authenticated',
+              ],
+              resourceAttributes: {
+                verb,
+                group,
+                resource,
+                namespace: ns,
+                ...(sub ? { subresource: sub } : {}),
+              },
+            },
+          },
+        });
+        return r.status?.allowed ?? false;
+      };
+      const granted: [string, string, string, string?][] = [
+        ['watch', 'flashsale.io', 'flashsaleactivities'],
+        ['patch', 'flashsale.io', 'flashsaleactivities'],
+        ['patch', 'flashsale.io', 'flashsaleactivities', 'status'],
+        ['patch', 'apps', 'deployments'],
+        ['create', 'apps', 'deployments'],
+        ['create', '', 'events'],
+      ];
+      const denied: [string, string, string, string?][] = [
+        ['delete', 'flashsale.io', 'flashsaleactivities'],
+        ['create', 'flashsale.io', 'flashsaleactivities'],
+        ['update', 'flashsale.io', 'flashsaleactivities'],
+        ['delete', 'apps', 'deployments'],
+        ['get', '', 'secrets'],
+        ['list', '', 'pods'],
+        ['create', 'apps', 'statefulsets'],
+        ['delete', 'coordination.k8s.io', 'leases'],
+      ];
+      for (const [verb, group, resource, sub] of granted) {
+        expect({
+          verb,
+          resource,
+          sub,
+          allowed: await can(verb, group, resource, namespace, sub),
+        }).toMatchObject({
+          allowed: true,
+        });
+      }
+      for (const [verb, group, resource, sub] of denied) {
+        expect({
+          verb,
+          resource,
+          sub,
+          allowed: await can(verb, group, resource, namespace, sub),
+        }).toMatchObject({
+          allowed: false,
+        });
+      }
+      // Bound in this namespace only.
+      expect(await can('list', 'flashsale.io', 'flashsaleactivities', 'default')).toBe(false);
+    },
+    TIMEOUT_MS,
+  );
+});

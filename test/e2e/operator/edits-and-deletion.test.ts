@@ -1,0 +1,312 @@
+// Spec edits during a sale (safe ones applied through a new cache generation, unsafe ones refused
+// with a condition), pausing, deleting a live activity (drained, written back and cleaned up
+// before the finalizer goes), and the Failed outcomes.
+import { Redis } from 'ioredis';
+import { readMeta } from '../../../core/activity-cache.js';
+import { upsertCatalogItems } from '../../../core/db/catalog-store.js';
+import { createPool } from '../../../core/db/pool.js';
+import type { Pool } from '../../../core/db/pool.js';
+import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
+import type { FlashSaleError } from '../../../core/errors.js';
+import { activityKeys } from '../../../core/keys.js';
+import { readLoadedDefinition } from '../../../core/loaded-definition.js';
+import { reserve } from '../../../core/reservations.js';
+import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
+import { GROUP, PHASE_ORDER, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
+import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
+import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+import {
+  Recorder,
+  activityBody,
+  admin,
+  createActivity,
+  eventsOf,
+  getActivity,
+  installCrd,
+  prepareNamespace,
+  scanKeys,
+  startOperator,
+  waitFor,
+  waitForPhase,
+} from './harness.js';
+import type { OperatorNamespace, OperatorProcess } from './harness.js';
+
+const TIMEOUT_MS = 240_000;
+
+describe('operator: edits, pause, deletion, failures', () => {
+  const a = admin();
+  const catalog = uniqueId('cat');
+  let db: FreshDatabase;
+  let pg: Pool;
+  let redis: Redis;
+  let ns: OperatorNamespace;
+  let operator: OperatorProcess | undefined;
+  let recorder: Recorder;
+
+  beforeAll(async () => {
+    await installCrd(a);
+    db = await freshDatabase();
+    pg = createPool(db.url, 2);
+    redis = new Redis(testEnv().redisUrl);
+    ns = await prepareNamespace(uniqueId('op-edit'), a);
+    recorder = new Recorder(a, ns.namespace);
+    await recorder.start();
+    await upsertCatalogItems(pg, [
+      { catalog, skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 10, limitPerUser: 2 },
+      { catalog, skuId: 'oil', name: '花生油 5L', price: '89.00', stock: 4, limitPerUser: 1 },
+    ]);
+    operator = await startOperator({ ns, databaseUrl: db.url });
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    recorder?.stop();
+    await operator?.kill('SIGTERM');
+    redis?.disconnect();
+    await pg?.end();
+    await db?.drop();
+  }, TIMEOUT_MS);
+
+  const jsonPatch = (name: string, ops: unknown[]): Promise<unknown> =>
+    a.custom.patchNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: ns.namespace,
+      plural: PLURAL,
+      name,
+      body: ops,
+    });
+  /** Waits until the operator has looked at the current generation. */
+  const settled = (name: string, generation: number): Promise<FlashSaleActivity> =>
+    waitFor(`${name} generation ${generation} synced`, async () => {
+      const fsa = await getActivity(a, ns.namespace, name);
+      return fsa?.status?.cache?.syncedGeneration === generation &&
+        fsa.status.observedGeneration === generation
+        ? fsa
+        : undefined;
+    });
+  const remove = (name: string): Promise<unknown> =>
+    a.custom.deleteNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: ns.namespace,
+      plural: PLURAL,
+      name,
+    });
+
+  it(
+    'applies safe edits, refuses unsafe ones, pauses, and drains, writes back and cleans up on deletion',
+    async () => {
+      const t0 = Date.now();
+      const endAt = new Date(t0 + 10 * 60_000);
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'z', {
+          warmUpAt: new Date(t0),
+          startAt: new Date(t0 + 2_000),
+          endAt,
+          catalogRef: catalog,
+          drainTimeout: '10s',
+        }),
+      );
+      const active = await waitForPhase(a, ns.namespace, 'z', Phase.Active, 60_000);
+      const id = active.status?.activityId ?? '';
+      expect(await readMeta(redis, id)).toMatchObject({ loads: 1, gate: 'open', generation: 1 });
+      expect(
+        (await readLoadedDefinition(redis, id))?.items.map((i) => [i.skuId, i.name, i.price, i.stock]),
+      ).toEqual([
+        ['oil', '花生油 5L', '89.00', 4],
+        ['rice', '五常大米 5kg', '59.90', 10],
+      ]);
+
+      // Safe: more stock and a new item in the catalog, picked up with the next generation.
+      await upsertCatalogItems(pg, [
+        { catalog, skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 15, limitPerUser: 2 },
+        { catalog, skuId: 'salt', name: '海盐 500g', price: '3.50', stock: 3, limitPerUser: 5 },
+      ]);
+      await jsonPatch('z', [{ op: 'replace', path: '/spec/runtime/replicas/active/api', value: 3 }]);
+      let z = await settled('z', 2);
+      expect(await readMeta(redis, id)).toMatchObject({ loads: 2, generation: 2, gate: 'open' });
+      const stock2 = await readLoadedDefinition(redis, id);
+      expect(stock2?.items.map((i) => [i.skuId, i.stock])).toEqual([
+        ['oil', 4],
+        ['rice', 15],
+        ['salt', 3],
+      ]);
+      expect(findCondition(z.status?.conditions, 'Degraded')).toMatchObject({ status: 'False' });
+      await waitFor('api scaled to 3', async () => {
+        const d = await a.apps.readNamespacedDeployment({ name: 'z-api', namespace: ns.namespace });
+        return d.spec?.replicas === 3;
+      });
+
+      // Safe: the sale is extended.
+      const later = new Date(endAt.getTime() + 5 * 60_000);
+      await jsonPatch('z', [{ op: 'replace', path: '/spec/schedule/endAt', value: later.toISOString() }]);
+      z = await settled('z', 3);
+      expect(await readMeta(redis, id)).toMatchObject({ loads: 3, endMs: later.getTime() });
+
+      // Unsafe (admission cannot see catalog rows): a price change and a stock decrease.
+      await upsertCatalogItems(pg, [
+        { catalog, skuId: 'rice', name: '五常大米 5kg', price: '49.90', stock: 15, limitPerUser: 2 },
+        { catalog, skuId: 'oil', name: '花生油 5L', price: '89.00', stock: 2, limitPerUser: 1 },
+      ]);
+      await jsonPatch('z', [{ op: 'replace', path: '/spec/runtime/replicas/active/api', value: 4 }]);
+      z = await settled('z', 4);
+      const degraded = findCondition(z.status?.conditions, 'Degraded');
+      expect(degraded).toMatchObject({ status: 'True', reason: 'SpecChangeRefused', observedGeneration: 4 });
+      expect(degraded?.message).toMatch(/sku oil: stock 4 -> 2 \(stock can only grow\)/);
+      expect(degraded?.message).toMatch(/sku rice: price 59\.90 -> 49\.90/);
+      expect(z.status?.cache).toMatchObject({ loadedGeneration: 3, syncedGeneration: 4, loads: 3 });
+      expect(await readMeta(redis, id)).toMatchObject({ loads: 3, generation: 3 });
+      const kept = await readLoadedDefinition(redis, id);
+      expect(kept?.items.find((i) => i.skuId === 'rice')?.price).toBe('59.90');
+      expect(kept?.items.find((i) => i.skuId === 'oil')?.stock).toBe(4);
+      // The runtime part of the same edit is applied: only the cache refuses it.
+      await waitFor('api scaled to 4', async () => {
+        const d = await a.apps.readNamespacedDeployment({ name: 'z-api', namespace: ns.namespace });
+        return d.spec?.replicas === 4;
+      });
+
+      // Paused: the gate closes without ending the sale, then opens again.
+      await jsonPatch('z', [{ op: 'replace', path: '/spec/paused', value: true }]);
+      z = await settled('z', 5);
+      expect(findCondition(z.status?.conditions, 'Paused')).toMatchObject({
+        status: 'True',
+        reason: 'PausedBySpec',
+      });
+      expect(z.status?.phase).toBe(Phase.Active);
+      expect((await readMeta(redis, id))?.gate).toBe('paused');
+      await expect(
+        reserve(redis, {
+          activityId: id,
+          userId: 'u1',
+          skuId: 'rice',
+          quantity: 1,
+          requestId: 'r1',
+          traceId: 't1',
+        }),
+      ).rejects.toMatchObject({ code: 'PAUSED' } satisfies Partial<FlashSaleError>);
+      await jsonPatch('z', [{ op: 'replace', path: '/spec/paused', value: false }]);
+      z = await settled('z', 6);
+      expect(findCondition(z.status?.conditions, 'Paused')).toMatchObject({ status: 'False' });
+      expect((await readMeta(redis, id))?.gate).toBe('open');
+
+      // Deleting the live activity drains, writes back and cleans up before the finalizer goes.
+      await remove('z');
+      await waitFor('z deleted', async () => (await getActivity(a, ns.namespace, 'z')) === undefined, 90_000);
+      expect(recorder.phases.get('z')).toEqual(PHASE_ORDER);
+      expect(await readWriteBack(pg, id)).toMatchObject({
+        initialTotal: 22,
+        remainingTotal: 22,
+        generation: 3,
+      });
+      expect(await readStockRows(pg, id)).toEqual([
+        { skuId: 'oil', initial: 4, remaining: 4 },
+        { skuId: 'rice', initial: 15, remaining: 15 },
+        { skuId: 'salt', initial: 3, remaining: 3 },
+      ]);
+      expect(await scanKeys(redis, activityKeys(id).scanPattern)).toEqual([]);
+      const events = await eventsOf(a, ns.namespace, 'z');
+      const reasons = events.map((e) => e.reason);
+      for (const r of [
+        'SpecChangeApplied',
+        'SpecChangeRefused',
+        'SalePaused',
+        'SaleResumed',
+        'WroteBack',
+        'FinalizerRemoved',
+      ]) {
+        expect(reasons).toContain(r);
+      }
+      expect(events.find((e) => e.reason === 'SpecChangeRefused')?.type).toBe('Warning');
+      expect(events.find((e) => e.reason === 'DrainStarted')?.message).toMatch(/being deleted/);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'lets a Pending activity go at once, with nothing written',
+    async () => {
+      const t0 = Date.now();
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'later', {
+          warmUpAt: new Date(t0 + 3_600_000),
+          startAt: new Date(t0 + 7_200_000),
+          endAt: new Date(t0 + 9_000_000),
+          items: [{ skuId: 's', name: '月饼', price: '1', stock: 1 }],
+        }),
+      );
+      const pending = await waitFor('Pending with its next check', async () => {
+        const fsa = await getActivity(a, ns.namespace, 'later');
+        return fsa?.status?.nextCheckAt ? fsa : undefined;
+      });
+      expect(pending.status?.phase).toBe(Phase.Pending);
+      const id = pending.status?.activityId ?? '';
+      await remove('later');
+      await waitFor('later deleted', async () => (await getActivity(a, ns.namespace, 'later')) === undefined);
+      expect(await readWriteBack(pg, id)).toBeUndefined();
+      expect(await scanKeys(redis, activityKeys(id).scanPattern)).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'fails an activity whose window passed before it was loaded, and one whose cache was lost',
+    async () => {
+      const t0 = Date.now();
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'missed', {
+          warmUpAt: new Date(t0 - 120_000),
+          startAt: new Date(t0 - 60_000),
+          endAt: new Date(t0 - 1_000),
+          items: [{ skuId: 's', name: '粽子', price: '1', stock: 1 }],
+        }),
+      );
+      const missed = await waitForPhase(a, ns.namespace, 'missed', Phase.Failed, 60_000);
+      expect(findCondition(missed.status?.conditions, 'Succeeded')).toMatchObject({
+        status: 'False',
+        reason: 'ScheduleMissed',
+      });
+
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'lost', {
+          warmUpAt: new Date(t0),
+          startAt: new Date(t0 + 1_000),
+          endAt: new Date(t0 + 600_000),
+          items: [{ skuId: 's', name: '汤圆', price: '1', stock: 1 }],
+        }),
+      );
+      const lost = await waitForPhase(a, ns.namespace, 'lost', Phase.Active, 60_000);
+      const id = lost.status?.activityId ?? '';
+      // Someone flushes the activity's keys mid-sale.
+      await redis.unlink(...(await scanKeys(redis, activityKeys(id).scanPattern)));
+      const failed = await waitForPhase(a, ns.namespace, 'lost', Phase.Failed, 60_000);
+      expect(findCondition(failed.status?.conditions, 'Succeeded')).toMatchObject({
+        status: 'False',
+        reason: 'CacheLost',
+      });
+      expect(
+        (await eventsOf(a, ns.namespace, 'lost')).some((e) => e.type === 'Warning' && e.reason === 'Failed'),
+      ).toBe(true);
+      await waitFor('failed runtime scaled to zero', async () => {
+        const d = await a.apps.readNamespacedDeployment({ name: 'lost-api', namespace: ns.namespace });
+        return d.spec?.replicas === 0;
+      });
+      // Nothing was written back from an unknown state; deletion just lets go.
+      expect(await readWriteBack(pg, id)).toBeUndefined();
+      await remove('lost');
+      await remove('missed');
+      await waitFor('failed activities deleted', async () => {
+        const [l, m] = await Promise.all([
+          getActivity(a, ns.namespace, 'lost'),
+          getActivity(a, ns.namespace, 'missed'),
+        ]);
+        return l === undefined && m === undefined;
+      });
+    },
+    TIMEOUT_MS,
+  );
+});

@@ -1,0 +1,237 @@
+// Two operator replicas and two activities at once: the standby never reconciles; when the
+// leader is SIGKILLed the standby takes the Lease over after it expires and finishes the work;
+// a replica stopped with SIGTERM releases the Lease so the next one takes over at once. Neither
+// activity touches the other's keys, rows or Deployments.
+import { CoordinationV1Api } from '@kubernetes/client-node';
+import { Redis } from 'ioredis';
+import { readMeta, readStock } from '../../../core/activity-cache.js';
+import { countOrders } from '../../../core/db/orders-store.js';
+import { createPool } from '../../../core/db/pool.js';
+import type { Pool } from '../../../core/db/pool.js';
+import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
+import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
+import { activityKeys } from '../../../core/keys.js';
+import { reserve } from '../../../core/reservations.js';
+import { PHASE_ORDER, Phase } from '../../../operator/api/v1alpha1/types.js';
+import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+import { startRole } from '../../helpers/runtime.js';
+import type { RoleProcess } from '../../helpers/runtime.js';
+import {
+  Recorder,
+  activityBody,
+  admin,
+  createActivity,
+  eventsOf,
+  installCrd,
+  prepareNamespace,
+  scanKeys,
+  startOperator,
+  waitFor,
+  waitForPhase,
+} from './harness.js';
+import type { OperatorNamespace, OperatorProcess } from './harness.js';
+
+const TIMEOUT_MS = 300_000;
+
+describe('operator: two replicas, two activities', () => {
+  const a = admin();
+  const idY = uniqueId('take-y');
+  let db: FreshDatabase;
+  let pg: Pool;
+  let redis: Redis;
+  let ns: OperatorNamespace;
+  let runtimeY: RoleProcess | undefined;
+  const operators: OperatorProcess[] = [];
+  let recorder: Recorder;
+
+  beforeAll(async () => {
+    await installCrd(a);
+    db = await freshDatabase();
+    pg = createPool(db.url, 2);
+    redis = new Redis(testEnv().redisUrl);
+    ns = await prepareNamespace(uniqueId('op-take'), a);
+    recorder = new Recorder(a, ns.namespace);
+    await recorder.start();
+    const kadmin = createKafka(testEnv().kafkaBrokers, idY).admin();
+    await kadmin.connect();
+    await ensureTopics(kadmin, topicsFor(idY), 2, 1);
+    await kadmin.disconnect();
+    const [runtime, opA] = await Promise.all([
+      startRole('all', { activityId: idY, databaseUrl: db.url }),
+      startOperator({
+        ns,
+        databaseUrl: db.url,
+        identity: 'operator-a',
+        env: { LEASE_DURATION_SECONDS: '15' },
+      }),
+    ]);
+    runtimeY = runtime;
+    operators.push(opA);
+    operators.push(
+      await startOperator({ ns, databaseUrl: db.url, identity: 'operator-b', waitFor: 'serving' }),
+    );
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    recorder?.stop();
+    for (const op of operators) await op.kill('SIGKILL');
+    await runtimeY?.stop();
+    redis?.disconnect();
+    await pg?.end();
+    await db?.drop();
+  }, TIMEOUT_MS);
+
+  const leaseHolder = async (): Promise<string | undefined> => {
+    const lease = await a.kc
+      .makeApiClient(CoordinationV1Api)
+      .readNamespacedLease({ name: 'flashsale-operator', namespace: ns.namespace });
+    return lease.spec?.holderIdentity;
+  };
+  const transitions = (op: OperatorProcess): number =>
+    op.records().filter((r) => typeof r.to === 'string').length;
+  const becameLeader = (op: OperatorProcess): boolean => op.records().some((r) => r.msg === 'became leader');
+
+  it(
+    'hands the Lease over on SIGKILL and on SIGTERM and keeps the activities apart',
+    async () => {
+      const [opA, opB] = operators as [OperatorProcess, OperatorProcess];
+      expect(await leaseHolder()).toBe('operator-a');
+      const t0 = Date.now();
+      const startAt = new Date(t0 + 6_000);
+      const items = [
+        { skuId: 'shared-sku', name: '同款商品', price: '10.00', stock: 7 },
+        { skuId: 'only-here', name: '独有商品', price: '20.00', stock: 3 },
+      ];
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'x', {
+          warmUpAt: new Date(t0),
+          startAt,
+          endAt: new Date(t0 + 22_000),
+          items,
+          drainTimeout: '3s',
+        }),
+      );
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'y', {
+          warmUpAt: new Date(t0),
+          startAt,
+          endAt: new Date(t0 + 60_000),
+          items,
+          drainTimeout: '3s',
+          extraSpec: { activityId: idY },
+        }),
+      );
+      const x = await waitForPhase(a, ns.namespace, 'x', Phase.Active, 60_000);
+      await waitForPhase(a, ns.namespace, 'y', Phase.Active, 60_000);
+      const idX = x.status?.activityId ?? '';
+      expect(idX).not.toBe(idY);
+
+      // Buyers of Y only (the same sku ids exist in X).
+      for (let i = 0; i < 5; i += 1) {
+        await reserve(redis, {
+          activityId: idY,
+          userId: `buyer-${i}`,
+          skuId: 'shared-sku',
+          quantity: 1,
+          requestId: `q${i}`,
+          traceId: `t${i}`,
+        });
+      }
+
+      // The standby has done nothing so far.
+      expect(becameLeader(opB)).toBe(false);
+      expect(transitions(opB)).toBe(0);
+      expect(transitions(opA)).toBeGreaterThan(0);
+
+      // SIGKILL the leader: B takes over once the Lease expires, then ends X.
+      expect((await opA.kill('SIGKILL')).signal).toBe('SIGKILL');
+      await waitFor('operator-b to lead', async () => becameLeader(opB), 60_000);
+      expect(await leaseHolder()).toBe('operator-b');
+      const xDone = await waitForPhase(a, ns.namespace, 'x', Phase.Completed, 90_000);
+      expect(transitions(opB)).toBeGreaterThan(0);
+
+      // X is gone from Redis except its results; Y is live and untouched.
+      const kx = activityKeys(idX);
+      const ky = activityKeys(idY);
+      expect(await scanKeys(redis, kx.scanPattern)).toEqual([]); // nobody bought from X: no results
+      expect(await readMeta(redis, idY)).toMatchObject({ gate: 'open', loads: 1 });
+      const yStock = await readStock(redis, idY);
+      expect(yStock.skus).toEqual([
+        { skuId: 'only-here', initial: 3, remaining: 3 },
+        { skuId: 'shared-sku', initial: 7, remaining: 2 },
+      ]);
+      expect((await scanKeys(redis, ky.scanPattern)).length).toBeGreaterThan(5);
+      expect(await readWriteBack(pg, idY)).toBeUndefined();
+      expect(await readWriteBack(pg, idX)).toMatchObject({
+        initialTotal: 10,
+        remainingTotal: 10,
+        reservedTotal: 0,
+      });
+      expect(await readStockRows(pg, idX)).toEqual([
+        { skuId: 'only-here', initial: 3, remaining: 3 },
+        { skuId: 'shared-sku', initial: 7, remaining: 7 },
+      ]);
+      expect(xDone.status?.cache?.loads).toBe(1);
+      const y = await a.apps.readNamespacedDeployment({ name: 'y-api', namespace: ns.namespace });
+      expect(y.spec?.replicas).toBe(2);
+      await waitFor('x scaled to zero', async () => {
+        const d = await a.apps.readNamespacedDeployment({ name: 'x-relay', namespace: ns.namespace });
+        return d.spec?.replicas === 0;
+      });
+
+      // A standby comes back; SIGTERM on B releases the Lease, so A leads again without waiting
+      // for it to expire.
+      const opA2 = await startOperator({
+        ns,
+        databaseUrl: db.url,
+        identity: 'operator-a',
+        waitFor: 'serving',
+      });
+      operators.push(opA2);
+      expect((await opB.kill('SIGTERM')).code).toBe(0);
+      expect(opB.records().some((r) => r.msg === 'lease released')).toBe(true);
+      await waitFor('operator-a to lead again', async () => becameLeader(opA2), 30_000);
+      expect(await leaseHolder()).toBe('operator-a');
+
+      const yDone = await waitForPhase(a, ns.namespace, 'y', Phase.Completed, 120_000);
+      expect(recorder.phases.get('x')).toEqual(PHASE_ORDER);
+      expect(recorder.phases.get('y')).toEqual(PHASE_ORDER);
+      expect(yDone.status?.cache?.loads).toBe(1);
+      expect(await readWriteBack(pg, idY)).toMatchObject({
+        initialTotal: 10,
+        remainingTotal: 5,
+        reservedTotal: 5,
+      });
+      expect(await readStockRows(pg, idY)).toEqual([
+        { skuId: 'only-here', initial: 3, remaining: 3 },
+        { skuId: 'shared-sku', initial: 7, remaining: 2 },
+      ]);
+      expect((await countOrders(pg, idY)).orders).toBe(5);
+      expect((await countOrders(pg, idX)).orders).toBe(0);
+      expect(await scanKeys(redis, ky.scanPattern)).toEqual([ky.results]);
+
+      // Each activity's Deployments belong to it and serve it.
+      for (const [name, id] of [
+        ['x', idX],
+        ['y', idY],
+      ] as const) {
+        for (const role of ['api', 'relay', 'consumer']) {
+          const d = await a.apps.readNamespacedDeployment({
+            name: `${name}-${role}`,
+            namespace: ns.namespace,
+          });
+          expect(d.metadata?.ownerReferences?.map((o) => o.name)).toEqual([name]);
+          expect(d.metadata?.labels?.['flashsale.io/activity']).toBe(id);
+          const env = d.spec?.template.spec?.containers[0]?.env?.find((e) => e.name === 'ACTIVITY_ID');
+          expect(env?.value).toBe(id);
+        }
+        const reasons = (await eventsOf(a, ns.namespace, name)).map((e) => e.reason);
+        expect(reasons.filter((r) => r === 'WroteBack')).toHaveLength(1);
+      }
+    },
+    TIMEOUT_MS,
+  );
+});
