@@ -1,10 +1,10 @@
 // The container images (Dockerfile, targets `runtime` and `operator`) cannot be built here: there
 // is no Docker. What is checked instead: the Dockerfile parses with BuildKit's own parser (built
-// from its Go module, dockerfile-check/) without lint warnings; its structure (multi-stage, production
-// dependencies only, numeric non-root user, a CMD per target), that every file it copies from the
-// build context exists and passes .dockerignore, and the image's /app layout, staged in a temporary
-// directory exactly as the COPY instructions lay it out (`npm ci --omit=dev` for node_modules, the
-// compiled dist/, lua/, the OpenAPI document), made read-only and run as user 1000: each program
+// from its Go module, dockerfile-check/) without lint warnings; its structure (multi-stage,
+// production dependencies only, numeric non-root user, a CMD per target); every file it copies from
+// the build context exists and passes .dockerignore; and each image's /app, staged in a temporary
+// directory by replaying the Dockerfile's stages (the build stage's `npm ci` and `npm run build`,
+// prod-deps' `npm ci --omit=dev`, every COPY), made read-only and run as user 1000: each program
 // loads every module it imports with production dependencies only, finds the Lua scripts, and
 // stops on its configuration check (no servers are given).
 import {
@@ -187,76 +187,74 @@ describe('Dockerfile', () => {
 
 describe('image layout, staged as the Dockerfile lays it out', () => {
   const root = mkdtempSync(path.join(tmpdir(), 'flashsale-image-'));
-  const app = path.join(root, 'app');
   const asRoot = process.getuid?.() === 0;
+  const replayed = new Map<string, { dir: string; workdir: string }>();
 
   /**
-   * Replays a dependency stage in a directory of its own: its COPYs from the build context, then
-   * its RUN commands (BuildKit's --mount flags dropped) with the directory as WORKDIR.
+   * Replays a stage chain of the Dockerfile in a directory standing for its WORKDIR: COPY from the
+   * build context and from other (replayed) stages, RUN with BuildKit's --mount flags dropped.
+   * Only the FROM image is not reproduced: the commands run with this machine's node and npm.
    */
-  function buildStage(name: string): string {
-    const dir = path.join(root, name);
+  function replay(target: string): { dir: string; workdir: string } {
+    const done = replayed.get(target);
+    if (done) return done;
+    const dir = path.join(root, target);
     mkdirSync(dir);
-    const stage = dockerfile.find((s) => s.name === name) as Stage;
-    for (const i of stage.instructions) {
-      if (i.op === 'COPY') {
-        const [c] = copies([{ ...stage, instructions: [i] }]) as [Copy];
-        if (c.from !== undefined) throw new Error(`${name}: COPY --from is not replayed`);
-        for (const source of c.sources)
-          cpSync(path.join(repoRoot, source), path.join(dir, path.basename(source)));
-      } else if (i.op === 'RUN') {
-        const command = i.args.replace(/--mount=\S+\s+/g, '');
-        mustRun('bash', ['-c', command], {
-          cwd: dir,
-          env: { ...process.env, npm_config_prefer_offline: 'true' },
-          timeoutMs: 600_000,
-        });
-      } else if (!['WORKDIR', 'ENV', 'ARG', 'LABEL'].includes(i.op)) {
-        throw new Error(`${name}: ${i.op} is not replayed`);
+    let workdir = '/';
+    const inDir = (p: string): string => path.join(dir, path.relative(workdir, path.resolve(workdir, p)));
+    for (const stage of chain(dockerfile, target)) {
+      for (const i of stage.instructions) {
+        if (i.op === 'WORKDIR') {
+          workdir = path.resolve(workdir, i.args);
+          if (path.relative('/', workdir).startsWith('..')) throw new Error(`WORKDIR ${i.args}`);
+        } else if (i.op === 'COPY') {
+          const [c] = copies([{ ...stage, instructions: [i] }]) as [Copy];
+          const from = c.from === undefined ? undefined : replay(c.from);
+          const sourcePath = (source: string): string =>
+            from ? path.join(from.dir, path.relative(from.workdir, source)) : path.join(repoRoot, source);
+          const intoDir = c.sources.length > 1 || c.dest.endsWith('/');
+          for (const source of c.sources) {
+            const target = intoDir ? path.join(inDir(c.dest), path.basename(source)) : inDir(c.dest);
+            mkdirSync(path.dirname(target), { recursive: true });
+            cpSync(sourcePath(source), target, { recursive: true });
+          }
+        } else if (i.op === 'RUN') {
+          mustRun('bash', ['-c', i.args.replace(/--mount=\S+\s+/g, '')], {
+            cwd: inDir('.'),
+            env: { ...process.env, npm_config_prefer_offline: 'true', NODE_OPTIONS: '' },
+            timeoutMs: 900_000,
+          });
+        } else if (!['ENV', 'ARG', 'LABEL', 'USER', 'EXPOSE', 'CMD', 'ENTRYPOINT'].includes(i.op)) {
+          throw new Error(`${stage.name}: ${i.op} is not replayed`);
+        }
       }
     }
-    return dir;
+    const result = { dir, workdir };
+    replayed.set(target, result);
+    return result;
   }
 
-  /** Runs node in the staged /app as user 1000 (when the tests run as root), with a bare environment. */
-  function node(args: string[], env: Record<string, string> = {}): RunResult {
-    const base = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp', NODE_ENV: 'production', ...env };
+  /** The directory standing for a staged image's WORKDIR (/app). */
+  const appOf = (target: string): string => {
+    const r = replayed.get(target);
+    if (!r) throw new Error(`${target} was not staged`);
+    return r.dir;
+  };
+
+  /** Runs node in a staged image's WORKDIR as user 1000 (when the tests run as root), with a bare environment. */
+  function node(target: string, args: string[]): RunResult {
+    const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp', NODE_ENV: 'production' };
     const command = asRoot ? 'setpriv' : process.execPath;
     const prefix = asRoot ? ['--reuid=1000', '--regid=1000', '--clear-groups', process.execPath] : [];
-    return run(command, [...prefix, ...args], { cwd: app, env: base, timeoutMs: 60_000 });
+    return run(command, [...prefix, ...args], { cwd: appOf(target), env, timeoutMs: 60_000 });
   }
 
   beforeAll(() => {
     chmodSync(root, 0o755);
-    mkdirSync(app);
-    const stages = chain(dockerfile, 'runtime');
-    for (const c of copies(stages)) {
-      const dest = path.join(app, c.dest);
-      if (c.from === 'prod-deps') {
-        // COPY --from=prod-deps /app/node_modules node_modules: that stage, replayed here.
-        cpSync(path.join(buildStage('prod-deps'), 'node_modules'), dest, { recursive: true });
-      } else if (c.from === 'build') {
-        // COPY --from=build /src/dist dist: the dist/ that `npm run build` compiled (test/run.sh builds first).
-        if (!existsSync(path.join(repoRoot, 'dist', 'core')))
-          throw new Error('dist/ is missing: run npm run build');
-        cpSync(path.join(repoRoot, 'dist'), dest, {
-          recursive: true,
-          filter: (s) => !s.includes(`${path.sep}test${path.sep}`),
-        });
-      } else if (c.from === undefined) {
-        for (const source of c.sources) {
-          const target =
-            c.sources.length > 1 || c.dest.endsWith('/') ? path.join(dest, path.basename(source)) : dest;
-          mkdirSync(path.dirname(target), { recursive: true });
-          cpSync(path.join(repoRoot, source), target, { recursive: true });
-        }
-      } else {
-        throw new Error(`unexpected COPY --from=${c.from}`);
-      }
-    }
+    for (const target of ['runtime', 'operator']) replay(target);
     // The image's files belong to root and are not writable by the user the programs run as.
-    mustRun('chmod', ['-R', 'a-w,a+rX', app]);
-  }, 900_000);
+    mustRun('chmod', ['-R', 'a-w,a+rX', root]);
+  }, 1_800_000);
 
   afterAll(() => {
     mustRun('chmod', ['-R', 'u+w', root]);
@@ -267,6 +265,7 @@ describe('image layout, staged as the Dockerfile lays it out', () => {
     const pkg = JSON.parse(readText(path.join(repoRoot, 'package.json'))) as {
       dependencies: Record<string, string>;
     };
+    const app = appOf('runtime');
     for (const dep of Object.keys(pkg.dependencies)) {
       expect([dep, existsSync(path.join(app, 'node_modules', dep, 'package.json'))]).toEqual([dep, true]);
     }
@@ -282,31 +281,31 @@ describe('image layout, staged as the Dockerfile lays it out', () => {
   });
 
   it('finds the Lua scripts from dist/core (the script registry walks up to /app/lua)', () => {
-    const r = node([
+    const r = node('runtime', [
       '--input-type=module',
       '-e',
       "const m = await import('./dist/core/scripts.js'); console.log(m.luaDirectory()); console.log([...m.loadScripts().keys()].sort().join(','));",
     ]);
     expect(r.stderr).toBe('');
     const [dir, names] = r.stdout.trim().split('\n');
-    expect(dir).toBe(path.join(app, 'lua'));
+    expect(dir).toBe(path.join(appOf('runtime'), 'lua'));
     expect(names?.split(',')).toEqual(expect.arrayContaining(['reserve', 'release', 'setGate']));
   });
 
   it('runs the runtime: every import resolves, then the configuration check stops it', () => {
-    const usage = node(['dist/runtime/main.js']);
+    const usage = node('runtime', ['dist/runtime/main.js']);
     expect(usage.status).toBe(2);
     expect(usage.stderr).toMatch(/usage: runtime <api\|relay\|consumer\|jobs\|all/);
-    const api = node(['dist/runtime/main.js', 'api']);
+    const api = node('runtime', ['dist/runtime/main.js', 'api']);
     expect(api.status).not.toBe(0);
     expect(`${api.stdout}${api.stderr}`).not.toMatch(/ERR_MODULE_NOT_FOUND|Cannot find (module|package)/);
     expect(`${api.stdout}${api.stderr}`).toMatch(/invalid configuration[\s\S]*DATABASE_URL/);
-    expect(existsSync(path.join(app, 'runtime', 'api', 'openapi.yaml'))).toBe(true);
+    expect(existsSync(path.join(appOf('runtime'), 'runtime', 'api', 'openapi.yaml'))).toBe(true);
   });
 
   it('runs the operator: every import resolves, then the configuration check stops it', () => {
-    expect(existsSync(path.join(app, 'dist', 'operator', 'main.js'))).toBe(true);
-    const r = node(['dist/operator/main.js']);
+    expect(existsSync(path.join(appOf('operator'), 'dist', 'operator', 'main.js'))).toBe(true);
+    const r = node('operator', ['dist/operator/main.js']);
     expect(r.status).not.toBe(0);
     expect(`${r.stdout}${r.stderr}`).not.toMatch(/ERR_MODULE_NOT_FOUND|Cannot find (module|package)/);
     expect(`${r.stdout}${r.stderr}`).toMatch(/invalid configuration[\s\S]*DATABASE_URL/);
