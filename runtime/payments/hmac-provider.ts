@@ -42,7 +42,7 @@ const notification = z
     total_amount: z
       .string()
       .regex(AMOUNT, 'a decimal string with at most 2 decimals')
-      .refine((v) => new Decimal(v).gt(0), 'must be positive'),
+      .refine((v) => AMOUNT.test(v) && new Decimal(v).gt(0), 'must be positive'),
     trade_status: z.string().min(1).max(32),
   })
   .passthrough();

@@ -1,0 +1,102 @@
+// The built-in HMAC-SHA256 payment provider: signature over the raw bytes with a timestamp,
+// rotation, tolerance, merchant/app id, and amounts as decimals (never floats).
+import { FlashSaleError } from '../../../core/errors.js';
+import { HmacProvider, SIGNATURE_HEADER, signNotification } from '../../../runtime/payments/hmac-provider.js';
+
+const SECRET = 'a-shared-secret-of-at-least-thirty-two-chars';
+const OLD = 'the-previous-secret-still-valid-during-rotation';
+const provider = new HmacProvider({
+  name: 'hmac',
+  secrets: [SECRET, OLD],
+  appId: 'app-1',
+  merchantId: 'm-1',
+  toleranceSeconds: 300,
+});
+const now = new Date('2026-11-11T00:00:00Z');
+const t = Math.floor(now.getTime() / 1000);
+
+function body(over: Record<string, unknown> = {}): string {
+  return JSON.stringify({
+    app_id: 'app-1',
+    merchant_id: 'm-1',
+    out_trade_no: '42',
+    trade_no: 'T-1',
+    total_amount: '19.90',
+    trade_status: 'TRADE_SUCCESS',
+    ...over,
+  });
+}
+
+function verify(raw: string, signature: string | undefined) {
+  return provider.verify({
+    rawBody: Buffer.from(raw),
+    headers: signature === undefined ? {} : { [SIGNATURE_HEADER]: signature },
+    now,
+  });
+}
+
+function code(fn: () => unknown): string | undefined {
+  try {
+    fn();
+    return undefined;
+  } catch (err) {
+    return err instanceof FlashSaleError ? err.code : 'OTHER';
+  }
+}
+
+describe('HmacProvider', () => {
+  it('accepts a correctly signed notification and normalises the amount to two decimals', () => {
+    const raw = body({ total_amount: '19.9' });
+    const n = verify(raw, signNotification(SECRET, raw, t));
+    expect(n).toMatchObject({ orderId: '42', tradeNo: 'T-1', amount: '19.90', status: 'success' });
+  });
+
+  it('accepts the previous secret during a rotation', () => {
+    const raw = body();
+    expect(verify(raw, signNotification(OLD, raw, t)).tradeNo).toBe('T-1');
+  });
+
+  it('refuses missing, malformed, wrong and stale signatures, and tampered bytes', () => {
+    const raw = body();
+    expect(code(() => verify(raw, undefined))).toBe('BAD_SIGNATURE');
+    expect(code(() => verify(raw, 'v1=abc'))).toBe('BAD_SIGNATURE');
+    expect(code(() => verify(raw, signNotification('x'.repeat(40), raw, t)))).toBe('BAD_SIGNATURE');
+    expect(code(() => verify(`${raw} `, signNotification(SECRET, raw, t)))).toBe('BAD_SIGNATURE');
+    expect(code(() => verify(raw, signNotification(SECRET, raw, t - 301)))).toBe('BAD_SIGNATURE');
+    expect(code(() => verify(raw, signNotification(SECRET, raw, t + 301)))).toBe('BAD_SIGNATURE');
+    // Same body, signature for another timestamp than the one in the header.
+    const sig = signNotification(SECRET, raw, t).replace(`t=${t}`, `t=${t - 1}`);
+    expect(code(() => verify(raw, sig))).toBe('BAD_SIGNATURE');
+  });
+
+  it('refuses another merchant or app after checking the signature', () => {
+    for (const over of [{ app_id: 'app-2' }, { merchant_id: 'm-2' }]) {
+      const raw = body(over);
+      expect(code(() => verify(raw, signNotification(SECRET, raw, t)))).toBe('MERCHANT_MISMATCH');
+    }
+  });
+
+  it('refuses amounts that are floats, negative, zero or have more than two decimals', () => {
+    for (const amount of [19.9, '-1.00', '0', '0.00', '1.001', '1e3', ' 1.00', '01.00']) {
+      const raw = body({ total_amount: amount });
+      expect([amount, code(() => verify(raw, signNotification(SECRET, raw, t)))]).toEqual([
+        amount,
+        'VALIDATION_ERROR',
+      ]);
+    }
+  });
+
+  it('reports other trade statuses as not-success (acknowledged, not applied)', () => {
+    const raw = body({ trade_status: 'WAIT_BUYER_PAY' });
+    expect(verify(raw, signNotification(SECRET, raw, t)).status).toBe('other');
+    const finished = body({ trade_status: 'TRADE_FINISHED' });
+    expect(verify(finished, signNotification(SECRET, finished, t)).status).toBe('success');
+  });
+
+  it('acknowledges with a JSON success body', () => {
+    expect(provider.acknowledge('PAID')).toEqual({
+      contentType: 'application/json',
+      body: '{"result":"success","outcome":"PAID"}',
+    });
+  });
+});
