@@ -1,0 +1,140 @@
+// The chart's configuration contract with the programs it runs: the environment the chart gives
+// the operator container (and the migration init container) is accepted by the operator's own
+// configuration schema (operator/config.ts), every variable it sets is one the operator reads,
+// and the runtime Secret the chart creates, with what the operator adds, is accepted by the
+// runtime's configuration (runtime/config.ts).
+import { loadOperatorConfig, operatorConfigSchema } from '../../../operator/config.js';
+import { loadRuntimeConfig } from '../../../runtime/config.js';
+import {
+  at,
+  findObject,
+  helmBinary,
+  parseManifests,
+  renderChart,
+  valuesSets,
+  type K8sObject,
+} from './chart-helpers.js';
+
+interface EnvVar {
+  name: string;
+  value?: string;
+  valueFrom?: {
+    fieldRef?: { fieldPath: string };
+    secretKeyRef?: { name: string; key: string; optional?: boolean };
+  };
+}
+
+const connection = [
+  'runtime.database.url=postgres://flashsale:secret@postgres.db.svc:5432/flashsale',
+  'runtime.redis.url=redis://redis.db.svc:6379/0',
+  'runtime.kafka.brokers={kafka-0.kafka.svc:9092,kafka-1.kafka.svc:9092}',
+  'runtime.jwt.hs256Secret=0123456789abcdef0123456789abcdef',
+];
+/** What a user's existing Secret would hold (examples/values-large.yaml references one). */
+const existingSecretData: Record<string, string> = {
+  DATABASE_URL: 'postgres://flashsale:secret@postgres.db.svc:5432/flashsale',
+  REDIS_URL: 'redis://redis.db.svc:6379/0',
+  KAFKA_BROKERS: 'kafka-0.kafka.svc:9092',
+  JWT_RS256_PUBLIC_KEY: '-----BEGIN PUBLIC KEY-----\nMFkw\n-----END PUBLIC KEY-----\n',
+};
+
+let helm = '';
+beforeAll(() => {
+  helm = helmBinary();
+}, 900_000);
+
+function secretData(objects: K8sObject[], name: string): Record<string, string> {
+  const secret = objects.find((o) => o.kind === 'Secret' && o.metadata.name === name);
+  if (!secret) return existingSecretData;
+  return (at(secret, 'stringData') ?? {}) as Record<string, string>;
+}
+
+/** A container's environment as the kubelet would resolve it (downward API and Secret keys). */
+function resolveEnv(vars: EnvVar[], objects: K8sObject[], namespace: string): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const v of vars) {
+    if (v.value !== undefined) env[v.name] = v.value;
+    else if (v.valueFrom?.fieldRef) {
+      env[v.name] =
+        v.valueFrom.fieldRef.fieldPath === 'metadata.namespace' ? namespace : 'operator-7d9f-abcde';
+    } else if (v.valueFrom?.secretKeyRef) {
+      const ref = v.valueFrom.secretKeyRef;
+      const value = secretData(objects, ref.name)[ref.key];
+      if (value === undefined && !ref.optional) throw new Error(`Secret ${ref.name} has no key ${ref.key}`);
+      if (value !== undefined) env[v.name] = value;
+    } else {
+      throw new Error(`unsupported env source for ${v.name}`);
+    }
+  }
+  return env;
+}
+
+describe.each(Object.keys(valuesSets))('configuration contract with %s values', (set) => {
+  const files = valuesSets[set] ?? [];
+  const namespace = 'flashsale-system';
+  let objects: K8sObject[] = [];
+  let container: { env: EnvVar[] } = { env: [] };
+
+  beforeAll(() => {
+    objects = parseManifests(renderChart(helm, files, connection, namespace));
+    container = at(findObject(objects, 'Deployment', '-operator'), 'spec.template.spec.containers.0') as {
+      env: EnvVar[];
+    };
+  });
+
+  it('sets only variables the operator reads', () => {
+    const known = new Set(Object.keys(operatorConfigSchema.shape));
+    const unknown = container.env.map((v) => v.name).filter((name) => !known.has(name));
+    expect(unknown).toEqual([]);
+  });
+
+  it("gives the operator a configuration its schema accepts, with the chart's values", () => {
+    const config = loadOperatorConfig(resolveEnv(container.env, objects, namespace));
+    expect(config.leaderElection.enabled).toBe(true);
+    expect(config.leaderElection.namespace).toBe(namespace);
+    expect(config.identity).toBe('operator-7d9f-abcde');
+    expect(config.runtime.secretName).toMatch(/^flashsale-/);
+    expect(config.runtime.image).toMatch(/flashsale-runtime[:@]/);
+    expect(config.runtime.resources?.requests).toBeDefined();
+    const port = at(container, 'ports.0.containerPort');
+    expect(config.httpPort).toBe(port);
+    expect(at(container, 'readinessProbe.httpGet.port')).toBe('http');
+  });
+
+  it('gives the migration init container the database URL', () => {
+    const init = at(
+      findObject(objects, 'Deployment', '-operator'),
+      'spec.template.spec.initContainers.0',
+    ) as {
+      env: EnvVar[];
+    };
+    expect(resolveEnv(init.env, objects, namespace).DATABASE_URL).toMatch(/^postgres:\/\//);
+  });
+
+  it('creates a runtime Secret that, with what the operator adds, the runtime accepts', () => {
+    const operator = loadOperatorConfig(resolveEnv(container.env, objects, namespace));
+    const secret = secretData(objects, operator.runtime.secretName);
+    // The variables the operator sets on the runtime containers (operator/reconcile/runtime-objects.ts).
+    const added = {
+      ACTIVITY_ID: 'double11-2030',
+      HTTP_PORT: String(operator.runtime.httpPort),
+      PAYMENT_TIMEOUT_SECONDS: '900',
+      KAFKA_TOPIC_PREFIX: operator.kafka.topicPrefix,
+    };
+    for (const role of ['api', 'relay', 'consumer', 'jobs'] as const) {
+      expect(() => loadRuntimeConfig(role, { ...secret, ...added })).not.toThrow();
+    }
+  });
+});
+
+it('passes the default runtime resources to the operator unchanged', () => {
+  const objects = parseManifests(renderChart(helm, [], connection));
+  const container = at(findObject(objects, 'Deployment', '-operator'), 'spec.template.spec.containers.0') as {
+    env: EnvVar[];
+  };
+  const config = loadOperatorConfig(resolveEnv(container.env, objects, 'flashsale'));
+  expect(config.runtime.resources).toEqual({
+    requests: { cpu: '250m', memory: '256Mi' },
+    limits: { memory: '512Mi' },
+  });
+});
