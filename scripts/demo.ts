@@ -18,8 +18,8 @@ import { countOrders } from '../core/db/orders-store.js';
 import { createPool } from '../core/db/pool.js';
 import type { Pool } from '../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../core/db/stock-store.js';
+import { createKafka, ensureTopics, topicsFor } from '../core/kafka.js';
 import { activityKeys } from '../core/keys.js';
-import { activityIdOf } from '../operator/api/v1alpha1/funcs.js';
 import type { FlashSaleActivity, ItemSpec, Schedule } from '../operator/api/v1alpha1/types.js';
 import {
   admin,
@@ -48,6 +48,7 @@ const KNOBS = {
   duration: ['DEMO_DURATION', 30, 'seconds the sale stays open'],
   concurrency: ['DEMO_CONCURRENCY', 64, 'buyer requests in flight at most'],
   doubleclick: ['DEMO_DOUBLE_CLICK_PERCENT', 10, '% of buyers who send the same request twice'],
+  drain: ['DEMO_DRAIN_TIMEOUT', 20, 'seconds the operator waits for the backlog at the end'],
   interval: ['DEMO_INTERVAL', 1, 'seconds between two progress updates'],
 } as const;
 type Knob = keyof typeof KNOBS;
@@ -222,7 +223,7 @@ function demoActivity(namespace: string, k: Record<Knob, number>, now: number): 
       ...example.spec,
       schedule,
       items: scaleItems(example.spec.items ?? [], k.stock),
-      drain: { timeout: '30s' },
+      drain: { timeout: `${k.drain}s` },
     },
   };
 }
@@ -437,7 +438,7 @@ async function summary(
     {
       name: 'lifecycle completed',
       ok: phase === 'Completed',
-      detail: `phase ${phase ?? 'none'}${fsa?.status?.drain?.timedOut ? ' (drain timed out)' : ''}`,
+      detail: `phase ${phase ?? 'none'}${fsa?.status?.drain?.timedOut ? ` (${fsa.status.drain.leftover ?? 'drain timed out'})` : ''}`,
     },
     {
       name: 'stock written back',
@@ -520,15 +521,35 @@ async function main(): Promise<number> {
   const databaseUrl = process.env.DATABASE_URL ?? '';
   const a = admin();
   const namespace = uniqueId('flashsale-demo');
+  // The id is chosen here (spec.activityId) so that the relay and the consumer, which serve one
+  // activity, start alongside the operator instead of after warm-up: in a cluster the operator
+  // scales their Deployments up at warm-up; here there is no kubelet and a local process takes
+  // seconds to start. Their topics are created now for the same reason (the operator's warm-up
+  // finds them and goes on); the cache loading, gate and everything after stay the operator's.
+  const activityId = uniqueId('demo-double11');
   say(`installing the CRD, namespace ${namespace} with the operator's RBAC, migrating PostgreSQL`);
-  const api = startRole('api', { databaseUrl });
-  api.then((r) => roles.push(r)).catch(() => undefined);
+  await migrate(databaseUrl);
+  const kafkaAdmin = createKafka((process.env.KAFKA_BROKERS ?? '').split(','), 'flashsale-demo').admin();
+  await kafkaAdmin.connect();
+  await ensureTopics(kafkaAdmin, topicsFor(activityId), 2, 1);
+  await kafkaAdmin.disconnect();
+  const started = Promise.all(
+    (['api', 'relay', 'consumer'] as const).map(async (role) => {
+      const r = await startRole(role, { databaseUrl, ...(role === 'api' ? {} : { activityId }) });
+      roles.push(r);
+      return r;
+    }),
+  );
+  started.catch(() => undefined);
   await installCrd(a);
-  const [ns] = await Promise.all([prepareNamespace(namespace, a), migrate(databaseUrl)]);
-  say('starting the operator and the api role');
+  const ns = await prepareNamespace(namespace, a);
+  say('starting the operator and the runtime roles (api, relay, consumer) as local processes');
   operator = await startOperator({ ns, databaseUrl });
-  const apiRole = await api;
-  say(`operator leading (metrics http://127.0.0.1:${operator.port}/metrics); api on ${apiRole.url}`);
+  const apiRole = (await started)[0]!;
+  say(
+    `operator leading (metrics http://127.0.0.1:${operator.port}/metrics); ` +
+      roles.map((r) => `${r.role} ${r.url}`).join(', '),
+  );
 
   const redis = new Redis(process.env.REDIS_URL ?? '');
   closers.push(() => redis.disconnect());
@@ -537,8 +558,8 @@ async function main(): Promise<number> {
 
   const body = demoActivity(namespace, k, Date.now());
   const name = body.metadata.name;
-  const created = await createActivity(a, body as unknown as Record<string, unknown>);
-  const activityId = activityIdOf(created);
+  body.spec.activityId = activityId;
+  await createActivity(a, body as unknown as Record<string, unknown>);
   const items = body.spec.items ?? [];
   const startMs = Date.parse(body.spec.schedule.startAt);
   const endMs = startMs + k.duration * 1000;
@@ -557,7 +578,6 @@ async function main(): Promise<number> {
   };
   let phase: string | undefined;
   let buyers: Promise<void> | undefined;
-  let relayStarting: Promise<void> | undefined;
   let done = false;
   const deadline = endMs + 120_000;
   while (!done) {
@@ -571,15 +591,6 @@ async function main(): Promise<number> {
       say(`phase ${phase ?? '-'} → ${seen ?? '-'}`);
       phase = seen;
     }
-    if (!relayStarting && (phase === 'Ready' || phase === 'Active')) {
-      relayStarting = (async () => {
-        const started = await Promise.all(
-          ['relay', 'consumer'].map((role) => startRole(role, { activityId, databaseUrl })),
-        );
-        roles.push(...started);
-        say(`relay and consumer running for ${activityId}`);
-      })();
-    }
     if (!buyers && Date.now() >= startMs - 2500) {
       buyers = runBuyers(apiRole.url, activityId, items, startMs, endMs, k, tally, () => stopping);
     }
@@ -590,7 +601,6 @@ async function main(): Promise<number> {
     } else await new Promise((r) => setTimeout(r, k.interval * 1000));
   }
   await buyers;
-  await relayStarting;
   const metrics = await Promise.all([
     scrapeMetrics('operator', `http://127.0.0.1:${operator.port}`),
     ...roles.map((r) => scrapeMetrics(r.role, r.url)),
