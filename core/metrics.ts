@@ -124,7 +124,7 @@ export function createMetrics(component: string) {
     }),
     orderGapRepairs: new client.Counter({
       name: 'flashsale_order_gap_repairs_total',
-      help: 'Order-gap repair actions (republished, compensated, abandoned, skipped)',
+      help: 'Order-gap repair actions (republished, compensated, abandoned, waiting, skipped, failed)',
       labelNames: ['activity', 'action'],
       registers: r,
     }),
