@@ -9,13 +9,13 @@ function order(r: ReservationFinal, status = 'UNPAID'): OrderFinal {
   return { reservationId: r.reservationId, userId: r.userId, skuId: r.skuId, quantity: r.quantity, status };
 }
 
-/** 10 units: 3 live reservations with orders, 1 released (its order closed), 6 remaining. */
+/** 10 units: 3 live reservations with orders, 1 released (its order closed, its unit back), 7 remaining. */
 function healthy(): FinalState {
   const live = [rsv(1), rsv(2), rsv(3, 'PAID')];
   const released = rsv(4, 'RELEASED');
   return {
     activityId: 'a',
-    skus: [{ skuId: 'sku', initial: 10, remaining: 6, limitPerUser: 1 }],
+    skus: [{ skuId: 'sku', initial: 10, remaining: 7, limitPerUser: 1 }],
     counters: { reserved: 4, released: 1, reservations: 4 },
     reservations: [...live, released, { ...rsv(5, 'CANCELLED', 0), skuId: '0-cancelled' }],
     orders: [...live.map((r) => order(r, r.state === 'PAID' ? 'PAID' : 'UNPAID')), order(released, 'CLOSED')],
@@ -36,17 +36,17 @@ describe('checkInvariants', () => {
   test('a consistent final state has no violation', () => {
     expect(checkInvariants(healthy())).toEqual([]);
     expect(
-      checkInvariants({ ...healthy(), reported: { initial: 10, remaining: 6, released: 1, ordered: 3 } }),
+      checkInvariants({ ...healthy(), reported: { initial: 10, remaining: 7, released: 1, ordered: 3 } }),
     ).toEqual([]);
   });
 
   test('oversell: stock not conserved, or negative', () => {
     const s = healthy();
-    s.skus[0]!.remaining = 7;
+    s.skus[0]!.remaining = 8;
     expect(rules(s)).toContain('stock-conservation');
     const n = healthy();
     n.skus[0]!.remaining = -1;
-    n.skus[0]!.initial = 4;
+    n.skus[0]!.initial = 3;
     expect(rules(n)).toEqual(expect.arrayContaining(['negative-stock', 'stock-conservation']));
   });
 
@@ -94,7 +94,7 @@ describe('checkInvariants', () => {
     const extra: ReservationFinal = { ...rsv(6), userId: 'u1' };
     s.reservations.push(extra);
     s.orders.push(order(extra));
-    s.skus[0]!.remaining = 5;
+    s.skus[0]!.remaining = 6;
     s.counters = { reserved: 5, released: 1, reservations: 5 };
     s.createdEvents.set('r6', 1);
     expect(rules(s)).toEqual(['buyer-limit', 'buyer-limit']);
@@ -106,6 +106,6 @@ describe('checkInvariants', () => {
   });
 
   test('reported counters that disagree', () => {
-    expect(rules({ ...healthy(), reported: { remaining: 5, ordered: 3 } })).toEqual(['reported-counters']);
+    expect(rules({ ...healthy(), reported: { remaining: 6, ordered: 3 } })).toEqual(['reported-counters']);
   });
 });

@@ -1,0 +1,266 @@
+// A sale on real servers with the runtime roles as real processes, a supervisor that restarts a
+// role killed by SIGKILL (as Kubernetes would), concurrent buyers that retry until they get a
+// definitive answer (same requestId, so a retry is a replay), and the wait for recovery before
+// the invariant checker runs. Used by test/integration/faults/*.test.ts.
+import { Redis } from 'ioredis';
+import pg from 'pg';
+import { loadActivity, setGate } from '../../../core/activity-cache.js';
+import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
+import type { CatalogItem } from '../../../core/model.js';
+import { activityKeys } from '../../../core/keys.js';
+import { registerScripts } from '../../../core/scripts.js';
+import { httpClient, startRole, tokenFor } from '../../helpers/runtime.js';
+import type { RoleProcess } from '../../helpers/runtime.js';
+import { checkActivity } from './invariants.js';
+import type { Violation } from './invariants.js';
+
+export type RoleName = 'api' | 'relay' | 'consumer';
+export const ROLES: readonly RoleName[] = ['api', 'relay', 'consumer'];
+
+/** Where the servers are: the suite's shared ones (testEnv) or a private set (window 11). */
+export interface Servers {
+  databaseUrl: string;
+  redisUrl: string;
+  kafkaBrokers: string[];
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/** Topics, cache load and open gate for one activity (setUpActivity, for any set of servers). */
+export async function prepareActivity(servers: Servers, id: string, items: CatalogItem[]): Promise<void> {
+  const kafka = createKafka(servers.kafkaBrokers, `faults-${id}`);
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    await ensureTopics(admin, topicsFor(id), 2, 1);
+  } finally {
+    await admin.disconnect();
+  }
+  const redis = new Redis(servers.redisUrl);
+  try {
+    const now = Date.now();
+    await loadActivity(redis, {
+      id,
+      generation: 1,
+      startAt: new Date(now - 1000),
+      endAt: new Date(now + 3_600_000),
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      items,
+    });
+    await setGate(redis, id, 'open');
+  } finally {
+    redis.disconnect();
+  }
+}
+
+export interface SaleOptions {
+  servers: Servers;
+  activityId: string;
+  /** Extra environment per role (crash points). A restarted role never gets it again. */
+  roleEnv?: Partial<Record<RoleName, Record<string, string>>>;
+}
+
+/** The three roles of one activity, restarted when they die (any signal or exit) until stop(). */
+export class Sale {
+  readonly current = new Map<RoleName, RoleProcess>();
+  readonly deaths: { role: RoleName; signal: string | null; code: number | null }[] = [];
+  private stopping = false;
+  private readonly watchers: Promise<void>[] = [];
+
+  constructor(private readonly o: SaleOptions) {}
+
+  private env(extra: Record<string, string> | undefined): Record<string, string> {
+    const s = this.o.servers;
+    return {
+      REDIS_URL: s.redisUrl,
+      KAFKA_BROKERS: s.kafkaBrokers.join(','),
+      // A stable relay name: a restarted relay picks up its own pending entries at once.
+      RELAY_CONSUMER_NAME: 'relay-0',
+      RELAY_BATCH_SIZE: '5',
+      CONSUMER_BATCH_SIZE: '5',
+      ORDER_GAP_THRESHOLD_SECONDS: '5',
+      ...extra,
+    };
+  }
+
+  private async launch(role: RoleName, first: boolean): Promise<RoleProcess> {
+    const extra = first ? this.o.roleEnv?.[role] : undefined;
+    for (let attempt = 1; ; attempt += 1) {
+      try {
+        const p = await startRole(role, {
+          activityId: this.o.activityId,
+          databaseUrl: this.o.servers.databaseUrl,
+          env: this.env(extra),
+        });
+        this.current.set(role, p);
+        this.watchers.push(this.watch(role, p));
+        return p;
+      } catch (err) {
+        // A role may not become ready while a server is down: try again, as a kubelet would.
+        if (this.stopping || attempt >= 20) throw err;
+        await sleep(1000);
+      }
+    }
+  }
+
+  private async watch(role: RoleName, p: RoleProcess): Promise<void> {
+    const code = await p.exited;
+    if (this.stopping) return;
+    this.deaths.push({ role, signal: p.proc.signalCode, code });
+    await this.launch(role, false);
+  }
+
+  async start(): Promise<void> {
+    for (const r of ROLES) await this.launch(r, true);
+  }
+
+  url(role: RoleName = 'api'): string {
+    const p = this.current.get(role);
+    if (!p) throw new Error(`${role} not running`);
+    return p.url;
+  }
+
+  /** SIGKILL the running instance of a role (the supervisor restarts it). */
+  async kill(role: RoleName): Promise<void> {
+    await this.current.get(role)?.kill();
+  }
+
+  /** Resolves when the role has died `n` times in all (crash point reached, or killed). */
+  async diedTimes(role: RoleName, n: number, timeoutMs = 90_000): Promise<boolean> {
+    const deadline = Date.now() + timeoutMs;
+    while (Date.now() < deadline) {
+      if (this.deaths.filter((d) => d.role === role).length >= n) return true;
+      await sleep(100);
+    }
+    return false;
+  }
+
+  async stop(): Promise<void> {
+    this.stopping = true;
+    await Promise.all([...this.current.values()].map((p) => p.stop()));
+    await Promise.allSettled(this.watchers);
+  }
+
+  output(): string {
+    return [...this.current.entries()].map(([r, p]) => `--- ${r}\n${p.output().slice(-3000)}`).join('\n');
+  }
+}
+
+export interface BuyerAnswer {
+  buyer: string;
+  status: number;
+  reservationId?: string;
+  code?: string;
+  attempts: number;
+}
+
+/**
+ * Every buyer submits one order (same requestId on every attempt) and retries while the answer is
+ * not definitive (connection error, 5xx), reading the api's current address each time.
+ */
+export async function buyers(
+  sale: Sale,
+  activityId: string,
+  ids: string[],
+  o: { skuId: string; quantity?: number; concurrency?: number; maxAttempts?: number },
+): Promise<BuyerAnswer[]> {
+  const http = httpClient(o.concurrency ?? 8);
+  const tokens = new Map<string, string>();
+  for (const b of ids) tokens.set(b, await tokenFor(b));
+  const out: BuyerAnswer[] = new Array<BuyerAnswer>(ids.length);
+  let next = 0;
+  const worker = async (): Promise<void> => {
+    for (;;) {
+      const i = next++;
+      if (i >= ids.length) return;
+      const b = ids[i]!;
+      let answer: BuyerAnswer = { buyer: b, status: 0, attempts: 0 };
+      for (let a = 1; a <= (o.maxAttempts ?? 200); a += 1) {
+        answer = { buyer: b, status: 0, attempts: a };
+        try {
+          const r = await http.post(
+            `${sale.url('api')}/v1/activities/${activityId}/orders`,
+            { skuId: o.skuId, quantity: o.quantity ?? 1, requestId: `req-${b}` },
+            tokens.get(b),
+          );
+          answer = {
+            buyer: b,
+            status: r.status,
+            attempts: a,
+            ...(typeof r.json.reservationId === 'string' ? { reservationId: r.json.reservationId } : {}),
+            ...(typeof r.json.code === 'string' ? { code: r.json.code } : {}),
+          };
+        } catch {
+          // the connection died with the process, or the api is restarting
+        }
+        if (answer.status >= 200 && answer.status < 500) break;
+        await sleep(Math.min(1000, 50 * a));
+      }
+      out[i] = answer;
+    }
+  };
+  try {
+    await Promise.all(Array.from({ length: Math.min(o.concurrency ?? 8, ids.length) }, worker));
+  } finally {
+    await http.close();
+  }
+  return out;
+}
+
+export interface Recovery {
+  violations: Violation[];
+  /** True when the outbox and the unconfirmed ledger drained before the deadline. */
+  drained: boolean;
+}
+
+/**
+ * Waits (bounded) until half messages and unconfirmed reservations are 0, then reads the final
+ * state and checks the invariants. Not draining is not an error here: the checker reports the
+ * half messages / order gap left, with everything else it finds.
+ */
+export async function recoverAndCheck(
+  servers: Servers,
+  activityId: string,
+  timeoutMs = 120_000,
+): Promise<Recovery> {
+  const redis = new Redis(servers.redisUrl, { maxRetriesPerRequest: 3 });
+  registerScripts(redis);
+  const sql = new pg.Pool({ connectionString: servers.databaseUrl, max: 2 });
+  try {
+    const k = activityKeys(activityId);
+    const deadline = Date.now() + timeoutMs;
+    let drained = false;
+    while (Date.now() < deadline) {
+      try {
+        const [len, ledger] = await Promise.all([redis.xlen(k.outbox), redis.zcard(k.ledger)]);
+        if (len === 0 && ledger === 0) {
+          drained = true;
+          break;
+        }
+      } catch {
+        // a server is still coming back
+      }
+      await sleep(300);
+    }
+    return { violations: await checkActivity(redis, sql, activityId), drained };
+  } finally {
+    redis.disconnect();
+    await sql.end();
+  }
+}
+
+/** A small seeded PRNG (mulberry32) so any randomized run replays exactly from its seed. */
+export function prng(seed: number): { next: () => number; int: (lo: number, hi: number) => number } {
+  let a = seed >>> 0;
+  const next = (): number => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  return { next, int: (lo, hi) => lo + Math.floor(next() * (hi - lo + 1)) };
+}

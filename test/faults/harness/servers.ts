@@ -1,0 +1,175 @@
+// SIGKILL and restart of the real servers (brief window 11). The fault suite starts its own
+// private servers with the project's start scripts (test/env/start-*.sh) in a throwaway state
+// dir, so that killing them never disturbs other test files sharing the suite's servers; the
+// restart commands are the ones those scripts use, reading the same state dir files
+// (redis.conf, postgres data dir, server.properties, pid files).
+import { execFile, spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, openSync, readFileSync, writeFileSync } from 'node:fs';
+import { createConnection } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { promisify } from 'node:util';
+import { ROOT, waitFor } from '../../helpers/runtime.js';
+
+const run = promisify(execFile);
+
+export type ServerName = 'postgres' | 'redis' | 'kafka';
+
+export interface PrivateServers {
+  state: string;
+  /** Variables of STATE/<server>.env merged: DATABASE_URL, REDIS_URL, KAFKA_BROKERS, PG_BIN, ... */
+  env: Record<string, string>;
+}
+
+function readEnvFile(path: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const line of readFileSync(path, 'utf8').split('\n')) {
+    const m = /^([A-Z_][A-Z0-9_]*)=(.*)$/.exec(line.trim());
+    if (m) out[m[1]!] = m[2]!;
+  }
+  return out;
+}
+
+/** Starts the named servers with test/env/start-<name>.sh in a new state dir. */
+export async function startPrivateServers(names: ServerName[]): Promise<PrivateServers> {
+  const state = mkdtempSync(join(tmpdir(), 'fs-faults-srv-'));
+  // Sequential: the machine is small, and the scripts pick free ports independently.
+  for (const n of names) {
+    await run('bash', [join(ROOT, 'test', 'env', `start-${n}.sh`), state], {
+      cwd: ROOT,
+      maxBuffer: 1 << 24,
+      timeout: 240_000,
+    });
+  }
+  const env: Record<string, string> = {};
+  for (const n of names) Object.assign(env, readEnvFile(join(state, `${n}.env`)));
+  return { state, env };
+}
+
+/** Stops everything started in the private state dir (test/env/env-down.sh). */
+export async function stopPrivateServers(s: PrivateServers): Promise<void> {
+  await run('bash', [join(ROOT, 'test', 'env', 'env-down.sh'), s.state], { cwd: ROOT, timeout: 120_000 });
+}
+
+function pidOf(s: PrivateServers, name: ServerName): number {
+  return Number(readFileSync(join(s.state, `${name}.pid`), 'utf8').split('\n')[0]);
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** SIGKILLs the server (no shutdown, no flush beyond what it already fsynced) and waits. */
+export async function killServer(s: PrivateServers, name: ServerName): Promise<void> {
+  const pid = pidOf(s, name);
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    return;
+  }
+  await waitFor(`${name} (${pid}) to die`, async () => !alive(pid), 30_000, 50);
+  if (name === 'postgres') {
+    // The postmaster's backends notice its death and exit; a restart needs them gone.
+    await waitFor(
+      'postgres backends to exit',
+      async () => {
+        const r = await run('pgrep', ['-u', 'postgres', '-f', s.env.PG_DATA ?? '']).catch(() => ({
+          stdout: '',
+        }));
+        return r.stdout.trim() === '';
+      },
+      30_000,
+      100,
+    );
+  }
+}
+
+function portOpen(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const c = createConnection({ host: '127.0.0.1', port });
+    c.once('connect', () => {
+      c.destroy();
+      resolve(true);
+    });
+    c.once('error', () => resolve(false));
+  });
+}
+
+/** Restarts the server with the command its start script used, on the same port and data. */
+export async function restartServer(s: PrivateServers, name: ServerName): Promise<void> {
+  const e = s.env;
+  if (name === 'redis') {
+    // daemonize yes + pidfile in the config: the pid file is rewritten by the server.
+    await run('redis-server', [e.REDIS_CONF!]);
+    await waitFor('redis to answer', async () => {
+      const r = await run('redis-cli', ['-p', e.REDIS_PORT!, 'ping']).catch(() => ({ stdout: '' }));
+      return r.stdout.trim() === 'PONG';
+    });
+    return;
+  }
+  if (name === 'postgres') {
+    const pgCtl = [
+      join(e.PG_BIN!, 'pg_ctl'),
+      '-D',
+      e.PG_DATA!,
+      '-l',
+      join(s.state, 'postgres.log'),
+      '-w',
+      '-t',
+      '60',
+      'start',
+    ];
+    await waitFor(
+      'postgres to restart (crash recovery)',
+      async () => {
+        const r = await run('runuser', ['-u', 'postgres', '--', ...pgCtl]).then(
+          () => true,
+          () => false,
+        );
+        return r;
+      },
+      120_000,
+      500,
+    );
+    const pid = readFileSync(join(e.PG_DATA!, 'postmaster.pid'), 'utf8').split('\n')[0]!;
+    writeFileSync(join(s.state, 'postgres.pid'), `${pid}\n`);
+    return;
+  }
+  const config = e.KAFKA_CONFIG!;
+  const data = dirname(config);
+  const log4j = join(data, 'log4j.properties');
+  const out = openSync(join(s.state, 'kafka.out'), 'a');
+  const child = spawn(
+    'java',
+    [
+      '-Xms256m',
+      '-Xmx512m',
+      '-XX:+UseSerialGC',
+      '-XX:TieredStopAtLevel=1',
+      '-Xshare:auto',
+      `-Dlog4j.configuration=file:${log4j}`,
+      '-cp',
+      `${e.KAFKA_LIBS!}/*`,
+      'kafka.Kafka',
+      config,
+    ],
+    { detached: true, stdio: ['ignore', out, out] },
+  );
+  child.unref();
+  writeFileSync(join(s.state, 'kafka.pid'), `${child.pid}\n`);
+  const port = Number(/:(\d+)$/.exec(e.KAFKA_BROKERS!)?.[1]);
+  await waitFor('kafka port after restart', async () => portOpen(port), 120_000, 250);
+  await run('node', [join(ROOT, 'test', 'env', 'kafka-ready.cjs'), e.KAFKA_BROKERS!], {
+    timeout: 90_000,
+  });
+}
+
+/** True when the state dir still has the server's pid file (for guards in callers). */
+export function hasServer(s: PrivateServers, name: ServerName): boolean {
+  return existsSync(join(s.state, `${name}.pid`));
+}
