@@ -1,0 +1,69 @@
+import { ConfigError } from '../../../core/config.js';
+import { loadOperatorConfig } from '../../../operator/config.js';
+
+const required = {
+  DATABASE_URL: 'postgres://u:p@db/flashsale',
+  REDIS_URL: 'redis://redis:6379',
+  KAFKA_BROKERS: 'k1:9092, k2:9092',
+};
+
+describe('operator configuration', () => {
+  it('has the documented defaults', () => {
+    const c = loadOperatorConfig({ ...required, POD_NAME: 'op-7d9f' });
+    expect(c).toMatchObject({
+      kafkaBrokers: ['k1:9092', 'k2:9092'],
+      kafka: { topicPrefix: 'flashsale', partitions: 3, replicationFactor: 1 },
+      watchNamespace: undefined,
+      identity: 'op-7d9f',
+      leaderElection: {
+        enabled: true,
+        namespace: 'flashsale-system',
+        name: 'flashsale-operator',
+        leaseDurationMs: 15_000,
+        renewDeadlineMs: 10_000,
+        retryPeriodMs: 2_000,
+      },
+      httpPort: 8081,
+      workers: 2,
+      relistMs: 300_000,
+      statusRefreshMs: 10_000,
+      drainCheckMs: 2_000,
+      orderGapThresholdMs: 30_000,
+      defaultWarmUpLead: '5m',
+      runtime: {
+        image: 'ghcr.io/flashsale/flashsale:0.1.0',
+        imagePullPolicy: 'IfNotPresent',
+        secretName: 'flashsale-runtime',
+        serviceAccount: undefined,
+        httpPort: 8080,
+        resources: undefined,
+      },
+    });
+  });
+
+  it('puts the Lease in LEASE_NAMESPACE, else the pod namespace', () => {
+    expect(loadOperatorConfig({ ...required, POD_NAMESPACE: 'ops' }).leaderElection.namespace).toBe('ops');
+    expect(
+      loadOperatorConfig({ ...required, POD_NAMESPACE: 'ops', LEASE_NAMESPACE: 'le' }).leaderElection
+        .namespace,
+    ).toBe('le');
+  });
+
+  it.each([
+    [{ DATABASE_URL: undefined }, /DATABASE_URL/],
+    [{ KAFKA_BROKERS: ' , ' }, /KAFKA_BROKERS: at least one broker/],
+    [
+      { LEASE_RENEW_DEADLINE_SECONDS: '20' },
+      /LEASE_RENEW_DEADLINE_SECONDS must be less than LEASE_DURATION_SECONDS/,
+    ],
+    [{ LEASE_RETRY_PERIOD_SECONDS: '12' }, /LEASE_RETRY_PERIOD_SECONDS/],
+    [{ WORKERS: '0' }, /WORKERS/],
+    [{ LEADER_ELECTION: 'maybe' }, /LEADER_ELECTION/],
+    [{ DEFAULT_WARM_UP_LEAD: '5 minutes' }, /DEFAULT_WARM_UP_LEAD: a duration/],
+    [{ RUNTIME_RESOURCES: '{"cpu":1}' }, /RUNTIME_RESOURCES: not a resources object/],
+    [{ RUNTIME_IMAGE_PULL_POLICY: 'Sometimes' }, /RUNTIME_IMAGE_PULL_POLICY/],
+  ])('refuses %o naming the variable', (over, message) => {
+    expect(() => loadOperatorConfig({ ...required, ...over })).toThrow(ConfigError);
+    expect(() => loadOperatorConfig({ ...required, ...over })).toThrow(message);
+  });
+});

@@ -1,0 +1,179 @@
+import type { CoordinationV1Api, V1Lease } from '@kubernetes/client-node';
+import { createLogger } from '../../../core/logger.js';
+import { LeaderElector, microTime } from '../../../operator/controller/leader-election.js';
+
+class ApiError extends Error {
+  constructor(readonly code: number) {
+    super(`HTTP ${code}`);
+  }
+}
+
+/** An in-memory Lease endpoint with the API server's optimistic concurrency. */
+class FakeLeases {
+  lease: V1Lease | undefined;
+  version = 0;
+  reads = new Map<string, number>();
+  failWritesOf = new Set<string>();
+  writes: string[] = [];
+
+  api(caller: string): CoordinationV1Api {
+    const api = {
+      readNamespacedLease: async () => {
+        this.reads.set(caller, (this.reads.get(caller) ?? 0) + 1);
+        if (!this.lease) throw new ApiError(404);
+        return structuredClone(this.lease);
+      },
+      createNamespacedLease: async ({ body }: { body: V1Lease }) => {
+        if (this.lease) throw new ApiError(409);
+        return this.store(caller, body);
+      },
+      replaceNamespacedLease: async ({ body }: { body: V1Lease }) => {
+        if (this.failWritesOf.has(caller)) throw new ApiError(500);
+        if (body.metadata?.resourceVersion !== this.lease?.metadata?.resourceVersion) throw new ApiError(409);
+        return this.store(caller, body);
+      },
+    };
+    return api as unknown as CoordinationV1Api;
+  }
+
+  private store(caller: string, body: V1Lease): V1Lease {
+    this.version += 1;
+    this.lease = {
+      ...structuredClone(body),
+      metadata: { ...body.metadata, resourceVersion: String(this.version) },
+    };
+    this.writes.push(`${caller}:${this.lease.spec?.holderIdentity ?? ''}`);
+    return structuredClone(this.lease);
+  }
+
+  get holder(): string | undefined {
+    return this.lease?.spec?.holderIdentity;
+  }
+}
+
+const log = createLogger('test', 'silent');
+
+async function until(what: string, cond: () => boolean): Promise<void> {
+  for (let i = 0; i < 2_000; i += 1) {
+    if (cond()) return;
+    await new Promise((r) => setTimeout(r, 2));
+  }
+  throw new Error(`never: ${what}`);
+}
+
+interface Candidate {
+  elector: LeaderElector;
+  started: number;
+  stopped: number;
+  clock: { now: number };
+}
+
+function candidate(fake: FakeLeases, identity: string, clock = { now: 1_000_000 }): Candidate {
+  const c: Candidate = { elector: undefined as unknown as LeaderElector, started: 0, stopped: 0, clock };
+  c.elector = new LeaderElector({
+    api: fake.api(identity),
+    namespace: 'ns',
+    name: 'flashsale-operator',
+    identity,
+    leaseDurationMs: 15_000,
+    renewDeadlineMs: 10_000,
+    retryPeriodMs: 1,
+    log,
+    onStartedLeading: () => {
+      c.started += 1;
+    },
+    onStoppedLeading: () => {
+      c.stopped += 1;
+    },
+    now: () => c.clock.now,
+  });
+  return c;
+}
+
+describe('LeaderElector', () => {
+  it('formats MicroTime with six fractional digits', () => {
+    expect(String(microTime(Date.parse('2030-01-01T00:00:00.123Z')))).toBe('2030-01-01T00:00:00.123000Z');
+  });
+
+  it('lets one candidate lead; the other waits, and takes over at once when the Lease is released', async () => {
+    const fake = new FakeLeases();
+    const a = candidate(fake, 'a');
+    const b = candidate(fake, 'b');
+    void a.elector.run();
+    await until('a leads', () => a.started === 1);
+    void b.elector.run();
+    const readsBefore = fake.reads.get('b') ?? 0;
+    await until('b retried a few times', () => (fake.reads.get('b') ?? 0) >= readsBefore + 20);
+    expect(b.started).toBe(0);
+    expect(fake.holder).toBe('a');
+    expect(fake.writes.filter((w) => w.startsWith('b:'))).toEqual([]);
+
+    await a.elector.release();
+    expect(fake.writes).toContain('a:'); // the release wrote an empty holder
+    await until('b leads', () => b.started === 1);
+    expect(fake.holder).toBe('b');
+    expect(fake.lease?.spec?.leaseTransitions).toBe(1);
+    expect(a.stopped).toBe(0); // a released; it did not lose the Lease
+    b.elector.stop();
+  });
+
+  it('takes over a dead leader only after the lease duration, measured on its own clock', async () => {
+    const fake = new FakeLeases();
+    const clock = { now: 1_000_000 };
+    const a = candidate(fake, 'a', clock);
+    const b = candidate(fake, 'b', clock);
+    void a.elector.run();
+    await until('a leads', () => a.started === 1);
+    a.elector.stop(); // SIGKILL: no release, no more renewals
+    void b.elector.run();
+    await until('b looked', () => (fake.reads.get('b') ?? 0) >= 3);
+    clock.now += 14_000;
+    const reads = fake.reads.get('b') ?? 0;
+    await until('b looked again', () => (fake.reads.get('b') ?? 0) >= reads + 10);
+    expect(b.started).toBe(0);
+    clock.now += 1_500;
+    await until('b leads', () => b.started === 1);
+    expect(fake.holder).toBe('b');
+    b.elector.stop();
+  });
+
+  it('takes its own Lease back at once after a restart with the same identity', async () => {
+    const fake = new FakeLeases();
+    const first = candidate(fake, 'pod-0');
+    void first.elector.run();
+    await until('first leads', () => first.started === 1);
+    first.elector.stop();
+    const restarted = candidate(fake, 'pod-0');
+    void restarted.elector.run();
+    await until('restarted leads', () => restarted.started === 1);
+    expect(fake.lease?.spec?.leaseTransitions).toBe(0);
+    restarted.elector.stop();
+  });
+
+  it('steps down when it cannot renew within the renew deadline', async () => {
+    const fake = new FakeLeases();
+    const a = candidate(fake, 'a');
+    const run = a.elector.run();
+    await until('a leads', () => a.started === 1);
+    fake.failWritesOf.add('a');
+    const reads = fake.reads.get('a') ?? 0;
+    await until('a failed to renew a few times', () => (fake.reads.get('a') ?? 0) >= reads + 5);
+    expect(a.stopped).toBe(0); // still within the deadline
+    a.clock.now += 10_000;
+    await run;
+    expect(a.stopped).toBe(1);
+    expect(a.elector.isLeader).toBe(false);
+  });
+
+  it('steps down at once when someone else holds the Lease', async () => {
+    const fake = new FakeLeases();
+    const a = candidate(fake, 'a');
+    const run = a.elector.run();
+    await until('a leads', () => a.started === 1);
+    const lease = fake.lease as V1Lease;
+    fake.lease = { ...lease, spec: { ...lease.spec, holderIdentity: 'intruder' } };
+    await run;
+    expect(a.stopped).toBe(1);
+    expect(fake.holder).toBe('intruder');
+  });
+});
