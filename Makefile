@@ -5,12 +5,17 @@ SHELL := /bin/bash
 
 ENV_DIR ?= /tmp/flashsale-env
 
-.PHONY: help setup build lint test test-unit env-up env-down
+.PHONY: help demo setup build lint test test-unit env-up env-down
 
 help: ## List the targets
 	@echo "Usage: make TARGET"
 	@awk 'BEGIN { FS = ":.*## " } /^##@ / { printf "\n%s\n", substr($$0, 5) } \
 		/^[a-zA-Z0-9_.-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+##@ Run
+
+demo: ## A whole sale end to end on this machine: servers, operator, runtime, buyers, checked summary (docs/demo.md)
+	bash scripts/demo.sh
 
 ##@ Setup and build
 
