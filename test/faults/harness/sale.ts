@@ -114,7 +114,7 @@ export class Sale {
   }
 
   async start(): Promise<void> {
-    for (const r of ROLES) await this.launch(r, true);
+    await Promise.all(ROLES.map((r) => this.launch(r, true)));
   }
 
   url(role: RoleName = 'api'): string {

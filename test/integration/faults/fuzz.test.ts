@@ -1,0 +1,327 @@
+// Issue 7: property-based fuzzing (fast-check) of the buyer HTTP API (the real api process) and of
+// the FlashSaleActivity CRD's validation (the real API server). Hostile input gets a 4xx (or a
+// validation error), never a 5xx, and changes no state. FAULT_FUZZ_RUNS scales the run counts.
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import fc from 'fast-check';
+import { ApiextensionsV1Api, CoreV1Api, CustomObjectsApi } from '@kubernetes/client-node';
+import type { V1CustomResourceDefinition } from '@kubernetes/client-node';
+import { Redis } from 'ioredis';
+import pg from 'pg';
+import { parse } from 'yaml';
+import { activityKeys } from '../../../core/keys.js';
+import { prepareActivity } from '../../faults/harness/sale.js';
+import { freshDatabase, isApiError, kubeConfigFor, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+import { ROOT, httpClient, startRole, tokenFor, waitFor } from '../../helpers/runtime.js';
+import type { RoleProcess } from '../../helpers/runtime.js';
+
+const SCALE = Number(process.env.FAULT_FUZZ_RUNS ?? '1');
+
+/** Every key of the activity with its full content, for a before/after comparison. */
+async function snapshot(redis: Redis, activityId: string): Promise<string> {
+  const k = activityKeys(activityId);
+  const keys: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, batch] = await redis.scan(cursor, 'MATCH', k.scanPattern, 'COUNT', 500);
+    cursor = next;
+    keys.push(...batch);
+  } while (cursor !== '0');
+  const out: Record<string, unknown> = {};
+  for (const key of keys.sort()) {
+    const type = await redis.type(key);
+    if (type === 'hash') out[key] = await redis.hgetall(key);
+    else if (type === 'set') out[key] = (await redis.smembers(key)).sort();
+    else if (type === 'zset') out[key] = await redis.zrange(key, 0, -1, 'WITHSCORES');
+    else if (type === 'stream') out[key] = await redis.xrange(key, '-', '+');
+    else if (type === 'string') out[key] = await redis.get(key);
+    else out[key] = type;
+  }
+  return JSON.stringify(out);
+}
+
+describe('fuzzing the buyer HTTP API (real api process)', () => {
+  let db: FreshDatabase;
+  let api: RoleProcess;
+  let redis: Redis;
+  let sql: pg.Pool;
+  const http = httpClient(4);
+  const activityId = uniqueId('fz');
+  let token = '';
+
+  beforeAll(async () => {
+    db = await freshDatabase();
+    sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    redis = new Redis(testEnv().redisUrl);
+    await prepareActivity(
+      { databaseUrl: db.url, redisUrl: testEnv().redisUrl, kafkaBrokers: testEnv().kafkaBrokers },
+      activityId,
+      [{ skuId: 'rice', name: '米', price: '89.90', stock: 5, limitPerUser: 1 }],
+    );
+    api = await startRole('api', {
+      activityId,
+      databaseUrl: db.url,
+      env: { PAYMENT_HMAC_SECRET: 'fuzz-payment-secret-0123456789abcdef' },
+    });
+    token = await tokenFor('fuzz-buyer');
+  });
+
+  afterAll(async () => {
+    await api?.stop();
+    await http.close();
+    redis?.disconnect();
+    await sql?.end();
+    await db?.drop();
+  });
+
+  const orders = (): string => `${api.url}/v1/activities/${activityId}/orders`;
+
+  /** A submit body that could be accepted: excluded, every generated body must be refused. */
+  const acceptable = (b: unknown): boolean => {
+    if (typeof b !== 'object' || b === null || Array.isArray(b)) return false;
+    const o = b as Record<string, unknown>;
+    return (
+      o.skuId === 'rice' &&
+      typeof o.quantity === 'number' &&
+      Number.isInteger(o.quantity) &&
+      o.quantity >= 1 &&
+      typeof o.requestId === 'string' &&
+      /^[A-Za-z0-9._:-]{1,64}$/.test(o.requestId)
+    );
+  };
+  const hostileBody = fc
+    .oneof(
+      fc.anything(),
+      fc.record(
+        {
+          skuId: fc.oneof(
+            fc.string(),
+            fc.constant('rice'),
+            fc.integer(),
+            fc.constant('../../etc'),
+            fc.constant('*'),
+          ),
+          quantity: fc.oneof(
+            fc.integer({ min: -1000, max: 0 }),
+            fc.integer({ min: 101, max: 2 ** 31 }),
+            fc.double(),
+            fc.string(),
+            fc.constant(null),
+            fc.constant(1),
+          ),
+          requestId: fc.oneof(
+            fc.string(),
+            fc.string({ minLength: 65, maxLength: 300 }),
+            fc.constant('a b'),
+            fc.integer(),
+          ),
+          orderCode: fc.oneof(fc.string(), fc.constant(undefined)),
+          unitPrice: fc.oneof(fc.constant('0.01'), fc.double()),
+          amount: fc.constant('0.00'),
+          userId: fc.constant('someone-else'),
+        },
+        { requiredKeys: [] },
+      ),
+    )
+    .filter((b) => !acceptable(b));
+
+  test('hostile order submissions: 4xx, never 5xx, nothing reserved', async () => {
+    const before = await snapshot(redis, activityId);
+    const seen = new Map<number, number>();
+    await fc.assert(
+      fc.asyncProperty(hostileBody, fc.boolean(), async (body, asText) => {
+        const r = await http.raw(orders(), {
+          method: 'POST',
+          body: asText ? String(JSON.stringify(body) ?? '') : JSON.stringify({ wrapped: body }),
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+        });
+        seen.set(r.status, (seen.get(r.status) ?? 0) + 1);
+        return r.status >= 400 && r.status < 500;
+      }),
+      { numRuns: 1500 * SCALE },
+    );
+    expect(await snapshot(redis, activityId)).toBe(before);
+    expect([...seen.keys()].every((s) => s >= 400 && s < 500)).toBe(true);
+  });
+
+  test('hostile tokens, content types, raw bodies, paths and methods: 4xx, never 5xx, no state change', async () => {
+    const before = await snapshot(redis, activityId);
+    const forged = await tokenFor('forged', 'another-secret-another-secret-0123456789');
+    const pathPart = fc.oneof(
+      fc.string(),
+      fc.constant('..'),
+      fc.constant('%00'),
+      fc.constant('fs:{x}:*'),
+      fc.constant(activityId),
+      fc.stringMatching(/^[A-Za-z0-9_-]{1,80}$/),
+    );
+    const badToken = fc.oneof(
+      fc.constant(''),
+      fc.string(),
+      fc.constant('Bearer '),
+      fc.constant('Bearer eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0.'),
+      fc.constant(`Bearer ${forged}`),
+    );
+    await fc.assert(
+      fc.asyncProperty(
+        fc.constantFrom('GET', 'POST', 'PUT', 'PATCH', 'DELETE'),
+        pathPart,
+        pathPart,
+        fc.oneof(
+          badToken.map((t) => ({ bad: true, t })),
+          fc.constant({ bad: false, t: `Bearer ${token}` }),
+        ),
+        fc.constantFrom('application/json', 'text/plain', 'application/x-www-form-urlencoded', ''),
+        fc.oneof(fc.uint8Array({ maxLength: 512 }), fc.string({ maxLength: 512 }), fc.constant('{"skuId":')),
+        async (method, a, b, auth, ctype, body) => {
+          const headers: Record<string, string> = {};
+          if (ctype) headers['content-type'] = ctype;
+          if (auth.t) headers.authorization = auth.t;
+          // A valid buyer's DELETE records a cancellation tombstone (window 9): a real state change.
+          const m = !auth.bad && method === 'DELETE' ? 'GET' : method;
+          const url = `${api.url}/v1/activities/${encodeURIComponent(a)}/orders/${encodeURIComponent(b)}`;
+          const r = await http.raw(url, {
+            method: m,
+            ...(m === 'GET' ? {} : { body: Buffer.from(body) }),
+            headers,
+          });
+          return r.status >= 400 && r.status < 500;
+        },
+      ),
+      { numRuns: 1000 * SCALE },
+    );
+    // Oversized bodies and garbage payment notifications.
+    const big = await http.raw(orders(), {
+      method: 'POST',
+      body: JSON.stringify({ skuId: 'rice', quantity: 1, requestId: 'x', pad: 'x'.repeat(2_000_000) }),
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+    });
+    expect(big.status).toBe(413);
+    await fc.assert(
+      fc.asyncProperty(
+        fc.oneof(
+          fc.uint8Array({ maxLength: 1024 }),
+          fc.json().map((j) => Buffer.from(j)),
+        ),
+        fc.dictionary(fc.constantFrom('x-fs-signature', 'content-type', 'x-fs-timestamp'), fc.string()),
+        async (body, headers) => {
+          const r = await http.raw(`${api.url}/v1/payments/hmac/notifications`, {
+            method: 'POST',
+            body: Buffer.from(body),
+            headers,
+          });
+          return r.status >= 400 && r.status < 500;
+        },
+      ),
+      { numRuns: 300 * SCALE },
+    );
+    expect(await snapshot(redis, activityId)).toBe(before);
+    const n = await sql.query<{ n: number }>('SELECT count(*)::int AS n FROM payments');
+    expect(n.rows[0]!.n).toBe(0);
+  });
+});
+
+describe('fuzzing the FlashSaleActivity CRD validation (real API server)', () => {
+  const kc = kubeConfigFor();
+  const ext = kc.makeApiClient(ApiextensionsV1Api);
+  const custom = kc.makeApiClient(CustomObjectsApi);
+  const core = kc.makeApiClient(CoreV1Api);
+  const namespace = uniqueId('fz-crd');
+  const crd = parse(
+    readFileSync(join(ROOT, 'crds', 'flashsale.io_flashsaleactivities.yaml'), 'utf8'),
+  ) as V1CustomResourceDefinition;
+  const group = crd.spec.group;
+  const plural = crd.spec.names.plural;
+  const version = crd.spec.versions[0]!.name;
+
+  beforeAll(async () => {
+    try {
+      await ext.createCustomResourceDefinition({ body: crd });
+    } catch (err) {
+      if (!isApiError(err, 409)) throw err; // installed by another test: the same file
+    }
+    await waitFor('CRD established', async () => {
+      const c = await ext.readCustomResourceDefinition({ name: crd.metadata!.name! });
+      return c.status?.conditions?.some((x) => x.type === 'Established' && x.status === 'True');
+    });
+    await core.createNamespace({ body: { metadata: { name: namespace } } });
+  });
+
+  afterAll(async () => {
+    await core.deleteNamespace({ name: namespace }).catch(() => undefined);
+  });
+
+  const valid = (): Record<string, unknown> => ({
+    schedule: { startAt: '2031-01-01T10:00:00Z', endAt: '2031-01-01T11:00:00Z' },
+    items: [{ skuId: 'phone', name: '手机', price: '1999.00', stock: 10, limitPerUser: 1 }],
+  });
+  type Spec = Record<string, unknown>;
+  const withItem = (patch: Record<string, unknown>): Spec => {
+    const s = valid();
+    s.items = [{ ...(s.items as Spec[])[0], ...patch }];
+    return s;
+  };
+  const badPrice = fc
+    .oneof(fc.string(), fc.constant('1.999'), fc.constant('-1'), fc.constant('01.5'), fc.constant('1e3'))
+    .filter((p) => !/^(0|[1-9][0-9]{0,11})(\.[0-9]{1,2})?$/.test(p));
+  const badSku = fc
+    .oneof(fc.string(), fc.constant('-x'), fc.constant('a b'), fc.string({ minLength: 64, maxLength: 80 }))
+    .filter((s) => !/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/.test(s));
+  const invalidSpec: fc.Arbitrary<Spec> = fc.oneof(
+    fc.integer({ max: 0 }).map((stock) => withItem({ stock })),
+    fc.integer({ max: 0 }).map((limitPerUser) => withItem({ limitPerUser })),
+    badPrice.map((price) => withItem({ price })),
+    badSku.map((skuId) => withItem({ skuId })),
+    fc.constant({ ...valid(), items: [] }),
+    fc.constant({ schedule: valid().schedule }),
+    fc.date({ min: new Date('2031-01-01T11:00:00Z'), max: new Date('2040-01-01T00:00:00Z') }).map((d) => ({
+      ...valid(),
+      schedule: { startAt: d.toISOString().replace(/\.\d{3}Z$/, 'Z'), endAt: '2031-01-01T11:00:00Z' },
+    })),
+    fc
+      .anything()
+      .map((x) => ({ ...valid(), items: x }))
+      .filter((s) => !Array.isArray(s.items) || s.items.length === 0),
+  );
+
+  test('invalid specs are refused with a validation error (422), never stored', async () => {
+    let i = 0;
+    await fc.assert(
+      fc.asyncProperty(invalidSpec, async (spec) => {
+        const name = `bad-${(i += 1)}`;
+        try {
+          await custom.createNamespacedCustomObject({
+            group,
+            version,
+            namespace,
+            plural,
+            body: { apiVersion: `${group}/${version}`, kind: crd.spec.names.kind, metadata: { name }, spec },
+          });
+          return false;
+        } catch (err) {
+          if (isApiError(err, 422)) return true;
+          throw err;
+        }
+      }),
+      { numRuns: 150 * SCALE },
+    );
+    const list = (await custom.listNamespacedCustomObject({ group, version, namespace, plural })) as {
+      items: unknown[];
+    };
+    expect(list.items).toHaveLength(0);
+    // The valid base is accepted: the refusals above are about the mutations.
+    await custom.createNamespacedCustomObject({
+      group,
+      version,
+      namespace,
+      plural,
+      body: {
+        apiVersion: `${group}/${version}`,
+        kind: crd.spec.names.kind,
+        metadata: { name: 'ok' },
+        spec: valid(),
+      },
+    });
+  });
+});
