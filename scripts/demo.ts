@@ -33,7 +33,7 @@ import {
 } from '../test/e2e/operator/harness.js';
 import type { Admin, OperatorProcess } from '../test/e2e/operator/harness.js';
 import { uniqueId } from '../test/helpers/env.js';
-import { ROOT, httpClient, startRole, tokenFor } from '../test/helpers/runtime.js';
+import { ROOT, httpClient, startRole, tokenFor, waitFor } from '../test/helpers/runtime.js';
 import type { RoleProcess } from '../test/helpers/runtime.js';
 
 // ---------------------------------------------------------------------------------------------
@@ -48,6 +48,7 @@ const KNOBS = {
   duration: ['DEMO_DURATION', 30, 'seconds the sale stays open'],
   concurrency: ['DEMO_CONCURRENCY', 64, 'buyer requests in flight at most'],
   doubleclick: ['DEMO_DOUBLE_CLICK_PERCENT', 10, '% of buyers who send the same request twice'],
+  starttimeout: ['DEMO_START_TIMEOUT', 300, 'seconds allowed for the operator and roles to start'],
   drain: ['DEMO_DRAIN_TIMEOUT', 20, 'seconds the operator waits for the backlog at the end'],
   interval: ['DEMO_INTERVAL', 1, 'seconds between two progress updates'],
 } as const;
@@ -533,10 +534,29 @@ async function main(): Promise<number> {
   await kafkaAdmin.connect();
   await ensureTopics(kafkaAdmin, topicsFor(activityId), 2, 1);
   await kafkaAdmin.disconnect();
+  // Own readiness waits (the helpers' are sized for tests): a loaded machine can take minutes to
+  // start four Node processes.
+  const ready = async (what: string, probe: () => Promise<boolean>, proc: ChildProcess): Promise<void> => {
+    await waitFor(
+      what,
+      async () => {
+        if (proc.exitCode !== null || proc.signalCode !== null)
+          throw new Error(`${what}: the process exited`);
+        return probe();
+      },
+      k.starttimeout * 1000,
+      250,
+    );
+  };
   const started = Promise.all(
     (['api', 'relay', 'consumer'] as const).map(async (role) => {
-      const r = await startRole(role, { databaseUrl, ...(role === 'api' ? {} : { activityId }) });
+      const r = await startRole(role, {
+        databaseUrl,
+        waitReady: false,
+        ...(role === 'api' ? {} : { activityId }),
+      });
       roles.push(r);
+      await ready(`${role} ready`, async () => (await fetch(`${r.url}/readyz`)).status === 200, r.proc);
       return r;
     }),
   );
@@ -544,7 +564,13 @@ async function main(): Promise<number> {
   await installCrd(a);
   const ns = await prepareNamespace(namespace, a);
   say('starting the operator and the runtime roles (api, relay, consumer) as local processes');
-  operator = await startOperator({ ns, databaseUrl });
+  const op = await startOperator({ ns, databaseUrl, waitFor: 'nothing' });
+  operator = op;
+  await ready(
+    'operator leading',
+    async () => op.records().some((r) => r.msg === 'controller started'),
+    op.proc,
+  );
   const apiRole = (await started)[0]!;
   say(
     `operator leading (metrics http://127.0.0.1:${operator.port}/metrics); ` +
