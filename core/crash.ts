@@ -12,7 +12,9 @@ export type CrashPoint =
   | 'relay-after-kafka-ack'
   | 'consumer-before-db-commit'
   | 'consumer-after-db-commit'
-  | 'consumer-before-results';
+  | 'consumer-before-results'
+  // Fault suite (issue 7): relay read its batch, before producing it to Kafka.
+  | 'relay-before-kafka-send';
 
 export function crashPoint(name: CrashPoint): void {
   if (point !== name) return;

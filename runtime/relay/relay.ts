@@ -142,6 +142,7 @@ export class Relay {
         },
       };
     });
+    crashPoint('relay-before-kafka-send');
     await this.o.producer.send({
       topic: this.o.topic,
       acks: -1,

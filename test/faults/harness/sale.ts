@@ -81,7 +81,9 @@ export class Sale {
       RELAY_CONSUMER_NAME: 'relay-0',
       RELAY_BATCH_SIZE: '5',
       CONSUMER_BATCH_SIZE: '5',
-      ORDER_GAP_THRESHOLD_SECONDS: '5',
+      // The order-gap repair job is a safety net that re-publishes lost half messages; off here so
+      // that the primary path alone must be exactly-once (a lost message shows as order gap).
+      ORDER_GAP_REPAIR: 'false',
       ...extra,
     };
   }

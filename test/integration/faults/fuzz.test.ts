@@ -62,7 +62,11 @@ describe('fuzzing the buyer HTTP API (real api process)', () => {
     api = await startRole('api', {
       activityId,
       databaseUrl: db.url,
-      env: { PAYMENT_HMAC_SECRET: 'fuzz-payment-secret-0123456789abcdef' },
+      env: {
+        PAYMENT_HMAC_SECRET: 'fuzz-payment-secret-0123456789abcdef',
+        PAYMENT_HMAC_APP_ID: 'fuzz-app',
+        PAYMENT_HMAC_MERCHANT_ID: 'fuzz-merchant',
+      },
     });
     token = await tokenFor('fuzz-buyer');
   });
@@ -235,10 +239,17 @@ describe('fuzzing the FlashSaleActivity CRD validation (real API server)', () =>
   const plural = crd.spec.names.plural;
   const version = crd.spec.versions[0]!.name;
 
+  /** Why the CRD could not be installed, when the API server refused the CRD itself. */
+  let notInstallable: string | undefined;
+
   beforeAll(async () => {
     try {
       await ext.createCustomResourceDefinition({ body: crd });
     } catch (err) {
+      if (isApiError(err, 422)) {
+        notInstallable = String(err.body).slice(0, 600);
+        return;
+      }
       if (!isApiError(err, 409)) throw err; // installed by another test: the same file
     }
     await waitFor('CRD established', async () => {
@@ -249,6 +260,7 @@ describe('fuzzing the FlashSaleActivity CRD validation (real API server)', () =>
   });
 
   afterAll(async () => {
+    if (notInstallable !== undefined) return;
     await core.deleteNamespace({ name: namespace }).catch(() => undefined);
   });
 
@@ -286,6 +298,13 @@ describe('fuzzing the FlashSaleActivity CRD validation (real API server)', () =>
   );
 
   test('invalid specs are refused with a validation error (422), never stored', async () => {
+    if (notInstallable !== undefined) {
+      // The brief makes this part conditional on the CRD being installable; make faults
+      // (FAULT_CRD_REQUIRED=1) turns a refused CRD into a failure.
+      if (process.env.FAULT_CRD_REQUIRED === '1') throw new Error(`CRD not installable: ${notInstallable}`);
+      process.stderr.write(`CRD fuzzing skipped: the API server refuses the CRD: ${notInstallable}\n`);
+      return;
+    }
     let i = 0;
     await fc.assert(
       fc.asyncProperty(invalidSpec, async (spec) => {

@@ -155,6 +155,12 @@ describe('fault scenarios (brief windows 1-11)', () => {
       what: 'relay SIGKILLed after Kafka acked, before the stream ack',
     },
     {
+      window: 2,
+      role: 'relay',
+      point: 'relay-before-kafka-send',
+      what: 'relay SIGKILLed after reading its batch, before producing it to Kafka',
+    },
+    {
       window: 3,
       role: 'consumer',
       point: 'consumer-after-db-commit',
@@ -491,6 +497,7 @@ describe('fault scenarios (brief windows 1-11)', () => {
   const points: { role: RoleName; point: CrashPoint }[] = [
     { role: 'api', point: 'api-after-reserve' },
     { role: 'relay', point: 'relay-after-kafka-ack' },
+    { role: 'relay', point: 'relay-before-kafka-send' },
     { role: 'consumer', point: 'consumer-after-db-commit' },
     { role: 'consumer', point: 'consumer-before-db-commit' },
     { role: 'consumer', point: 'consumer-before-results' },
