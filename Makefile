@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 ENV_DIR ?= /tmp/flashsale-env
 
-.PHONY: help demo setup build lint test test-unit env-up env-down
+.PHONY: help demo setup build lint test test-unit faults env-up env-down
 
 help: ## List the targets
 	@echo "Usage: make TARGET"
@@ -37,6 +37,9 @@ test: ## Run all tests against real servers (starts and stops them; same as CI)
 
 test-unit: ## Run the unit tests only (no servers)
 	NODE_OPTIONS=--experimental-vm-modules npx jest --selectProjects unit
+
+faults: ## The whole fault-injection suite with FAULT_RUNS (default 50) randomized runs; writes docs/faults-report.md
+	bash test/faults/run.sh
 
 ##@ Local environment
 
