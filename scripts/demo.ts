@@ -204,9 +204,17 @@ async function startServers(stateDir: string): Promise<void> {
 // The activity: examples/activity.yaml with its times moved a few seconds ahead.
 // ---------------------------------------------------------------------------------------------
 
+/** The example's stock per SKU scaled to `total` units (largest remainder, at least 1 each). */
 function scaleItems(items: ItemSpec[], total: number): ItemSpec[] {
   const exampleTotal = items.reduce((n, i) => n + i.stock, 0);
-  return items.map((i) => ({ ...i, stock: Math.max(1, Math.round((i.stock * total) / exampleTotal)) }));
+  const exact = items.map((i) => (i.stock * total) / exampleTotal);
+  const stock = exact.map((x) => Math.max(1, Math.floor(x)));
+  const byRemainder = exact.map((x, i) => ({ i, r: x - Math.floor(x) })).sort((x, y) => y.r - x.r);
+  for (let short = total - stock.reduce((n, x) => n + x, 0), j = 0; short > 0; short -= 1, j += 1) {
+    const i = byRemainder[j % byRemainder.length]?.i ?? 0;
+    stock[i] = (stock[i] ?? 0) + 1;
+  }
+  return items.map((item, i) => ({ ...item, stock: stock[i] ?? 1 }));
 }
 
 function demoActivity(namespace: string, k: Record<Knob, number>, now: number): FlashSaleActivity {
