@@ -33,7 +33,7 @@ lint: ## eslint + prettier --check + tsc --noEmit
 ##@ Tests
 
 test: ## Run all tests against real servers (starts and stops them; same as CI)
-	bash test/run.sh
+	@bash test/run.sh
 
 test-unit: ## Run the unit tests only (no servers)
 	NODE_OPTIONS=--experimental-vm-modules npx jest --selectProjects unit
