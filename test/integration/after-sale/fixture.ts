@@ -9,7 +9,7 @@ import { SignJWT } from 'jose';
 import { loadActivity, recordResults, setGate } from '../../../core/activity-cache.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
 import { activityKeys } from '../../../core/keys.js';
-import { createPool } from '../../../core/db/pool.js';
+import { createPool, isTransientDbError } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { createLogger } from '../../../core/logger.js';
 import type { Logger } from '../../../core/logger.js';
@@ -43,9 +43,32 @@ export interface Fixture {
   close(): Promise<void>;
 }
 
+/**
+ * The runtime's pool, with a connect timeout suited to a shared CI machine (the production 5 s can
+ * expire while 2 cores run several test files and servers).
+ */
+export function testPool(url: string, max: number, name: string): Pool {
+  const pool = createPool(url, max, name);
+  (pool as unknown as { options: { connectionTimeoutMillis: number } }).options.connectionTimeoutMillis =
+    60_000;
+  return pool;
+}
+
+/** Runs `fn` again after a transient failure, as the next cron tick or a provider's retry would. */
+export async function retryTransient<T>(fn: () => Promise<T>, attempts = 5): Promise<T> {
+  for (let i = 1; ; i += 1) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (i >= attempts || !isTransientDbError(err)) throw err;
+      await new Promise((r) => setTimeout(r, 200 * i));
+    }
+  }
+}
+
 export async function setUp(poolSize = 10): Promise<Fixture> {
   const db = await freshDatabase();
-  const pool = createPool(db.url, poolSize, 'after-sale-test');
+  const pool = testPool(db.url, poolSize, 'after-sale-test');
   const redis = new Redis(testEnv().redisUrl, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
   registerScripts(redis);
   const logger = createLogger('after-sale-test', process.env.TEST_LOG_LEVEL ?? 'silent');
@@ -296,6 +319,15 @@ export async function notify(
     body,
   });
   return reply(res);
+}
+
+/** Like a provider: re-sends the notification while the answer is 5xx (bounded). */
+export async function notifyUntilAnswered(api: Api, n: Notification, attempts = 10): Promise<HttpReply> {
+  for (let i = 1; ; i += 1) {
+    const r = await notify(api, n);
+    if (r.status < 500 || i >= attempts) return r;
+    await new Promise((resolve) => setTimeout(resolve, 200 * i));
+  }
 }
 
 export async function buyerCall(
