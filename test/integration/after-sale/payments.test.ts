@@ -176,7 +176,9 @@ describe('payment notifications (source 004 outcome table)', () => {
         'REFUND_PENDING',
       );
       expect((await findOrderById(f.pool, other))?.status).toBe('UNPAID');
-      expect((await notify(api, { orderId: other, tradeNo: tradeNo(), amount: '19.90' })).body.outcome).toBe('PAID');
+      expect((await notify(api, { orderId: other, tradeNo: tradeNo(), amount: '19.90' })).body.outcome).toBe(
+        'PAID',
+      );
     },
     TIMEOUT_MS,
   );
@@ -210,7 +212,9 @@ describe('payment notifications (source 004 outcome table)', () => {
         await notify(api, n, { signature: null }),
         await notify(api, n, { signature: 'garbage' }),
         await notify(api, n, { secret: 'another-secret-of-sufficient-length-000' }),
-        await notify(api, body.replace('"19.90"', '"0.01"'), { signature: signNotification(PAY_SECRET, body, t) }),
+        await notify(api, body.replace('"19.90"', '"0.01"'), {
+          signature: signNotification(PAY_SECRET, body, t),
+        }),
         await notify(api, n, { timestamp: t - 3600 }),
       ];
       expect(replies.map((r) => [r.status, r.body.code])).toEqual(
@@ -228,9 +232,16 @@ describe('payment notifications (source 004 outcome table)', () => {
       const { orderId } = nextOrder();
       const { orderId: paidOrder } = nextOrder();
       const trade = tradeNo();
-      expect((await notify(api, { orderId: paidOrder, tradeNo: trade, amount: '19.90' })).body.outcome).toBe('PAID');
+      expect((await notify(api, { orderId: paidOrder, tradeNo: trade, amount: '19.90' })).body.outcome).toBe(
+        'PAID',
+      );
       const before = await snapshot();
-      const merchant = await notify(api, { orderId, tradeNo: tradeNo(), amount: '19.90', merchantId: 'evil' });
+      const merchant = await notify(api, {
+        orderId,
+        tradeNo: tradeNo(),
+        amount: '19.90',
+        merchantId: 'evil',
+      });
       const app = await notify(api, { orderId, tradeNo: tradeNo(), amount: '19.90', appId: 'evil' });
       const unknown = await notify(api, { orderId: '999999999', tradeNo: tradeNo(), amount: '19.90' });
       const conflict = await notify(api, { orderId, tradeNo: trade, amount: '19.90' });
@@ -240,9 +251,16 @@ describe('payment notifications (source 004 outcome table)', () => {
       );
       const float = await notify(api, floatBody);
       const tooPrecise = await notify(api, { orderId, tradeNo: tradeNo(), amount: '19.900' });
-      const unknownProvider = await notify(api, { orderId, tradeNo: tradeNo(), amount: '19.90' }, { provider: 'nope' });
+      const unknownProvider = await notify(
+        api,
+        { orderId, tradeNo: tradeNo(), amount: '19.90' },
+        { provider: 'nope' },
+      );
       expect(
-        [merchant, app, unknown, conflict, float, tooPrecise, unknownProvider].map((r) => [r.status, r.body.code]),
+        [merchant, app, unknown, conflict, float, tooPrecise, unknownProvider].map((r) => [
+          r.status,
+          r.body.code,
+        ]),
       ).toEqual([
         [403, 'MERCHANT_MISMATCH'],
         [403, 'MERCHANT_MISMATCH'],
