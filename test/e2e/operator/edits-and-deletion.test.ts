@@ -8,6 +8,7 @@ import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
 import type { FlashSaleError } from '../../../core/errors.js';
+import { createKafka, topicsFor } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { readLoadedDefinition } from '../../../core/loaded-definition.js';
 import { reserve } from '../../../core/reservations.js';
@@ -111,6 +112,12 @@ describe('operator: edits, pause, deletion, failures', () => {
       );
       const active = await waitForPhase(a, ns.namespace, 'z', Phase.Active, 60_000);
       const id = active.status?.activityId ?? '';
+      // The operator created the activity's topics during warm-up.
+      const kadmin = createKafka(testEnv().kafkaBrokers, id).admin();
+      await kadmin.connect();
+      const topics = await kadmin.listTopics();
+      await kadmin.disconnect();
+      expect(topics).toEqual(expect.arrayContaining([topicsFor(id).orders, topicsFor(id).dlq]));
       expect(await readMeta(redis, id)).toMatchObject({ loads: 1, gate: 'open', generation: 1 });
       expect(
         (await readLoadedDefinition(redis, id))?.items.map((i) => [i.skuId, i.name, i.price, i.stock]),

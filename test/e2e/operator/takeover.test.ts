@@ -1,7 +1,9 @@
 // Two operator replicas and two activities at once: the standby never reconciles; when the
 // leader is SIGKILLed the standby takes the Lease over after it expires and finishes the work;
 // a replica stopped with SIGTERM releases the Lease so the next one takes over at once. Neither
-// activity touches the other's keys, rows or Deployments.
+// activity touches the other's keys, rows or Deployments. Both sales are ended by deleting the
+// activity (drain, write-back, cleanup, then the finalizer goes), so that no step depends on how
+// fast this machine starts a process.
 import { CoordinationV1Api } from '@kubernetes/client-node';
 import { Redis } from 'ioredis';
 import { readMeta, readStock } from '../../../core/activity-cache.js';
@@ -12,7 +14,7 @@ import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reserve } from '../../../core/reservations.js';
-import { PHASE_ORDER, Phase } from '../../../operator/api/v1alpha1/types.js';
+import { GROUP, PHASE_ORDER, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
 import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';
 import { startRole } from '../../helpers/runtime.js';
@@ -23,6 +25,7 @@ import {
   admin,
   createActivity,
   eventsOf,
+  getActivity,
   installCrd,
   prepareNamespace,
   scanKeys,
@@ -82,6 +85,14 @@ describe('operator: two replicas, two activities', () => {
     await db?.drop();
   }, TIMEOUT_MS);
 
+  const remove = (name: string): Promise<unknown> =>
+    a.custom.deleteNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: ns.namespace,
+      plural: PLURAL,
+      name,
+    });
   const leaseHolder = async (): Promise<string | undefined> => {
     const lease = await a.kc
       .makeApiClient(CoordinationV1Api)
@@ -108,7 +119,7 @@ describe('operator: two replicas, two activities', () => {
         activityBody(ns.namespace, 'x', {
           warmUpAt: new Date(t0),
           startAt,
-          endAt: new Date(t0 + 22_000),
+          endAt: new Date(t0 + 3_600_000),
           items,
           drainTimeout: '3s',
         }),
@@ -118,7 +129,7 @@ describe('operator: two replicas, two activities', () => {
         activityBody(ns.namespace, 'y', {
           warmUpAt: new Date(t0),
           startAt,
-          endAt: new Date(t0 + 60_000),
+          endAt: new Date(t0 + 3_600_000),
           items,
           drainTimeout: '3s',
           extraSpec: { activityId: idY },
@@ -127,6 +138,7 @@ describe('operator: two replicas, two activities', () => {
       const x = await waitForPhase(a, ns.namespace, 'x', Phase.Active, 60_000);
       await waitForPhase(a, ns.namespace, 'y', Phase.Active, 60_000);
       const idX = x.status?.activityId ?? '';
+      expect(idX).toMatch(new RegExp(`^${ns.namespace}\\.x-[0-9a-f]{8}$`)); // the default id
       expect(idX).not.toBe(idY);
 
       // Buyers of Y only (the same sku ids exist in X).
@@ -146,11 +158,14 @@ describe('operator: two replicas, two activities', () => {
       expect(transitions(opB)).toBe(0);
       expect(transitions(opA)).toBeGreaterThan(0);
 
-      // SIGKILL the leader: B takes over once the Lease expires, then ends X.
+      // SIGKILL the leader, and delete X meanwhile: B takes over once the Lease expires, then
+      // drains, writes back and cleans up X and lets it go.
       expect((await opA.kill('SIGKILL')).signal).toBe('SIGKILL');
+      await remove('x');
       await waitFor('operator-b to lead', async () => becameLeader(opB), 60_000);
       expect(await leaseHolder()).toBe('operator-b');
-      const xDone = await waitForPhase(a, ns.namespace, 'x', Phase.Completed, 90_000);
+      await waitFor('x deleted', async () => !(await getActivity(a, ns.namespace, 'x')), 90_000);
+      const xDone = recorder.statuses.get('x')?.findLast((f) => f.status?.phase === Phase.Completed);
       expect(transitions(opB)).toBeGreaterThan(0);
 
       // X is gone from Redis except its results; Y is live and untouched.
@@ -174,13 +189,11 @@ describe('operator: two replicas, two activities', () => {
         { skuId: 'only-here', initial: 3, remaining: 3 },
         { skuId: 'shared-sku', initial: 7, remaining: 7 },
       ]);
-      expect(xDone.status?.cache?.loads).toBe(1);
+      expect(xDone?.status?.cache?.loads).toBe(1);
       const y = await a.apps.readNamespacedDeployment({ name: 'y-api', namespace: ns.namespace });
       expect(y.spec?.replicas).toBe(2);
-      await waitFor('x scaled to zero', async () => {
-        const d = await a.apps.readNamespacedDeployment({ name: 'x-relay', namespace: ns.namespace });
-        return d.spec?.replicas === 0;
-      });
+      const xRelay = await a.apps.readNamespacedDeployment({ name: 'x-relay', namespace: ns.namespace });
+      expect(xRelay.spec?.replicas).toBe(0);
 
       // A standby comes back; SIGTERM on B releases the Lease, so A leads again without waiting
       // for it to expire.
@@ -196,10 +209,12 @@ describe('operator: two replicas, two activities', () => {
       await waitFor('operator-a to lead again', async () => becameLeader(opA2), 30_000);
       expect(await leaseHolder()).toBe('operator-a');
 
-      const yDone = await waitForPhase(a, ns.namespace, 'y', Phase.Completed, 120_000);
+      await remove('y');
+      await waitFor('y deleted', async () => !(await getActivity(a, ns.namespace, 'y')), 90_000);
+      const yDone = recorder.statuses.get('y')?.findLast((f) => f.status?.phase === Phase.Completed);
       expect(recorder.phases.get('x')).toEqual(PHASE_ORDER);
       expect(recorder.phases.get('y')).toEqual(PHASE_ORDER);
-      expect(yDone.status?.cache?.loads).toBe(1);
+      expect(yDone?.status?.cache?.loads).toBe(1);
       expect(await readWriteBack(pg, idY)).toMatchObject({
         initialTotal: 10,
         remainingTotal: 5,
