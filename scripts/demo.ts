@@ -247,7 +247,7 @@ interface Tally {
   total: Map<string, number>;
   /** reservation id -> buyer, of every 202. */
   accepted: Map<string, string>;
-  /** double clicks that got another reservation id than the first click. */
+  /** repeated requests answered with another reservation id than the first one's 202. */
   doubleClickMismatch: number;
   sent: number;
 }
@@ -326,7 +326,7 @@ async function runBuyers(
             const id = String(r.json.reservationId ?? '');
             count(tally, c === 0 ? 'accepted' : 'accepted (repeat)');
             if (c === 0) first = id;
-            else if (id !== first) tally.doubleClickMismatch += 1;
+            else if (first !== undefined && id !== first) tally.doubleClickMismatch += 1;
             tally.accepted.set(id, b.user);
           } else {
             count(tally, typeof r.json.code === 'string' ? r.json.code.toLowerCase() : `http ${r.status}`);
