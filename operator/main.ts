@@ -132,7 +132,11 @@ async function main(): Promise<void> {
     stopping = true;
     log.info({ signal }, 'shutting down');
     elector?.stop();
-    await ctl.stop().catch(() => undefined);
+    // Let the passes in flight finish (bounded), then give the Lease away.
+    await Promise.race([
+      ctl.stop().catch(() => undefined),
+      new Promise((resolve) => setTimeout(resolve, 15_000).unref()),
+    ]);
     await elector?.release();
     metrics.leader.set(0);
     server.close();

@@ -29,6 +29,14 @@ export interface ResilientInformerOptions<T extends KubernetesObject> {
   /** Restart backoff bounds. */
   minRestartMs?: number;
   maxRestartMs?: number;
+  /** Builds an informer (tests substitute a fake); default: client-node's makeInformer. */
+  make?: (o: ResilientInformerOptions<T>) => Informer<T> & ObjectCache<T>;
+}
+
+function defaultMake<T extends KubernetesObject>(
+  o: ResilientInformerOptions<T>,
+): Informer<T> & ObjectCache<T> {
+  return makeInformer<T>(o.kubeConfig, o.path, o.list, o.labelSelector);
 }
 
 export class ResilientInformer<T extends KubernetesObject> {
@@ -80,7 +88,7 @@ export class ResilientInformer<T extends KubernetesObject> {
   private async replace(why: 'start' | 'relist' | 'restart'): Promise<void> {
     if (this.stopped) return;
     const epoch = ++this.epoch;
-    const informer = makeInformer<T>(this.o.kubeConfig, this.o.path, this.o.list, this.o.labelSelector);
+    const informer = (this.o.make ?? defaultMake)(this.o);
     let failed = false;
     const live = (): boolean => epoch === this.epoch && !this.stopped;
     informer.on('add', (obj) => live() && this.o.onEvent('add', obj));

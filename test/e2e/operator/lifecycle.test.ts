@@ -202,6 +202,12 @@ describe('operator: the whole lifecycle of one activity', () => {
       expect(env).toMatchObject({ ACTIVITY_ID: activityId, PAYMENT_TIMEOUT_SECONDS: '900' });
       expect(dep.spec?.template.spec?.containers[0]?.envFrom?.[0]?.secretRef?.name).toBe('flashsale-runtime');
       expect(dep.spec?.template.spec?.containers[0]?.args).toEqual(['consumer']);
+      const svc = await a.core.readNamespacedService({ name: `${name}-api`, namespace: ns.namespace });
+      expect(svc.spec?.selector).toMatchObject({
+        'app.kubernetes.io/instance': name,
+        'app.kubernetes.io/component': 'api',
+      });
+      expect(svc.metadata?.ownerReferences?.[0]?.name).toBe(name);
 
       // Orders created, stock written back once, PostgreSQL is the truth now.
       const orders = await countOrders(pg, activityId);

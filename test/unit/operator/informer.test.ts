@@ -1,0 +1,118 @@
+import { jest } from '@jest/globals';
+import type { Informer, KubernetesObject, ObjectCache } from '@kubernetes/client-node';
+import { createLogger } from '../../../core/logger.js';
+import { ResilientInformer } from '../../../operator/controller/informer.js';
+import type { InformerEvent, ResilientInformerOptions } from '../../../operator/controller/informer.js';
+
+type Callback = (arg: unknown) => void;
+
+/** A stand-in for client-node's informer: records callbacks, lets the test fire them. */
+class FakeInformer implements Informer<KubernetesObject>, ObjectCache<KubernetesObject> {
+  readonly callbacks = new Map<string, Callback[]>();
+  started = 0;
+  stopped = 0;
+  constructor(private readonly startFails: boolean) {}
+  on(verb: string, cb: (arg: never) => void): void {
+    this.callbacks.set(verb, [...(this.callbacks.get(verb) ?? []), cb as unknown as Callback]);
+  }
+  off(): void {}
+  async start(): Promise<void> {
+    this.started += 1;
+    if (this.startFails) this.fire('error', new Error('list failed'));
+    else this.fire('connect', undefined);
+  }
+  async stop(): Promise<void> {
+    this.stopped += 1;
+    this.fire('error', new Error('aborted')); // what client-node does when stopped
+  }
+  fire(verb: string, arg: unknown): void {
+    for (const cb of this.callbacks.get(verb) ?? []) cb(arg);
+  }
+  get(): KubernetesObject | undefined {
+    return undefined;
+  }
+  list(): readonly KubernetesObject[] {
+    return [];
+  }
+}
+
+const obj = (name: string): KubernetesObject => ({ metadata: { name, namespace: 'ns' } });
+const flush = async (): Promise<void> => {
+  for (let i = 0; i < 5; i += 1) await Promise.resolve();
+};
+
+describe('ResilientInformer', () => {
+  beforeEach(() => jest.useFakeTimers());
+  afterEach(() => jest.useRealTimers());
+
+  function setup(failFirst: number) {
+    const made: FakeInformer[] = [];
+    const events: [InformerEvent, string][] = [];
+    const informer = new ResilientInformer<KubernetesObject>({
+      name: 'test',
+      kubeConfig: undefined as unknown as ResilientInformerOptions<KubernetesObject>['kubeConfig'],
+      path: '/x',
+      list: async () => ({ apiVersion: 'v1', kind: 'List', items: [], metadata: {} }),
+      relistMs: 60_000,
+      onEvent: (e, o) => events.push([e, o.metadata?.name ?? '']),
+      log: createLogger('test', 'silent'),
+      minRestartMs: 100,
+      maxRestartMs: 400,
+      make: () => {
+        const f = new FakeInformer(made.length < failFirst);
+        made.push(f);
+        return f;
+      },
+    });
+    return { informer, made, events };
+  }
+
+  it('restarts a failed informer with a growing backoff until it lists', async () => {
+    const { informer, made } = setup(3);
+    await informer.start();
+    expect(informer.hasSynced).toBe(false);
+    expect(made).toHaveLength(1);
+    await jest.advanceTimersByTimeAsync(100);
+    expect(made).toHaveLength(2);
+    await jest.advanceTimersByTimeAsync(199);
+    expect(made).toHaveLength(2); // second delay is 200 ms
+    await jest.advanceTimersByTimeAsync(1);
+    expect(made).toHaveLength(3);
+    await jest.advanceTimersByTimeAsync(400);
+    expect(made).toHaveLength(4);
+    expect(informer.hasSynced).toBe(true);
+    expect(made.slice(0, 3).every((f) => f.stopped === 1)).toBe(true);
+    await informer.stop();
+  });
+
+  it('replaces the informer every relist period and ignores events of replaced ones', async () => {
+    const { informer, made, events } = setup(0);
+    await informer.start();
+    made[0]?.fire('add', obj('a'));
+    await jest.advanceTimersByTimeAsync(60_000);
+    await flush();
+    expect(made).toHaveLength(2);
+    expect(made[0]?.stopped).toBe(1);
+    made[0]?.fire('update', obj('stale')); // a late event of the replaced informer
+    made[1]?.fire('add', obj('a'));
+    made[1]?.fire('delete', obj('b'));
+    expect(events).toEqual([
+      ['add', 'a'],
+      ['add', 'a'],
+      ['delete', 'b'],
+    ]);
+    await informer.stop();
+    expect(made[1]?.stopped).toBe(1);
+    await jest.advanceTimersByTimeAsync(120_000);
+    expect(made).toHaveLength(2); // no relist after stop
+  });
+
+  it('restarts after a watch error once it was running', async () => {
+    const { informer, made } = setup(0);
+    await informer.start();
+    made[0]?.fire('error', new Error('watch broke'));
+    await jest.advanceTimersByTimeAsync(100);
+    expect(made).toHaveLength(2);
+    await informer.stop();
+  });
+});
