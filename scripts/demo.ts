@@ -108,7 +108,9 @@ function clearLive(): void {
 function drawLive(lines: string[]): void {
   if (TTY) {
     clearLive();
-    process.stdout.write(`${lines.join('\n')}\n`);
+    // Cut to the terminal's width: a wrapped line would break the cursor-up count of the redraw.
+    const width = Math.max(20, (process.stdout.columns || 120) - 1);
+    process.stdout.write(`${lines.map((l) => l.slice(0, width)).join('\n')}\n`);
     drawnLines = lines.length;
   } else {
     process.stdout.write(`[demo ${elapsed()}] ${lines.map((l) => l.trim()).join(' | ')}\n`);
