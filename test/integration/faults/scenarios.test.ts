@@ -485,6 +485,10 @@ describe('fault scenarios (brief windows 1-11)', () => {
         const accepted = answers.filter((a) => a.status === 202).length;
         const undecided = answers.filter((a) => a.status === 0 || a.status >= 500).length;
         expect({ undecided, accepted }).toEqual({ undecided: 0, accepted: 40 });
+        if (rec.violations.length > 0) {
+          // The roles' last output (consumer, relay) says where the pipeline stalled.
+          process.stderr.write(`window 11 role output:\n${sale.output()}\n`);
+        }
         expectClean(rec.violations, 'window 11');
       });
     }, 600_000);
