@@ -106,7 +106,8 @@ export class OrderConsumer {
       const chunk = batch.messages.slice(i, i + this.o.batchSize).map((m) => this.parse(m));
       await this.processChunk(chunk, p);
       p.resolveOffset(chunk[chunk.length - 1]!.message.offset);
-      await p.commitOffsetsIfNecessary();
+      // With autoCommit off, kafkajs commits only the offsets it is handed.
+      await p.commitOffsetsIfNecessary(p.uncommittedOffsets());
       await p.heartbeat();
     }
   }

@@ -106,7 +106,11 @@ describe('poison messages and metrics', () => {
       async () => {
         const r = await http.raw(`${all.url}/metrics`, { method: 'GET' });
         const body = String(r.json.raw ?? '');
-        return metric(body, 'flashsale_dlq_depth', `topic="${activity.topics.dlq}"`) === 1 ? body : undefined;
+        // Lag 0: offsets are committed after the DB commit (and after the DLQ send).
+        const settled =
+          metric(body, 'flashsale_dlq_depth', `topic="${activity.topics.dlq}"`) === 1 &&
+          metric(body, 'flashsale_consumer_lag', `activity="${activityId}"`) === 0;
+        return settled ? body : undefined;
       },
       30_000,
       500,
