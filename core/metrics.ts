@@ -9,7 +9,7 @@ export type Metrics = ReturnType<typeof createMetrics>;
 export function createMetrics(component: string) {
   const registry = new client.Registry();
   registry.setDefaultLabels({ component });
-  client.collectDefaultMetrics({ register: registry, prefix: 'flashsale_process_' });
+  client.collectDefaultMetrics({ register: registry, prefix: 'flashsale_' });
   const r = [registry];
   return {
     registry,
@@ -155,7 +155,7 @@ export type OperatorMetrics = ReturnType<typeof createOperatorMetrics>;
 export function createOperatorMetrics() {
   const registry = new client.Registry();
   registry.setDefaultLabels({ component: 'operator' });
-  client.collectDefaultMetrics({ register: registry, prefix: 'flashsale_process_' });
+  client.collectDefaultMetrics({ register: registry, prefix: 'flashsale_' });
   const r = [registry];
   return {
     registry,
