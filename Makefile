@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 ENV_DIR ?= /tmp/flashsale-env
 
-.PHONY: help demo setup build lint test test-unit faults env-up env-down
+.PHONY: help demo setup build lint test test-unit faults env-up env-down chart-lint chart-sync images
 
 help: ## List the targets
 	@echo "Usage: make TARGET"
@@ -48,3 +48,19 @@ env-up: ## Start PostgreSQL, Redis, Kafka and kube-apiserver into ENV_DIR (defau
 
 env-down: ## Stop the servers started by env-up and remove ENV_DIR
 	bash test/env/env-down.sh $(ENV_DIR)
+
+##@ Chart and images
+
+HELM = $(shell bash -c '. test/env/lib.sh; echo $$FLASHSALE_CACHE/bin/helm-$$HELM_VERSION/helm')
+
+chart-lint: ## helm lint --strict the chart with the default, small and large values
+	bash test/env/build-kube.sh helm >/dev/null
+	for v in "" examples/values-small.yaml examples/values-large.yaml; do $(HELM) lint --strict charts/flashsale --kube-version 1.34.0 $${v:+-f $$v} || exit 1; done
+
+chart-sync: ## Copy crds/ and config/rbac/role.yaml into the chart (after editing either; a test fails on drift)
+	cp crds/flashsale.io_flashsaleactivities.yaml charts/flashsale/files/crds/
+	cp config/rbac/role.yaml charts/flashsale/files/rbac/
+
+images: ## Build the runtime and operator images (needs a Docker engine; docs/images.md)
+	docker build --target runtime -t flashsale-runtime:0.1.0 .
+	docker build --target operator -t flashsale-operator:0.1.0 .
