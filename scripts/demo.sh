@@ -23,7 +23,7 @@ fi
 pid=""
 cleanup() {
   local rc=$?
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM HUP
   if [ -n "$pid" ]; then
     kill -TERM "$pid" 2>/dev/null || true # the demo stops its processes and servers itself
     wait "$pid" 2>/dev/null || true
@@ -37,6 +37,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+trap 'exit 129' HUP # a closed terminal
 
 # In the background so that INT/TERM reach the traps at once (bash defers traps while a
 # foreground child runs); the demo handles SIGINT/SIGTERM itself as well.
