@@ -14,7 +14,18 @@ export type CrashPoint =
   | 'consumer-after-db-commit'
   | 'consumer-before-results'
   // Fault suite (issue 7): relay read its batch, before producing it to Kafka.
-  | 'relay-before-kafka-send';
+  | 'relay-before-kafka-send'
+  // Operator: each right after a side effect and before the status records it, which is exactly
+  // where a crash is hardest to recover from.
+  | 'operator-after-finalizer'
+  | 'operator-after-topics'
+  | 'operator-after-load'
+  | 'operator-after-open-gate'
+  | 'operator-after-close-gate'
+  | 'operator-after-drain'
+  | 'operator-after-freeze'
+  | 'operator-after-write-back'
+  | 'operator-after-cleanup';
 
 export function crashPoint(name: CrashPoint): void {
   if (point !== name) return;

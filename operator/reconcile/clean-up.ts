@@ -9,7 +9,7 @@ import { cleanupActivity } from '../../core/activity-cache.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { parseDuration } from '../api/v1alpha1/funcs.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
-import { crashPoint } from '../crash-points.js';
+import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 

@@ -1,6 +1,6 @@
 /** Step 1: the finalizer, so that deleting a live activity drains, writes back and cleans up first. */
 import { FINALIZER } from '../api/v1alpha1/types.js';
-import { crashPoint } from '../crash-points.js';
+import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 

@@ -5,7 +5,7 @@
  */
 import { readMeta, setGate } from '../../core/activity-cache.js';
 import { EventReason, Phase } from '../api/v1alpha1/types.js';
-import { crashPoint } from '../crash-points.js';
+import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE } from './context.js';
 

@@ -6,7 +6,7 @@
 import { readMeta } from '../../core/activity-cache.js';
 import { readWriteBack } from '../../core/db/stock-store.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
-import { crashPoint } from '../crash-points.js';
+import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { recordCache, syncCache } from './sync-spec.js';

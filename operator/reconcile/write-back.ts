@@ -7,7 +7,7 @@ import { readMeta, readStock, setGate } from '../../core/activity-cache.js';
 import { countOrders } from '../../core/db/orders-store.js';
 import { readWriteBack, writeBack as writeBackStock } from '../../core/db/stock-store.js';
 import { EventReason, Phase } from '../api/v1alpha1/types.js';
-import { crashPoint } from '../crash-points.js';
+import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE } from './context.js';
 
