@@ -102,8 +102,8 @@ describe('make demo (small configuration)', () => {
       ]) {
         expect(run.out).toMatch(new RegExp(`\\n\\s+ok\\s+${check}`));
       }
-      // Progress lines (plain, not a terminal) went through the phases.
-      for (const phase of ['Ready', 'Active', 'Draining', 'Completed']) expect(run.out).toContain(phase);
+      // Progress lines (plain, not a terminal) show the phases; short ones may fall between two updates.
+      for (const phase of ['Active', 'Completed']) expect(run.out).toContain(`phase         ${phase}`);
       expect(run.out).toMatch(/half messages \d+/);
       expect(run.out).toMatch(/order gap \(>30s\) \d+/);
 
