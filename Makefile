@@ -15,7 +15,7 @@ help: ## List the targets
 ##@ Run
 
 demo: ## A whole sale end to end on this machine: servers, operator, runtime, buyers, checked summary (docs/demo.md)
-	bash scripts/demo.sh
+	bash scripts/demo.sh $(DEMO_ARGS)
 
 ##@ Setup and build
 
