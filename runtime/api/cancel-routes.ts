@@ -15,7 +15,7 @@ import { FlashSaleError } from '../../core/errors.js';
 import { cancelReservation } from '../../core/order-lifecycle.js';
 import type { CancelOutcome, LifecycleDeps } from '../../core/order-lifecycle.js';
 import { reservationIdFor } from '../../core/reservations.js';
-import { activityParam, parse, requestIdQuery, reservationParam } from './schemas.js';
+import { parse, requestIdQuery, reservationParam, servedActivity } from './schemas.js';
 
 export interface CancelDeps extends LifecycleDeps {
   /** When set, this api serves only this activity. */
@@ -31,13 +31,7 @@ const metricOutcome: Record<CancelOutcome['outcome'], string> = {
 export function cancelRouter(deps: CancelDeps): Router {
   const router = Router();
 
-  const activityOf = (req: Request): string => {
-    const activityId = parse(activityParam, req.params.activityId);
-    if (deps.activityId && activityId !== deps.activityId) {
-      throw new FlashSaleError('UNKNOWN_ACTIVITY', `this endpoint serves activity ${deps.activityId}`);
-    }
-    return activityId;
-  };
+  const activityOf = (req: Request): string => servedActivity(req, deps.activityId);
 
   const cancel = async (res: Response, activityId: string, reservationId: string): Promise<void> => {
     try {

@@ -12,12 +12,12 @@ import { readReservation, reservationIdFor, reserve } from '../../core/reservati
 import { crashPoint } from '../../core/crash.js';
 import type { RedisClient } from '../../core/scripts.js';
 import {
-  activityParam,
   orderCodeBody,
   parse,
   requestIdQuery,
   reservationParam,
   submitOrderBody,
+  servedActivity,
 } from './schemas.js';
 import type { SoldOutFlags } from './sold-out.js';
 
@@ -47,13 +47,7 @@ const resultLabel: Partial<Record<ErrorCode, string>> = {
 export function ordersRouter(deps: OrdersDeps): Router {
   const router = Router();
 
-  const activityOf = (req: Request): string => {
-    const activityId = parse(activityParam, req.params.activityId);
-    if (deps.activityId && activityId !== deps.activityId) {
-      throw new FlashSaleError('UNKNOWN_ACTIVITY', `this endpoint serves activity ${deps.activityId}`);
-    }
-    return activityId;
-  };
+  const activityOf = (req: Request): string => servedActivity(req, deps.activityId);
 
   router.post('/v1/activities/:activityId/orders', async (req: Request, res: Response) => {
     const activityId = activityOf(req);

@@ -1,4 +1,5 @@
 /** Request schemas: nothing the client sends beyond ids and quantity is trusted or even read. */
+import type { Request } from 'express';
 import { z } from 'zod';
 import { FlashSaleError } from '../../core/errors.js';
 
@@ -32,4 +33,13 @@ export function parse<T extends z.ZodType>(schema: T, value: unknown): z.infer<T
     });
   }
   return r.data;
+}
+
+/** The activity of a request's path; an api bound to one activity refuses the others. */
+export function servedActivity(req: Request, served: string | undefined): string {
+  const activityId = parse(activityParam, req.params.activityId);
+  if (served && activityId !== served) {
+    throw new FlashSaleError('UNKNOWN_ACTIVITY', `this endpoint serves activity ${served}`);
+  }
+  return activityId;
 }
