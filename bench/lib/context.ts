@@ -1,0 +1,67 @@
+/** What every phase gets: configuration, servers, the measured core, and shared clients. */
+import { Redis } from 'ioredis';
+import pg from 'pg';
+import type { CatalogItem } from '../../core/model.js';
+import type { BenchConfig, CoreModules, Servers } from './env.js';
+
+export interface Ctx {
+  cfg: BenchConfig;
+  servers: Servers;
+  core: CoreModules;
+  /** The harness's own Redis connection (auto-pipelined, like the api's). */
+  redis: Redis;
+  pool: pg.Pool;
+  /** Unique per run: activity ids, buyer ids and rows carry it, so runs never collide. */
+  runId: string;
+  secret: string;
+  logDir: string;
+  /** Activity ids and Kafka topics this run created (cleaned up on servers it does not own). */
+  activities: Set<string>;
+  topics: Set<string>;
+}
+
+export function openClients(servers: Servers): { redis: Redis; pool: pg.Pool } {
+  return {
+    redis: new Redis(servers.env.REDIS_URL!, { enableAutoPipelining: true, maxRetriesPerRequest: 3 }),
+    pool: new pg.Pool({ connectionString: servers.env.DATABASE_URL!, max: 4 }),
+  };
+}
+
+export function benchItem(skuId: string, stock: number, name = `Bench item ${skuId}`): CatalogItem {
+  return { skuId, name, price: '19.99', stock, limitPerUser: 1 };
+}
+
+/** Loads an activity whose sale window is open now and opens its gate. */
+export async function openActivity(ctx: Ctx, activityId: string, items: CatalogItem[]): Promise<void> {
+  ctx.activities.add(activityId);
+  await ctx.core.cache.loadActivity(ctx.redis, {
+    id: activityId,
+    generation: 1,
+    startAt: new Date(Date.now() - 60_000),
+    endAt: new Date(Date.now() + 6 * 3600_000),
+    requireOrderCode: false,
+    reopenOnRelease: false,
+    items,
+  });
+  await ctx.core.cache.setGate(ctx.redis, activityId, 'open');
+}
+
+/** CPU seconds (user + system, all threads) the Redis server has used so far (INFO cpu). */
+export async function redisCpuS(ctx: Ctx): Promise<number> {
+  const info = await ctx.redis.info('cpu');
+  const get = (k: string): number => Number(new RegExp(`^${k}:([\\d.]+)`, 'm').exec(info)?.[1] ?? NaN);
+  return get('used_cpu_sys') + get('used_cpu_user');
+}
+
+/** Deletes every key of an activity (SCAN over its own prefix only, never a global pattern). */
+export async function dropActivityKeys(ctx: Ctx, activityId: string): Promise<number> {
+  const pattern = ctx.core.keys.activityKeys(activityId).scanPattern;
+  let cursor = '0';
+  let deleted = 0;
+  do {
+    const [next, keys] = await ctx.redis.scan(cursor, 'MATCH', pattern, 'COUNT', 20_000);
+    cursor = next;
+    if (keys.length > 0) deleted += await ctx.redis.unlink(...keys);
+  } while (cursor !== '0');
+  return deleted;
+}

@@ -1,0 +1,138 @@
+/**
+ * HTTP load with autocannon (keep-alive, HTTP/1.1, no pipelining). Order submissions use distinct
+ * buyers: every request takes the next buyer of a pool of pre-signed HS256 tokens (signed here
+ * with node:crypto, exactly what `jose` verifies) and a fresh requestId, so no request is a replay
+ * or runs into the per-buyer limit.
+ */
+import { createHmac } from 'node:crypto';
+import autocannon from 'autocannon';
+import { log } from './util.js';
+
+const b64url = (s: string | Buffer): string => Buffer.from(s).toString('base64url');
+
+export class Buyers {
+  private readonly header = b64url(JSON.stringify({ alg: 'HS256', typ: 'JWT' }));
+  private readonly tokens: string[] = [];
+  private next = 0;
+  private readonly exp = Math.floor(Date.now() / 1000) + 6 * 3600;
+
+  constructor(
+    private readonly secret: string,
+    private readonly prefix: string,
+    presign: number,
+  ) {
+    const t = Date.now();
+    for (let i = 0; i < presign; i += 1) this.tokens.push(this.sign(i));
+    log(`signed ${presign} buyer tokens in ${Date.now() - t} ms`);
+  }
+
+  private sign(i: number): string {
+    const payload = b64url(JSON.stringify({ sub: `${this.prefix}${i}`, exp: this.exp }));
+    const input = `${this.header}.${payload}`;
+    return `${input}.${createHmac('sha256', this.secret).update(input).digest('base64url')}`;
+  }
+
+  /** The next unused buyer: its token and a requestId never used before. */
+  take(): { token: string; requestId: string } {
+    const i = this.next;
+    this.next += 1;
+    return { token: this.tokens[i] ?? this.sign(i), requestId: `q${i}` };
+  }
+
+  get used(): number {
+    return this.next;
+  }
+
+  get presigned(): number {
+    return this.tokens.length;
+  }
+}
+
+export interface LoadResult {
+  /** Responses per second (any status). */
+  rps: number;
+  /** 2xx responses per second. */
+  okRps: number;
+  total: number;
+  statusCounts: Record<string, number>;
+  p50Ms: number;
+  p99Ms: number;
+  avgMs: number;
+  errors: number;
+  durationS: number;
+  /** CPU time per response, in microseconds, of the api process, Redis and the load generator. */
+  cpu?: { api?: number; redis?: number; loadgen?: number };
+}
+
+function toResult(r: autocannon.Result): LoadResult {
+  const statusCounts: Record<string, number> = {};
+  for (const [code, v] of Object.entries(r.statusCodeStats ?? {})) statusCounts[code] = Number(v.count);
+  const total = Object.values(statusCounts).reduce((a, b) => a + b, 0);
+  return {
+    rps: total / r.duration,
+    okRps: r['2xx'] / r.duration,
+    total,
+    statusCounts,
+    p50Ms: r.latency.p50,
+    p99Ms: r.latency.p99,
+    avgMs: r.latency.average,
+    errors: r.errors + r.timeouts,
+    durationS: r.duration,
+  };
+}
+
+export interface OrderLoadOptions {
+  baseUrl: string;
+  activityId: string;
+  skuId: string;
+  buyers: Buyers;
+  seconds: number;
+  connections: number;
+}
+
+export async function orderLoad(o: OrderLoadOptions): Promise<LoadResult> {
+  const path = `/v1/activities/${o.activityId}/orders`;
+  const r = await autocannon({
+    url: o.baseUrl,
+    connections: o.connections,
+    pipelining: 1,
+    duration: o.seconds,
+    timeout: 30,
+    requests: [
+      {
+        method: 'POST',
+        path,
+        setupRequest: (req) => {
+          const b = o.buyers.take();
+          req.headers = { 'content-type': 'application/json', authorization: `Bearer ${b.token}` };
+          req.body = `{"skuId":"${o.skuId}","quantity":1,"requestId":"${b.requestId}"}`;
+          return req;
+        },
+      },
+    ],
+  });
+  return toResult(r);
+}
+
+export async function getLoad(
+  baseUrl: string,
+  path: string,
+  seconds: number,
+  connections: number,
+): Promise<LoadResult> {
+  const r = await autocannon({
+    url: `${baseUrl}${path}`,
+    connections,
+    pipelining: 1,
+    duration: seconds,
+    timeout: 30,
+  });
+  return toResult(r);
+}
+
+export function describe(r: LoadResult): string {
+  const codes = Object.entries(r.statusCounts)
+    .map(([c, n]) => `${c}:${n}`)
+    .join(' ');
+  return `${Math.round(r.rps)} req/s, p50 ${r.p50Ms} ms, p99 ${r.p99Ms} ms [${codes}]${r.errors ? ` errors ${r.errors}` : ''}`;
+}

@@ -1,0 +1,214 @@
+/**
+ * Pipeline and drain: reservations become orders in PostgreSQL through the relay (Redis stream ->
+ * Kafka) and the consumer (Kafka -> PostgreSQL), both running as their own role processes.
+ *
+ * 1. Relay and consumer start; a small warm-up batch proves the whole path (group joined).
+ * 2. N reservations are created directly with the reserve script, by redis-benchmark (EVALSHA,
+ *    50 clients, 16 deep, distinct buyers as in the reference run) as fast as Redis takes them:
+ *    the sale's burst, without a load generator competing for the CPU.
+ * 3. The gate closes. Drain = time from gate close until zero half messages (stream empty) and
+ *    zero gap (no reservation without an order: the ledger of unconfirmed reservations is empty).
+ * Orders are counted in PostgreSQL every 200 ms; the pipeline rate is the slope between 10 % and
+ * 90 % of the burst's orders (the backlog never runs dry in that window when the burst outpaces
+ * the pipeline, which the report checks).
+ */
+import { copyFileSync, existsSync, mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Ctx } from './context.js';
+import { summarizeProfile } from './profile.js';
+import type { ProfileSummary } from './profile.js';
+import { prepareRedisRef, reservations, runReserveBenchmark } from './redis-ref.js';
+import { peakRssMb, startRole, stopRole } from './runtime.js';
+import type { RoleProcess } from './runtime.js';
+import { log, sleep, waitFor } from './util.js';
+
+export interface Sample {
+  t: number;
+  orders: number;
+  halfMessages: number;
+  unconfirmed: number;
+}
+
+export interface PipelineResult {
+  /** Reservations created by the burst (the script's own count). */
+  n: number;
+  /** False when the drain did not finish before the benchmark's deadline. */
+  drained: boolean;
+  createS: number;
+  createRate: number;
+  /** Orders per second between 10 % and 90 % of the burst. */
+  pipelineRate: number;
+  /** The backlog stayed above zero through the rate window (rate = capacity, not input). */
+  backlogged: boolean;
+  drainS: number;
+  backlogAtClose: { halfMessages: number; missingOrders: number };
+  ordersInPg: number;
+  /** Reservations released by the consumer (a buyer-slot conflict), hence without an order. */
+  released: number;
+  rss: Record<'relay' | 'consumer', { idleMb: number; peakMb: number }>;
+  samples: Sample[];
+  /** With BENCH_PROFILE_ROLES=1: where the relay's and the consumer's time went during the run. */
+  profiles?: { relay?: ProfileSummary; consumer?: ProfileSummary };
+}
+
+async function countOrders(ctx: Ctx, activityId: string): Promise<number> {
+  const r = await ctx.pool.query<{ n: string }>(
+    'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
+    [activityId],
+  );
+  return Number(r.rows[0]?.n ?? 0);
+}
+
+export async function pipelineAndDrain(
+  ctx: Ctx,
+  activityId: string,
+  calls: number,
+  deadline: number,
+): Promise<PipelineResult> {
+  const { core } = ctx;
+  const command = await prepareRedisRef(ctx, activityId);
+  const kafka = core.kafka.createKafka(ctx.servers.env.KAFKA_BROKERS!.split(','), `bench-${ctx.runId}`);
+  const admin = kafka.admin();
+  await admin.connect();
+  const topics = core.kafka.topicsFor(activityId);
+  try {
+    await core.kafka.ensureTopics(admin, topics, 4, 1);
+    ctx.topics.add(topics.orders).add(topics.dlq);
+  } finally {
+    await admin.disconnect();
+  }
+  const keys = core.keys.activityKeys(activityId);
+  const roleOpts = {
+    distDir: ctx.cfg.distDir,
+    luaDir: ctx.cfg.luaDir,
+    logDir: ctx.logDir,
+    env: ctx.servers.env,
+    activityId,
+    roleEnv: ctx.cfg.roleEnv,
+  };
+  const profDir = join(ctx.logDir, 'profiles');
+  const prof = (name: string): string[] =>
+    ctx.cfg.profileRoles
+      ? ['--cpu-prof', `--cpu-prof-dir=${profDir}`, `--cpu-prof-name=${name}.cpuprofile`]
+      : [];
+  if (ctx.cfg.profileRoles) mkdirSync(profDir, { recursive: true });
+  const roles: RoleProcess[] = [];
+  let profWindow: { startUs: number; endUs: number } | undefined;
+  let result: PipelineResult | undefined;
+  try {
+    const [relay, consumer] = await Promise.all([
+      startRole('relay', { ...roleOpts, nodeArgs: prof('relay') }),
+      startRole('consumer', { ...roleOpts, nodeArgs: prof('consumer') }),
+    ]);
+    roles.push(relay, consumer);
+
+    await runReserveBenchmark(ctx, activityId, command, 10, 1, 200);
+    const warm = await reservations(ctx, activityId);
+    await waitFor('warm-up orders in PostgreSQL', 120_000, async () =>
+      (await countOrders(ctx, activityId)) >= warm ? true : undefined,
+    );
+    log(`pipeline warm (${warm} orders through relay and consumer)`);
+
+    const samples: Sample[] = [];
+    const t0 = performance.now();
+    const startUs = Number(process.hrtime.bigint() / 1000n);
+    let sampling = true;
+    const sampler = (async () => {
+      while (sampling) {
+        const [orders, halfMessages, unconfirmed] = await Promise.all([
+          countOrders(ctx, activityId),
+          ctx.redis.xlen(keys.outbox),
+          ctx.redis.zcard(keys.ledger),
+        ]);
+        samples.push({
+          t: (performance.now() - t0) / 1000,
+          orders: orders - warm,
+          halfMessages,
+          unconfirmed,
+        });
+        await sleep(200);
+      }
+    })();
+
+    await runReserveBenchmark(ctx, activityId, command, 50, 16, calls);
+    const closeAt = performance.now();
+    const n = (await reservations(ctx, activityId)) - warm;
+    await core.cache.setGate(ctx.redis, activityId, 'closed');
+    const createS = (closeAt - t0) / 1000;
+    const [halfAtClose, ordersAtClose] = await Promise.all([
+      ctx.redis.xlen(keys.outbox),
+      countOrders(ctx, activityId),
+    ]);
+    log(
+      `${n} reservations in ${createS.toFixed(1)} s; gate closed with ${halfAtClose} half messages and ` +
+        `${n + warm - ordersAtClose} reservations without an order`,
+    );
+    const drained = await waitFor(
+      'drain (zero half messages, zero gap)',
+      Math.max(10_000, deadline - Date.now()),
+      async () => {
+        const [h, u] = await Promise.all([ctx.redis.xlen(keys.outbox), ctx.redis.zcard(keys.ledger)]);
+        return h === 0 && u === 0 ? true : undefined;
+      },
+      50,
+    ).then(
+      () => true,
+      (err: Error) => {
+        log(`${err.message}: stopping the drain measurement at the benchmark's deadline`);
+        return false;
+      },
+    );
+    const drainS = (performance.now() - closeAt) / 1000;
+    profWindow = { startUs, endUs: Number(process.hrtime.bigint() / 1000n) };
+    sampling = false;
+    await sampler;
+    const ordersInPg = (await countOrders(ctx, activityId)) - warm;
+    samples.push({ t: (performance.now() - t0) / 1000, orders: ordersInPg, halfMessages: 0, unconfirmed: 0 });
+    // A buyer id drawn twice by redis-benchmark's random ids is refused by the database's buyer-slot
+    // key and its reservation released (the consumer's compensation): not an order, not a gap.
+    const released = Number((await ctx.redis.hget(keys.counters, 'released')) ?? 0);
+    const at = (frac: number): Sample | undefined => samples.find((s) => s.orders >= frac * n);
+    const a = at(0.1);
+    const b = at(0.9);
+    const pipelineRate = a && b && b.t > a.t ? (b.orders - a.orders) / (b.t - a.t) : NaN;
+    const rateWindow = samples.filter((s) => a && b && s.t >= a.t && s.t <= b.t);
+    const backlogged = rateWindow.length > 0 && rateWindow.every((s) => s.unconfirmed > 0);
+    const rss = {
+      relay: { idleMb: (relay.idleRssKb ?? 0) / 1024, peakMb: peakRssMb(relay) ?? NaN },
+      consumer: { idleMb: (consumer.idleRssKb ?? 0) / 1024, peakMb: peakRssMb(consumer) ?? NaN },
+    };
+    log(
+      `${drained ? 'drained' : 'NOT drained'} after ${drainS.toFixed(2)} s; pipeline ${Math.round(pipelineRate)} orders/s; ` +
+        `${ordersInPg}/${n} orders in PostgreSQL`,
+    );
+    result = {
+      n,
+      drained,
+      createS,
+      createRate: n / createS,
+      pipelineRate,
+      backlogged,
+      drainS,
+      backlogAtClose: { halfMessages: halfAtClose, missingOrders: n + warm - ordersAtClose },
+      ordersInPg,
+      released,
+      rss,
+      samples,
+    };
+  } finally {
+    await Promise.all(roles.map((r) => stopRole(r)));
+  }
+  if (ctx.cfg.profileRoles) {
+    const summary = (name: string): ProfileSummary | undefined => {
+      const file = join(profDir, `${name}.cpuprofile`);
+      if (!existsSync(file)) return undefined;
+      if (ctx.cfg.keepProfilesDir) {
+        mkdirSync(ctx.cfg.keepProfilesDir, { recursive: true });
+        copyFileSync(file, join(ctx.cfg.keepProfilesDir, `${name}.cpuprofile`));
+      }
+      return summarizeProfile(file, ctx.cfg.distDir, profWindow);
+    };
+    result.profiles = { relay: summary('relay'), consumer: summary('consumer') };
+  }
+  return result;
+}

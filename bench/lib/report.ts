@@ -1,0 +1,469 @@
+/** Renders the results as docs/benchmarks.md: the summary table first, then the details. */
+import type { LoadResult } from './http-load.js';
+import type { MicroResult } from './micro.js';
+import type { PgbenchResult } from './pg-ref.js';
+import type { PipelineResult } from './pipeline.js';
+import type { ProfileSummary } from './profile.js';
+import type { RedisRefResult } from './redis-ref.js';
+import type { WarmupResult } from './warmup.js';
+
+export interface RunMeta {
+  date: string;
+  commit: string;
+  dirty: string[];
+  cpus: number;
+  cpuModel: string;
+  memGiB: number;
+  node: string;
+  loadBefore: number;
+  loadAfter: number;
+  /** Share of the run during which some task waited for a CPU (/proc/pressure/cpu). */
+  cpuPressurePct: number | undefined;
+  otherLoad: string;
+  redis: string;
+  postgres: Record<string, string>;
+  kafka: string;
+  servers: string;
+  durationS: number;
+  warmupS: number;
+  connections: number;
+  totalS: number;
+  command: string;
+}
+
+export interface Results {
+  meta: RunMeta;
+  redisUnpipelined: RedisRefResult[];
+  redisPipelined?: RedisRefResult;
+  submit?: LoadResult;
+  dbOnly?: PgbenchResult;
+  soldOut?: LoadResult;
+  healthz?: LoadResult;
+  ceiling?: { rowsPerS: number; tps: number };
+  ceilingOneClient?: { rowsPerS: number; tps: number };
+  pipeline?: PipelineResult;
+  warmup?: WarmupResult;
+  api?: { idleMb: number; peakMb: number };
+  profiles: { submit?: ProfileSummary; soldOut?: ProfileSummary };
+  micro?: MicroResult[];
+  failures: Record<string, string>;
+}
+
+const f0 = (x: number | undefined): string =>
+  x === undefined || !Number.isFinite(x) ? 'n/a' : Math.round(x).toLocaleString('en-US');
+const f1 = (x: number | undefined): string =>
+  x === undefined || !Number.isFinite(x) ? 'n/a' : x.toFixed(x < 10 ? 2 : 1);
+const ratio = (a: number | undefined, b: number | undefined): string =>
+  a === undefined || b === undefined || !Number.isFinite(a) || !Number.isFinite(b) || b === 0
+    ? 'n/a'
+    : `${(a / b).toFixed(a / b < 10 ? 2 : 1)}×`;
+
+type Verdict = 'met' | 'MISSED' | 'n/a' | '—';
+const verdict = (ok: boolean | undefined): Verdict => (ok === undefined ? 'n/a' : ok ? 'met' : 'MISSED');
+const defined = (...xs: (number | undefined)[]): boolean =>
+  xs.every((x) => x !== undefined && Number.isFinite(x));
+
+export function meanRef(rs: RedisRefResult[]): RedisRefResult | undefined {
+  if (rs.length === 0) return undefined;
+  const avg = (f: (r: RedisRefResult) => number): number => rs.reduce((a, r) => a + f(r), 0) / rs.length;
+  return {
+    rps: avg((r) => r.rps),
+    p50Ms: avg((r) => r.p50Ms),
+    p99Ms: avg((r) => r.p99Ms),
+    calls: rs.reduce((a, r) => a + r.calls, 0),
+    reservedRatio: avg((r) => r.reservedRatio),
+    redisCpuUs: avg((r) => r.redisCpuUs),
+  };
+}
+
+export interface TargetCheck {
+  figure: string;
+  target: string;
+  verdict: Verdict;
+  detail: string;
+}
+
+export function targets(r: Results): TargetCheck[] {
+  const ref = meanRef(r.redisUnpipelined);
+  const submit = r.submit?.okRps;
+  const out: TargetCheck[] = [];
+  const push = (figure: string, target: string, ok: boolean | undefined, detail: string): void => {
+    out.push({ figure, target, verdict: verdict(ok), detail });
+  };
+  push(
+    'submit vs unpipelined EVALSHA',
+    '≥ 50 %',
+    defined(submit, ref?.rps) ? submit! >= 0.5 * ref!.rps : undefined,
+    ratio(submit, ref?.rps),
+  );
+  push(
+    'submit vs database-only',
+    '≥ 20×',
+    defined(submit, r.dbOnly?.tps) ? submit! >= 20 * r.dbOnly!.tps : undefined,
+    ratio(submit, r.dbOnly?.tps),
+  );
+  push(
+    'sold-out vs submit',
+    '≥ 2×',
+    defined(r.soldOut?.rps, submit) ? r.soldOut!.rps >= 2 * submit! : undefined,
+    ratio(r.soldOut?.rps, submit),
+  );
+  push(
+    'pipeline vs PostgreSQL ceiling',
+    '≥ 30 %',
+    defined(r.pipeline?.pipelineRate, r.ceiling?.rowsPerS)
+      ? r.pipeline!.pipelineRate >= 0.3 * r.ceiling!.rowsPerS
+      : undefined,
+    ratio(r.pipeline?.pipelineRate, r.ceiling?.rowsPerS),
+  );
+  push(
+    `drain of ${f0(r.pipeline?.n)}`,
+    '< 10 s',
+    defined(r.pipeline?.drainS) ? r.pipeline!.drained && r.pipeline!.drainS < 10 : undefined,
+    `${r.pipeline && !r.pipeline.drained ? 'not drained after ' : ''}${f1(r.pipeline?.drainS)} s`,
+  );
+  push(
+    `warm-up of ${f0(r.warmup?.skus)} SKUs`,
+    '< 2 s',
+    defined(r.warmup?.loadS) ? r.warmup!.loadS < 2 : undefined,
+    `${f1(r.warmup?.loadS)} s`,
+  );
+  push(
+    'api peak RSS',
+    '< 200 MB',
+    defined(r.api?.peakMb) ? r.api!.peakMb < 200 : undefined,
+    `${f0(r.api?.peakMb)} MB`,
+  );
+  return out;
+}
+
+function share(p: ProfileSummary | undefined, name: string): number | undefined {
+  return p?.byOwner.find((s) => s.name === name)?.pct;
+}
+
+const pct = (x: number | undefined): string => (x === undefined ? 'n/a' : `${x.toFixed(0)} %`);
+
+/** For each missed target, the figures of this run that explain it. */
+export function reasons(r: Results): string[] {
+  const out: string[] = [];
+  const missed = new Set(
+    targets(r)
+      .filter((t) => t.verdict === 'MISSED')
+      .map((t) => t.figure.replace(/ of .*/, '')),
+  );
+  const ref = meanRef(r.redisUnpipelined);
+  const sub = r.submit;
+  const jose = share(r.profiles.submit, 'npm: jose');
+  const express =
+    (share(r.profiles.submit, 'npm: express') ?? 0) + (share(r.profiles.submit, 'npm: router') ?? 0);
+  if (missed.has('submit vs unpipelined EVALSHA') && sub?.cpu?.api && ref) {
+    out.push(
+      `Submit vs EVALSHA: one POST costs the api ${f0(sub.cpu.api)} µs of CPU (plus ${f0(sub.cpu.loadgen)} µs for the load ` +
+        `generator on the same cores), one reserve call costs Redis ${f0(ref.redisCpuUs)} µs: the api needs ` +
+        `${(sub.cpu.api / ref.redisCpuUs).toFixed(1)}× the CPU of Redis per reservation. One single-threaded api process ` +
+        `on an equal share of CPU can therefore reach about ${((100 * ref.redisCpuUs) / sub.cpu.api).toFixed(0)} % of the ` +
+        `EVALSHA rate; 50 % needs the api's cost within 2× of Redis', or more api processes on more cores than this ` +
+        `machine has (Redis, the api and the load generator share ${r.meta.cpus}). In the profile, JWT verification ` +
+        `(jose over WebCrypto) takes ${pct(jose)} and express + router ${pct(express)} of the api's CPU.`,
+    );
+  }
+  if (missed.has('submit vs database-only') && sub && r.dbOnly) {
+    out.push(
+      `Submit vs database-only: the database-only transaction is bounded by commit latency on one hot row ` +
+        `(p50 ${f1(r.dbOnly.p50Ms)} ms with ${r.meta.connections} clients queued on the row lock) and uses little CPU, ` +
+        `so CPU starvation hardly slows it; the api is CPU-bound (${f0(sub.cpu?.api)} µs per request, i.e. at most ` +
+        `${f0(sub.cpu?.api ? 1e6 / sub.cpu.api : undefined)} req/s per CPU-second it gets), and on this machine it got ` +
+        `${sub.cpu?.api ? ((sub.okRps * sub.cpu.api) / 1e6).toFixed(2) : 'n/a'} CPU-seconds per second.`,
+    );
+  }
+  if (missed.has('sold-out vs submit') && r.soldOut && sub) {
+    out.push(
+      `Sold-out vs submit: the fast path skips only the Redis call; a sold-out answer still costs the api ` +
+        `${f0(r.soldOut.cpu?.api)} µs of CPU against ${f0(sub.cpu?.api)} µs for a reservation, because the buyer's ` +
+        `token is verified (jose: ${pct(share(r.profiles.soldOut, 'npm: jose'))} of the sold-out profile), the body ` +
+        `parsed and validated, and the refusal is thrown as an Error through express' error handlers.`,
+    );
+  }
+  const p = r.pipeline;
+  if (missed.has('pipeline vs PostgreSQL ceiling') && p && r.ceiling) {
+    const inKafka = p.backlogAtClose.missingOrders - p.backlogAtClose.halfMessages;
+    out.push(
+      `Pipeline: at gate close ${f0(p.backlogAtClose.halfMessages)} of the ${f0(p.backlogAtClose.missingOrders)} ` +
+        `reservations without an order were still in the Redis stream (relay side) and ${f0(inKafka)} in Kafka ` +
+        `(consumer side): the relay is the narrower stage. Relay and consumer each work one batch at a time ` +
+        `(read, produce with acks=all and wait, acknowledge; insert, commit, write results) so their rate is set by ` +
+        `round-trip latency, not CPU or PostgreSQL's write capacity (the ceiling with one connection is ` +
+        `${f0(r.ceilingOneClient?.rowsPerS)} rows/s, with four ${f0(r.ceiling.rowsPerS)}).` +
+        (p.profiles?.relay
+          ? ` The relay was idle ${((100 * p.profiles.relay.idleMs) / p.profiles.relay.totalMs).toFixed(0)} % and the consumer ` +
+            `${((100 * (p.profiles.consumer?.idleMs ?? 0)) / (p.profiles.consumer?.totalMs ?? 1)).toFixed(0)} % of the run.`
+          : ''),
+    );
+  }
+  if (missed.has('drain') && p) {
+    out.push(
+      `Drain: the burst created ${f0(p.createRate)} reservations/s, the pipeline moved ${f0(p.pipelineRate)}/s, so ` +
+        `${f0(p.backlogAtClose.missingOrders)} reservations were still without an order at gate close; draining them ` +
+        `at the pipeline's rate takes ${f1(p.backlogAtClose.missingOrders / p.pipelineRate)} s (measured ${f1(p.drainS)} s).`,
+    );
+  }
+  if (missed.has('warm-up') && r.warmup) {
+    out.push(
+      `Warm-up: loadActivity took ${f1(r.warmup.loadS)} s and plain pipelined HSET + SADD of the same SKUs ` +
+        `${f1(r.warmup.rawS)} s (${ratio(r.warmup.loadS, r.warmup.rawS)}): the time is Redis writing 100,000 hashes on ` +
+        `this machine, not the script's fencing or the chunking.`,
+    );
+  }
+  return out;
+}
+
+function profileTable(p: ProfileSummary): string[] {
+  const lines: string[] = [];
+  lines.push(
+    `Busy ${f0(p.busyMs)} ms of ${f0(p.totalMs)} ms profiled (idle ${((100 * p.idleMs) / p.totalMs).toFixed(0)} %). ` +
+      'Shares are of busy time.',
+    '',
+    '| Self time by package / module (natives count for their caller) | ms | share |',
+    '|---|---:|---:|',
+  );
+  for (const s of p.byGroup) lines.push(`| ${s.name} | ${f0(s.ms)} | ${s.pct.toFixed(1)} % |`);
+  lines.push(
+    '',
+    '| Charged to the first package / module of ours on the stack | ms | share |',
+    '|---|---:|---:|',
+  );
+  for (const s of p.byOwner) lines.push(`| ${s.name} | ${f0(s.ms)} | ${s.pct.toFixed(1)} % |`);
+  lines.push('', '| Hottest functions (self) | ms | share |', '|---|---:|---:|');
+  for (const s of p.topFunctions)
+    lines.push(`| \`${s.name.replace(/\|/g, '\\|')}\` | ${f0(s.ms)} | ${s.pct.toFixed(1)} % |`);
+  return lines;
+}
+
+export function renderReport(r: Results, analysis: string): string {
+  const m = r.meta;
+  const ref = meanRef(r.redisUnpipelined);
+  const L: string[] = [];
+  L.push(
+    '# Benchmarks',
+    '',
+    `Generated by \`${m.command}\` (bench/run.ts) on ${m.date}, commit \`${m.commit}\`` +
+      (m.dirty.length ? ` with uncommitted changes in ${m.dirty.join(', ')}` : '') +
+      `; the whole run took ${f0(m.totalS)} s. Regenerate with \`make bench\`; never edit the tables by hand.`,
+    '',
+    `**Machine:** ${m.cpus} cores (${m.cpuModel}), ${m.memGiB} GiB, Node ${m.node}. ${m.otherLoad} ` +
+      `Load average ${m.loadBefore.toFixed(1)} at the start, ${m.loadAfter.toFixed(1)} at the end` +
+      (m.cpuPressurePct !== undefined
+        ? `; some task was waiting for a CPU during ${m.cpuPressurePct.toFixed(0)} % of the run (PSI).`
+        : '.') +
+      ' Absolute figures drift with that load; each is therefore set beside a reference measured in the same run, ' +
+      'on the same servers, moments apart.',
+    '',
+    `**Servers:** ${m.servers}. Redis ${m.redis}; PostgreSQL ${m.postgres.server_version ?? '?'} ` +
+      `(synchronous_commit=${m.postgres.synchronous_commit ?? '?'}, fsync=${m.postgres.fsync ?? '?'}, ` +
+      `shared_buffers=${m.postgres.shared_buffers ?? '?'}); Kafka ${m.kafka} (one broker, 4 partitions, acks=all). ` +
+      `HTTP load: autocannon, ${m.connections} keep-alive connections, no HTTP pipelining, ${m.warmupS} s warm-up, ` +
+      `${m.durationS} s measured; every order request is a distinct buyer (pre-signed HS256 token) with a fresh requestId.`,
+    '',
+    '## Summary',
+    '',
+    '| # | Figure | Ours | Reference (same run) | Ratio | Target | Verdict |',
+    '|---|---|---:|---:|---:|---|---|',
+  );
+  const t = Object.fromEntries(targets(r).map((x) => [x.figure.replace(/ of .*/, ''), x]));
+  const v = (key: string): string => t[key]?.verdict ?? '—';
+  const sub = r.submit;
+  L.push(
+    `| 1a | Submit: POST orders, 202/s (api role) | ${f0(sub?.okRps)} | ${f0(ref?.rps)} EVALSHA reserve/s, redis-benchmark -c ${m.connections} | ${ratio(sub?.okRps, ref?.rps)} | ≥ 0.5× | ${v('submit vs unpipelined EVALSHA')} |`,
+    `| 1b | Submit vs pipelined EVALSHA | ${f0(sub?.okRps)} | ${f0(r.redisPipelined?.rps)} EVALSHA/s, -c ${m.connections} -P 16 | ${ratio(sub?.okRps, r.redisPipelined?.rps)} | — | — |`,
+    `| 1c | Submit vs database-only (source 004) | ${f0(sub?.okRps)} | ${f0(r.dbOnly?.tps)} tx/s, pgbench -c ${m.connections} | ${ratio(sub?.okRps, r.dbOnly?.tps)} | ≥ 20× | ${v('submit vs database-only')} |`,
+    `| 1d | Submit latency p50 / p99 (ms) | ${f1(sub?.p50Ms)} / ${f1(sub?.p99Ms)} | EVALSHA ${f1(ref?.p50Ms)} / ${f1(ref?.p99Ms)}; database-only ${f1(r.dbOnly?.p50Ms)} / ${f1(r.dbOnly?.p99Ms)} | ${ratio(sub?.p50Ms, ref?.p50Ms)} (p50 vs EVALSHA) | — | — |`,
+    `| 2a | Sold-out: POST orders once stock is gone, req/s | ${f0(r.soldOut?.rps)} | ${f0(r.healthz?.rps)} GET /healthz req/s | ${ratio(r.soldOut?.rps, r.healthz?.rps)} | — | — |`,
+    `| 2b | Sold-out vs submit | ${f0(r.soldOut?.rps)} | ${f0(sub?.okRps)} submit 202/s | ${ratio(r.soldOut?.rps, sub?.okRps)} | ≥ 2× | ${v('sold-out vs submit')} |`,
+    `| 3 | Pipeline: reservations → orders in PostgreSQL, rows/s | ${f0(r.pipeline?.pipelineRate)} | ${f0(r.ceiling?.rowsPerS)} rows/s, 500-row INSERT … ON CONFLICT DO NOTHING, pgbench -c 4 | ${ratio(r.pipeline?.pipelineRate, r.ceiling?.rowsPerS)} | ≥ 0.3× | ${v('pipeline vs PostgreSQL ceiling')} |`,
+  );
+  const lowerBound =
+    r.pipeline && r.ceiling ? r.pipeline.backlogAtClose.missingOrders / r.ceiling.rowsPerS : undefined;
+  L.push(
+    `| 4 | Drain: gate close → zero half messages and zero gap after ${f0(r.pipeline?.n)} reservations, s | ${r.pipeline && !r.pipeline.drained ? '> ' : ''}${f1(r.pipeline?.drainS)} | ${f1(lowerBound)} s to write the backlog at close (${f0(r.pipeline?.backlogAtClose.missingOrders)} orders) at the ceiling | ${ratio(r.pipeline?.drainS, lowerBound)} | < 10 s | ${v('drain')} |`,
+    `| 5 | Warm-up: loadActivity of ${f0(r.warmup?.skus)} SKUs, s | ${f1(r.warmup?.loadS)} | ${f1(r.warmup?.rawS)} s raw pipelined HSET + SADD | ${ratio(r.warmup?.loadS, r.warmup?.rawS)} | < 2 s | ${v('warm-up')} |`,
+    `| 6a | Memory: api peak RSS under load, MB | ${f0(r.api?.peakMb)} | ${f0(r.api?.idleMb)} MB idle after start | ${ratio(r.api?.peakMb, r.api?.idleMb)} | < 200 MB | ${v('api peak RSS')} |`,
+    `| 6b | Memory: relay peak RSS under load, MB | ${f0(r.pipeline?.rss.relay.peakMb)} | ${f0(r.pipeline?.rss.relay.idleMb)} MB idle | ${ratio(r.pipeline?.rss.relay.peakMb, r.pipeline?.rss.relay.idleMb)} | — | — |`,
+    `| 6c | Memory: consumer peak RSS under load, MB | ${f0(r.pipeline?.rss.consumer.peakMb)} | ${f0(r.pipeline?.rss.consumer.idleMb)} MB idle | ${ratio(r.pipeline?.rss.consumer.peakMb, r.pipeline?.rss.consumer.idleMb)} | — | — |`,
+  );
+  const missed = targets(r).filter((x) => x.verdict === 'MISSED');
+  L.push(
+    '',
+    missed.length === 0
+      ? '**Targets missed:** none of those measured.'
+      : `**Targets missed:** ${missed.map((x) => `${x.figure} (${x.detail}, target ${x.target})`).join('; ')}.`,
+  );
+  const why = reasons(r);
+  if (why.length > 0) L.push('', '**Measured reasons (this run):**', '', ...why.map((w) => `- ${w}`));
+  if (Object.keys(r.failures).length > 0) {
+    L.push('', '**Phases that failed in this run:**', '');
+    for (const [phase, msg] of Object.entries(r.failures)) L.push(`- ${phase}: ${msg.split('\n')[0]}`);
+  }
+
+  L.push('', '## Details', '', '### 1. Submit path', '');
+  if (sub) {
+    L.push(
+      `api: ${f0(sub.total)} responses in ${f1(sub.durationS)} s, status codes ${JSON.stringify(sub.statusCounts)}` +
+        `${sub.errors ? `, ${sub.errors} socket errors/timeouts` : ''}; latency avg ${f1(sub.avgMs)} ms.`,
+    );
+  }
+  const cpuRows: string[] = [];
+  const cpuRow = (label: string, x: LoadResult | undefined): void => {
+    if (x?.cpu) {
+      const cap = x.cpu.api ? 1e6 / x.cpu.api : undefined;
+      cpuRows.push(
+        `| ${label} | ${f0(x.cpu.api)} | ${f0(x.cpu.redis)} | ${f0(x.cpu.loadgen)} | ${f0(cap)} |`,
+      );
+    }
+  };
+  cpuRow('submit (POST orders, 202)', sub);
+  cpuRow('sold-out (POST orders, 409)', r.soldOut);
+  cpuRow('GET /healthz', r.healthz);
+  if (ref)
+    cpuRows.push(`| EVALSHA reserve (redis-benchmark, 50 clients) | — | ${f0(ref.redisCpuUs)} | — | — |`);
+  if (r.redisPipelined) {
+    cpuRows.push(`| EVALSHA reserve, -P 16 | — | ${f0(r.redisPipelined.redisCpuUs)} | — | — |`);
+  }
+  if (cpuRows.length > 0) {
+    L.push(
+      '',
+      'CPU time per request (µs; from /proc/<pid>/stat of the api, INFO cpu of Redis and process.cpuUsage() of the ' +
+        'load generator). Throughput on a shared machine depends on how much CPU each process gets; the cost per ' +
+        'request does much less, so it is the better figure to compare runs and to find where a request is expensive.',
+      '',
+      '| Request | api CPU µs | Redis CPU µs | load generator CPU µs | api req/s per CPU-second |',
+      '|---|---:|---:|---:|---:|',
+      ...cpuRows,
+    );
+  }
+  if (r.redisUnpipelined.length > 0) {
+    L.push(
+      '',
+      `redis-benchmark EVALSHA of the registry's reserve script, 50 clients, unpipelined, measured right before and right after the api run: ` +
+        r.redisUnpipelined
+          .map(
+            (x) =>
+              `${f0(x.rps)} ops/s (p50 ${f1(x.p50Ms)} ms, p99 ${f1(x.p99Ms)} ms, ${(100 * x.reservedRatio).toFixed(1)} % of ${f0(x.calls)} calls reserved)`,
+          )
+          .join(' and ') +
+        '; the table uses their mean.',
+    );
+  }
+  if (r.redisPipelined) {
+    L.push(
+      '',
+      `Pipelined (-P 16): ${f0(r.redisPipelined.rps)} ops/s, p50 ${f1(r.redisPipelined.p50Ms)} ms, ` +
+        `${(100 * r.redisPipelined.reservedRatio).toFixed(1)} % reserved.`,
+    );
+  }
+  if (r.dbOnly) {
+    L.push(
+      '',
+      `Database-only (pgbench -M prepared, ${m.connections} clients, ${m.durationS} s): BEGIN; UPDATE activity_stock SET remaining = remaining - 1 ` +
+        `WHERE … AND remaining >= 1; INSERT INTO orders …; COMMIT — ${f0(r.dbOnly.transactions)} transactions, ${f0(r.dbOnly.tps)} tx/s, ` +
+        `p50 ${f1(r.dbOnly.p50Ms)} ms, p99 ${f1(r.dbOnly.p99Ms)} ms, ${r.dbOnly.failed} failed.`,
+    );
+  }
+  L.push('', '### 2. Sold-out path', '');
+  if (r.soldOut) {
+    L.push(
+      `Sold-out: ${f0(r.soldOut.rps)} req/s, p50 ${f1(r.soldOut.p50Ms)} ms, p99 ${f1(r.soldOut.p99Ms)} ms, status codes ${JSON.stringify(r.soldOut.statusCounts)} ` +
+        '(each request still authenticates the buyer and validates the body; the process-local flag answers without Redis).',
+    );
+  }
+  if (r.healthz) {
+    L.push(
+      '',
+      `/healthz: ${f0(r.healthz.rps)} req/s, p50 ${f1(r.healthz.p50Ms)} ms, p99 ${f1(r.healthz.p99Ms)} ms.`,
+    );
+  }
+  L.push('', '### 3–4. Pipeline and drain', '');
+  const p = r.pipeline;
+  if (p) {
+    L.push(
+      `${f0(p.n)} reservations were created directly with the reserve script (redis-benchmark EVALSHA, 50 clients, -P 16, distinct buyers) ` +
+        `in ${f1(p.createS)} s (${f0(p.createRate)}/s) while one relay and one consumer process ran. ` +
+        `Pipeline rate = orders counted in PostgreSQL between 10 % and 90 % of the burst: ${f0(p.pipelineRate)} rows/s ` +
+        `(${p.backlogged ? 'the backlog never ran dry in that window, so this is the capacity' : 'the backlog ran dry in that window: the rate is bounded by the input'}). ` +
+        `At gate close ${f0(p.backlogAtClose.halfMessages)} half messages were in the stream and ${f0(p.backlogAtClose.missingOrders)} reservations had no order yet; ` +
+        (p.drained
+          ? `drained in ${f1(p.drainS)} s`
+          : `NOT drained when the benchmark's time budget ran out, ${f1(p.drainS)} s after gate close`) +
+        `; ${f0(p.ordersInPg)} of ${f0(p.n)} reservations are orders in PostgreSQL afterwards` +
+        (p.released > 0
+          ? ` and ${f0(p.released)} were released by the consumer (a buyer id redis-benchmark drew twice hits the database's buyer-slot key: the compensation path, as designed).`
+          : '.'),
+    );
+    if (r.ceilingOneClient) {
+      L.push(
+        '',
+        `Ceiling with one client (the consumer writes with one connection, one batch at a time): ${f0(r.ceilingOneClient.rowsPerS)} rows/s.`,
+      );
+    }
+    const step = Math.max(1, Math.floor(p.samples.length / 12));
+    L.push(
+      '',
+      '| t (s) | orders in PostgreSQL | half messages | reservations without order |',
+      '|---:|---:|---:|---:|',
+    );
+    p.samples
+      .filter((_, i) => i % step === 0 || i === p.samples.length - 1)
+      .forEach((s) =>
+        L.push(`| ${s.t.toFixed(1)} | ${f0(s.orders)} | ${f0(s.halfMessages)} | ${f0(s.unconfirmed)} |`),
+      );
+  }
+  L.push('', '### 5. Warm-up', '');
+  if (r.warmup) {
+    L.push(
+      `loadActivity of ${f0(r.warmup.skus)} SKUs (chunks of 2,000 per script call): ${f1(r.warmup.loadS)} s; ` +
+        `the same hashes written with plain pipelined HSET + SADD: ${f1(r.warmup.rawS)} s.`,
+    );
+  }
+  L.push('', '### 6. Memory', '');
+  L.push(
+    'Peak RSS = VmHWM of the role process (/proc/<pid>/status) at the end of its load phase: the api after the submit, ' +
+      'sold-out and /healthz runs; relay and consumer after the pipeline and drain run.',
+  );
+  L.push('', '## Where the time goes (node --cpu-prof of the api)', '');
+  if (r.profiles.submit) {
+    L.push(
+      `### Submit path (${m.durationS} s of load, profiled in a separate api process)`,
+      '',
+      ...profileTable(r.profiles.submit),
+    );
+  }
+  if (r.profiles.soldOut) {
+    L.push('', '### Sold-out path', '', ...profileTable(r.profiles.soldOut));
+  }
+  if (r.micro && r.micro.length > 0) {
+    L.push(
+      '',
+      '### Per-operation costs (in-process micro-benchmarks)',
+      '',
+      'Variants of a group run interleaved in one process (7 rounds, median); CPU time includes the libuv ' +
+        'threads WebCrypto jobs run on. "proposed" rows are the candidate code of the Analysis section ' +
+        '(bench/lib/micro.ts holds it).',
+      '',
+      '| Group | Variant | CPU µs/op | wall µs/op |',
+      '|---|---|---:|---:|',
+      ...r.micro.map((x) => `| ${x.group} | ${x.name} | ${x.cpuUs.toFixed(2)} | ${x.wallUs.toFixed(2)} |`),
+    );
+  }
+  if (r.pipeline?.profiles?.relay) {
+    L.push(
+      '',
+      '### Relay during the pipeline run (BENCH_PROFILE_ROLES=1)',
+      '',
+      ...profileTable(r.pipeline.profiles.relay),
+    );
+  }
+  if (r.pipeline?.profiles?.consumer) {
+    L.push('', '### Consumer during the pipeline run', '', ...profileTable(r.pipeline.profiles.consumer));
+  }
+  L.push('', analysis.trim(), '');
+  return L.join('\n');
+}

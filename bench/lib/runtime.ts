@@ -1,0 +1,132 @@
+/** Starts and stops runtime role processes (the compiled `runtime/main.js`) and reads their memory. */
+import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { createWriteStream, mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { freePort, log, procStatusKb, sleep, waitFor } from './util.js';
+
+export type RoleName = 'api' | 'relay' | 'consumer';
+
+export interface RoleProcess {
+  role: RoleName;
+  label: string;
+  pid: number;
+  port: number;
+  logFile: string;
+  child: ChildProcess;
+  exited: Promise<number | null>;
+  /** VmRSS right after the role reported ready (kB). */
+  idleRssKb: number | undefined;
+}
+
+export interface RoleOptions {
+  distDir: string;
+  luaDir: string;
+  logDir: string;
+  env: Record<string, string>;
+  activityId: string;
+  /** A label for log files and profiles (defaults to the role). */
+  label?: string;
+  nodeArgs?: string[];
+  /** Tuning knobs for every role of the run (BENCH_ROLE_ENV). */
+  roleEnv?: Record<string, string>;
+  extraEnv?: Record<string, string>;
+}
+
+const live = new Set<RoleProcess>();
+
+export async function startRole(role: RoleName, o: RoleOptions): Promise<RoleProcess> {
+  const port = await freePort();
+  const label = o.label ?? role;
+  mkdirSync(o.logDir, { recursive: true });
+  const logFile = join(o.logDir, `${label}.log`);
+  const out = createWriteStream(logFile);
+  const child = spawn(
+    process.execPath,
+    [...(o.nodeArgs ?? []), join(o.distDir, 'runtime', 'main.js'), role],
+    {
+      env: {
+        PATH: process.env.PATH ?? '/usr/bin:/bin',
+        HOME: process.env.HOME ?? '/tmp',
+        DATABASE_URL: o.env.DATABASE_URL!,
+        REDIS_URL: o.env.REDIS_URL!,
+        KAFKA_BROKERS: o.env.KAFKA_BROKERS!,
+        ACTIVITY_ID: o.activityId,
+        HTTP_PORT: String(port),
+        HTTP_HOST: '127.0.0.1',
+        FLASHSALE_LUA_DIR: o.luaDir,
+        LOG_LEVEL: 'info',
+        NODE_ENV: 'production',
+        ...o.roleEnv,
+        ...o.extraEnv,
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
+  let ready = false;
+  let buffered = '';
+  child.stdout?.on('data', (d: Buffer) => {
+    out.write(d);
+    if (!ready) {
+      buffered += d.toString();
+      if (/"msg":"ready"/.test(buffered)) ready = true;
+      if (buffered.length > 1 << 20) buffered = buffered.slice(-4096);
+    }
+  });
+  child.stderr?.on('data', (d: Buffer) => out.write(d));
+  const exited = new Promise<number | null>((resolve) =>
+    child.on('exit', (code) => {
+      out.end();
+      resolve(code);
+    }),
+  );
+  const p: RoleProcess = {
+    role,
+    label,
+    pid: child.pid ?? -1,
+    port,
+    logFile,
+    child,
+    exited,
+    idleRssKb: undefined,
+  };
+  live.add(p);
+  let dead = false;
+  void exited.then(() => (dead = true));
+  try {
+    await waitFor(`${label} ready`, 90_000, async () => {
+      if (dead) throw new Error(`${label} exited during start-up (log: ${logFile})`);
+      if (!ready) return undefined;
+      const res = await fetch(`http://127.0.0.1:${port}/readyz`);
+      return res.status === 200 ? true : undefined;
+    });
+  } catch (err) {
+    await stopRole(p);
+    throw err;
+  }
+  await sleep(200);
+  p.idleRssKb = procStatusKb(p.pid, 'VmRSS');
+  log(`${label} ready (pid ${p.pid}, port ${port}, rss ${Math.round((p.idleRssKb ?? 0) / 1024)} MB)`);
+  return p;
+}
+
+/** Peak RSS (VmHWM) of a running role in MB. */
+export function peakRssMb(p: RoleProcess): number | undefined {
+  const kb = procStatusKb(p.pid, 'VmHWM');
+  return kb === undefined ? undefined : kb / 1024;
+}
+
+/** SIGTERM (graceful: the CPU profile is written on exit), SIGKILL after `graceMs`. */
+export async function stopRole(p: RoleProcess, graceMs = 25_000): Promise<void> {
+  if (!live.has(p)) return;
+  live.delete(p);
+  p.child.kill('SIGTERM');
+  const timer = setTimeout(() => p.child.kill('SIGKILL'), graceMs);
+  await p.exited;
+  clearTimeout(timer);
+}
+
+/** Kills every role still running (exit path of the benchmark). */
+export async function stopAllRoles(): Promise<void> {
+  await Promise.all([...live].map((p) => stopRole(p, 5_000)));
+}
