@@ -51,6 +51,20 @@ function cpuPressureTotalUs(): number | undefined {
   }
 }
 
+/** Kafka's version, and whether the broker fsyncs every append (the test environment does). */
+function kafkaDescription(env: Record<string, string>): string {
+  const version = /kafka-([\d.]+)/.exec(env.KAFKA_LIBS ?? '')?.[1] ?? '3.9';
+  let flush = '';
+  try {
+    const conf = env.KAFKA_CONFIG ? readFileSync(env.KAFKA_CONFIG, 'utf8') : '';
+    const m = /^log\.flush\.interval\.messages=(\d+)/m.exec(conf);
+    if (m) flush = `, log.flush.interval.messages=${m[1]}${m[1] === '1' ? ' (an fsync per append)' : ''}`;
+  } catch {
+    flush = '';
+  }
+  return `${version}${flush}`;
+}
+
 let cleaningUp: Promise<void> | undefined;
 async function cleanup(ctx: Ctx | undefined): Promise<void> {
   cleaningUp ??= (async () => {
@@ -226,10 +240,14 @@ async function main(): Promise<void> {
         loadBefore: loadStart.load1,
         loadAfter: NaN,
         cpuPressurePct: undefined,
-        otherLoad: process.env.BENCH_MACHINE_NOTE ?? '',
+        otherLoad:
+          process.env.BENCH_MACHINE_NOTE ??
+          (loadStart.load1 > cpus().length
+            ? 'Other load was present: the machine was shared with other work during the run.'
+            : 'No significant other load at the start of the run.'),
         redis: `${redisInfo} (appendonly ${aof}, appendfsync ${fsync})`,
         postgres: pgs,
-        kafka: /kafka-([\d.]+)/.exec(servers.env.KAFKA_LIBS ?? '')?.[1] ?? '3.9',
+        kafka: kafkaDescription(servers.env),
         servers: Object.values(servers.owned).every(Boolean)
           ? 'started by the benchmark on loopback (test/env/env-up.sh) and stopped afterwards'
           : `given by the environment for ${Object.entries(servers.owned)
