@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 ENV_DIR ?= /tmp/flashsale-env
 
-.PHONY: help demo setup build lint test test-unit faults env-up env-down chart-lint chart-sync images
+.PHONY: help demo setup build lint test test-unit faults bench env-up env-down chart-lint chart-sync images
 
 help: ## List the targets
 	@echo "Usage: make TARGET"
@@ -40,6 +40,13 @@ test-unit: ## Run the unit tests only (no servers)
 
 faults: ## The whole fault-injection suite with FAULT_RUNS (default 50) randomized runs; writes docs/faults-report.md
 	bash test/faults/run.sh
+
+##@ Performance
+
+bench: ## Benchmarks beside their reference points, measured in the same run (own servers, < 10 min); writes docs/benchmarks.md
+	bash test/env/deps.sh system
+	bash test/env/deps.sh node
+	node --import tsx bench/run.ts
 
 ##@ Local environment
 
