@@ -8,7 +8,7 @@ export type PoolClient = pg.PoolClient;
 export type Queryable = pg.Pool | pg.PoolClient;
 
 export function createPool(databaseUrl: string, max = 10, applicationName = 'flashsale'): pg.Pool {
-  return new pg.Pool({
+  const pool = new pg.Pool({
     connectionString: databaseUrl,
     max,
     // Explicit UTF-8: item names in Chinese must round-trip byte for byte.
@@ -18,6 +18,11 @@ export function createPool(databaseUrl: string, max = 10, applicationName = 'fla
     idleTimeoutMillis: 30_000,
     statement_timeout: 30_000,
   });
+  // An idle client the server terminates (restart, failover, admin kill) is emitted as 'error' on
+  // the pool; unhandled, that would crash the process. The pool has already discarded the client
+  // and the next query connects anew, so there is nothing else to do.
+  pool.on('error', () => undefined);
+  return pool;
 }
 
 /** Runs `fn` in a transaction; rolls back on any error. */
