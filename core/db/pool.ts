@@ -41,18 +41,30 @@ export async function inTransaction<T>(pool: pg.Pool, fn: (c: pg.PoolClient) => 
   }
 }
 
-/** Errors worth retrying: connection loss, serialization failures, deadlocks, shutdown. */
+/** Node's network error codes: the server is unreachable for now, not the message at fault. */
+const NETWORK_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ETIMEDOUT',
+  'EPIPE',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'EAI_AGAIN',
+  'ENOTFOUND',
+]);
+
+/**
+ * Errors worth retrying: connection loss or refusal (Node codes), SQLSTATE classes 08 (connection),
+ * 57P (shutdown/starting up), serialization failures, deadlocks, too many connections, and pg's
+ * own connection messages. Anything else is the message's fault and is not retried forever.
+ */
 export function isTransientDbError(err: unknown): boolean {
-  const code = (err as { code?: string }).code;
+  const code = (err as { code?: unknown } | null)?.code;
   if (typeof code === 'string') {
-    return (
-      code.startsWith('08') ||
-      code === '40001' ||
-      code === '40P01' ||
-      code.startsWith('57P') ||
-      code === '53300'
-    );
+    if (NETWORK_CODES.has(code)) return true;
+    if (code.startsWith('08') || code.startsWith('57P') || ['40001', '40P01', '53300'].includes(code))
+      return true;
   }
-  const msg = (err as Error)?.message ?? '';
-  return /ECONNREFUSED|ECONNRESET|Connection terminated|timeout|ETIMEDOUT|EPIPE/i.test(msg);
+  const msg = (err as Error | null)?.message ?? '';
+  return /ECONNREFUSED|ECONNRESET|Connection terminated|not queryable|timeout|ETIMEDOUT|EPIPE/i.test(msg);
 }

@@ -1,0 +1,23 @@
+import { isTransientDbError } from '../../../core/db/pool.js';
+
+describe('transient database errors', () => {
+  test('connection loss and server restarts are retried, whatever field carries them', () => {
+    const refused = Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED' });
+    const starting = Object.assign(new Error('the database system is starting up'), { code: '57P03' });
+    const terminated = Object.assign(new Error('terminating connection due to administrator command'), {
+      code: '57P01',
+    });
+    const dropped = new Error('Connection terminated unexpectedly');
+    const broken = new Error('Client has encountered a connection error and is not queryable');
+    for (const e of [refused, starting, terminated, dropped, broken])
+      expect(isTransientDbError(e)).toBe(true);
+    expect(isTransientDbError(Object.assign(new Error('x'), { code: '40001' }))).toBe(true);
+  });
+
+  test('errors caused by the data itself are not retried forever', () => {
+    const check = Object.assign(new Error('new row violates check constraint'), { code: '23514' });
+    const invalid = Object.assign(new Error('invalid input syntax for type numeric'), { code: '22P02' });
+    for (const e of [check, invalid, new Error('boom'), null, undefined])
+      expect(isTransientDbError(e)).toBe(false);
+  });
+});
