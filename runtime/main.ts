@@ -60,6 +60,17 @@ async function main(): Promise<void> {
 
   // ioredis auto-pipelining batches concurrent commands into one round trip per tick.
   const redis = new Redis(cfg.REDIS_URL, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
+  // ioredis reconnects by itself; without a listener every failed attempt is an "Unhandled error
+  // event" on stderr. One warning per connection per 5 s is enough to see an outage in the logs.
+  const logRedisErrors = (client: Redis, connection: string): void => {
+    let last = 0;
+    client.on('error', (err: Error) => {
+      if (Date.now() - last < 5_000) return;
+      last = Date.now();
+      logger.warn({ err: err.message, connection }, 'redis connection error; reconnecting');
+    });
+  };
+  logRedisErrors(redis, 'commands');
   registerScripts(redis);
   const pool = createPool(cfg.DATABASE_URL, cfg.DB_POOL_SIZE, `flashsale-${role}`);
   const kafka = createKafka(cfg.KAFKA_BROKERS, `flashsale-${role}-${process.pid}`);
@@ -79,6 +90,7 @@ async function main(): Promise<void> {
   if (has('api')) {
     const soldOut = new SoldOutFlags(cfg.SOLD_OUT_RECHECK_MS);
     const sub = new Redis(cfg.REDIS_URL);
+    logRedisErrors(sub, 'restock-subscriber');
     sub.on('pmessage', (_p: string, channel: string, sku: string) => {
       const a = activityOfRestockChannel(channel);
       if (a) soldOut.restocked(a, sku);
@@ -146,15 +158,14 @@ async function main(): Promise<void> {
 
   let relay: Relay | undefined;
   if (has('relay') && activityId && topics) {
-    const producer = idempotentProducer(kafka);
-    await producer.connect();
     const blocking = new Redis(cfg.REDIS_URL, { maxRetriesPerRequest: null });
+    logRedisErrors(blocking, 'relay-blocking-reads');
     relay = new Relay({
       activityId,
       topic: topics.orders,
       redis,
       blockingRedis: blocking,
-      producer,
+      createProducer: () => idempotentProducer(kafka),
       metrics,
       logger,
       batchSize: cfg.RELAY_BATCH_SIZE,
@@ -165,7 +176,6 @@ async function main(): Promise<void> {
     const r = relay;
     closers.push(async () => {
       await r.stop();
-      await producer.disconnect();
       blocking.disconnect();
     });
   }
@@ -176,11 +186,12 @@ async function main(): Promise<void> {
       activityId,
       topic: topics.orders,
       dlqTopic: topics.dlq,
-      consumer: kafka.consumer({
-        groupId: topics.consumerGroup,
-        allowAutoTopicCreation: false,
-        maxBytesPerPartition: 4 << 20,
-      }),
+      createConsumer: () =>
+        kafka.consumer({
+          groupId: topics.consumerGroup,
+          allowAutoTopicCreation: false,
+          maxBytesPerPartition: 4 << 20,
+        }),
       dlqProducer: idempotentProducer(kafka),
       pool,
       redis,

@@ -9,6 +9,12 @@
  * Failures: transient ones (database or network) are retried with backoff for as long as it
  * takes; a message that fails for any other reason is retried CONSUMER_MAX_ATTEMPTS times and
  * then sent to the DLQ with the error in its headers.
+ *
+ * kafkajs restarts its consumer only after a retriable crash. Some crashes during a broker
+ * restart are classed non-retriable (KafkaJSGroupCoordinatorNotFound while the coordinator is
+ * still loading), and after one kafkajs stays disconnected while the process looks healthy. So a
+ * crash that kafkajs will not restart is restarted here, with a fresh kafkajs consumer and backoff;
+ * the uncommitted messages are redelivered and the unique keys absorb them.
  */
 import type { Consumer, EachBatchPayload, KafkaMessage, Producer } from 'kafkajs';
 import { z } from 'zod';
@@ -44,7 +50,8 @@ export interface ConsumerOptions {
   activityId: string;
   topic: string;
   dlqTopic: string;
-  consumer: Consumer;
+  /** Called at start and again after each crash kafkajs does not restart by itself. */
+  createConsumer: () => Consumer;
   dlqProducer: Producer;
   pool: Pool;
   redis: RedisClient;
@@ -67,13 +74,29 @@ export class OrderConsumer {
   /** Attempts per offset for messages failing for non-transient reasons. */
   private readonly attempts = new Map<string, number>();
 
+  private consumer: Consumer | undefined;
+  private stopped = false;
+  private restartTimer: NodeJS.Timeout | undefined;
+  /** Restarts in a row that failed to get going; resets once a batch was processed. */
+  private restarts = 0;
+
   constructor(private readonly o: ConsumerOptions) {}
 
   async start(): Promise<void> {
-    await this.o.consumer.connect();
     await this.o.dlqProducer.connect();
-    await this.o.consumer.subscribe({ topic: this.o.topic, fromBeginning: true });
-    await this.o.consumer.run({
+    await this.run();
+  }
+
+  private async run(): Promise<void> {
+    const consumer = this.o.createConsumer();
+    this.consumer = consumer;
+    consumer.on(consumer.events.CRASH, (e) => {
+      if (e.payload.restart || this.stopped || this.consumer !== consumer) return;
+      this.scheduleRestart(e.payload.error);
+    });
+    await consumer.connect();
+    await consumer.subscribe({ topic: this.o.topic, fromBeginning: true });
+    await consumer.run({
       autoCommit: false,
       eachBatchAutoResolve: false,
       partitionsConsumedConcurrently: 1,
@@ -81,9 +104,36 @@ export class OrderConsumer {
     });
   }
 
+  private scheduleRestart(cause: Error): void {
+    this.restarts += 1;
+    const delay = Math.min(500 * 2 ** Math.min(this.restarts - 1, 6), 30_000);
+    this.o.metrics.consumerRetries.inc({ activity: this.o.activityId, reason: 'consumer_restart' });
+    this.o.logger.warn(
+      { err: cause.message, errName: cause.name, delayMs: delay, restarts: this.restarts },
+      'kafka consumer stopped on an error kafkajs does not restart; restarting it',
+    );
+    this.restartTimer = setTimeout(() => {
+      this.restartTimer = undefined;
+      if (this.stopped) return;
+      const old = this.consumer;
+      void (async () => {
+        await old?.disconnect().catch(() => undefined);
+        if (this.stopped) return;
+        try {
+          await this.run();
+        } catch (err) {
+          // connect/subscribe failed (the broker is still away): try again later.
+          if (!this.stopped) this.scheduleRestart(err as Error);
+        }
+      })();
+    }, delay);
+  }
+
   /** kafkajs finishes the batch in flight before disconnecting. */
   async stop(): Promise<void> {
-    await this.o.consumer.disconnect();
+    this.stopped = true;
+    if (this.restartTimer) clearTimeout(this.restartTimer);
+    await this.consumer?.disconnect();
     await this.o.dlqProducer.disconnect();
   }
 
@@ -109,6 +159,7 @@ export class OrderConsumer {
       // With autoCommit off, kafkajs commits only the offsets it is handed.
       await p.commitOffsetsIfNecessary(p.uncommittedOffsets());
       await p.heartbeat();
+      this.restarts = 0;
     }
   }
 

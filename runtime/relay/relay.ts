@@ -5,6 +5,9 @@
  * pending by a relay that died are reclaimed (XAUTOCLAIM) after RELAY_RECLAIM_IDLE_MS; a message
  * published twice that way is harmless because the consumer's unique keys absorb it.
  *
+ * A send that fails is retried with a fresh producer (new producer id): an idempotent producer
+ * whose sequence state the broker lost in a restart would otherwise fail every later send.
+ *
  * Partition key: the buyer id. One buyer's messages stay in order on one partition, and buyers
  * spread evenly; a hot SKU does not pin one partition.
  */
@@ -27,7 +30,8 @@ export interface RelayOptions {
   redis: RedisClient;
   /** A separate connection for blocking reads (XREADGROUP BLOCK would stall other commands). */
   blockingRedis: RedisClient;
-  producer: Producer;
+  /** Called at start and after each failed send. */
+  createProducer: () => Producer;
   metrics: Metrics;
   logger: Logger;
   batchSize: number;
@@ -43,6 +47,7 @@ export class Relay {
   private readonly keys;
   private readonly name: string;
   private lastReclaim = 0;
+  private producer: Producer | undefined;
 
   constructor(private readonly o: RelayOptions) {
     this.keys = activityKeys(o.activityId);
@@ -55,6 +60,8 @@ export class Relay {
     } catch (err) {
       if (!/BUSYGROUP/.test((err as Error).message)) throw err;
     }
+    this.producer = this.o.createProducer();
+    await this.producer.connect();
     this.running = true;
     this.loop = this.run();
   }
@@ -63,6 +70,16 @@ export class Relay {
   async stop(): Promise<void> {
     this.running = false;
     await this.loop;
+    await this.producer?.disconnect();
+  }
+
+  private async replaceProducer(): Promise<void> {
+    const old = this.producer;
+    this.producer = undefined;
+    await old?.disconnect().catch(() => undefined);
+    const fresh = this.o.createProducer();
+    await fresh.connect();
+    this.producer = fresh;
   }
 
   private async run(): Promise<void> {
@@ -93,6 +110,11 @@ export class Relay {
         if (!this.running) break;
         this.o.logger.warn({ err }, 'relay batch failed; retrying');
         await new Promise((r) => setTimeout(r, 500));
+        if (this.producer === undefined || (err as { sendFailed?: boolean }).sendFailed) {
+          await this.replaceProducer().catch((e: Error) =>
+            this.o.logger.warn({ err: e.message }, 'kafka producer reconnect failed; retrying'),
+          );
+        }
       }
     }
   }
@@ -143,12 +165,12 @@ export class Relay {
       };
     });
     crashPoint('relay-before-kafka-send');
-    await this.o.producer.send({
-      topic: this.o.topic,
-      acks: -1,
-      compression: CompressionTypes.None,
-      messages,
-    });
+    if (!this.producer) throw new Error('no kafka producer');
+    await this.producer
+      .send({ topic: this.o.topic, acks: -1, compression: CompressionTypes.None, messages })
+      .catch((err: Error) => {
+        throw Object.assign(err, { sendFailed: true });
+      });
     crashPoint('relay-after-kafka-ack');
     const ids = entries.map((e) => e[0]);
     await this.o.redis

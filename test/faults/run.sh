@@ -7,7 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export FAULT_RUNS="${FAULT_RUNS:-50}"
-export FAULT_SERVER_RESTARTS=1 # window 11 (excluded from the default suite while it is a known failure)
 export FAULT_SEED="${FAULT_SEED:-$(( $(date +%s) % 1000000 ))}"
 export FAULT_CRD_REQUIRED="${FAULT_CRD_REQUIRED:-1}"
 export FAULT_RESULTS="${FAULT_RESULTS:-$(mktemp /tmp/flashsale-faults.XXXXXX.jsonl)}"

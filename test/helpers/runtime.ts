@@ -3,6 +3,7 @@
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { createWriteStream } from 'node:fs';
 import { createServer } from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -67,6 +68,8 @@ export interface RoleOptions {
   env?: Record<string, string>;
   /** Wait for /readyz (default true). */
   waitReady?: boolean;
+  /** Also append the whole output to this file (kept for post-mortems of fault runs). */
+  logFile?: string;
 }
 
 export async function startRole(role: string, o: RoleOptions): Promise<RoleProcess> {
@@ -93,11 +96,20 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
+  const log = o.logFile ? createWriteStream(o.logFile, { flags: 'a' }) : undefined;
+  log?.write(`=== ${role} pid ${proc.pid ?? '?'} started ${new Date().toISOString()}\n`);
   const keep = (b: Buffer): void => {
     out = (out + b.toString('utf8')).slice(-20_000);
+    log?.write(b);
   };
   proc.stdout!.on('data', keep);
   proc.stderr!.on('data', keep);
+  // 'close' comes after the last output; 'exit' may come before it.
+  proc.once('close', (code, signal) =>
+    log?.end(
+      `=== ${role} pid ${proc.pid ?? '?'} exited code=${code} signal=${signal} ${new Date().toISOString()}\n`,
+    ),
+  );
   const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve(code)));
   const url = `http://127.0.0.1:${port}`;
   const p: RoleProcess = {

@@ -2,6 +2,9 @@
 // role killed by SIGKILL (as Kubernetes would), concurrent buyers that retry until they get a
 // definitive answer (same requestId, so a retry is a replay), and the wait for recovery before
 // the invariant checker runs. Used by test/integration/faults/*.test.ts.
+import { mkdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { loadActivity, setGate } from '../../../core/activity-cache.js';
@@ -70,7 +73,13 @@ export class Sale {
   private stopping = false;
   private readonly watchers: Promise<void>[] = [];
 
-  constructor(private readonly o: SaleOptions) {}
+  /** Every incarnation's whole output, one file per role, for post-mortems. */
+  readonly logDir: string;
+
+  constructor(private readonly o: SaleOptions) {
+    this.logDir = join(tmpdir(), 'flashsale-faults', o.activityId);
+    mkdirSync(this.logDir, { recursive: true });
+  }
 
   private env(extra: Record<string, string> | undefined): Record<string, string> {
     const s = this.o.servers;
@@ -96,6 +105,7 @@ export class Sale {
           activityId: this.o.activityId,
           databaseUrl: this.o.servers.databaseUrl,
           env: this.env(extra),
+          logFile: join(this.logDir, `${role}.log`),
         });
         this.current.set(role, p);
         this.watchers.push(this.watch(role, p));
@@ -147,7 +157,8 @@ export class Sale {
   }
 
   output(): string {
-    return [...this.current.entries()].map(([r, p]) => `--- ${r}\n${p.output().slice(-3000)}`).join('\n');
+    const tails = [...this.current.entries()].map(([r, p]) => `--- ${r}\n${p.output().slice(-3000)}`);
+    return [`(whole output of every incarnation: ${this.logDir})`, ...tails].join('\n');
   }
 }
 

@@ -92,7 +92,7 @@ describe('DLQ list / inspect / replay', () => {
         activityId,
         topic: topics.orders,
         dlqTopic: topics.dlq,
-        consumer: observed.consumer,
+        createConsumer: () => observed.consumer,
         dlqProducer: idempotentProducer(kafka),
         pool: f.pool,
         redis: f.redis,

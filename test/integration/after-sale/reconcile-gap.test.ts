@@ -203,7 +203,7 @@ describe('order-gap repair', () => {
         activityId,
         topic: topics.orders,
         dlqTopic: topics.dlq,
-        consumer: observed.consumer,
+        createConsumer: () => observed.consumer,
         dlqProducer: idempotentProducer(kafka),
         pool: f.pool,
         redis: f.redis,

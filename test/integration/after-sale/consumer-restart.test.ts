@@ -1,0 +1,118 @@
+// kafkajs restarts its consumer only after a retriable crash. After a non-retriable one (fault
+// window 11 met KafkaJSGroupCoordinatorNotFound while a restarted broker was still loading) it stays
+// disconnected while the process looks healthy: window 11 stalled with every order unwritten. The
+// consumer role restarts such a crash itself. Here the first kafkajs consumer fails with a
+// non-retriable error, and the orders must still be written, exactly once.
+import kafkajs from 'kafkajs';
+import type { Admin, Consumer, ConsumerRunConfig, Kafka, Producer } from 'kafkajs';
+import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
+import { orderMessageOf, readReservation } from '../../../core/reservations.js';
+import { OrderConsumer } from '../../../runtime/consumer/consumer.js';
+import { testEnv, uniqueId } from '../../helpers/env.js';
+import {
+  TIMEOUT_MS,
+  PAYMENT_TIMEOUT_SECONDS,
+  countRows,
+  openActivity,
+  reserveFor,
+  setUp,
+  until,
+  type Fixture,
+} from './fixture.js';
+
+describe('consumer restart after a crash kafkajs does not restart', () => {
+  let f: Fixture;
+  let kafka: Kafka;
+  let admin: Admin;
+  let producer: Producer;
+  let consumer: OrderConsumer | undefined;
+  const prefix = uniqueId('restart');
+
+  beforeAll(async () => {
+    f = await setUp();
+    kafka = createKafka(testEnv().kafkaBrokers, uniqueId('restart-test'));
+    admin = kafka.admin();
+    await admin.connect();
+    producer = idempotentProducer(kafka);
+    await producer.connect();
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    await consumer?.stop();
+    await producer?.disconnect();
+    await admin?.disconnect();
+    await f?.close();
+  }, TIMEOUT_MS);
+
+  it(
+    'a fresh kafkajs consumer takes over and every order is written once',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 });
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const rids = await reserveFor(f.redis, activityId, skuId, ['b1', 'b2', 'b3']);
+      const messages = [];
+      for (const rid of rids) {
+        const m = orderMessageOf(activityId, (await readReservation(f.redis, activityId, rid))!);
+        messages.push({ key: m.userId, value: JSON.stringify(m) });
+      }
+      await producer.send({ topic: topics.orders, acks: -1, messages });
+
+      const created: Consumer[] = [];
+      const crashes: { restart: boolean; error: string }[] = [];
+      const createConsumer = (): Consumer => {
+        const c = kafka.consumer({ groupId: topics.consumerGroup, maxWaitTimeInMs: 200 });
+        c.on(c.events.CRASH, (e) =>
+          crashes.push({ restart: e.payload.restart, error: e.payload.error.name }),
+        );
+        created.push(c);
+        if (created.length > 1) return c;
+        // The first consumer fails in its batch handler, before touching anything.
+        const run = c.run.bind(c);
+        return Object.assign(Object.create(c) as Consumer, {
+          run: (config?: ConsumerRunConfig) =>
+            run({
+              ...config,
+              eachBatch: () =>
+                Promise.reject(new kafkajs.KafkaJSNonRetriableError('injected: group coordinator not found')),
+            }),
+        });
+      };
+      consumer = new OrderConsumer({
+        activityId,
+        topic: topics.orders,
+        dlqTopic: topics.dlq,
+        createConsumer,
+        dlqProducer: idempotentProducer(kafka),
+        pool: f.pool,
+        redis: f.redis,
+        metrics: f.metrics,
+        logger: f.logger,
+        batchSize: 100,
+        maxAttempts: 2,
+        paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS,
+      });
+      await consumer.start();
+
+      await until('three orders written', async () =>
+        (await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = $1', [activityId])) ===
+        3
+          ? true
+          : undefined,
+      );
+      // kafkajs itself gave up on the first consumer; ours replaced it.
+      expect(crashes[0]).toEqual({ restart: false, error: 'KafkaJSNonRetriableError' });
+      expect(created.length).toBeGreaterThanOrEqual(2);
+      const restarts = (await f.metrics.consumerRetries.get()).values.find(
+        (v) => v.labels.activity === activityId && v.labels.reason === 'consumer_restart',
+      );
+      expect(restarts?.value).toBeGreaterThanOrEqual(1);
+      for (const rid of rids) {
+        expect(
+          await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE reservation_id = $1', [rid]),
+        ).toBe(1);
+      }
+    },
+    TIMEOUT_MS,
+  );
+});
