@@ -17,10 +17,36 @@ t0=$(date +%s)
 rc=0
 FLASHSALE_SKIP_BUILD="${FLASHSALE_SKIP_BUILD:-1}" bash test/run.sh --selectProjects unit integration \
   test/unit/faults test/integration/faults || rc=$?
+
+# Broken builds: each mutant in test/faults/mutants/ is applied to a copy of the tree, and the
+# scenario named on its `# must-fail:` line has to fail there.
+mutants="$(mktemp /tmp/flashsale-mutants.XXXXXX.tsv)"
+for diff in test/faults/mutants/*.diff; do
+  name="$(basename "$diff" .diff)"
+  scenario="$(sed -n 's/^# must-fail: //p' "$diff")"
+  copy="$(mktemp -d /tmp/flashsale-mutant.XXXXXX)"
+  tar --exclude=./node_modules --exclude=./dist --exclude=./.git -cf - . | tar -xf - -C "$copy"
+  ln -s "$PWD/node_modules" "$copy/node_modules"
+  (cd "$copy" && git apply --unsafe-paths "$OLDPWD/$diff") || { echo "mutant $name does not apply" >&2; rc=1; }
+  echo "[faults] mutant $name: expecting '$scenario' to fail"
+  mrc=0
+  (cd "$copy" && env -u FAULT_RESULTS FLASHSALE_SKIP_BUILD=1 bash test/run.sh \
+    test/integration/faults/scenarios.test.ts -t "$scenario") >"$copy.log" 2>&1 || mrc=$?
+  if [ "$mrc" -ne 0 ] && grep -q '✕' "$copy.log"; then
+    printf '%s\t%s\tcaught\n' "$name" "$scenario" >>"$mutants"
+    echo "[faults] mutant $name caught"
+  else
+    printf '%s\t%s\tNOT caught\n' "$name" "$scenario" >>"$mutants"
+    echo "[faults] mutant $name NOT caught (log: $copy.log)" >&2
+    rc=1
+  fi
+  rm -rf "$copy"
+done
+
 secs=$(( $(date +%s) - t0 ))
-node - "$FAULT_RESULTS" "$report" "$started" "$secs" "$rc" "$FAULT_RUNS" "$FAULT_SEED" <<'JS'
+node - "$FAULT_RESULTS" "$report" "$started" "$secs" "$rc" "$FAULT_RUNS" "$FAULT_SEED" "$mutants" <<'JS'
 const fs = require('node:fs');
-const [file, report, started, secs, rc, runs, seed] = process.argv.slice(2);
+const [file, report, started, secs, rc, runs, seed, mutantFile] = process.argv.slice(2);
 const rows = fs.readFileSync(file, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
 const by = new Map();
 for (const r of rows) {
@@ -49,6 +75,17 @@ lines.push('', failures.length ? '## Failures' : 'No failures.', '');
 for (const f of failures) {
   lines.push(`- **${f.n}**${f.seed !== undefined ? ` seed ${f.seed}` : ''}:`, '', '```', String(f.detail ?? ''), '```', '');
 }
+const mutants = fs.readFileSync(mutantFile, 'utf8').split('\n').filter(Boolean).map((l) => l.split('\t'));
+lines.push(
+  '## Broken builds',
+  '',
+  'Each mutant in `test/faults/mutants/` is applied to a copy of the tree; the named scenario must fail there.',
+  '',
+  '| mutant | scenario that must fail | outcome |',
+  '| --- | --- | --- |',
+  ...mutants.map(([m, sc, out]) => `| ${m} | ${sc} | ${out} |`),
+  '',
+);
 fs.writeFileSync(report, lines.join('\n') + '\n');
 console.log(`wrote ${report} (${rows.length} runs)`);
 JS
