@@ -28,7 +28,7 @@ export async function loadActivity(redis: RedisClient, a: ActivityDefinition): P
   const k = activityKeys(a.id);
   const total: LoadOutcome = { created: 0, topped: 0, skipped: 0, stockAdded: 0 };
   const chunks = Math.max(1, Math.ceil(a.items.length / LOAD_CHUNK));
-  for (let c = 0; c < chunks; c += 1) {
+  const load = async (c: number): Promise<void> => {
     const items = a.items.slice(c * LOAD_CHUNK, (c + 1) * LOAD_CHUNK);
     const keys = [k.meta, k.counters, k.skuIndex, ...items.map((i) => k.sku(i.skuId))];
     const args: (string | number)[] = [
@@ -45,7 +45,15 @@ export async function loadActivity(redis: RedisClient, a: ActivityDefinition): P
     total.topped += Number(r[2]);
     total.skipped += Number(r[3]);
     total.stockAdded += Number(r[4]);
-  }
+  };
+  // All chunks but the last are sent at once (one connection keeps them in order, and Redis runs
+  // them while the next ones are encoded). The last chunk marks the generation loaded, so it goes
+  // only after every other chunk succeeded; on a refusal the load stops there, as before, and a
+  // repeat of the load is idempotent.
+  const first = await Promise.allSettled(Array.from({ length: chunks - 1 }, (_, c) => load(c)));
+  const failed = first.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (failed) throw failed.reason;
+  await load(chunks - 1);
   return total;
 }
 

@@ -134,6 +134,18 @@ export interface ReservationRecord {
   requestId: string;
 }
 
+/**
+ * Whether a reservation (or a cancellation tombstone) exists under this id: what makes a submission
+ * a replay for reserve-8.lua. One EXISTS, for the sold-out fast path.
+ */
+export async function reservationExists(
+  redis: RedisClient,
+  activityId: string,
+  reservationId: string,
+): Promise<boolean> {
+  return (await redis.exists(activityKeys(activityId).reservation(reservationId))) === 1;
+}
+
 export async function readReservation(
   redis: RedisClient,
   activityId: string,

@@ -31,25 +31,28 @@ if gen < loadedGen then return {-18} end
 local n = #KEYS - 3
 if #ARGV ~= 6 + 5 * n then return {-16} end
 
--- Check every SKU of the chunk before writing any.
+-- Check every SKU of the chunk before writing any; the reads are kept for the write pass.
+local current = {}
 for i = 1, n do
   local base = 6 + 5 * (i - 1)
   local initial = tonumber(ARGV[base + 2])
   if not initial or initial < 0 or not tonumber(ARGV[base + 3]) then return {-16} end
   local cur = redis.call('HMGET', KEYS[3 + i], 'initial', 'gen')
   if cur[1] and tonumber(cur[2]) < gen and initial < tonumber(cur[1]) then return {-17, ARGV[base + 1]} end
+  current[i] = cur
 end
 
 local created, topped, skipped, added = 0, 0, 0, 0
+local newIds = {}
 for i = 1, n do
   local key = KEYS[3 + i]
   local base = 6 + 5 * (i - 1)
   local initial = tonumber(ARGV[base + 2])
-  local cur = redis.call('HMGET', key, 'initial', 'gen')
+  local cur = current[i]
   if not cur[1] then
     redis.call('HSET', key, 'stock', initial, 'initial', initial, 'limit', ARGV[base + 3],
       'price', ARGV[base + 4], 'name', ARGV[base + 5], 'gen', gen)
-    redis.call('SADD', KEYS[3], ARGV[base + 1])
+    newIds[#newIds + 1] = ARGV[base + 1]
     created = created + 1
     added = added + initial
   elseif tonumber(cur[2]) < gen then
@@ -63,6 +66,8 @@ for i = 1, n do
     skipped = skipped + 1
   end
 end
+-- One SADD per chunk (callers keep chunks well below Lua's unpack limit of about 8,000).
+if #newIds > 0 then redis.call('SADD', KEYS[3], unpack(newIds)) end
 if added > 0 then redis.call('HINCRBY', KEYS[2], 'initial', added) end
 
 redis.call('HSETNX', KEYS[1], 'gate', 'pending')

@@ -35,12 +35,21 @@ const schema = z
     HTTP_BODY_LIMIT: z.string().default('8kb'),
     /** A sold-out flag is re-checked against Redis at most this often (restock events reset it at once). */
     SOLD_OUT_RECHECK_MS: env.int(2000, 0),
-    RELAY_BATCH_SIZE: env.int(500, 1),
+    /** Half messages per Kafka produce request: each request waits for acks=all, so bigger batches carry more per wait. */
+    RELAY_BATCH_SIZE: env.int(2000, 1),
     /** A half message pending this long on a silent relay is reclaimed by another. */
     RELAY_RECLAIM_IDLE_MS: env.int(15_000, 100),
     /** Stable name of this relay in the stream's consumer group (defaults to the host name). */
     RELAY_CONSUMER_NAME: z.string().optional(),
-    CONSUMER_BATCH_SIZE: env.int(500, 1),
+    /**
+     * Relay loops per process, each with its own stream consumer name (`<name>-<i>`), blocking
+     * Redis connection and Kafka producer: while one waits for Kafka's acks the others read and send.
+     */
+    RELAY_CONCURRENCY: env.int(4, 1),
+    /** Orders per insert transaction (one commit, one results write per batch). */
+    CONSUMER_BATCH_SIZE: env.int(2000, 1),
+    /** Partitions whose batches are written at the same time (each in its own transaction). */
+    CONSUMER_PARTITION_CONCURRENCY: env.int(4, 1),
     /** Attempts before a message that keeps failing for a non-transient reason goes to the DLQ. */
     CONSUMER_MAX_ATTEMPTS: env.int(3, 1),
     /** Reservations older than this with no order count as the order gap. */

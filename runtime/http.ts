@@ -2,7 +2,7 @@
  * The HTTP server every role runs: /healthz, /readyz, /metrics, a trace id per request and the
  * request-duration histogram. The api role mounts its routes on the same app.
  */
-import { randomBytes } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import express from 'express';
 import type { Express, RequestHandler } from 'express';
 import type { Metrics } from '../core/metrics.js';
@@ -23,7 +23,8 @@ export const traceId: RequestHandler = (req, res, next) => {
   const given = req.headers['x-request-id'];
   const id =
     parent?.[1] ??
-    (typeof given === 'string' && TRACE_ID.test(given) ? given : randomBytes(16).toString('hex'));
+    // randomUUID draws from a cached entropy pool: a fraction of randomBytes(16)'s cost.
+    (typeof given === 'string' && TRACE_ID.test(given) ? given : randomUUID().replaceAll('-', ''));
   res.locals.traceId = id;
   res.setHeader('x-request-id', id);
   next();

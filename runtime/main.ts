@@ -4,6 +4,7 @@
  * consumer's batches in flight, stop jobs, close pools.
  */
 import type { Server } from 'node:http';
+import { hostname } from 'node:os';
 import { Redis } from 'ioredis';
 import cron from 'node-cron';
 import { activityOfRestockChannel, activityKeys, RESTOCK_CHANNEL_PATTERN } from '../core/keys.js';
@@ -156,28 +157,31 @@ async function main(): Promise<void> {
   });
   logger.info({ port: cfg.HTTP_PORT }, 'http listening');
 
-  let relay: Relay | undefined;
+  const relays: Relay[] = [];
   if (has('relay') && activityId && topics) {
-    const blocking = new Redis(cfg.REDIS_URL, { maxRetriesPerRequest: null });
-    logRedisErrors(blocking, 'relay-blocking-reads');
-    relay = new Relay({
-      activityId,
-      topic: topics.orders,
-      redis,
-      blockingRedis: blocking,
-      createProducer: () => idempotentProducer(kafka),
-      metrics,
-      logger,
-      batchSize: cfg.RELAY_BATCH_SIZE,
-      reclaimIdleMs: cfg.RELAY_RECLAIM_IDLE_MS,
-      consumerName: cfg.RELAY_CONSUMER_NAME,
-    });
-    await relay.start();
-    const r = relay;
-    closers.push(async () => {
-      await r.stop();
-      blocking.disconnect();
-    });
+    const baseName = cfg.RELAY_CONSUMER_NAME ?? hostname();
+    for (let i = 0; i < cfg.RELAY_CONCURRENCY; i += 1) {
+      const blocking = new Redis(cfg.REDIS_URL, { maxRetriesPerRequest: null });
+      logRedisErrors(blocking, `relay-blocking-reads-${i}`);
+      const relay = new Relay({
+        activityId,
+        topic: topics.orders,
+        redis,
+        blockingRedis: blocking,
+        createProducer: () => idempotentProducer(kafka),
+        metrics,
+        logger,
+        batchSize: cfg.RELAY_BATCH_SIZE,
+        reclaimIdleMs: cfg.RELAY_RECLAIM_IDLE_MS,
+        consumerName: `${baseName}-${i}`,
+      });
+      await relay.start();
+      relays.push(relay);
+      closers.push(async () => {
+        await relay.stop();
+        blocking.disconnect();
+      });
+    }
   }
 
   let consumer: OrderConsumer | undefined;
@@ -198,6 +202,7 @@ async function main(): Promise<void> {
       metrics,
       logger,
       batchSize: cfg.CONSUMER_BATCH_SIZE,
+      partitionConcurrency: cfg.CONSUMER_PARTITION_CONCURRENCY,
       maxAttempts: cfg.CONSUMER_MAX_ATTEMPTS,
       paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
     });
@@ -248,8 +253,8 @@ async function main(): Promise<void> {
       await gapProducer.disconnect();
       await admin.disconnect();
     });
-  } else if (relay) {
-    const r = relay;
+  } else if (relays[0]) {
+    const r = relays[0];
     const timer = setInterval(() => void r.sampleGauges().catch(() => undefined), 1000);
     closers.unshift(async () => clearInterval(timer));
   }

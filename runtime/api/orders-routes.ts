@@ -8,7 +8,7 @@ import { findByReservationId } from '../../core/db/orders-store.js';
 import type { Pool } from '../../core/db/pool.js';
 import type { Metrics } from '../../core/metrics.js';
 import type { ReservationResult } from '../../core/model.js';
-import { readReservation, reservationIdFor, reserve } from '../../core/reservations.js';
+import { readReservation, reservationExists, reservationIdFor, reserve } from '../../core/reservations.js';
 import { crashPoint } from '../../core/crash.js';
 import type { RedisClient } from '../../core/scripts.js';
 import {
@@ -19,6 +19,7 @@ import {
   submitOrderBody,
   servedActivity,
 } from './schemas.js';
+import { sendProblem } from './problem.js';
 import type { SoldOutFlags } from './sold-out.js';
 
 export interface OrdersDeps {
@@ -53,11 +54,17 @@ export function ordersRouter(deps: OrdersDeps): Router {
     const activityId = activityOf(req);
     const body = parse(submitOrderBody, req.body);
     const userId = res.locals.userId as string;
-    if (deps.soldOut.isSoldOut(activityId, body.skuId)) {
+    if (
+      deps.soldOut.isSoldOut(activityId, body.skuId) &&
+      // A retry of a submission that did reserve (its answer lost to a crash or a timeout) must
+      // get its reservation back, not SOLD_OUT: it goes on to the script, which replays it.
+      !(await reservationExists(deps.redis, activityId, reservationIdFor(activityId, userId, body.requestId)))
+    ) {
+      // The answer most requests of a sale get: no reserve script, no Error (its stack trace), no
+      // trip through express' error handlers. Same problem+json as the script's SOLD_OUT.
       deps.metrics.reservations.inc({ activity: activityId, result: 'sold_out' });
-      throw new FlashSaleError('SOLD_OUT', 'sold out', {
-        reservationId: reservationIdFor(activityId, userId, body.requestId),
-      });
+      sendProblem(res, 'SOLD_OUT', 'sold out');
+      return;
     }
     try {
       const outcome = await reserve(deps.redis, {
@@ -78,14 +85,19 @@ export function ordersRouter(deps: OrdersDeps): Router {
         outcome.kind === 'reserved' || outcome.state === 'RESERVED' || outcome.state === 'PAID'
           ? 'QUEUED'
           : 'FAILED';
-      res
-        .status(202)
-        .location(`/v1/activities/${activityId}/orders/${outcome.reservationId}`)
-        .json({
-          reservationId: outcome.reservationId,
-          status,
-          replayed: outcome.kind === 'replayed',
-        });
+      // Written directly: res.location() / res.json() / res.send() add nothing here (the ids come
+      // from safe alphabets, there is no ETag and no content negotiation).
+      const payload = JSON.stringify({
+        reservationId: outcome.reservationId,
+        status,
+        replayed: outcome.kind === 'replayed',
+      });
+      res.writeHead(202, {
+        'content-type': 'application/json; charset=utf-8',
+        'content-length': Buffer.byteLength(payload),
+        location: `/v1/activities/${activityId}/orders/${outcome.reservationId}`,
+      });
+      res.end(payload);
     } catch (err) {
       if (err instanceof FlashSaleError) {
         deps.metrics.reservations.inc({ activity: activityId, result: resultLabel[err.code] ?? 'error' });
@@ -128,7 +140,7 @@ export function ordersRouter(deps: OrdersDeps): Router {
     res.json({ reservationId, ...result });
   });
 
-  /** Lets a buyer who never saw the 202 (or got a fast SOLD_OUT on retry) find their reservation. */
+  /** Lets a buyer who never saw the 202 find their reservation without submitting again. */
   router.get('/v1/activities/:activityId/orders', async (req: Request, res: Response) => {
     const activityId = activityOf(req);
     const requestId = parse(requestIdQuery, req.query.requestId);

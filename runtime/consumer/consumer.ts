@@ -58,6 +58,8 @@ export interface ConsumerOptions {
   metrics: Metrics;
   logger: Logger;
   batchSize: number;
+  /** Partitions processed at the same time (default 1). */
+  partitionConcurrency?: number;
   maxAttempts: number;
   paymentTimeoutSeconds: number;
 }
@@ -99,7 +101,9 @@ export class OrderConsumer {
     await consumer.run({
       autoCommit: false,
       eachBatchAutoResolve: false,
-      partitionsConsumedConcurrently: 1,
+      // Partitions are independent (the unique keys decide, not the order of arrival), so their
+      // batches can be written side by side; within a partition batches stay in order.
+      partitionsConsumedConcurrently: this.o.partitionConcurrency ?? 1,
       eachBatch: (payload) => this.onBatch(payload),
     });
   }

@@ -51,7 +51,7 @@ export class Relay {
 
   constructor(private readonly o: RelayOptions) {
     this.keys = activityKeys(o.activityId);
-    this.name = o.consumerName ?? `${hostname()}`;
+    this.name = o.consumerName ?? hostname();
   }
 
   async start(): Promise<void> {
