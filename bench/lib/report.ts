@@ -178,10 +178,13 @@ export function reasons(r: Results): string[] {
   }
   if (missed.has('sold-out vs submit') && r.soldOut && sub) {
     out.push(
-      `Sold-out vs submit: the fast path skips only the Redis call; a sold-out answer still costs the api ` +
-        `${f0(r.soldOut.cpu?.api)} µs of CPU against ${f0(sub.cpu?.api)} µs for a reservation, because the buyer's ` +
-        `token is verified (jose: ${pct(share(r.profiles.soldOut, 'npm: jose'))} of the sold-out profile), the body ` +
-        `parsed and validated, and the refusal is thrown as an Error through express' error handlers.`,
+      `Sold-out vs submit: the fast path skips the reserve script (one EXISTS makes sure the request is not the ` +
+        `retry of one that reserved); a sold-out answer still costs the api ${f0(r.soldOut.cpu?.api)} µs of CPU ` +
+        `against ${f0(sub.cpu?.api)} µs for a reservation, because the buyer's token is verified (jose: ` +
+        `${pct(share(r.profiles.soldOut, 'npm: jose'))} of the sold-out profile), the body is read and validated, ` +
+        `and node's HTTP server and express cost what they cost for any request (GET /healthz: ` +
+        `${f0(r.healthz?.cpu?.api)} µs). 2× needs the sold-out answer within half a reservation's cost, i.e. ` +
+        `${f0(sub.cpu?.api ? sub.cpu.api / 2 : undefined)} µs.`,
     );
   }
   const p = r.pipeline;
@@ -190,13 +193,16 @@ export function reasons(r: Results): string[] {
     out.push(
       `Pipeline: at gate close ${f0(p.backlogAtClose.halfMessages)} of the ${f0(p.backlogAtClose.missingOrders)} ` +
         `reservations without an order were still in the Redis stream (relay side) and ${f0(inKafka)} in Kafka ` +
-        `(consumer side): the relay is the narrower stage. Relay and consumer each work one batch at a time ` +
-        `(read, produce with acks=all and wait, acknowledge; insert, commit, write results) so their rate is set by ` +
-        `round-trip latency, not CPU or PostgreSQL's write capacity (the ceiling with one connection is ` +
-        `${f0(r.ceilingOneClient?.rowsPerS)} rows/s, with four ${f0(r.ceiling.rowsPerS)}).` +
+        `(consumer side). During the burst the pipeline moved ${f0(p.pipelineRate)} rows/s; once the burst had ` +
+        `ended it drained ${f0(p.backlogAtClose.missingOrders)} orders in ${f1(p.drainS)} s, ` +
+        `${f0(p.drainS > 0 ? p.backlogAtClose.missingOrders / p.drainS : undefined)} rows/s ` +
+        `(${ratio(p.drainS > 0 ? p.backlogAtClose.missingOrders / p.drainS : undefined, r.ceiling.rowsPerS)} of the ` +
+        `ceiling): during the burst the load generator and Redis take their share of the machine's ` +
+        `${r.meta.cpus} cores from Kafka, the relay and the consumer.` +
         (p.profiles?.relay
           ? ` The relay was idle ${((100 * p.profiles.relay.idleMs) / p.profiles.relay.totalMs).toFixed(0)} % and the consumer ` +
-            `${((100 * (p.profiles.consumer?.idleMs ?? 0)) / (p.profiles.consumer?.totalMs ?? 1)).toFixed(0)} % of the run.`
+            `${((100 * (p.profiles.consumer?.idleMs ?? 0)) / (p.profiles.consumer?.totalMs ?? 1)).toFixed(0)} % of the run; ` +
+            `kafkajs (message encoding) took ${pct(share(p.profiles.relay, 'npm: kafkajs'))} of the relay's busy time.`
           : ''),
     );
   }
@@ -401,7 +407,7 @@ export function renderReport(r: Results, analysis: string): string {
     if (r.ceilingOneClient) {
       L.push(
         '',
-        `Ceiling with one client (the consumer writes with one connection, one batch at a time): ${f0(r.ceilingOneClient.rowsPerS)} rows/s.`,
+        `Ceiling with one client: ${f0(r.ceilingOneClient.rowsPerS)} rows/s (the consumer writes up to CONSUMER_PARTITION_CONCURRENCY = 4 partitions at once, so the four-client figure is the reference).`,
       );
     }
     const step = Math.max(1, Math.floor(p.samples.length / 12));
