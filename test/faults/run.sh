@@ -15,8 +15,8 @@ report="docs/faults-report.md"
 started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 t0=$(date +%s)
 rc=0
-FLASHSALE_SKIP_BUILD="${FLASHSALE_SKIP_BUILD:-1}" bash test/run.sh --selectProjects unit integration \
-  test/unit/faults test/integration/faults || rc=$?
+FLASHSALE_SKIP_BUILD="${FLASHSALE_SKIP_BUILD:-1}" bash test/run.sh \
+  test/unit/faults test/integration/faults --selectProjects unit integration || rc=$?
 
 # Broken builds: each mutant in test/faults/mutants/ is applied to a copy of the tree, and the
 # scenario named on its `# must-fail:` line has to fail there.
