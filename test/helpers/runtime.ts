@@ -129,16 +129,22 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
     },
   };
   if (o.waitReady !== false) {
-    await waitFor(
-      `${role} readiness`,
-      async () => {
-        if (proc.exitCode !== null) throw new Error(`${role} exited early (${proc.exitCode}):\n${out}`);
-        const r = await request(`${url}/readyz`);
-        await r.body.dump();
-        return r.statusCode === 200;
-      },
-      60_000,
-    );
+    try {
+      await waitFor(
+        `${role} readiness`,
+        async () => {
+          if (proc.exitCode !== null) throw new Error(`${role} exited early (${proc.exitCode}):\n${out}`);
+          const r = await request(`${url}/readyz`);
+          await r.body.dump();
+          return r.statusCode === 200;
+        },
+        60_000,
+      );
+    } catch (err) {
+      // Whoever called gets no handle on a process that never became ready: it must not live on.
+      await p.kill();
+      throw err;
+    }
     // The consumer is "ready" before it joined its group; wait for the join so tests are not
     // racing the group's first rebalance.
   }

@@ -107,6 +107,13 @@ export class Sale {
           env: this.env(extra),
           logFile: join(this.logDir, `${role}.log`),
         });
+        if (this.stopping) {
+          // stop() began while this replacement was starting: it was not among the processes
+          // stop() stopped, so it stops here (else it would outlive the sale, and stop() would
+          // wait for it forever).
+          await p.stop();
+          return p;
+        }
         this.current.set(role, p);
         this.watchers.push(this.watch(role, p));
         return p;
@@ -153,6 +160,7 @@ export class Sale {
   async stop(): Promise<void> {
     this.stopping = true;
     await Promise.all([...this.current.values()].map((p) => p.stop()));
+    // Watchers still restarting a role stop what they started (see launch).
     await Promise.allSettled(this.watchers);
   }
 
