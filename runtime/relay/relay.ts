@@ -60,8 +60,7 @@ export class Relay {
     } catch (err) {
       if (!/BUSYGROUP/.test((err as Error).message)) throw err;
     }
-    this.producer = this.o.createProducer();
-    await this.producer.connect();
+    await this.connectProducer();
     this.running = true;
     this.loop = this.run();
   }
@@ -73,10 +72,7 @@ export class Relay {
     await this.producer?.disconnect();
   }
 
-  private async replaceProducer(): Promise<void> {
-    const old = this.producer;
-    this.producer = undefined;
-    await old?.disconnect().catch(() => undefined);
+  private async connectProducer(): Promise<void> {
     const fresh = this.o.createProducer();
     await fresh.connect();
     this.producer = fresh;
@@ -110,8 +106,8 @@ export class Relay {
         if (!this.running) break;
         this.o.logger.warn({ err }, 'relay batch failed; retrying');
         await new Promise((r) => setTimeout(r, 500));
-        if (this.producer === undefined || (err as { sendFailed?: boolean }).sendFailed) {
-          await this.replaceProducer().catch((e: Error) =>
+        if (this.producer === undefined) {
+          await this.connectProducer().catch((e: Error) =>
             this.o.logger.warn({ err: e.message }, 'kafka producer reconnect failed; retrying'),
           );
         }
@@ -165,12 +161,16 @@ export class Relay {
       };
     });
     crashPoint('relay-before-kafka-send');
-    if (!this.producer) throw new Error('no kafka producer');
-    await this.producer
-      .send({ topic: this.o.topic, acks: -1, compression: CompressionTypes.None, messages })
-      .catch((err: Error) => {
-        throw Object.assign(err, { sendFailed: true });
-      });
+    const producer = this.producer;
+    if (!producer) throw new Error('no kafka producer');
+    try {
+      await producer.send({ topic: this.o.topic, acks: -1, compression: CompressionTypes.None, messages });
+    } catch (err) {
+      // This producer is done with; the batch is retried with a fresh one (see run()).
+      this.producer = undefined;
+      void producer.disconnect().catch(() => undefined);
+      throw err;
+    }
     crashPoint('relay-after-kafka-ack');
     const ids = entries.map((e) => e[0]);
     await this.o.redis
