@@ -7,13 +7,13 @@ import kafkajs from 'kafkajs';
 import type { Admin, Consumer, ConsumerRunConfig, Kafka, Producer } from 'kafkajs';
 import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
 import { orderMessageOf, readReservation } from '../../../core/reservations.js';
-import { OrderConsumer } from '../../../runtime/consumer/consumer.js';
+import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { testEnv, uniqueId } from '../../helpers/env.js';
 import {
   TIMEOUT_MS,
-  PAYMENT_TIMEOUT_SECONDS,
   countRows,
   openActivity,
+  orderConsumerFor,
   reserveFor,
   setUp,
   until,
@@ -78,20 +78,7 @@ describe('consumer restart after a crash kafkajs does not restart', () => {
             }),
         });
       };
-      consumer = new OrderConsumer({
-        activityId,
-        topic: topics.orders,
-        dlqTopic: topics.dlq,
-        createConsumer,
-        dlqProducer: idempotentProducer(kafka),
-        pool: f.pool,
-        redis: f.redis,
-        metrics: f.metrics,
-        logger: f.logger,
-        batchSize: 100,
-        maxAttempts: 2,
-        paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS,
-      });
+      consumer = orderConsumerFor(f, kafka, activityId, topics, createConsumer);
       await consumer.start();
 
       await until('three orders written', async () =>

@@ -10,14 +10,14 @@ import { journalFor } from '../../../core/db/journal-store.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
 import { createKafka, ensureTopics, idempotentProducer, topicDepth, topicsFor } from '../../../core/kafka.js';
 import { orderMessageOf, readReservation } from '../../../core/reservations.js';
-import { OrderConsumer } from '../../../runtime/consumer/consumer.js';
+import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { runDlqCli } from '../../../runtime/dlq.js';
 import { testEnv, uniqueId } from '../../helpers/env.js';
 import {
   TIMEOUT_MS,
-  PAYMENT_TIMEOUT_SECONDS,
   countRows,
   observedConsumer,
+  orderConsumerFor,
   openActivity,
   reserveFor,
   setUp,
@@ -88,20 +88,7 @@ describe('DLQ list / inspect / replay', () => {
       const observed = observedConsumer(
         kafka.consumer({ groupId: topics.consumerGroup, maxWaitTimeInMs: 200 }),
       );
-      consumer = new OrderConsumer({
-        activityId,
-        topic: topics.orders,
-        dlqTopic: topics.dlq,
-        createConsumer: () => observed.consumer,
-        dlqProducer: idempotentProducer(kafka),
-        pool: f.pool,
-        redis: f.redis,
-        metrics: f.metrics,
-        logger: f.logger,
-        batchSize: 100,
-        maxAttempts: 2,
-        paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS,
-      });
+      consumer = orderConsumerFor(f, kafka, activityId, topics, () => observed.consumer);
       await consumer.start();
       await until('the message in the DLQ', async () =>
         (await topicDepth(admin, topics.dlq)) === 1 ? true : undefined,

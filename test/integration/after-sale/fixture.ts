@@ -4,10 +4,12 @@
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import { Redis } from 'ioredis';
-import type { Consumer, ConsumerRunConfig, EachBatchPayload } from 'kafkajs';
+import type { Consumer, ConsumerRunConfig, EachBatchPayload, Kafka } from 'kafkajs';
 import { SignJWT } from 'jose';
 import { loadActivity, recordResults, setGate } from '../../../core/activity-cache.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
+import { idempotentProducer } from '../../../core/kafka.js';
+import type { TopicNames } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { createPool, isTransientDbError } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
@@ -19,6 +21,7 @@ import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
 import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { createApiApp } from '../../../runtime/api/app.js';
+import { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { cancelRouter } from '../../../runtime/api/cancel-routes.js';
 import { SoldOutFlags } from '../../../runtime/api/sold-out.js';
 import { HmacProvider, signNotification } from '../../../runtime/payments/hmac-provider.js';
@@ -392,6 +395,30 @@ export function observedConsumer(consumer: Consumer): {
       }),
   });
   return { consumer: wrapped, processed: () => new Map(done) };
+}
+
+/** The real consumer on the fixture's database and Redis, with small batches and 2 attempts. */
+export function orderConsumerFor(
+  f: Fixture,
+  kafka: Kafka,
+  activityId: string,
+  topics: TopicNames,
+  createConsumer: () => Consumer,
+): OrderConsumer {
+  return new OrderConsumer({
+    activityId,
+    topic: topics.orders,
+    dlqTopic: topics.dlq,
+    createConsumer,
+    dlqProducer: idempotentProducer(kafka),
+    pool: f.pool,
+    redis: f.redis,
+    metrics: f.metrics,
+    logger: f.logger,
+    batchSize: 100,
+    maxAttempts: 2,
+    paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS,
+  });
 }
 
 export async function until<T>(

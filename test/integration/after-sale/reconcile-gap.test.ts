@@ -12,7 +12,7 @@ import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../
 import { activityKeys } from '../../../core/keys.js';
 import { closeOrder } from '../../../core/order-lifecycle.js';
 import { readReservation } from '../../../core/reservations.js';
-import { OrderConsumer } from '../../../runtime/consumer/consumer.js';
+import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { checkOrderGap } from '../../../runtime/jobs/gauges.js';
 import { repairOrderGap } from '../../../runtime/jobs/gap-repair.js';
 import type { GapRepairDeps } from '../../../runtime/jobs/gap-repair.js';
@@ -20,7 +20,6 @@ import { reconcileActivity } from '../../../runtime/jobs/reconciliation.js';
 import { testEnv, uniqueId } from '../../helpers/env.js';
 import {
   TIMEOUT_MS,
-  PAYMENT_TIMEOUT_SECONDS,
   counters,
   countRows,
   materialize,
@@ -31,6 +30,7 @@ import {
   skuStock,
   startApi,
   observedConsumer,
+  orderConsumerFor,
   until,
   type Fixture,
 } from './fixture.js';
@@ -199,20 +199,7 @@ describe('order-gap repair', () => {
       const observed = observedConsumer(
         kafka.consumer({ groupId: topics.consumerGroup, maxWaitTimeInMs: 200 }),
       );
-      consumer = new OrderConsumer({
-        activityId,
-        topic: topics.orders,
-        dlqTopic: topics.dlq,
-        createConsumer: () => observed.consumer,
-        dlqProducer: idempotentProducer(kafka),
-        pool: f.pool,
-        redis: f.redis,
-        metrics: f.metrics,
-        logger: f.logger,
-        batchSize: 100,
-        maxAttempts: 2,
-        paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS,
-      });
+      consumer = orderConsumerFor(f, kafka, activityId, topics, () => observed.consumer);
       await consumer.start();
       // Both copies (offsets 0 and 1) processed, then exactly one order.
       await until('both copies consumed', async () =>
