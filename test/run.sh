@@ -4,7 +4,9 @@
 # and stops them again, whatever happens. Arguments go to jest, e.g.
 #   bash test/run.sh test/integration/smoke      bash test/run.sh --selectProjects unit
 # Servers already given through DATABASE_URL, REDIS_URL, KAFKA_BROKERS, KUBECONFIG are used as is.
-# FLASHSALE_SKIP_BUILD=1 skips the tsc build step (for quick local iterations; CI never sets it).
+# It runs ESLint, Prettier and tsc --noEmit over everything (tests included) before starting servers.
+# FLASHSALE_SKIP_BUILD=1 skips the tsc build step and FLASHSALE_SKIP_CHECKS=1 the static checks (for
+# quick local iterations; CI never sets either).
 # The last line of the output is the summary reporter's "Summary: N passed, N failed, N skipped".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +16,15 @@ log() { printf '[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 bash "$env_dir/deps.sh" system
 bash "$env_dir/deps.sh" node
+# Static checks first: a formatting, lint or type error (tests included) fails the run in seconds,
+# before any server starts. FLASHSALE_SKIP_CHECKS=1 skips them for quick local iterations (CI never
+# sets it).
+if [ -z "${FLASHSALE_SKIP_CHECKS:-}" ]; then
+  log "static checks: eslint, prettier --check, tsc --noEmit (tests included)"
+  node_modules/.bin/eslint --max-warnings=0 . || { echo "static check failed: eslint"; echo "Summary: 0 passed, 1 failed, 0 skipped"; exit 1; }
+  node_modules/.bin/prettier --check --log-level=warn . || { echo "static check failed: prettier"; echo "Summary: 0 passed, 1 failed, 0 skipped"; exit 1; }
+  node_modules/.bin/tsc -p tsconfig.json --noEmit || { echo "static check failed: tsc"; echo "Summary: 0 passed, 1 failed, 0 skipped"; exit 1; }
+fi
 if [ -z "${FLASHSALE_SKIP_BUILD:-}" ]; then
   log "build (tsc)"
   npm run --silent build
