@@ -46,36 +46,36 @@ export class Controller {
   private readonly workers: Promise<void>[] = [];
   private running = false;
 
-  constructor(private readonly o: ControllerOptions) {
+  constructor(private readonly options: ControllerOptions) {
     this.queue = new WorkQueue({
-      baseDelayMs: o.retryBaseMs,
-      maxDelayMs: o.retryMaxMs,
-      onDepth: (d) => o.metrics.workqueueDepth.set(d),
+      baseDelayMs: options.retryBaseMs,
+      maxDelayMs: options.retryMaxMs,
+      onDepth: (d) => options.metrics.workqueueDepth.set(d),
     });
-    const ns = o.namespace;
+    const ns = options.namespace;
     this.activityInformer = new ResilientInformer<KubernetesObject>({
       name: 'flashsaleactivities',
-      kubeConfig: o.kubeConfig,
+      kubeConfig: options.kubeConfig,
       path: ns
         ? `/apis/${GROUP}/${VERSION}/namespaces/${ns}/${PLURAL}`
         : `/apis/${GROUP}/${VERSION}/${PLURAL}`,
-      list: () => o.activities.list(ns),
-      relistMs: o.relistMs,
+      list: () => options.activities.list(ns),
+      relistMs: options.relistMs,
       onEvent: (event, obj) => this.onActivity(event, obj),
-      log: o.log,
+      log: options.log,
     });
     this.deploymentInformer = new ResilientInformer<V1Deployment>({
       name: 'deployments',
-      kubeConfig: o.kubeConfig,
+      kubeConfig: options.kubeConfig,
       path: ns ? `/apis/apps/v1/namespaces/${ns}/deployments` : '/apis/apps/v1/deployments',
       list: () =>
         ns
-          ? o.apps.listNamespacedDeployment({ namespace: ns, labelSelector: MANAGED_BY_SELECTOR })
-          : o.apps.listDeploymentForAllNamespaces({ labelSelector: MANAGED_BY_SELECTOR }),
+          ? options.apps.listNamespacedDeployment({ namespace: ns, labelSelector: MANAGED_BY_SELECTOR })
+          : options.apps.listDeploymentForAllNamespaces({ labelSelector: MANAGED_BY_SELECTOR }),
       labelSelector: MANAGED_BY_SELECTOR,
-      relistMs: o.relistMs,
+      relistMs: options.relistMs,
       onEvent: (_event, obj) => this.onDeployment(obj),
-      log: o.log,
+      log: options.log,
     });
   }
 
@@ -98,9 +98,9 @@ export class Controller {
     // Deployments first, so the first reconciles find the cache filled.
     await this.deploymentInformer.start();
     await this.activityInformer.start();
-    for (let i = 0; i < this.o.workers; i += 1) this.workers.push(this.work(i));
-    this.o.log.info(
-      { namespace: this.o.namespace ?? '(all)', workers: this.o.workers },
+    for (let i = 0; i < this.options.workers; i += 1) this.workers.push(this.work(i));
+    this.options.log.info(
+      { namespace: this.options.namespace ?? '(all)', workers: this.options.workers },
       'controller started',
     );
   }
@@ -135,7 +135,7 @@ export class Controller {
   }
 
   private async work(worker: number): Promise<void> {
-    const { metrics, log, reconciler } = this.o;
+    const { metrics, log, reconciler } = this.options;
     for (;;) {
       const key = await this.queue.get();
       if (key === undefined) return;

@@ -49,8 +49,8 @@ export class ResilientInformer<T extends KubernetesObject> {
   /** Incremented on every (re)start; events from older informers are ignored. */
   private epoch = 0;
 
-  constructor(private readonly o: ResilientInformerOptions<T>) {
-    this.restartDelay = o.minRestartMs ?? 500;
+  constructor(private readonly options: ResilientInformerOptions<T>) {
+    this.restartDelay = options.minRestartMs ?? 500;
   }
 
   /** True once a list has succeeded (the cache has been filled at least once). */
@@ -71,7 +71,7 @@ export class ResilientInformer<T extends KubernetesObject> {
     await this.replace('start');
     this.relistTimer = setInterval(() => {
       void this.replace('relist');
-    }, this.o.relistMs);
+    }, this.options.relistMs);
     this.relistTimer.unref?.();
   }
 
@@ -88,20 +88,20 @@ export class ResilientInformer<T extends KubernetesObject> {
   private async replace(why: 'start' | 'relist' | 'restart'): Promise<void> {
     if (this.stopped) return;
     const epoch = ++this.epoch;
-    const informer = (this.o.make ?? defaultMake)(this.o);
+    const informer = (this.options.make ?? defaultMake)(this.options);
     let failed = false;
     const live = (): boolean => epoch === this.epoch && !this.stopped;
-    informer.on('add', (obj) => live() && this.o.onEvent('add', obj));
-    informer.on('update', (obj) => live() && this.o.onEvent('update', obj));
-    informer.on('delete', (obj) => live() && this.o.onEvent('delete', obj));
+    informer.on('add', (obj) => live() && this.options.onEvent('add', obj));
+    informer.on('update', (obj) => live() && this.options.onEvent('update', obj));
+    informer.on('delete', (obj) => live() && this.options.onEvent('delete', obj));
     informer.on('error', (err: unknown) => {
       failed = true;
       if (!live()) return; // the old informer reporting its own stop
-      this.o.log.warn({ informer: this.o.name, err: String(err) }, 'informer failed; restarting');
+      this.options.log.warn({ informer: this.options.name, err: String(err) }, 'informer failed; restarting');
       this.scheduleRestart();
     });
     informer.on('connect', () => {
-      if (live()) this.restartDelay = this.o.minRestartMs ?? 500;
+      if (live()) this.restartDelay = this.options.minRestartMs ?? 500;
     });
     const old = this.current;
     this.current = informer;
@@ -109,13 +109,13 @@ export class ResilientInformer<T extends KubernetesObject> {
     await informer.start().catch((err: unknown) => {
       failed = true;
       if (live()) {
-        this.o.log.warn({ informer: this.o.name, err: String(err) }, 'informer start failed');
+        this.options.log.warn({ informer: this.options.name, err: String(err) }, 'informer start failed');
         this.scheduleRestart();
       }
     });
     if (!failed && live()) {
       this.syncedOnce = true;
-      this.o.log.debug({ informer: this.o.name, why }, 'informer listed and watching');
+      this.options.log.debug({ informer: this.options.name, why }, 'informer listed and watching');
     }
     if (old) await old.stop().catch(() => undefined);
   }
@@ -123,7 +123,7 @@ export class ResilientInformer<T extends KubernetesObject> {
   private scheduleRestart(): void {
     if (this.stopped || this.restartTimer) return;
     const delay = this.restartDelay;
-    this.restartDelay = Math.min(this.o.maxRestartMs ?? 30_000, this.restartDelay * 2);
+    this.restartDelay = Math.min(this.options.maxRestartMs ?? 30_000, this.restartDelay * 2);
     this.restartTimer = setTimeout(() => {
       this.restartTimer = undefined;
       void this.replace('restart');

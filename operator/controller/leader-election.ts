@@ -58,8 +58,8 @@ export class LeaderElector {
   private takenOver = false;
   private readonly now: () => number;
 
-  constructor(private readonly o: LeaderElectionOptions) {
-    this.now = o.now ?? Date.now;
+  constructor(private readonly options: LeaderElectionOptions) {
+    this.now = options.now ?? Date.now;
   }
 
   get isLeader(): boolean {
@@ -71,35 +71,35 @@ export class LeaderElector {
     while (!this.stopped) {
       if (!this.leading) {
         const won = await this.tryAcquireOrRenew().catch((err: unknown) => {
-          this.o.log.warn({ err: String(err) }, 'lease acquire attempt failed');
+          this.options.log.warn({ err: String(err) }, 'lease acquire attempt failed');
           return false;
         });
         if (won && !this.stopped) {
           this.leading = true;
           this.lastRenewAt = this.now();
-          this.o.log.info(
-            { lease: `${this.o.namespace}/${this.o.name}`, identity: this.o.identity },
+          this.options.log.info(
+            { lease: `${this.options.namespace}/${this.options.name}`, identity: this.options.identity },
             'became leader',
           );
-          this.o.onStartedLeading();
+          this.options.onStartedLeading();
         }
       } else {
         const renewed = await this.tryAcquireOrRenew().catch((err: unknown) => {
-          this.o.log.warn({ err: String(err) }, 'lease renewal failed');
+          this.options.log.warn({ err: String(err) }, 'lease renewal failed');
           return false;
         });
         if (renewed) this.lastRenewAt = this.now();
-        else if (this.takenOver || this.now() - this.lastRenewAt >= this.o.renewDeadlineMs) {
+        else if (this.takenOver || this.now() - this.lastRenewAt >= this.options.renewDeadlineMs) {
           this.leading = false;
-          this.o.log.error(
-            { identity: this.o.identity, takenOver: this.takenOver },
+          this.options.log.error(
+            { identity: this.options.identity, takenOver: this.takenOver },
             'leadership lost: the lease was not renewed in time',
           );
-          this.o.onStoppedLeading();
+          this.options.onStoppedLeading();
           return;
         }
       }
-      await sleep(this.o.retryPeriodMs);
+      await sleep(this.options.retryPeriodMs);
     }
   }
 
@@ -113,16 +113,19 @@ export class LeaderElector {
     if (!this.leading) return;
     this.leading = false;
     try {
-      const lease = await this.o.api.readNamespacedLease({ name: this.o.name, namespace: this.o.namespace });
-      if (lease.spec?.holderIdentity !== this.o.identity) return;
+      const lease = await this.options.api.readNamespacedLease({
+        name: this.options.name,
+        namespace: this.options.namespace,
+      });
+      if (lease.spec?.holderIdentity !== this.options.identity) return;
       const now = this.now();
-      await this.o.api.replaceNamespacedLease({
-        name: this.o.name,
-        namespace: this.o.namespace,
+      await this.options.api.replaceNamespacedLease({
+        name: this.options.name,
+        namespace: this.options.namespace,
         body: {
           metadata: {
-            name: this.o.name,
-            namespace: this.o.namespace,
+            name: this.options.name,
+            namespace: this.options.namespace,
             resourceVersion: lease.metadata?.resourceVersion,
           },
           spec: {
@@ -134,17 +137,17 @@ export class LeaderElector {
           },
         },
       });
-      this.o.log.info({ identity: this.o.identity }, 'lease released');
+      this.options.log.info({ identity: this.options.identity }, 'lease released');
     } catch (err) {
-      this.o.log.warn({ err: String(err) }, 'lease release failed');
+      this.options.log.warn({ err: String(err) }, 'lease release failed');
     }
   }
 
   /** One attempt; true when this process holds the Lease afterwards. */
   private async tryAcquireOrRenew(): Promise<boolean> {
     const now = this.now();
-    const { api, namespace, name, identity } = this.o;
-    const durationSeconds = Math.max(1, Math.round(this.o.leaseDurationMs / 1000));
+    const { api, namespace, name, identity } = this.options;
+    const durationSeconds = Math.max(1, Math.round(this.options.leaseDurationMs / 1000));
     let lease: V1Lease;
     try {
       lease = await api.readNamespacedLease({ name, namespace });

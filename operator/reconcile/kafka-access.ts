@@ -26,15 +26,15 @@ export interface KafkaAccessOptions {
 export class KafkaAdminAccess implements KafkaAccess {
   private admin: Promise<Admin> | undefined;
 
-  constructor(private readonly o: KafkaAccessOptions) {}
+  constructor(private readonly options: KafkaAccessOptions) {}
 
   topics(activityId: string): TopicNames {
-    return topicsFor(activityId, this.o.topicPrefix);
+    return topicsFor(activityId, this.options.topicPrefix);
   }
 
   async ensureTopics(activityId: string): Promise<string[]> {
     return this.use((a) =>
-      ensureTopics(a, this.topics(activityId), this.o.partitions, this.o.replicationFactor),
+      ensureTopics(a, this.topics(activityId), this.options.partitions, this.options.replicationFactor),
     );
   }
 
@@ -55,7 +55,7 @@ export class KafkaAdminAccess implements KafkaAccess {
 
   private async use<T>(fn: (admin: Admin) => Promise<T>): Promise<T> {
     if (!this.admin) {
-      const admin = createKafka(this.o.brokers, this.o.clientId).admin();
+      const admin = createKafka(this.options.brokers, this.options.clientId).admin();
       this.admin = admin.connect().then(() => admin);
     }
     const pending = this.admin;

@@ -123,11 +123,14 @@ describe('operator: the whole lifecycle of one activity', () => {
       expect(ready.status?.cache?.loads).toBe(1);
       const metaReady = await readMeta(redis, activityId);
       expect(metaReady).toMatchObject({ loads: 1, generation: 1 });
-      // Read before startAt, the gate can only be shut.
-      if (Date.now() < startAt.getTime()) expect(metaReady?.gate).toBe('pending');
+      // The gate opens only at startAt: while the resource says Ready, Redis says pending.
+      if (ready.status?.phase === Phase.Ready) expect(metaReady?.gate).toBe('pending');
 
       const active = await waitForPhase(a, ns.namespace, name, Phase.Active, 60_000);
-      expect(Date.now()).toBeGreaterThanOrEqual(startAt.getTime());
+      // The operator's own record of the transition, not the test's clock.
+      expect(new Date(active.status?.timestamps?.active ?? 0).getTime()).toBeGreaterThanOrEqual(
+        startAt.getTime(),
+      );
       expect(findCondition(active.status?.conditions, 'Ready')).toMatchObject({
         status: 'True',
         reason: 'SaleOpen',
@@ -156,7 +159,9 @@ describe('operator: the whole lifecycle of one activity', () => {
       expect(statuses.filter((s) => s !== 202).every((s) => s === 409)).toBe(true);
 
       const done = await waitForPhase(a, ns.namespace, name, Phase.Completed, 60_000);
-      expect(Date.now()).toBeGreaterThanOrEqual(endAt.getTime());
+      expect(new Date(done.status?.timestamps?.draining ?? 0).getTime()).toBeGreaterThanOrEqual(
+        endAt.getTime(),
+      );
 
       // Every phase, in order, as seen by a watch on the resource.
       expect(recorder.phases.get(name)).toEqual(PHASE_ORDER);

@@ -76,13 +76,13 @@ export class Sale {
   /** Every incarnation's whole output, one file per role, for post-mortems. */
   readonly logDir: string;
 
-  constructor(private readonly o: SaleOptions) {
-    this.logDir = join(tmpdir(), 'flashsale-faults', o.activityId);
+  constructor(private readonly options: SaleOptions) {
+    this.logDir = join(tmpdir(), 'flashsale-faults', options.activityId);
     mkdirSync(this.logDir, { recursive: true });
   }
 
   private env(extra: Record<string, string> | undefined): Record<string, string> {
-    const s = this.o.servers;
+    const s = this.options.servers;
     return {
       REDIS_URL: s.redisUrl,
       KAFKA_BROKERS: s.kafkaBrokers.join(','),
@@ -98,12 +98,12 @@ export class Sale {
   }
 
   private async launch(role: RoleName, first: boolean): Promise<RoleProcess> {
-    const extra = first ? this.o.roleEnv?.[role] : undefined;
+    const extra = first ? this.options.roleEnv?.[role] : undefined;
     for (let attempt = 1; ; attempt += 1) {
       try {
         const p = await startRole(role, {
-          activityId: this.o.activityId,
-          databaseUrl: this.o.servers.databaseUrl,
+          activityId: this.options.activityId,
+          databaseUrl: this.options.servers.databaseUrl,
           env: this.env(extra),
           logFile: join(this.logDir, `${role}.log`),
         });
