@@ -13,6 +13,11 @@ t0=$(date +%s)
 log() { printf '[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 bash "$env_dir/deps.sh" system
+# The project's Node major (installed into the cache when the machine's is older): npm ci, the
+# build, jest and every process the tests spawn run on it.
+PATH="$(bash "$env_dir/node.sh"):$PATH"
+export PATH
+log "node $(node --version) ($(command -v node))"
 bash "$env_dir/deps.sh" node
 if [ -z "${FLASHSALE_SKIP_BUILD:-}" ]; then
   log "build (tsc)"

@@ -29,7 +29,7 @@ system() {
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
   command -v go >/dev/null || die "Go (>= 1.24) is needed to build etcd and kube-apiserver"
-  command -v node >/dev/null || die "Node.js (>= 20.10) is needed"
+  command -v node >/dev/null || die "Node.js with npm is needed (node.sh then installs Node $NODE_MAJOR when it is older)"
 }
 
 node_modules() {
