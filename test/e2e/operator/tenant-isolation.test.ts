@@ -4,6 +4,7 @@
 // runtime role's pods read only that role's Secret.
 import { Redis } from 'ioredis';
 import { readMeta } from '../../../core/activity-cache.js';
+import { upsertCatalogItems } from '../../../core/db/catalog-store.js';
 import { readClaim } from '../../../core/db/claims-store.js';
 import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
@@ -234,4 +235,80 @@ describe('operator: tenant isolation', () => {
     },
     TIMEOUT_MS,
   );
+
+  it(
+    "loads a catalogRef from the resource's own namespace only",
+    async () => {
+      const catalog = uniqueId('shared-name');
+      // Another tenant's catalog of the same name: never sold from this namespace.
+      await upsertCatalogItems(pg, [
+        {
+          namespace: uniqueId('other-tenant'),
+          catalog,
+          skuId: 'gold',
+          name: 'gold',
+          price: '1.00',
+          stock: 99,
+          limitPerUser: 9,
+        },
+      ]);
+      const t0 = Date.now();
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'shop', {
+          warmUpAt: new Date(t0),
+          startAt: new Date(t0 + 60 * 60_000),
+          endAt: new Date(t0 + 120 * 60_000),
+          catalogRef: catalog,
+        }),
+      );
+      const empty = await waitFor('catalog reported empty', async () => {
+        const fsa = await getActivity(a, ns.namespace, 'shop');
+        return findCondition(fsa?.status?.conditions, 'Degraded')?.reason === 'CatalogEmpty'
+          ? fsa
+          : undefined;
+      });
+      expect(empty.status?.phase).toBe(Phase.WarmingUp);
+      const id = empty.status?.activityId ?? '';
+      expect(await readLoadedDefinition(redis, id)).toBeUndefined();
+      // Its own namespace's catalog of that name is what it loads.
+      await upsertCatalogItems(pg, [
+        {
+          namespace: ns.namespace,
+          catalog,
+          skuId: 'tea',
+          name: '茶',
+          price: '5.00',
+          stock: 3,
+          limitPerUser: 1,
+        },
+      ]);
+      await waitForPhase(a, ns.namespace, 'shop', Phase.Ready, 60_000);
+      expect((await readLoadedDefinition(redis, id))?.items.map((i) => [i.skuId, i.stock])).toEqual([
+        ['tea', 3],
+      ]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it('refuses activity ids whose Kafka topics would collide with another id', async () => {
+    const far = Date.now() + 60 * 60_000;
+    const body = (name: string, activityId: string): Record<string, unknown> =>
+      activityBody(ns.namespace, name, {
+        warmUpAt: new Date(far),
+        startAt: new Date(far + 60_000),
+        endAt: new Date(far + 120_000),
+        items: [{ skuId: 'a', name: 'A', price: '1.00', stock: 1 }],
+        extraSpec: { activityId },
+      });
+    const refusal = (activityId: string): Promise<string> =>
+      createActivity(a, body(uniqueId('bad-id'), activityId)).then(
+        () => 'accepted',
+        (err: unknown) => String((err as { body?: unknown }).body ?? err),
+      );
+    // '.' and '_' are one character to Kafka's topic names; '<id>.dlq' is the DLQ topic of <id>.
+    expect(await refusal('sale_2030')).toMatch(/spec\.activityId/);
+    expect(await refusal('sale-2030.dlq')).toMatch(/cannot end with \.dlq/);
+    expect(await refusal('sale.2030')).toBe('accepted');
+  });
 });
