@@ -20,8 +20,11 @@ export const operatorConfigSchema = z
     KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
     KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
     KAFKA_REPLICATION_FACTOR: env.int(1, 1),
-    /** Namespace to watch; empty = every namespace (needs the ClusterRole bound cluster-wide). */
-    WATCH_NAMESPACE: z.string().default(''),
+    /**
+     * Namespaces to watch, comma-separated (the ClusterRole bound by a RoleBinding in each); empty =
+     * every namespace (needs the ClusterRole bound cluster-wide).
+     */
+    WATCH_NAMESPACE: env.list(),
     /** The operator's own namespace (downward API); holds the leader Lease. */
     POD_NAMESPACE: z.string().default('flashsale-system'),
     POD_NAME: z.string().optional(),
@@ -91,7 +94,8 @@ export interface OperatorConfig {
   redisUrl: string;
   kafkaBrokers: string[];
   kafka: { topicPrefix: string; partitions: number; replicationFactor: number };
-  watchNamespace: string | undefined;
+  /** The namespaces watched; empty = every namespace. */
+  watchNamespaces: string[];
   identity: string;
   leaderElection: {
     enabled: boolean;
@@ -135,7 +139,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
       partitions: c.KAFKA_TOPIC_PARTITIONS,
       replicationFactor: c.KAFKA_REPLICATION_FACTOR,
     },
-    watchNamespace: c.WATCH_NAMESPACE || undefined,
+    watchNamespaces: [...new Set(c.WATCH_NAMESPACE)],
     identity: c.OPERATOR_IDENTITY || c.POD_NAME || hostname(),
     leaderElection: {
       enabled: c.LEADER_ELECTION,

@@ -145,7 +145,9 @@ describe('Dockerfile', () => {
       const cmd = stages.flatMap((s) => s.instructions).filter((i) => i.op === 'CMD');
       expect(cmd.at(-1)?.args).toContain(`dist/${target}/main.js`);
     }
-    expect(readText(path.join(repoRoot, 'Dockerfile'))).toMatch(/^ARG NODE_IMAGE=node:24[\w.-]*-slim(@sha256:[0-9a-f]{64})?$/m);
+    expect(readText(path.join(repoRoot, 'Dockerfile'))).toMatch(
+      /^ARG NODE_IMAGE=node:24[\w.-]*-slim(@sha256:[0-9a-f]{64})?$/m,
+    );
   });
 
   it('runs as a numeric non-root user and installs production dependencies only in the final image', () => {
