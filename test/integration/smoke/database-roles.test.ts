@@ -3,6 +3,7 @@
 // tables of later migrations; a login user that is a member of it can run the order path and the
 // operator's stores but cannot change the schema (docs/install.md, "Database accounts").
 import pg from 'pg';
+import { createPool } from '../../../core/db/pool.js';
 import { claimActivityId, readClaim } from '../../../core/db/claims-store.js';
 import { readCatalog, upsertCatalogItems } from '../../../core/db/catalog-store.js';
 import { freshDatabase, testEnv, uniqueId, type FreshDatabase } from '../../helpers/env.js';
@@ -17,12 +18,13 @@ describe('database accounts', () => {
 
   beforeAll(async () => {
     db = await freshDatabase();
-    owner = new pg.Pool({ connectionString: db.url, max: 1 });
+    // createPool ignores errors of idle clients (a backend ended by DROP DATABASE … FORCE at teardown).
+    owner = createPool(db.url, 1);
     await owner.query(`CREATE ROLE ${user} LOGIN PASSWORD 'app' IN ROLE flashsale_runtime`);
     const url = new URL(db.url);
     url.username = user;
     url.password = 'app';
-    runtime = new pg.Pool({ connectionString: url.toString(), max: 1 });
+    runtime = createPool(url.toString(), 1);
   }, TIMEOUT_MS);
 
   afterAll(async () => {
