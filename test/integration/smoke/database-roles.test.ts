@@ -4,7 +4,7 @@
 // operator's stores but cannot change the schema (docs/install.md, "Database accounts").
 import pg from 'pg';
 import { createPool } from '../../../core/db/pool.js';
-import { claimActivityId, readClaim } from '../../../core/db/claims-store.js';
+import { claimActivityId, readClaim, releaseUnusedClaim } from '../../../core/db/claims-store.js';
 import { readCatalog, upsertCatalogItems } from '../../../core/db/catalog-store.js';
 import { freshDatabase, testEnv, uniqueId, type FreshDatabase } from '../../helpers/env.js';
 
@@ -87,6 +87,35 @@ describe('database accounts', () => {
       await owner.query('CREATE TABLE later_table (id int PRIMARY KEY)');
       await runtime.query('INSERT INTO later_table VALUES (1)');
       expect((await runtime.query('SELECT id FROM later_table')).rows).toEqual([{ id: 1 }]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'activity id claims: the first claim wins, topic-name twins collide, only the owner releases',
+    async () => {
+      const a = { uid: 'uid-a', namespace: 'shop', name: 'a' };
+      const b = { uid: 'uid-b', namespace: 'rival', name: 'b' };
+      expect(await claimActivityId(runtime, 'sale.x', a)).toMatchObject({ ownerUid: 'uid-a' });
+      // Concurrent and repeated claims: whoever comes later gets the first claim back.
+      const again = await Promise.all([
+        claimActivityId(runtime, 'sale.x', b),
+        claimActivityId(runtime, 'sale.x', a),
+      ]);
+      expect(again.map((c) => c.ownerUid)).toEqual(['uid-a', 'uid-a']);
+      // 'sale_x' is the same Kafka topic name as 'sale.x' (metrics): refused, naming the holder.
+      expect(await claimActivityId(runtime, 'sale_x', b)).toMatchObject({
+        activityId: 'sale.x',
+        ownerUid: 'uid-a',
+      });
+      expect(await readClaim(runtime, 'sale_x')).toBeUndefined();
+      await releaseUnusedClaim(runtime, 'sale.x', 'uid-b');
+      expect(await readClaim(runtime, 'sale.x')).toMatchObject({ ownerUid: 'uid-a' });
+      await releaseUnusedClaim(runtime, 'sale.x', 'uid-a');
+      expect(await claimActivityId(runtime, 'sale_x', b)).toMatchObject({
+        activityId: 'sale_x',
+        ownerUid: 'uid-b',
+      });
     },
     TIMEOUT_MS,
   );
