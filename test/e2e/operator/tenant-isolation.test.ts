@@ -15,8 +15,10 @@ import { GROUP, PLURAL, Phase, RUNTIME_ROLES, VERSION } from '../../../operator/
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
 import { freshDatabase, isApiError, testEnv, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';
+import { CustomObjectsApi } from '@kubernetes/client-node';
 import {
   Recorder,
+  SERVICE_ACCOUNT,
   activityBody,
   admin,
   createActivity,
@@ -42,6 +44,9 @@ describe('operator: tenant isolation', () => {
   let pg: Pool;
   let redis: Redis;
   let ns: OperatorNamespace;
+  /** A second watched namespace (the operator's rules bound there too) and one it does not watch. */
+  const second = uniqueId('op-tenant-b');
+  const unwatched = uniqueId('op-tenant-x');
   let operator: OperatorProcess | undefined;
   let recorder: Recorder;
 
@@ -53,10 +58,33 @@ describe('operator: tenant isolation', () => {
     ns = await prepareNamespace(uniqueId('op-tenant'), a);
     recorder = new Recorder(a, ns.namespace);
     await recorder.start();
+    for (const name of [second, unwatched]) await a.core.createNamespace({ body: { metadata: { name } } });
+    await a.rbac.createNamespacedRoleBinding({
+      namespace: second,
+      body: {
+        metadata: { name: 'flashsale-operator' },
+        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: 'flashsale-operator' },
+        subjects: [{ kind: 'ServiceAccount', name: SERVICE_ACCOUNT, namespace: ns.namespace }],
+      },
+    });
+    const asOperator = ns.kubeConfig.makeApiClient(CustomObjectsApi);
+    await waitFor('RBAC in the second namespace', async () => {
+      await asOperator.listNamespacedCustomObject({
+        group: GROUP,
+        version: VERSION,
+        namespace: second,
+        plural: PLURAL,
+      });
+      return true;
+    });
     operator = await startOperator({
       ns,
       databaseUrl: db.url,
-      env: { RUNTIME_IMAGE: 'registry.example/flashsale-runtime:1.0.0', RUNTIME_ALLOWED_IMAGES: DIGEST },
+      env: {
+        RUNTIME_IMAGE: 'registry.example/flashsale-runtime:1.0.0',
+        RUNTIME_ALLOWED_IMAGES: DIGEST,
+        WATCH_NAMESPACE: `${ns.namespace},${second}`,
+      },
     });
   }, TIMEOUT_MS);
 
@@ -311,4 +339,32 @@ describe('operator: tenant isolation', () => {
     expect(await refusal('sale-2030.dlq')).toMatch(/cannot end with \.dlq/);
     expect(await refusal('sale.2030')).toBe('accepted');
   });
+
+  it(
+    'reconciles in each watched namespace, and nowhere else',
+    async () => {
+      const far = Date.now() + 60 * 60_000;
+      const body = (namespace: string): Record<string, unknown> =>
+        activityBody(namespace, 'sale', {
+          warmUpAt: new Date(far),
+          startAt: new Date(far + 60_000),
+          endAt: new Date(far + 120_000),
+          items: [{ skuId: 'a', name: 'A', price: '1.00', stock: 1 }],
+        });
+      await createActivity(a, body(unwatched));
+      await createActivity(a, body(second));
+      const other = await waitForPhase(a, second, 'sale', Phase.Pending);
+      expect(other.metadata.finalizers).toContain('flashsale.io/cleanup');
+      await waitFor('runtime Deployments in the second namespace', async () => {
+        const list = await a.apps.listNamespacedDeployment({ namespace: second });
+        return list.items.length === 3;
+      });
+      // Created before the watched one, and still untouched: not watched, and no rights there.
+      const ignored = await getActivity(a, unwatched, 'sale');
+      expect(ignored?.status).toBeUndefined();
+      expect(ignored?.metadata.finalizers ?? []).toEqual([]);
+      await forceRemoveFinalizers(a, second);
+    },
+    TIMEOUT_MS,
+  );
 });
