@@ -48,41 +48,42 @@ export class Controller {
   private readonly workers: Promise<void>[] = [];
   private running = false;
 
-  constructor(private readonly o: ControllerOptions) {
+  constructor(private readonly options: ControllerOptions) {
     this.queue = new WorkQueue({
-      baseDelayMs: o.retryBaseMs,
-      maxDelayMs: o.retryMaxMs,
-      onDepth: (d) => o.metrics.workqueueDepth.set(d),
+      baseDelayMs: options.retryBaseMs,
+      maxDelayMs: options.retryMaxMs,
+      onDepth: (d) => options.metrics.workqueueDepth.set(d),
     });
-    const scopes: (string | undefined)[] = o.namespaces.length > 0 ? [...o.namespaces] : [undefined];
+    const scopes: (string | undefined)[] =
+      options.namespaces.length > 0 ? [...options.namespaces] : [undefined];
     for (const ns of scopes) {
       this.activityInformers.push(
         new ResilientInformer<KubernetesObject>({
           name: `flashsaleactivities${ns ? `/${ns}` : ''}`,
-          kubeConfig: o.kubeConfig,
+          kubeConfig: options.kubeConfig,
           path: ns
             ? `/apis/${GROUP}/${VERSION}/namespaces/${ns}/${PLURAL}`
             : `/apis/${GROUP}/${VERSION}/${PLURAL}`,
-          list: () => o.activities.list(ns),
-          relistMs: o.relistMs,
+          list: () => options.activities.list(ns),
+          relistMs: options.relistMs,
           onEvent: (event, obj) => this.onActivity(event, obj),
-          log: o.log,
+          log: options.log,
         }),
       );
       this.deploymentInformers.set(
         ns ?? '',
         new ResilientInformer<V1Deployment>({
           name: `deployments${ns ? `/${ns}` : ''}`,
-          kubeConfig: o.kubeConfig,
+          kubeConfig: options.kubeConfig,
           path: ns ? `/apis/apps/v1/namespaces/${ns}/deployments` : '/apis/apps/v1/deployments',
           list: () =>
             ns
-              ? o.apps.listNamespacedDeployment({ namespace: ns, labelSelector: MANAGED_BY_SELECTOR })
-              : o.apps.listDeploymentForAllNamespaces({ labelSelector: MANAGED_BY_SELECTOR }),
+              ? options.apps.listNamespacedDeployment({ namespace: ns, labelSelector: MANAGED_BY_SELECTOR })
+              : options.apps.listDeploymentForAllNamespaces({ labelSelector: MANAGED_BY_SELECTOR }),
           labelSelector: MANAGED_BY_SELECTOR,
-          relistMs: o.relistMs,
+          relistMs: options.relistMs,
           onEvent: (_event, obj) => this.onDeployment(obj),
-          log: o.log,
+          log: options.log,
         }),
       );
     }
@@ -111,11 +112,11 @@ export class Controller {
     // Deployments first, so the first reconciles find the cache filled.
     for (const informer of this.deploymentInformers.values()) await informer.start();
     for (const informer of this.activityInformers) await informer.start();
-    for (let i = 0; i < this.o.workers; i += 1) this.workers.push(this.work(i));
-    this.o.log.info(
+    for (let i = 0; i < this.options.workers; i += 1) this.workers.push(this.work(i));
+    this.options.log.info(
       {
-        namespaces: this.o.namespaces.length > 0 ? this.o.namespaces.join(',') : '(all)',
-        workers: this.o.workers,
+        namespaces: this.options.namespaces.length > 0 ? this.options.namespaces.join(',') : '(all)',
+        workers: this.options.workers,
       },
       'controller started',
     );
@@ -151,7 +152,7 @@ export class Controller {
   }
 
   private async work(worker: number): Promise<void> {
-    const { metrics, log, reconciler } = this.o;
+    const { metrics, log, reconciler } = this.options;
     for (;;) {
       const key = await this.queue.get();
       if (key === undefined) return;
