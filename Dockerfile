@@ -6,7 +6,10 @@
 # root and are not writable. Layout of /app: package.json, node_modules/ (production dependencies
 # only), dist/ (compiled TypeScript), lua/ (Redis scripts, found by walking up from dist/core),
 # and for the runtime runtime/api/openapi.yaml (served at /openapi.yaml).
-ARG NODE_IMAGE=node:20-bookworm-slim
+# Node 24 LTS, pinned to a release (the same one test/env/lib.sh installs for the tests, demo and
+# benchmarks). Pin the digest at release time (docs/images.md, "Base image"):
+#   docker build --build-arg NODE_IMAGE=node:24.22.3-bookworm-slim@sha256:<digest> ...
+ARG NODE_IMAGE=node:24.22.3-bookworm-slim
 
 # ---- build: all dependencies, compile TypeScript to dist/
 FROM ${NODE_IMAGE} AS build

@@ -45,8 +45,8 @@ faults: ## The whole fault-injection suite with FAULT_RUNS (default 50) randomiz
 
 bench: ## Benchmarks beside their reference points, measured in the same run (own servers, < 10 min); writes docs/benchmarks.md
 	bash test/env/deps.sh system
-	bash test/env/deps.sh node
-	node --import tsx bench/run.ts
+	PATH="$$(bash test/env/node.sh):$$PATH"; export PATH; echo "[bench] node $$(node --version)"; \
+		bash test/env/deps.sh node && node --import tsx bench/run.ts
 
 ##@ Local environment
 

@@ -79,6 +79,26 @@ export async function readMeta(redis: RedisClient, activityId: string): Promise<
   };
 }
 
+/**
+ * Records `uid` as the owner of the activity's cache (the meta hash's `owner`) unless one is
+ * recorded already, and returns the recorded owner; `loadedBefore` tells that a cache was loaded
+ * before any owner was recorded (an activity older than ownership records).
+ */
+export async function claimCacheOwner(
+  redis: RedisClient,
+  activityId: string,
+  uid: string,
+): Promise<{ owner: string; loadedBefore: boolean }> {
+  const k = activityKeys(activityId);
+  const [[, set], [, fields]] = (await redis
+    .multi()
+    .hsetnx(k.meta, 'owner', uid)
+    .hmget(k.meta, 'owner', 'gate')
+    .exec()) as [[null, number], [null, (string | null)[]]];
+  const [owner, gate] = fields;
+  return { owner: owner ?? uid, loadedBefore: set === 1 && gate !== null && gate !== undefined };
+}
+
 export async function setGate(redis: RedisClient, activityId: string, gate: GateState): Promise<GateState> {
   const r = await runScript(redis, 'setGate', [activityKeys(activityId).meta], [gate]);
   return String(r[1]) as GateState;

@@ -20,8 +20,11 @@ export const operatorConfigSchema = z
     KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
     KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
     KAFKA_REPLICATION_FACTOR: env.int(1, 1),
-    /** Namespace to watch; empty = every namespace (needs the ClusterRole bound cluster-wide). */
-    WATCH_NAMESPACE: z.string().default(''),
+    /**
+     * Namespaces to watch, comma-separated (the ClusterRole bound by a RoleBinding in each); empty =
+     * every namespace (needs the ClusterRole bound cluster-wide).
+     */
+    WATCH_NAMESPACE: env.list(),
     /** The operator's own namespace (downward API); holds the leader Lease. */
     POD_NAMESPACE: z.string().default('flashsale-system'),
     POD_NAME: z.string().optional(),
@@ -46,7 +49,19 @@ export const operatorConfigSchema = z
       .regex(/^(?:\d+(?:ms|s|m|h))+$/, 'a duration such as 5m')
       .default('5m'),
     RUNTIME_IMAGE: z.string().min(1).default('ghcr.io/flashsale/flashsale:0.1.0'),
+    /**
+     * Images an activity may choose with spec.runtime.image besides RUNTIME_IMAGE: exact
+     * references (`repo:tag`, `repo@sha256:…`) or bare digests (`sha256:…`, any reference pinned
+     * to that digest). Empty: spec.runtime.image may only repeat RUNTIME_IMAGE.
+     */
+    RUNTIME_ALLOWED_IMAGES: env
+      .list()
+      .refine(
+        (l) => l.every((i) => !/\s/.test(i) && (!i.startsWith('sha256:') || /^sha256:[0-9a-f]{64}$/.test(i))),
+        'image references or sha256:<64 hex> digests, comma-separated',
+      ),
     RUNTIME_IMAGE_PULL_POLICY: z.enum(['Always', 'IfNotPresent', 'Never']).default('IfNotPresent'),
+    /** Base name of the runtime Secrets: each role reads only `<name>-<role>` (api, relay, consumer). */
     RUNTIME_SECRET_NAME: z.string().min(1).default('flashsale-runtime'),
     RUNTIME_SERVICE_ACCOUNT: z.string().default(''),
     RUNTIME_HTTP_PORT: env.int(8080, 1),
@@ -79,7 +94,8 @@ export interface OperatorConfig {
   redisUrl: string;
   kafkaBrokers: string[];
   kafka: { topicPrefix: string; partitions: number; replicationFactor: number };
-  watchNamespace: string | undefined;
+  /** The namespaces watched; empty = every namespace. */
+  watchNamespaces: string[];
   identity: string;
   leaderElection: {
     enabled: boolean;
@@ -101,6 +117,8 @@ export interface OperatorConfig {
   defaultWarmUpLead: string;
   runtime: {
     image: string;
+    /** Other images spec.runtime.image may name (exact references or `sha256:` digests). */
+    allowedImages: string[];
     imagePullPolicy: 'Always' | 'IfNotPresent' | 'Never';
     secretName: string;
     serviceAccount: string | undefined;
@@ -121,7 +139,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
       partitions: c.KAFKA_TOPIC_PARTITIONS,
       replicationFactor: c.KAFKA_REPLICATION_FACTOR,
     },
-    watchNamespace: c.WATCH_NAMESPACE || undefined,
+    watchNamespaces: [...new Set(c.WATCH_NAMESPACE)],
     identity: c.OPERATOR_IDENTITY || c.POD_NAME || hostname(),
     leaderElection: {
       enabled: c.LEADER_ELECTION,
@@ -143,6 +161,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
     defaultWarmUpLead: c.DEFAULT_WARM_UP_LEAD,
     runtime: {
       image: c.RUNTIME_IMAGE,
+      allowedImages: c.RUNTIME_ALLOWED_IMAGES,
       imagePullPolicy: c.RUNTIME_IMAGE_PULL_POLICY,
       secretName: c.RUNTIME_SECRET_NAME,
       serviceAccount: c.RUNTIME_SERVICE_ACCOUNT || undefined,

@@ -30,7 +30,7 @@ async function main(): Promise<void> {
   log.info(
     {
       identity: config.identity,
-      watchNamespace: config.watchNamespace ?? '(all)',
+      watchNamespaces: config.watchNamespaces.length > 0 ? config.watchNamespaces.join(',') : '(all)',
       lease: config.leaderElection.enabled
         ? `${config.leaderElection.namespace}/${config.leaderElection.name}`
         : '(leader election off)',
@@ -81,7 +81,7 @@ async function main(): Promise<void> {
     activities,
     apps,
     reconciler,
-    namespace: config.watchNamespace,
+    namespaces: config.watchNamespaces,
     workers: config.workers,
     relistMs: config.relistMs,
     retryBaseMs: config.retryBaseMs,

@@ -8,6 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash test/env/deps.sh system
+# The project's Node major (installed into the cache when the machine's is older).
+PATH="$(bash test/env/node.sh):$PATH"
+export PATH
+echo "[demo] node $(node --version) ($(command -v node))" >&2
 bash test/env/deps.sh node
 if [ ! -f dist/runtime/main.js ] || [ ! -f dist/operator/main.js ]; then
   echo "[demo] build (tsc)" >&2

@@ -15,6 +15,11 @@ t0=$(date +%s)
 log() { printf '[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 bash "$env_dir/deps.sh" system
+# The project's Node major (installed into the cache when the machine's is older): npm ci, the
+# build, jest and every process the tests spawn run on it.
+PATH="$(bash "$env_dir/node.sh"):$PATH"
+export PATH
+log "node $(node --version) ($(command -v node))"
 bash "$env_dir/deps.sh" node
 # Static checks first: a formatting, lint or type error (tests included) fails the run in seconds,
 # before any server starts. FLASHSALE_SKIP_CHECKS=1 skips them for quick local iterations (CI never

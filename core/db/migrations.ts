@@ -154,4 +154,58 @@ CREATE TABLE order_gap_repairs (
 );
 `,
   },
+  {
+    version: 5,
+    name: 'tenant-isolation',
+    sql: `
+-- Activity id claims: the first FlashSaleActivity to claim an id owns it for good (the id's Redis
+-- keys, Kafka topics and PostgreSQL rows); another resource naming the same id is refused with
+-- ActivityIdInUse and touches nothing (docs/operator.md, "Activity ids"). Never deleted: an id
+-- is used once, like its write-back fence. Kafka treats '.' and '_' in topic names alike, so
+-- topic_key (the id with '_' read as '.') is unique too: two ids that would share a topic's
+-- metrics cannot both be claimed.
+CREATE TABLE activity_claims (
+  activity_id    text        PRIMARY KEY,
+  topic_key      text        NOT NULL UNIQUE,
+  owner_uid      text        NOT NULL,
+  owner_namespace text       NOT NULL,
+  owner_name     text        NOT NULL,
+  claimed_at     timestamptz NOT NULL DEFAULT now()
+);
+
+-- catalogRef reads the catalog of the activity's own namespace only. Rows written before this
+-- migration belong to no namespace ('') until the platform team assigns them (docs/install.md).
+ALTER TABLE catalog_items ADD COLUMN namespace text NOT NULL DEFAULT '';
+ALTER TABLE catalog_items DROP CONSTRAINT catalog_items_pkey;
+ALTER TABLE catalog_items ADD PRIMARY KEY (namespace, catalog, sku_id);
+
+-- The runtime's database role: data only (SELECT, INSERT, UPDATE, DELETE), no DDL. The migration
+-- (owner) account creates it without LOGIN; a login user of the runtime is made a member of it
+-- (docs/install.md, "Database accounts"). Default privileges give it the tables of later
+-- migrations too. A migrator that may not create roles leaves this to the DBA (NOTICE).
+DO $roles$
+BEGIN
+  BEGIN
+    CREATE ROLE flashsale_runtime NOLOGIN;
+  EXCEPTION
+    WHEN duplicate_object OR unique_violation THEN NULL;
+    WHEN insufficient_privilege THEN
+      RAISE NOTICE 'cannot create role flashsale_runtime: create it (NOLOGIN) and migrate again';
+  END;
+  IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'flashsale_runtime') THEN
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO flashsale_runtime', current_schema());
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %I TO flashsale_runtime',
+                   current_schema());
+    EXECUTE format('GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA %I TO flashsale_runtime', current_schema());
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA %I GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO flashsale_runtime',
+                   current_schema());
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA %I GRANT USAGE, SELECT ON SEQUENCES TO flashsale_runtime',
+                   current_schema());
+    -- The migrations' own bookkeeping is the owner's business.
+    EXECUTE 'REVOKE INSERT, UPDATE, DELETE ON schema_migrations FROM flashsale_runtime';
+  END IF;
+END
+$roles$;
+`,
+  },
 ];

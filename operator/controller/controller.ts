@@ -20,7 +20,8 @@ export interface ControllerOptions {
   activities: ActivityClient;
   apps: AppsV1Api;
   reconciler: Reconciler;
-  namespace: string | undefined;
+  /** The watched namespaces (an informer pair each); empty = every namespace. */
+  namespaces: readonly string[];
   workers: number;
   relistMs: number;
   retryBaseMs: number;
@@ -40,8 +41,9 @@ export function triggerSignature(fsa: KubernetesObject): string {
 
 export class Controller {
   readonly queue: WorkQueue;
-  private readonly activityInformer: ResilientInformer<KubernetesObject>;
-  private readonly deploymentInformer: ResilientInformer<V1Deployment>;
+  private readonly activityInformers: ResilientInformer<KubernetesObject>[] = [];
+  /** Namespace (or '' for all of them) -> the Deployment informer that sees it. */
+  private readonly deploymentInformers = new Map<string, ResilientInformer<V1Deployment>>();
   private readonly seen = new Map<string, string>();
   private readonly workers: Promise<void>[] = [];
   private running = false;
@@ -52,40 +54,52 @@ export class Controller {
       maxDelayMs: options.retryMaxMs,
       onDepth: (d) => options.metrics.workqueueDepth.set(d),
     });
-    const ns = options.namespace;
-    this.activityInformer = new ResilientInformer<KubernetesObject>({
-      name: 'flashsaleactivities',
-      kubeConfig: options.kubeConfig,
-      path: ns
-        ? `/apis/${GROUP}/${VERSION}/namespaces/${ns}/${PLURAL}`
-        : `/apis/${GROUP}/${VERSION}/${PLURAL}`,
-      list: () => options.activities.list(ns),
-      relistMs: options.relistMs,
-      onEvent: (event, obj) => this.onActivity(event, obj),
-      log: options.log,
-    });
-    this.deploymentInformer = new ResilientInformer<V1Deployment>({
-      name: 'deployments',
-      kubeConfig: options.kubeConfig,
-      path: ns ? `/apis/apps/v1/namespaces/${ns}/deployments` : '/apis/apps/v1/deployments',
-      list: () =>
-        ns
-          ? options.apps.listNamespacedDeployment({ namespace: ns, labelSelector: MANAGED_BY_SELECTOR })
-          : options.apps.listDeploymentForAllNamespaces({ labelSelector: MANAGED_BY_SELECTOR }),
-      labelSelector: MANAGED_BY_SELECTOR,
-      relistMs: options.relistMs,
-      onEvent: (_event, obj) => this.onDeployment(obj),
-      log: options.log,
-    });
+    const scopes: (string | undefined)[] =
+      options.namespaces.length > 0 ? [...options.namespaces] : [undefined];
+    for (const ns of scopes) {
+      this.activityInformers.push(
+        new ResilientInformer<KubernetesObject>({
+          name: `flashsaleactivities${ns ? `/${ns}` : ''}`,
+          kubeConfig: options.kubeConfig,
+          path: ns
+            ? `/apis/${GROUP}/${VERSION}/namespaces/${ns}/${PLURAL}`
+            : `/apis/${GROUP}/${VERSION}/${PLURAL}`,
+          list: () => options.activities.list(ns),
+          relistMs: options.relistMs,
+          onEvent: (event, obj) => this.onActivity(event, obj),
+          log: options.log,
+        }),
+      );
+      this.deploymentInformers.set(
+        ns ?? '',
+        new ResilientInformer<V1Deployment>({
+          name: `deployments${ns ? `/${ns}` : ''}`,
+          kubeConfig: options.kubeConfig,
+          path: ns ? `/apis/apps/v1/namespaces/${ns}/deployments` : '/apis/apps/v1/deployments',
+          list: () =>
+            ns
+              ? options.apps.listNamespacedDeployment({ namespace: ns, labelSelector: MANAGED_BY_SELECTOR })
+              : options.apps.listDeploymentForAllNamespaces({ labelSelector: MANAGED_BY_SELECTOR }),
+          labelSelector: MANAGED_BY_SELECTOR,
+          relistMs: options.relistMs,
+          onEvent: (_event, obj) => this.onDeployment(obj),
+          log: options.log,
+        }),
+      );
+    }
   }
 
   /** The Deployment informer's cache (read by scale-runtime). */
   deployment(namespace: string, name: string): V1Deployment | undefined {
-    return this.deploymentInformer.get(name, namespace);
+    const informer = this.deploymentInformers.get(namespace) ?? this.deploymentInformers.get('');
+    return informer?.get(name, namespace);
   }
 
   get synced(): boolean {
-    return this.activityInformer.hasSynced && this.deploymentInformer.hasSynced;
+    return (
+      this.activityInformers.every((i) => i.hasSynced) &&
+      [...this.deploymentInformers.values()].every((i) => i.hasSynced)
+    );
   }
 
   get isRunning(): boolean {
@@ -96,11 +110,14 @@ export class Controller {
     if (this.running) return;
     this.running = true;
     // Deployments first, so the first reconciles find the cache filled.
-    await this.deploymentInformer.start();
-    await this.activityInformer.start();
+    for (const informer of this.deploymentInformers.values()) await informer.start();
+    for (const informer of this.activityInformers) await informer.start();
     for (let i = 0; i < this.options.workers; i += 1) this.workers.push(this.work(i));
     this.options.log.info(
-      { namespace: this.options.namespace ?? '(all)', workers: this.options.workers },
+      {
+        namespaces: this.options.namespaces.length > 0 ? this.options.namespaces.join(',') : '(all)',
+        workers: this.options.workers,
+      },
       'controller started',
     );
   }
@@ -109,7 +126,7 @@ export class Controller {
     if (!this.running) return;
     this.running = false;
     this.queue.shutDown();
-    await Promise.all([this.activityInformer.stop(), this.deploymentInformer.stop()]);
+    await Promise.all([...this.activityInformers, ...this.deploymentInformers.values()].map((i) => i.stop()));
     await Promise.all(this.workers.splice(0));
   }
 

@@ -15,6 +15,7 @@ import { CONTINUE, DONE } from './context.js';
 
 /** Runs the cleanup; false (and Degraded=CleanupBlocked) while something is still in flight. */
 export async function deleteActivityKeys(ctx: ReconcileContext): Promise<boolean> {
+  ctx.requireOwnership();
   const retentionMs = parseDuration(ctx.fsa.spec.cleanup.resultRetention);
   try {
     const outcome = await cleanupActivity(ctx.deps.redis, ctx.activityId, Math.ceil(retentionMs / 1000));

@@ -79,6 +79,8 @@ export class ReconcileContext {
   error: unknown;
   /** The object is gone (finalizer removed): nothing to write. */
   gone = false;
+  /** Set by claim-id.ts when this resource owns its activity id (checked in PostgreSQL). */
+  ownsActivityId = false;
 
   constructor(
     readonly deps: ReconcileDeps,
@@ -119,6 +121,18 @@ export class ReconcileContext {
     this.transitioned = true;
     this.log.info({ from: this.phase, to: phase }, message);
     return DONE;
+  }
+
+  /**
+   * Called by every step before it touches the activity id's data in Redis, Kafka or PostgreSQL:
+   * only the id's owner may (claim-id.ts runs first and ends the pass for anyone else).
+   */
+  requireOwnership(): void {
+    if (!this.ownsActivityId) {
+      throw new Error(
+        `activity id ${this.activityId} is not claimed by ${this.fsa.metadata.uid}; refusing to touch it`,
+      );
+    }
   }
 
   async event(type: EventType, reason: EventReason, message: string): Promise<void> {

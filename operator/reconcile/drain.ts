@@ -44,6 +44,7 @@ export async function drain(ctx: ReconcileContext): Promise<StepResult> {
   const { redis, config } = ctx.deps;
   const live = ctx.phase === Phase.Ready || ctx.phase === Phase.Active;
   if (live || (ctx.phase === Phase.WarmingUp && ctx.deleting)) {
+    ctx.requireOwnership();
     const meta = await readMeta(redis, ctx.activityId);
     const endMs = meta?.endMs || ctx.schedule.endAt.getTime();
     if (!ctx.deleting && ctx.now.getTime() < endMs) {
@@ -60,6 +61,7 @@ export async function drain(ctx: ReconcileContext): Promise<StepResult> {
     return ctx.transition(Phase.Draining, `${why}; draining until ${deadline.toISOString()} at the latest`);
   }
   if (ctx.phase !== Phase.Draining) return CONTINUE;
+  ctx.requireOwnership();
 
   if (!(await readMeta(redis, ctx.activityId))) {
     // Never loaded (deleted during warm-up): nothing can be in flight.

@@ -12,6 +12,7 @@ import { CONTINUE } from './context.js';
 export async function openGate(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.deleting) return CONTINUE;
   if (ctx.phase !== Phase.Ready && ctx.phase !== Phase.Active) return CONTINUE;
+  ctx.requireOwnership();
   const { redis } = ctx.deps;
   const meta = await readMeta(redis, ctx.activityId);
   if (!meta) return CONTINUE; // detect-failure reports a lost cache

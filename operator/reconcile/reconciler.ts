@@ -6,6 +6,7 @@
  */
 import { activityIdOf, parseDuration, scheduleOf, splitKey } from '../api/v1alpha1/funcs.js';
 import { Phase } from '../api/v1alpha1/types.js';
+import { claimId } from './claim-id.js';
 import { cleanUp } from './clean-up.js';
 import type { ReconcileDeps, Step } from './context.js';
 import { ReconcileContext } from './context.js';
@@ -23,6 +24,7 @@ import { writeBack } from './write-back.js';
 /** The steps, in order. Each acts only in the phases it owns and may end the pass. */
 export const STEPS: readonly (readonly [string, Step])[] = [
   ['ensure-finalizer', ensureFinalizer],
+  ['claim-id', claimId],
   ['detect-failure', detectFailure],
   ['scale-runtime', scaleRuntime],
   ['warm-up', warmUp],

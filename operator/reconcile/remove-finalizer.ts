@@ -7,6 +7,7 @@ import { EventReason, FINALIZER, Phase } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { deleteActivityKeys } from './clean-up.js';
+import { releaseUnusedClaim } from '../../core/db/claims-store.js';
 
 export async function removeFinalizer(ctx: ReconcileContext): Promise<StepResult> {
   if (!ctx.deleting || !ctx.fsa.metadata.finalizers?.includes(FINALIZER)) return CONTINUE;
@@ -15,6 +16,11 @@ export async function removeFinalizer(ctx: ReconcileContext): Promise<StepResult
   if (!releasable) return CONTINUE;
   if (ctx.phase === Phase.Completed && ctx.fsa.spec.cleanup.policy === 'Retain') {
     if (!(await deleteActivityKeys(ctx))) return DONE;
+  }
+  if (!ctx.status.timestamps?.warmingUp) {
+    // Never warmed up (the phase is recorded before any of its side effects): nothing of the id
+    // exists, so a user-chosen id may be used again. Only this resource's own claim goes.
+    await releaseUnusedClaim(ctx.deps.pool, ctx.activityId, ctx.fsa.metadata.uid);
   }
   await ctx.event('Normal', EventReason.FinalizerRemoved, `released after ${ctx.phase}`);
   await ctx.deps.activities.removeFinalizer(ctx.fsa);

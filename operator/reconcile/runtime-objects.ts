@@ -1,7 +1,9 @@
 /**
  * The desired runtime objects of an activity: one Deployment per role (api, relay, consumer) and a
  * Service for the api. Pure: built from the resource, the phase's replicas and the operator's
- * configuration; applied by scale-runtime.ts.
+ * configuration; applied by scale-runtime.ts. The image and the Secrets are the operator's
+ * decision: a resource may only pick an image the configuration allows (runtimeImageFor), and
+ * each role's pods read only that role's Secret (runtimeSecretName).
  */
 import { createHash } from 'node:crypto';
 import type { V1Deployment, V1EnvVar, V1OwnerReference, V1Service } from '@kubernetes/client-node';
@@ -43,6 +45,41 @@ function labels(fsa: FlashSaleActivity, role: RuntimeRole, activityId: string): 
   };
 }
 
+export type ImageChoice = { allowed: true; image: string } | { allowed: false; message: string };
+
+/**
+ * The image the activity's runtime runs: the operator's RUNTIME_IMAGE, or the one the resource
+ * asks for in spec.runtime.image when RUNTIME_ALLOWED_IMAGES lists it (exactly, or by its
+ * `@sha256:` digest). Anything else is refused: the runtime pods get connection secrets, so the
+ * code they run is never a tenant's free choice.
+ */
+export function runtimeImageFor(fsa: FlashSaleActivity, config: OperatorConfig): ImageChoice {
+  const wanted = fsa.spec.runtime.image;
+  const { image, allowedImages } = config.runtime;
+  if (wanted === undefined) return { allowed: true, image };
+  if (isAllowedImage(wanted, config)) return { allowed: true, image: wanted };
+  return {
+    allowed: false,
+    message:
+      `spec.runtime.image "${wanted}" is not allowed: use ${image}` +
+      (allowedImages.length > 0 ? ` or one of ${allowedImages.join(', ')}` : '') +
+      " (the operator's RUNTIME_IMAGE and RUNTIME_ALLOWED_IMAGES)",
+  };
+}
+
+/** Whether `ref` is RUNTIME_IMAGE or listed in RUNTIME_ALLOWED_IMAGES (exactly or by digest). */
+export function isAllowedImage(ref: string, config: OperatorConfig): boolean {
+  const { image, allowedImages } = config.runtime;
+  if (ref === image || allowedImages.includes(ref)) return true;
+  const digest = /@(sha256:[0-9a-f]{64})$/.exec(ref)?.[1];
+  return digest !== undefined && allowedImages.includes(digest);
+}
+
+/** The Secret a role's pods read: only the keys that role needs (docs/install.md, "Security"). */
+export function runtimeSecretName(config: OperatorConfig, role: RuntimeRole): string {
+  return `${config.runtime.secretName}-${role}`;
+}
+
 export function runtimeEnv(fsa: FlashSaleActivity, activityId: string, config: OperatorConfig): V1EnvVar[] {
   return [
     { name: 'ACTIVITY_ID', value: activityId },
@@ -63,6 +100,7 @@ export function desiredDeployment(
   replicas: number,
   activityId: string,
   config: OperatorConfig,
+  image: string = config.runtime.image,
 ): V1Deployment {
   const port = config.runtime.httpPort;
   const template = {
@@ -82,12 +120,12 @@ export function desiredDeployment(
       containers: [
         {
           name: role,
-          image: fsa.spec.runtime.image ?? config.runtime.image,
+          image,
           imagePullPolicy: config.runtime.imagePullPolicy,
           command: ['node', 'dist/runtime/main.js'],
           args: [role],
           env: runtimeEnv(fsa, activityId, config),
-          envFrom: [{ secretRef: { name: config.runtime.secretName } }],
+          envFrom: [{ secretRef: { name: runtimeSecretName(config, role) } }],
           ports: [{ name: 'http', containerPort: port, protocol: 'TCP' }],
           ...(config.runtime.resources ? { resources: config.runtime.resources } : {}),
           readinessProbe: {

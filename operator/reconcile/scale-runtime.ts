@@ -1,11 +1,14 @@
 /**
  * Step 3: the runtime Deployments (api, relay, consumer) and the api Service, with the replicas of
  * the phase recorded in the status. Server-side apply with the operator's field manager; skipped
- * when the live Deployment already has the desired spec hash and replicas.
+ * when the live Deployment already has the desired spec hash and replicas. An image the operator
+ * does not allow (runtime-objects.ts, runtimeImageFor) is never applied: a resource that has not
+ * warmed up yet fails with ImageNotAllowed and gets no runtime objects; a later edit to such an
+ * image is reported as Degraded=True/ImageNotAllowed and the running image stays.
  */
 import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
 import { deploymentName, replicasFor } from '../api/v1alpha1/funcs.js';
-import { FIELD_MANAGER, Phase, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
+import { EventReason, FIELD_MANAGER, Phase, Reason, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE } from './context.js';
 import {
@@ -13,6 +16,8 @@ import {
   deploymentUpToDate,
   desiredApiService,
   desiredDeployment,
+  isAllowedImage,
+  runtimeImageFor,
 } from './runtime-objects.js';
 import { isApiStatus } from '../kube/activities.js';
 
@@ -22,12 +27,29 @@ export async function scaleRuntime(ctx: ReconcileContext): Promise<StepResult> {
   const { apps, core, config, deployment } = ctx.deps;
   const ns = ctx.fsa.metadata.namespace;
   const terminal = ctx.phase === Phase.Completed || ctx.phase === Phase.Failed;
+  // Runtime pods serve the activity id's sale: only its owner gets them (scaling down is always fine).
+  if (!terminal && !ctx.deleting) ctx.requireOwnership();
+  const choice = runtimeImageFor(ctx.fsa, config);
+  if (!choice.allowed) {
+    if (ctx.phase === Phase.Pending && !ctx.deleting) {
+      await ctx.event('Warning', EventReason.Failed, `${Reason.ImageNotAllowed}: ${choice.message}`);
+      return ctx.transition(Phase.Failed, choice.message, Reason.ImageNotAllowed);
+    }
+    if (!terminal) ctx.degraded = { reason: Reason.ImageNotAllowed, message: choice.message };
+  }
   const replicas = replicasFor(ctx.fsa.spec, ctx.phase);
   const runtime: NonNullable<typeof ctx.status.runtime> = {};
   for (const role of RUNTIME_ROLES) {
     const name = deploymentName(ctx.fsa.metadata.name, role);
     const live = deployment(ns, name);
-    const desired = desiredDeployment(ctx.fsa, role, replicas[role], ctx.activityId, config);
+    // Refused: keep the image the live Deployment runs if the operator allows it, else its own.
+    const liveImage = live?.spec?.template.spec?.containers[0]?.image;
+    const image = choice.allowed
+      ? choice.image
+      : liveImage !== undefined && isAllowedImage(liveImage, config)
+        ? liveImage
+        : config.runtime.image;
+    const desired = desiredDeployment(ctx.fsa, role, replicas[role], ctx.activityId, config, image);
     // A resource being deleted gets no new Deployments (garbage collection would remove them).
     const skip = deploymentUpToDate(live, desired) || (ctx.deleting && !live) || (terminal && !live);
     if (!skip) {

@@ -71,6 +71,7 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.deleting) return CONTINUE;
   if (ctx.phase !== Phase.Ready && ctx.phase !== Phase.Active) return CONTINUE;
   if (ctx.status.cache?.syncedGeneration === ctx.generation) return CONTINUE;
+  ctx.requireOwnership();
   const outcome = await syncCache(ctx, ctx.phase);
   switch (outcome.kind) {
     case 'loaded':

@@ -34,7 +34,8 @@ async function readFigures(
   ctx: ReconcileContext,
   phase: Phase,
 ): Promise<{ stock?: StockStatus; backlog?: BacklogStatus }> {
-  if (!FIGURE_PHASES.includes(phase)) return {};
+  // Only the id's owner reads its figures (another tenant's resource never sees them).
+  if (!FIGURE_PHASES.includes(phase) || !ctx.ownsActivityId) return {};
   const { redis, pool, kafka, config } = ctx.deps;
   const id = ctx.activityId;
   const now = ctx.now.getTime();

@@ -3,8 +3,7 @@
  * loading (once per generation: the load script's fence makes a repeat after a crash a no-op,
  * so live stock is never reset), then -> Ready.
  */
-import { readMeta } from '../../core/activity-cache.js';
-import { readWriteBack } from '../../core/db/stock-store.js';
+import { claimCacheOwner } from '../../core/activity-cache.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
@@ -28,21 +27,24 @@ export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
     return ctx.transition(Phase.WarmingUp, `warming up: topics, cache loading, runtime at warm-up size`);
   }
   if (ctx.phase !== Phase.WarmingUp) return CONTINUE;
+  ctx.requireOwnership();
 
-  const { redis, pool, kafka } = ctx.deps;
+  const { redis, kafka } = ctx.deps;
+  // The cache records its owner before anything is loaded; a cache recorded for another resource,
+  // or loaded by an activity older than the claims (no owner recorded), is never touched.
+  const owner = await claimCacheOwner(redis, ctx.activityId, ctx.fsa.metadata.uid);
+  if (owner.owner !== ctx.fsa.metadata.uid || (owner.loadedBefore && !ctx.status.cache)) {
+    const message =
+      owner.owner !== ctx.fsa.metadata.uid
+        ? `the cache of activity id ${ctx.activityId} belongs to the resource with uid ${owner.owner}`
+        : `activity id ${ctx.activityId} already holds the cache of an earlier activity`;
+    await ctx.event('Warning', EventReason.Failed, `${Reason.ActivityIdInUse}: ${message}`);
+    return ctx.transition(Phase.Failed, message, Reason.ActivityIdInUse);
+  }
   const created = await kafka.ensureTopics(ctx.activityId);
   crashPoint('operator-after-topics');
   if (created.length > 0) {
     await ctx.event('Normal', EventReason.TopicsCreated, `created Kafka topics ${created.join(', ')}`);
-  }
-
-  // A user-chosen activityId that an earlier activity already used: never touch its data.
-  const meta = await readMeta(redis, ctx.activityId);
-  const foreign = meta !== undefined && meta.generation > ctx.generation;
-  if (foreign || (!meta && (await readWriteBack(pool, ctx.activityId)))) {
-    const message = `activity id ${ctx.activityId} already belongs to another activity (cache or write-back exists)`;
-    await ctx.event('Warning', EventReason.Failed, message);
-    return ctx.transition(Phase.Failed, message, Reason.ActivityIdInUse);
   }
 
   const outcome = await syncCache(ctx, Phase.WarmingUp);

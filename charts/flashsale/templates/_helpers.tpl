@@ -75,7 +75,7 @@ app.kubernetes.io/component: operator
 {{- include "flashsale.imageRef" (dict "image" .Values.runtime.image "appVersion" .Chart.AppVersion) -}}
 {{- end -}}
 
-{{/* The Secret holding the runtime's (and the operator's) connection settings. */}}
+{{/* Base name of the Secrets: `<base>-<role>` per runtime role, `<base>-operator`, `<base>-migrations`. */}}
 {{- define "flashsale.runtimeSecretName" -}}
 {{- default .Values.runtime.secretName .Values.runtime.existingSecret -}}
 {{- end -}}
@@ -84,6 +84,9 @@ app.kubernetes.io/component: operator
 {{- define "flashsale.validate" -}}
 {{- if and .Values.runtime.jwt.hs256Secret .Values.runtime.jwt.rs256PublicKey -}}
 {{- fail "runtime.jwt: set hs256Secret or rs256PublicKey, not both" -}}
+{{- end -}}
+{{- if and .Values.operator.watchAllNamespaces .Values.operator.watchNamespaces -}}
+{{- fail "operator: set watchNamespaces or watchAllNamespaces, not both" -}}
 {{- end -}}
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) -}}
 {{- fail "operator.leaderElection.enabled=false needs operator.replicas=1: two active operators would drive the same sale twice" -}}
@@ -117,10 +120,20 @@ app.kubernetes.io/name: flashsale-runtime
 {{- join ", " $pairs -}}
 {{- end -}}
 
-{{/* Namespaces of the runtime Secret (JSON list): the release's, the watched one, the extra ones. */}}
-{{- define "flashsale.runtimeSecretNamespaces" -}}
-{{- $namespaces := list .Release.Namespace -}}
-{{- with .Values.operator.watchNamespace }}{{ $namespaces = append $namespaces . }}{{ end -}}
-{{- $namespaces = concat $namespaces .Values.runtime.secretNamespaces -}}
-{{- $namespaces | uniq | toJson -}}
+{{/* The namespaces the operator watches (JSON list); [] when it watches every namespace. */}}
+{{- define "flashsale.watchNamespaces" -}}
+{{- if .Values.operator.watchAllNamespaces -}}
+{{- list | toJson -}}
+{{- else -}}
+{{- default (list .Release.Namespace) .Values.operator.watchNamespaces | uniq | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespaces where runtime pods run (JSON list): the watched ones (the release's when every
+namespace is watched) and runtime.secretNamespaces. Each gets the per-role Secrets and the
+runtime NetworkPolicies. */}}
+{{- define "flashsale.runtimeNamespaces" -}}
+{{- $namespaces := include "flashsale.watchNamespaces" . | fromJsonArray -}}
+{{- if not $namespaces }}{{ $namespaces = list .Release.Namespace }}{{ end -}}
+{{- concat $namespaces .Values.runtime.secretNamespaces | uniq | toJson -}}
 {{- end -}}

@@ -76,6 +76,8 @@ export const Reason = {
   SpecChangeRefused: 'SpecChangeRefused',
   CleanupBlocked: 'CleanupBlocked',
   ReconcileError: 'ReconcileError',
+  /** spec.runtime.image is not one the operator allows (RUNTIME_IMAGE, RUNTIME_ALLOWED_IMAGES). */
+  ImageNotAllowed: 'ImageNotAllowed',
   // Paused
   PausedBySpec: 'PausedBySpec',
   NotPaused: 'NotPaused',

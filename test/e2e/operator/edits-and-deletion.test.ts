@@ -54,8 +54,24 @@ describe('operator: edits, pause, deletion, failures', () => {
     recorder = new Recorder(a, ns.namespace);
     await recorder.start();
     await upsertCatalogItems(pg, [
-      { catalog, skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 10, limitPerUser: 2 },
-      { catalog, skuId: 'oil', name: '花生油 5L', price: '89.00', stock: 4, limitPerUser: 1 },
+      {
+        namespace: ns.namespace,
+        catalog,
+        skuId: 'rice',
+        name: '五常大米 5kg',
+        price: '59.90',
+        stock: 10,
+        limitPerUser: 2,
+      },
+      {
+        namespace: ns.namespace,
+        catalog,
+        skuId: 'oil',
+        name: '花生油 5L',
+        price: '89.00',
+        stock: 4,
+        limitPerUser: 1,
+      },
     ]);
     operator = await startOperator({ ns, databaseUrl: db.url });
   }, TIMEOUT_MS);
@@ -128,8 +144,24 @@ describe('operator: edits, pause, deletion, failures', () => {
 
       // Safe: more stock and a new item in the catalog, picked up with the next generation.
       await upsertCatalogItems(pg, [
-        { catalog, skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 15, limitPerUser: 2 },
-        { catalog, skuId: 'salt', name: '海盐 500g', price: '3.50', stock: 3, limitPerUser: 5 },
+        {
+          namespace: ns.namespace,
+          catalog,
+          skuId: 'rice',
+          name: '五常大米 5kg',
+          price: '59.90',
+          stock: 15,
+          limitPerUser: 2,
+        },
+        {
+          namespace: ns.namespace,
+          catalog,
+          skuId: 'salt',
+          name: '海盐 500g',
+          price: '3.50',
+          stock: 3,
+          limitPerUser: 5,
+        },
       ]);
       await jsonPatch('z', [{ op: 'replace', path: '/spec/runtime/replicas/active/api', value: 3 }]);
       let z = await settled('z', 2);
@@ -154,8 +186,24 @@ describe('operator: edits, pause, deletion, failures', () => {
 
       // Unsafe (admission cannot see catalog rows): a price change and a stock decrease.
       await upsertCatalogItems(pg, [
-        { catalog, skuId: 'rice', name: '五常大米 5kg', price: '49.90', stock: 15, limitPerUser: 2 },
-        { catalog, skuId: 'oil', name: '花生油 5L', price: '89.00', stock: 2, limitPerUser: 1 },
+        {
+          namespace: ns.namespace,
+          catalog,
+          skuId: 'rice',
+          name: '五常大米 5kg',
+          price: '49.90',
+          stock: 15,
+          limitPerUser: 2,
+        },
+        {
+          namespace: ns.namespace,
+          catalog,
+          skuId: 'oil',
+          name: '花生油 5L',
+          price: '89.00',
+          stock: 2,
+          limitPerUser: 1,
+        },
       ]);
       await jsonPatch('z', [{ op: 'replace', path: '/spec/runtime/replicas/active/api', value: 4 }]);
       z = await settled('z', 4);

@@ -205,7 +205,9 @@ describe('operator: the whole lifecycle of one activity', () => {
         (dep.spec?.template.spec?.containers[0]?.env ?? []).map((e) => [e.name, e.value ?? '']),
       );
       expect(env).toMatchObject({ ACTIVITY_ID: activityId, PAYMENT_TIMEOUT_SECONDS: '900' });
-      expect(dep.spec?.template.spec?.containers[0]?.envFrom?.[0]?.secretRef?.name).toBe('flashsale-runtime');
+      expect(dep.spec?.template.spec?.containers[0]?.envFrom?.[0]?.secretRef?.name).toBe(
+        'flashsale-runtime-consumer',
+      );
       expect(dep.spec?.template.spec?.containers[0]?.args).toEqual(['consumer']);
       const svc = await a.core.readNamespacedService({ name: `${name}-api`, namespace: ns.namespace });
       expect(svc.spec?.selector).toMatchObject({

@@ -104,14 +104,37 @@ describe('chart sources', () => {
       rulesOf(config, 'ClusterRole', 'flashsale-operator'),
     );
     expect(rulesOf(chart, 'Role', '-leader-election')).toEqual(rulesOf(config, 'Role', '-leader-election'));
-    // Every namespace watched: bound cluster-wide; one namespace: bound in it only.
-    const binding = findObject(chart, 'ClusterRoleBinding', '-operator');
-    expect(at(binding, 'subjects.0.name')).toBe(
+    // By default only the release namespace is watched: a RoleBinding there, nothing cluster-wide.
+    const operatorBindings = (objects: K8sObject[], kind: string): K8sObject[] =>
+      objects.filter((o) => o.kind === kind && o.metadata.name.endsWith('-operator'));
+    const watchEnv = (objects: K8sObject[]): unknown =>
+      (
+        at(findObject(objects, 'Deployment', '-operator'), 'spec.template.spec.containers.0.env') as {
+          name: string;
+          value?: string;
+        }[]
+      ).find((e) => e.name === 'WATCH_NAMESPACE')?.value;
+    expect(operatorBindings(chart, 'ClusterRoleBinding')).toEqual([]);
+    const own = operatorBindings(chart, 'RoleBinding');
+    expect(own.map((b) => b.metadata.namespace)).toEqual(['flashsale']);
+    expect(at(own[0], 'subjects.0.name')).toBe(
       findObject(chart, 'ServiceAccount', '-operator').metadata.name,
     );
-    const one = parseManifests(renderChart(helm, [], ['operator.watchNamespace=shop']));
-    expect(one.filter((o) => o.kind === 'ClusterRoleBinding')).toEqual([]);
-    expect(findObject(one, 'RoleBinding', '-operator').metadata.namespace).toBe('shop');
+    expect(at(own[0], 'roleRef')).toMatchObject({ kind: 'ClusterRole' });
+    expect(watchEnv(chart)).toBe('flashsale');
+    // A list of namespaces: a RoleBinding in each, and the operator watches exactly those.
+    const listed = parseManifests(renderChart(helm, [], ['operator.watchNamespaces={shop,outlet}']));
+    expect(operatorBindings(listed, 'ClusterRoleBinding')).toEqual([]);
+    expect(operatorBindings(listed, 'RoleBinding').map((b) => b.metadata.namespace)).toEqual([
+      'shop',
+      'outlet',
+    ]);
+    expect(watchEnv(listed)).toBe('shop,outlet');
+    // Cluster-wide only when asked for.
+    const all = parseManifests(renderChart(helm, [], ['operator.watchAllNamespaces=true']));
+    expect(operatorBindings(all, 'ClusterRoleBinding')).toHaveLength(1);
+    expect(operatorBindings(all, 'RoleBinding')).toEqual([]);
+    expect(watchEnv(all)).toBe('');
     // The Lease name is configurable; its rule follows it.
     const lease = parseManifests(renderChart(helm, [], ['operator.leaderElection.leaseName=other']));
     expect(at(findObject(lease, 'Role', '-leader-election'), 'rules.1.resourceNames')).toEqual(['other']);
@@ -204,10 +227,10 @@ describe.each(Object.keys(valuesSets))('chart with %s values', (set) => {
     const namespace = uniqueId(`chart-${set}`);
     k(['create', 'namespace', namespace]);
     try {
-      // Namespaces the values name (the watched one, Grafana's) become the test namespace.
-      const named = files.map((f) => parse(readText(f)) as { operator?: { watchNamespace?: string } });
-      const pinned = named.some((v) => v.operator?.watchNamespace)
-        ? [`operator.watchNamespace=${namespace}`]
+      // Namespaces the values name (the watched ones, Grafana's) become the test namespace.
+      const named = files.map((f) => parse(readText(f)) as { operator?: { watchNamespaces?: string[] } });
+      const pinned = named.some((v) => v.operator?.watchNamespaces?.length)
+        ? [`operator.watchNamespaces={${namespace}}`]
         : [];
       const manifests = renderChart(
         helm,
@@ -225,6 +248,8 @@ describe.each(Object.keys(valuesSets))('chart with %s values', (set) => {
         'ServiceAccount',
         'PodMonitor',
         'PrometheusRule',
+        'NetworkPolicy',
+        'RoleBinding',
       ]) {
         expect(kinds).toContain(kind);
       }
@@ -232,9 +257,111 @@ describe.each(Object.keys(valuesSets))('chart with %s values', (set) => {
       expect(out).not.toMatch(/\bunknown field\b/);
       expect(out).toMatch(/deployment\.apps\/\S+ (created|configured|unchanged) \(server dry run\)/);
       expect(out).toMatch(/prometheusrule\.monitoring\.coreos\.com\/\S+ created \(server dry run\)/);
+      expect(out).toMatch(/networkpolicy\.networking\.k8s\.io\/\S+-runtime-api created \(server dry run\)/);
+      expect(out).toMatch(
+        /rolebinding\.rbac\.authorization\.k8s\.io\/\S+-operator created \(server dry run\)/,
+      );
     } finally {
       k(['delete', 'namespace', namespace, '--wait=false']);
     }
+  });
+});
+
+describe('least privilege', () => {
+  const connection = [
+    'runtime.database.url=postgres://flashsale_app:app@db:5432/flashsale',
+    'runtime.database.migrationUrl=postgres://flashsale_owner:owner@db:5432/flashsale',
+    'runtime.redis.url=redis://redis:6379',
+    'runtime.kafka.brokers={kafka:9092}',
+    'runtime.jwt.hs256Secret=0123456789abcdef0123456789abcdef',
+    'runtime.extraSecretData.api.PAYMENT_HMAC_SECRET=abcdefabcdefabcdefabcdefabcdefab',
+  ];
+  const keysOf = (o: K8sObject): string[] => Object.keys((at(o, 'stringData') ?? {}) as object).sort();
+
+  it('renders a Secret per runtime role with only the keys that role reads, in each watched namespace', () => {
+    const objects = parseManifests(
+      renderChart(helm, [], [...connection, 'operator.watchNamespaces={shop,outlet}']),
+    );
+    const secrets = objects.filter((o) => o.kind === 'Secret');
+    const where = (name: string): (string | undefined)[] =>
+      secrets.filter((s) => s.metadata.name === name).map((s) => s.metadata.namespace);
+    for (const role of ['api', 'relay', 'consumer'])
+      expect(where(`flashsale-runtime-${role}`)).toEqual(['shop', 'outlet']);
+    expect(where('flashsale-runtime-operator')).toEqual(['flashsale']);
+    expect(where('flashsale-runtime-migrations')).toEqual(['flashsale']);
+    expect(where('flashsale-runtime')).toEqual([]);
+    const byName = (name: string): K8sObject => secrets.find((s) => s.metadata.name === name) as K8sObject;
+    const shared = ['DATABASE_URL', 'KAFKA_BROKERS', 'REDIS_URL'];
+    // The buyer token key and the payment key only where the api runs.
+    expect(keysOf(byName('flashsale-runtime-api'))).toEqual(
+      [...shared, 'JWT_HS256_SECRET', 'PAYMENT_HMAC_SECRET'].sort(),
+    );
+    expect(keysOf(byName('flashsale-runtime-relay'))).toEqual(shared);
+    expect(keysOf(byName('flashsale-runtime-consumer'))).toEqual(shared);
+    expect(keysOf(byName('flashsale-runtime-operator'))).toEqual(shared);
+    // The runtime and the operator get the data-only account; only migrations get the owner's.
+    for (const name of ['api', 'relay', 'consumer', 'operator']) {
+      expect(at(byName(`flashsale-runtime-${name}`), 'stringData.DATABASE_URL')).toMatch(/flashsale_app/);
+    }
+    expect(at(byName('flashsale-runtime-migrations'), 'stringData')).toEqual({
+      DATABASE_URL: 'postgres://flashsale_owner:owner@db:5432/flashsale',
+    });
+    const pod = at(findObject(objects, 'Deployment', '-operator'), 'spec.template.spec') as Record<
+      string,
+      unknown
+    >;
+    const refs = (container: unknown): unknown[] =>
+      ((at(container, 'env') ?? []) as { valueFrom?: { secretKeyRef?: { name: string } } }[])
+        .map((e) => e.valueFrom?.secretKeyRef?.name)
+        .filter((n) => n !== undefined);
+    expect(new Set(refs(at(pod, 'initContainers.0')))).toEqual(new Set(['flashsale-runtime-migrations']));
+    expect(new Set(refs(at(pod, 'containers.0')))).toEqual(new Set(['flashsale-runtime-operator']));
+  });
+
+  it('renders NetworkPolicies for the runtime of each watched namespace and for the operator', () => {
+    const objects = parseManifests(
+      renderChart(
+        helm,
+        [],
+        [
+          ...connection,
+          'operator.watchNamespaces={shop}',
+          'networkPolicy.apiIngressFrom[0].namespaceSelector.matchLabels.gateway=edge',
+          'networkPolicy.dataStores[0].ipBlock.cidr=10.20.0.0/16',
+        ],
+      ),
+    );
+    const policies = objects.filter((o) => o.kind === 'NetworkPolicy');
+    expect(policies.map((p) => `${p.metadata.namespace}/${p.metadata.name}`).sort()).toEqual([
+      'flashsale/flashsale-operator',
+      'shop/flashsale-runtime',
+      'shop/flashsale-runtime-api',
+    ]);
+    const runtime = findObject(policies, 'NetworkPolicy', '-runtime');
+    expect(at(runtime, 'spec.podSelector.matchLabels')).toEqual({
+      'app.kubernetes.io/name': 'flashsale-runtime',
+      'app.kubernetes.io/managed-by': 'flashsale-operator',
+    });
+    expect(at(runtime, 'spec.policyTypes')).toEqual(['Ingress', 'Egress']);
+    // Egress: DNS, then the data stores only (at their addresses and ports).
+    expect(at(runtime, 'spec.egress.1')).toEqual({
+      ports: [5432, 6379, 9092].map((port) => ({ protocol: 'TCP', port })),
+      to: [{ ipBlock: { cidr: '10.20.0.0/16' } }],
+    });
+    const api = findObject(policies, 'NetworkPolicy', '-runtime-api');
+    expect(
+      (at(api, 'spec.podSelector.matchLabels') as Record<string, string>)['app.kubernetes.io/component'],
+    ).toBe('api');
+    expect(at(api, 'spec.ingress.0.from')).toEqual([
+      { namespaceSelector: { matchLabels: { gateway: 'edge' } } },
+    ]);
+    const operator = findObject(policies, 'NetworkPolicy', '-operator');
+    expect((at(operator, 'spec.egress.1.ports') as { port: number }[]).map((p) => p.port)).toEqual([
+      443, 6443,
+    ]);
+    // Off when asked.
+    const off = parseManifests(renderChart(helm, [], [...connection, 'networkPolicy.enabled=false']));
+    expect(off.filter((o) => o.kind === 'NetworkPolicy')).toEqual([]);
   });
 });
 
@@ -373,12 +500,15 @@ describe('helm install, upgrade and uninstall against the API server', () => {
       expect(install).toMatch(/STATUS: deployed/);
       expect(install).toMatch(/kubectl get fsa -A -w/);
       expect(install).not.toMatch(/WARNING: the connection settings are incomplete/);
-      const secret = JSON.parse(k(['get', 'secret', 'flashsale-runtime', '-n', namespace, '-o', 'json'])) as {
+      const secret = JSON.parse(
+        k(['get', 'secret', 'flashsale-runtime-relay', '-n', namespace, '-o', 'json']),
+      ) as {
         data: Record<string, string>;
       };
       expect(Buffer.from(secret.data.KAFKA_BROKERS ?? '', 'base64').toString()).toBe(
         'kafka-0.kafka.svc:9092,kafka-1.kafka.svc:9092',
       );
+      expect(Object.keys(secret.data).sort()).toEqual(['DATABASE_URL', 'KAFKA_BROKERS', 'REDIS_URL']);
       expect(k(['get', 'deployment', '-n', namespace, '-o', 'name'])).toMatch(/-operator/);
 
       const upgrade = mustRun(

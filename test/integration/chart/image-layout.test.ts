@@ -138,14 +138,16 @@ describe('Dockerfile', () => {
     }
   });
 
-  it('has a runtime and an operator target built on a slim Node 20 base', () => {
+  it('has a runtime and an operator target built on a slim Node 24 base', () => {
     for (const target of ['runtime', 'operator']) {
       const stages = chain(dockerfile, target);
-      expect(stages[0]?.from).toMatch(/^(\$\{NODE_IMAGE\}|node:20[\w.-]*-slim)$/);
+      expect(stages[0]?.from).toMatch(/^(\$\{NODE_IMAGE\}|node:24[\w.-]*-slim(@sha256:[0-9a-f]{64})?)$/);
       const cmd = stages.flatMap((s) => s.instructions).filter((i) => i.op === 'CMD');
       expect(cmd.at(-1)?.args).toContain(`dist/${target}/main.js`);
     }
-    expect(readText(path.join(repoRoot, 'Dockerfile'))).toMatch(/^ARG NODE_IMAGE=node:20-[\w.-]*slim$/m);
+    expect(readText(path.join(repoRoot, 'Dockerfile'))).toMatch(
+      /^ARG NODE_IMAGE=node:24[\w.-]*-slim(@sha256:[0-9a-f]{64})?$/m,
+    );
   });
 
   it('runs as a numeric non-root user and installs production dependencies only in the final image', () => {

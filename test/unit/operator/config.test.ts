@@ -13,7 +13,7 @@ describe('operator configuration', () => {
     expect(c).toMatchObject({
       kafkaBrokers: ['k1:9092', 'k2:9092'],
       kafka: { topicPrefix: 'flashsale', partitions: 3, replicationFactor: 1 },
-      watchNamespace: undefined,
+      watchNamespaces: [],
       identity: 'op-7d9f',
       leaderElection: {
         enabled: true,
@@ -33,6 +33,7 @@ describe('operator configuration', () => {
       runtime: {
         image: 'ghcr.io/flashsale/flashsale:0.1.0',
         imagePullPolicy: 'IfNotPresent',
+        allowedImages: [],
         secretName: 'flashsale-runtime',
         serviceAccount: undefined,
         httpPort: 8080,

@@ -4,14 +4,17 @@ import {
   deploymentUpToDate,
   desiredApiService,
   desiredDeployment,
+  runtimeImageFor,
   SPEC_HASH_ANNOTATION,
 } from '../../../operator/reconcile/runtime-objects.js';
+import { RUNTIME_ROLES } from '../../../operator/api/v1alpha1/types.js';
 
 const config = loadOperatorConfig({
   DATABASE_URL: 'postgres://u:secret@db/flashsale',
   REDIS_URL: 'redis://redis:6379',
   KAFKA_BROKERS: 'k1:9092,k2:9092',
   RUNTIME_RESOURCES: '{"requests":{"cpu":"250m","memory":"256Mi"},"limits":{"memory":"512Mi"}}',
+  RUNTIME_ALLOWED_IMAGES: `registry/rt:2,sha256:${'0'.repeat(64)}`,
 });
 
 const fsa: FlashSaleActivity = {
@@ -84,7 +87,7 @@ describe('runtime objects', () => {
       PAYMENT_TIMEOUT_SECONDS: '600',
       KAFKA_TOPIC_PREFIX: 'flashsale',
     });
-    expect(c?.envFrom).toEqual([{ secretRef: { name: 'flashsale-runtime' } }]);
+    expect(c?.envFrom).toEqual([{ secretRef: { name: 'flashsale-runtime-relay' } }]);
     expect(c?.resources).toEqual({ requests: { cpu: '250m', memory: '256Mi' }, limits: { memory: '512Mi' } });
     expect(c?.readinessProbe?.httpGet?.path).toBe('/readyz');
     expect(c?.livenessProbe?.httpGet?.path).toBe('/healthz');
@@ -95,15 +98,49 @@ describe('runtime objects', () => {
     });
   });
 
-  it('takes the image from the spec when given', () => {
-    const own = desiredDeployment(
-      { ...fsa, spec: { ...fsa.spec, runtime: { ...fsa.spec.runtime, image: 'registry/rt:2' } } },
-      'api',
-      1,
-      'x',
-      config,
-    );
-    expect(own.spec?.template.spec?.containers[0]?.image).toBe('registry/rt:2');
+  it('runs the image the operator chooses: RUNTIME_IMAGE, or an allowed spec.runtime.image', () => {
+    const withImage = (image: string | undefined): FlashSaleActivity => ({
+      ...fsa,
+      spec: { ...fsa.spec, runtime: { ...fsa.spec.runtime, ...(image ? { image } : {}) } },
+    });
+    expect(runtimeImageFor(withImage(undefined), config)).toEqual({
+      allowed: true,
+      image: 'ghcr.io/flashsale/flashsale:0.1.0',
+    });
+    expect(runtimeImageFor(withImage('registry/rt:2'), config)).toEqual({
+      allowed: true,
+      image: 'registry/rt:2',
+    });
+    const pinned = `other.example/rt@sha256:${'0'.repeat(64)}`;
+    expect(runtimeImageFor(withImage(pinned), config)).toEqual({ allowed: true, image: pinned });
+    for (const refused of [
+      'registry/rt:3',
+      'registry/rt:2-evil',
+      `x/rt@sha256:${'1'.repeat(64)}`,
+      'registry/rt',
+    ]) {
+      const choice = runtimeImageFor(withImage(refused), config);
+      expect(choice).toMatchObject({ allowed: false });
+      expect(choice.allowed ? '' : choice.message).toContain(refused);
+    }
+    // The pure builder never reads spec.runtime.image: the image is an argument.
+    const own = desiredDeployment(withImage('evil/miner:1'), 'api', 1, 'x', config);
+    expect(own.spec?.template.spec?.containers[0]?.image).toBe('ghcr.io/flashsale/flashsale:0.1.0');
+    const chosen = desiredDeployment(withImage('registry/rt:2'), 'api', 1, 'x', config, 'registry/rt:2');
+    expect(chosen.spec?.template.spec?.containers[0]?.image).toBe('registry/rt:2');
+  });
+
+  it("mounts only the role's own Secret in each role's pod template", () => {
+    for (const role of RUNTIME_ROLES) {
+      const pod = desiredDeployment(fsa, role, 1, 'x', config).spec?.template.spec;
+      const refs = (pod?.containers ?? []).flatMap((c) => [
+        ...(c.envFrom ?? []).map((f) => f.secretRef?.name),
+        ...(c.env ?? []).map((e) => e.valueFrom?.secretKeyRef?.name).filter((n) => n !== undefined),
+      ]);
+      expect(refs).toEqual([`flashsale-runtime-${role}`]);
+      expect(pod?.volumes ?? []).toEqual([]);
+      expect(pod?.automountServiceAccountToken).toBe(false);
+    }
   });
 
   it('hashes the template, not the replicas, so only real changes are written', () => {
