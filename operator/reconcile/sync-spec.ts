@@ -7,6 +7,7 @@
  * check for what admission cannot see (catalog rows, edits racing a phase change).
  */
 import { loadActivity } from '../../core/activity-cache.js';
+import { recordActivityItems } from '../../core/db/activity-items-store.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { readLoadedDefinition } from '../../core/loaded-definition.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
@@ -33,7 +34,12 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
   const loaded = await readLoadedDefinition(redis, ctx.activityId);
   let changes: string[] = [];
   if (loaded) {
-    if (loaded.generation >= desired.generation) return { kind: 'unchanged' };
+    if (loaded.generation >= desired.generation) {
+      // What is live is what the consumer checks orders against (a cache loaded before the items
+      // were recorded in PostgreSQL gets them here; idempotent).
+      await recordActivityItems(ctx.deps.pool, ctx.activityId, loaded.generation, loaded.items);
+      return { kind: 'unchanged' };
+    }
     const diff = diffDefinition(loaded, desired, phase);
     if (diff.unsafe.length > 0) {
       return {
@@ -44,6 +50,9 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
     if (diff.changes.length === 0) return { kind: 'unchanged' };
     changes = diff.changes;
   }
+  // PostgreSQL first: once an item is in the cache, orders for it can reach the consumer, which
+  // refuses orders for items it cannot find (a crash in between just repeats both, idempotently).
+  await recordActivityItems(ctx.deps.pool, ctx.activityId, desired.generation, desired.items);
   try {
     await loadActivity(redis, desired);
   } catch (err) {

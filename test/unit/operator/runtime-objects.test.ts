@@ -81,6 +81,7 @@ describe('runtime objects', () => {
     expect(env).toEqual({
       ACTIVITY_ID: 'shop.spring-uid1',
       HTTP_PORT: '8080',
+      METRICS_PORT: '9090',
       PAYMENT_TIMEOUT_SECONDS: '600',
       KAFKA_TOPIC_PREFIX: 'flashsale',
     });
