@@ -86,6 +86,13 @@ describe('runtime objects', () => {
       KAFKA_TOPIC_PREFIX: 'flashsale',
     });
     expect(c?.envFrom).toEqual([{ secretRef: { name: 'flashsale-runtime' } }]);
+    // /metrics has its own named port; probes stay on the service port.
+    expect(c?.ports).toEqual([
+      { name: 'http', containerPort: 8080, protocol: 'TCP' },
+      { name: 'metrics', containerPort: 9090, protocol: 'TCP' },
+    ]);
+    expect(d.spec?.template.metadata?.annotations?.['prometheus.io/port']).toBe('9090');
+    expect(c?.readinessProbe?.httpGet?.port).toBe('http');
     expect(c?.resources).toEqual({ requests: { cpu: '250m', memory: '256Mi' }, limits: { memory: '512Mi' } });
     expect(c?.readinessProbe?.httpGet?.path).toBe('/readyz');
     expect(c?.livenessProbe?.httpGet?.path).toBe('/healthz');
