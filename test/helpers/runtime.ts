@@ -69,7 +69,8 @@ export interface RoleProcess {
 export interface RoleOptions {
   activityId?: string;
   databaseUrl: string;
-  env?: Record<string, string>;
+  /** Extra environment; `undefined` removes a default (e.g. JWT_HS256_SECRET for a key set). */
+  env?: Record<string, string | undefined>;
   /** Wait for /readyz (default true). */
   waitReady?: boolean;
   /** Also append the whole output to this file (kept for post-mortems of fault runs). */
@@ -96,6 +97,7 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
     ...(o.activityId ? { ACTIVITY_ID: o.activityId } : {}),
     ...o.env,
   };
+  for (const [k, v] of Object.entries(childEnv)) if (v === undefined) delete childEnv[k];
   const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'runtime', 'main.ts'), role], {
     cwd: ROOT,
     env: childEnv,
