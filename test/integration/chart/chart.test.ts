@@ -277,6 +277,37 @@ describe('validation can fail', () => {
       'runtime.jwt.rs256PublicKey=-----BEGIN PUBLIC KEY-----x',
     ]);
     expect(jwt.stderr).toMatch(/not both/);
+    // Buyer tokens are checked against an issuer and an audience unless explicitly waived.
+    const key = ['--set', 'runtime.jwt.hs256Secret=0123456789abcdef0123456789abcdef'];
+    const noIssuer = run(helm, ['template', 'x', chartDir, '--kube-version', kubeVersion, ...key]);
+    expect(noIssuer.status).not.toBe(0);
+    expect(noIssuer.stderr).toMatch(/runtime\.jwt\.issuer and runtime\.jwt\.audience are required/);
+    const waived = run(helm, [
+      'template',
+      'x',
+      chartDir,
+      '--kube-version',
+      kubeVersion,
+      ...key,
+      '--set',
+      'runtime.jwt.requireIssuerAudience=false',
+    ]);
+    expect(waived.status).toBe(0);
+    // SASL PLAIN would send the password in clear without TLS.
+    const plain = run(helm, [
+      'template',
+      'x',
+      chartDir,
+      '--kube-version',
+      kubeVersion,
+      '--set',
+      'runtime.kafka.sasl.mechanism=plain',
+      '--set',
+      'runtime.kafka.sasl.username=u',
+      '--set',
+      'runtime.kafka.sasl.password=p',
+    ]);
+    expect(plain.stderr).toMatch(/sends the password in clear/);
     const le = run(helm, [
       'template',
       'x',
@@ -367,6 +398,10 @@ describe('helm install, upgrade and uninstall against the API server', () => {
           'runtime.kafka.brokers={kafka-0.kafka.svc:9092,kafka-1.kafka.svc:9092}',
           '--set',
           'runtime.jwt.hs256Secret=0123456789abcdef0123456789abcdef',
+          '--set',
+          'runtime.jwt.issuer=https://login.shop.example/',
+          '--set',
+          'runtime.jwt.audience=flashsale-buyers',
         ],
         { env },
       );
