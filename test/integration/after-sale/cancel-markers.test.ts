@@ -113,7 +113,12 @@ describe('cancel markers', () => {
     async () => {
       const victimRid = reservationIdFor(activityId, 'victim', 'v-1');
       // By the victim's reservation id (computable by anyone who learns the requestId): unknown.
-      const byId = await buyerCall(api, 'DELETE', `/v1/activities/${activityId}/orders/${victimRid}`, 'mallory');
+      const byId = await buyerCall(
+        api,
+        'DELETE',
+        `/v1/activities/${activityId}/orders/${victimRid}`,
+        'mallory',
+      );
       expect([byId.status, byId.body.code]).toEqual([404, 'UNKNOWN_RESERVATION']);
       expect(await f.redis.exists(activityKeys(activityId).reservation(victimRid))).toBe(0);
       // By the victim's requestId: the marker is mallory's own submission, not the victim's.
@@ -203,7 +208,9 @@ describe('cancel markers', () => {
       const text = await f.metrics.registry.metrics();
       expect(text).not.toContain(ghost);
       expect(text).toMatch(
-        new RegExp(`flashsale_reservations_total\\{activity="${UNKNOWN_ACTIVITY_LABEL}",result="not_started"[^}]*\\} 200`),
+        new RegExp(
+          `flashsale_reservations_total\\{activity="${UNKNOWN_ACTIVITY_LABEL}",result="not_started"[^}]*\\} 200`,
+        ),
       );
     },
     TIMEOUT_MS,
