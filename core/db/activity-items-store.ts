@@ -18,22 +18,30 @@ export interface ActivityItem {
 /**
  * Records the items of one generation of an activity. Idempotent and ordered: a row is replaced
  * only by the same or a newer generation, so a repeat after a crash, or an older operator pass
- * racing a newer one, never rolls an item back.
+ * racing a newer one, never rolls an item back. `replace` puts back exactly what the cache holds
+ * after the cache refused a newer generation that was recorded first.
  */
 export async function recordActivityItems(
   db: Queryable,
   activityId: string,
   generation: number,
   items: Pick<CatalogItem, 'skuId' | 'name' | 'price' | 'limitPerUser'>[],
+  opts: { replace?: boolean } = {},
 ): Promise<void> {
   if (items.length === 0) return;
+  if (opts.replace) {
+    await db.query(`DELETE FROM activity_items WHERE activity_id = $1 AND NOT (sku_id = ANY($2::text[]))`, [
+      activityId,
+      items.map((i) => i.skuId),
+    ]);
+  }
   await db.query(
     `INSERT INTO activity_items (activity_id, sku_id, name, price, limit_per_user, generation)
      SELECT $1, s, n, p, l, $2 FROM unnest($3::text[], $4::text[], $5::numeric[], $6::int[]) AS x(s, n, p, l)
      ON CONFLICT (activity_id, sku_id) DO UPDATE
        SET name = excluded.name, price = excluded.price, limit_per_user = excluded.limit_per_user,
            generation = excluded.generation, updated_at = now()
-     WHERE activity_items.generation <= excluded.generation`,
+     WHERE $7 OR activity_items.generation <= excluded.generation`,
     [
       activityId,
       generation,
@@ -41,6 +49,7 @@ export async function recordActivityItems(
       items.map((i) => i.name),
       items.map((i) => i.price),
       items.map((i) => i.limitPerUser),
+      opts.replace === true,
     ],
   );
 }

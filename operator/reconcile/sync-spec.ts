@@ -34,12 +34,10 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
   const loaded = await readLoadedDefinition(redis, ctx.activityId);
   let changes: string[] = [];
   if (loaded) {
-    if (loaded.generation >= desired.generation) {
-      // What is live is what the consumer checks orders against (a cache loaded before the items
-      // were recorded in PostgreSQL gets them here; idempotent).
-      await recordActivityItems(ctx.deps.pool, ctx.activityId, loaded.generation, loaded.items);
-      return { kind: 'unchanged' };
-    }
+    // What is live is what the consumer checks orders against: a cache loaded before the items
+    // were recorded in PostgreSQL gets them here (idempotent; a newer generation is kept).
+    await recordActivityItems(ctx.deps.pool, ctx.activityId, loaded.generation, loaded.items);
+    if (loaded.generation >= desired.generation) return { kind: 'unchanged' };
     const diff = diffDefinition(loaded, desired, phase);
     if (diff.unsafe.length > 0) {
       return {
@@ -57,6 +55,13 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
     await loadActivity(redis, desired);
   } catch (err) {
     if (err instanceof FlashSaleError && (err.code === 'STOCK_DECREASE' || err.code === 'STALE_GENERATION')) {
+      // The cache kept what it had: PostgreSQL goes back to exactly that.
+      const live = await readLoadedDefinition(redis, ctx.activityId);
+      if (live) {
+        await recordActivityItems(ctx.deps.pool, ctx.activityId, live.generation, live.items, {
+          replace: true,
+        });
+      }
       return { kind: 'refused', message: `refused spec generation ${desired.generation}: ${err.message}` };
     }
     throw err;
