@@ -48,7 +48,7 @@ FROM base AS runtime
 COPY runtime/api/openapi.yaml runtime/api/openapi.yaml
 LABEL org.opencontainers.image.title="flashsale-runtime" \
       org.opencontainers.image.description="Flash-sale order runtime: api, relay, consumer and jobs roles"
-EXPOSE 8080
+EXPOSE 8080 9090
 CMD ["node", "dist/runtime/main.js", "all"]
 
 # ---- operator: the FlashSaleActivity operator (the last stage, so a plain `docker build` builds it)

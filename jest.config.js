@@ -8,7 +8,13 @@ const transform = {
     {
       useESM: true,
       diagnostics: true,
-      tsconfig: { isolatedModules: false, module: 'ESNext', moduleResolution: 'Bundler' },
+      tsconfig: {
+        isolatedModules: false,
+        module: 'ESNext',
+        moduleResolution: 'Bundler',
+        // jest loads globalSetup as CommonJS; module syntax is tsc --noEmit's job.
+        verbatimModuleSyntax: false,
+      },
     },
   ],
 };

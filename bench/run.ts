@@ -153,7 +153,7 @@ async function profileApi(
     label: `api-profile-${name}`,
     nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${dir}`, `--cpu-prof-name=${name}.cpuprofile`],
     roleEnv: cfg.roleEnv,
-    extraEnv: { JWT_HS256_SECRET: ctx.secret },
+    extraEnv: { JWT_HS256_SECRET: ctx.secret, JWT_MAX_TOKEN_AGE_SECONDS: '21600' },
   });
   const base = `http://127.0.0.1:${api.port}`;
   let window: { startUs: number; endUs: number } | undefined;
@@ -285,7 +285,7 @@ async function main(): Promise<void> {
           env: servers.env,
           activityId: sale,
           roleEnv: cfg.roleEnv,
-          extraEnv: { JWT_HS256_SECRET: c.secret },
+          extraEnv: { JWT_HS256_SECRET: c.secret, JWT_MAX_TOKEN_AGE_SECONDS: '21600' },
         }),
       );
     }

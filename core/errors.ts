@@ -36,6 +36,10 @@ export const ErrorCodes = {
   MERCHANT_MISMATCH: { status: 403, title: 'The notification is for another merchant or app' },
   UNKNOWN_ORDER: { status: 404, title: 'Unknown order' },
   TRADE_CONFLICT: { status: 409, title: 'The trade number is already recorded for another order or amount' },
+  CANCEL_MARKER_LIMIT: {
+    status: 429,
+    title: 'Too many cancellations of submissions that never arrived; cancel by reservation id',
+  },
   NOT_WRITTEN_BACK: {
     status: 503,
     title: 'The cache is frozen but the stock is not written back yet; retry',
@@ -81,6 +85,7 @@ export const ScriptErrorCodes: Readonly<Record<number, ErrorCode>> = {
   [-16]: 'BAD_ARGUMENT',
   [-17]: 'STOCK_DECREASE',
   [-18]: 'STALE_GENERATION',
+  [-19]: 'CANCEL_MARKER_LIMIT',
 };
 
 export function scriptError(script: string, code: number, data: (string | number)[] = []): FlashSaleError {

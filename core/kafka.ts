@@ -1,6 +1,7 @@
 /** Kafka topic names, topic creation and consumer lag, shared by relay, consumer and operator. */
+import type { ConnectionOptions } from 'node:tls';
 import { Kafka, Partitioners, logLevel } from 'kafkajs';
-import type { Admin, Producer } from 'kafkajs';
+import type { Admin, Producer, SASLOptions } from 'kafkajs';
 
 export interface TopicNames {
   orders: string;
@@ -17,12 +18,93 @@ export function topicsFor(activityId: string, prefix = 'flashsale'): TopicNames 
   };
 }
 
-export function createKafka(brokers: string[], clientId: string): Kafka {
+/** TLS and SASL settings of every Kafka client (runtime roles, the operator, tools). */
+export interface KafkaSecurity {
+  ssl?: ConnectionOptions | boolean;
+  sasl?: SASLOptions;
+}
+
+const SASL_MECHANISMS = ['plain', 'scram-sha-256', 'scram-sha-512'] as const;
+
+function flag(envValue: string | undefined, name: string, def: boolean): boolean {
+  if (envValue === undefined || envValue === '') return def;
+  if (['true', '1'].includes(envValue)) return true;
+  if (['false', '0'].includes(envValue)) return false;
+  throw new Error(`invalid configuration:\n  ${name}: true or false`);
+}
+
+/**
+ * Maps the KAFKA_TLS* and KAFKA_SASL_* variables (README, "Kafka authentication" in
+ * docs/install.md) to kafkajs options. Unset means plaintext without authentication, as before.
+ * SASL PLAIN sends the password as it is, so it is refused without TLS unless
+ * KAFKA_SASL_ALLOW_PLAINTEXT says the network is trusted.
+ */
+export function kafkaSecurityFromEnv(e: NodeJS.ProcessEnv = process.env): KafkaSecurity {
+  const out: KafkaSecurity = {};
+  const tls = flag(e.KAFKA_TLS, 'KAFKA_TLS', false);
+  if (tls) {
+    const opts: ConnectionOptions = {
+      rejectUnauthorized: flag(e.KAFKA_TLS_REJECT_UNAUTHORIZED, 'KAFKA_TLS_REJECT_UNAUTHORIZED', true),
+    };
+    if (e.KAFKA_TLS_CA) opts.ca = [e.KAFKA_TLS_CA];
+    if (Boolean(e.KAFKA_TLS_CERT) !== Boolean(e.KAFKA_TLS_KEY)) {
+      throw new Error(
+        'invalid configuration:\n  KAFKA_TLS_CERT, KAFKA_TLS_KEY: set both (client certificate) or neither',
+      );
+    }
+    if (e.KAFKA_TLS_CERT) opts.cert = e.KAFKA_TLS_CERT;
+    if (e.KAFKA_TLS_KEY) opts.key = e.KAFKA_TLS_KEY;
+    if (e.KAFKA_TLS_SERVERNAME) opts.servername = e.KAFKA_TLS_SERVERNAME;
+    out.ssl = opts;
+  } else if (e.KAFKA_TLS_CA || e.KAFKA_TLS_CERT || e.KAFKA_TLS_KEY) {
+    throw new Error('invalid configuration:\n  KAFKA_TLS: set it to true to use KAFKA_TLS_CA/CERT/KEY');
+  }
+  const mechanism = (e.KAFKA_SASL_MECHANISM ?? '').toLowerCase();
+  if (mechanism) {
+    if (!(SASL_MECHANISMS as readonly string[]).includes(mechanism)) {
+      throw new Error(`invalid configuration:\n  KAFKA_SASL_MECHANISM: one of ${SASL_MECHANISMS.join(', ')}`);
+    }
+    const username = e.KAFKA_SASL_USERNAME ?? '';
+    const password = e.KAFKA_SASL_PASSWORD ?? '';
+    if (!username || !password) {
+      throw new Error(
+        'invalid configuration:\n  KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD: required with KAFKA_SASL_MECHANISM',
+      );
+    }
+    if (
+      mechanism === 'plain' &&
+      !tls &&
+      !flag(e.KAFKA_SASL_ALLOW_PLAINTEXT, 'KAFKA_SASL_ALLOW_PLAINTEXT', false)
+    ) {
+      throw new Error(
+        'invalid configuration:\n  KAFKA_SASL_MECHANISM: plain sends the password in clear; set KAFKA_TLS=true (or KAFKA_SASL_ALLOW_PLAINTEXT=true on a trusted network)',
+      );
+    }
+    out.sasl = {
+      mechanism: mechanism as (typeof SASL_MECHANISMS)[number],
+      username,
+      password,
+    } as SASLOptions;
+  } else if (e.KAFKA_SASL_USERNAME || e.KAFKA_SASL_PASSWORD) {
+    throw new Error(
+      'invalid configuration:\n  KAFKA_SASL_MECHANISM: required with KAFKA_SASL_USERNAME/PASSWORD',
+    );
+  }
+  return out;
+}
+
+/** A kafkajs client; TLS and SASL come from the environment unless given (kafkaSecurityFromEnv). */
+export function createKafka(
+  brokers: string[],
+  clientId: string,
+  security: KafkaSecurity = kafkaSecurityFromEnv(),
+): Kafka {
   return new Kafka({
     clientId,
     brokers,
     logLevel: logLevel.WARN,
     retry: { retries: 8, initialRetryTime: 200 },
+    ...security,
   });
 }
 

@@ -20,11 +20,21 @@ export function createLogger(name: string, level = process.env.LOG_LEVEL ?? 'inf
   });
 }
 
-/** postgres://user:secret@host/db -> postgres://user:***@host/db */
+/** Query parameters that carry credentials (libpq's `password`, `sslpassword`, tokens, keys …). */
+const SECRET_PARAM = /pass|pwd|secret|token|key|auth|credential|signature|sig$/i;
+
+/**
+ * postgres://user:secret@host/db?sslpassword=x -> postgres://user:***@host/db?sslpassword=***
+ * The password of the authority and every query parameter whose name looks like a credential are
+ * masked; drivers accept passwords in either place.
+ */
 export function redactUrl(url: string): string {
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
+    for (const name of [...new Set(u.searchParams.keys())]) {
+      if (SECRET_PARAM.test(name)) u.searchParams.set(name, '***');
+    }
     return u.toString();
   } catch {
     return '[unparseable url]';

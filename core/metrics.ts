@@ -6,6 +6,12 @@ import client from 'prom-client';
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
+/**
+ * The `activity` label value of requests for an activity the cache does not know (a made-up id on
+ * an api serving every activity): one series for all of them, never one per id.
+ */
+export const UNKNOWN_ACTIVITY_LABEL = '_unknown';
+
 export function createMetrics(component: string) {
   const registry = new client.Registry();
   registry.setDefaultLabels({ component });

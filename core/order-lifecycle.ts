@@ -32,11 +32,16 @@ import { inTransaction } from './db/pool.js';
 import type { Pool } from './db/pool.js';
 import { readWriteBack, returnStock } from './db/stock-store.js';
 import { FlashSaleError } from './errors.js';
-import { activityKeys } from './keys.js';
 import type { Logger } from './logger.js';
 import type { Metrics } from './metrics.js';
-import { orderMessageOf, readReservation, release } from './reservations.js';
-import type { ReservationRecord } from './reservations.js';
+import {
+  cancelBeforeReserve,
+  orderMessageOf,
+  readReservation,
+  release,
+  reservationIdFor,
+} from './reservations.js';
+import type { CancelMarkerOutcome, CancelMarkerPolicy, ReservationRecord } from './reservations.js';
 import type { RedisClient } from './scripts.js';
 
 export interface LifecycleDeps {
@@ -306,8 +311,16 @@ export async function closeInFlight(
 export interface CancelInput {
   activityId: string;
   userId: string;
-  reservationId: string;
   traceId: string;
+  /**
+   * Which submission: by the reservation id the 202 carried, or by the submission's own requestId
+   * (when the 202 never arrived). Only the requestId form may leave a cancel marker for a
+   * reservation that has not arrived: its id is derived from this buyer's requestId, so a made-up
+   * or somebody else's id never writes anything.
+   */
+  target: { reservationId: string } | { requestId: string };
+  /** Bounds of cancel markers; defaults to DEFAULT_CANCEL_MARKER_POLICY. */
+  markers?: CancelMarkerPolicy | undefined;
 }
 
 export type CancelOutcome =
@@ -315,23 +328,24 @@ export type CancelOutcome =
   | { outcome: 'already-cancelled'; orderId: string | undefined; state: string }
   | { outcome: 'tombstoned' };
 
-/** A SKU id the tombstone path passes: never a real SKU, so it can never release a reservation. */
-const TOMBSTONE_SKU_CANDIDATES = ['0-cancelled-before-reservation-0', '0-cancelled-before-reservation-1'];
-
-async function tombstoneSku(redis: RedisClient, activityId: string): Promise<string> {
-  const k = activityKeys(activityId);
-  for (const s of TOMBSTONE_SKU_CANDIDATES) if ((await redis.sismember(k.skuIndex, s)) === 0) return s;
-  throw new FlashSaleError('INTERNAL', 'no free tombstone sku id');
+/** The reservation id a cancellation names (derived from the buyer's requestId when given). */
+export function cancelTargetId(input: Pick<CancelInput, 'activityId' | 'userId' | 'target'>): string {
+  return 'requestId' in input.target
+    ? reservationIdFor(input.activityId, input.userId, input.target.requestId)
+    : input.target.reservationId;
 }
 
 /**
  * Buyer cancellation of a reservation or its order (source 004): the same close and release path
- * as the payment timeout. A cancellation that arrives before its reservation leaves a tombstone so
- * the late reservation is refused; cancelling twice is idempotent; a paid order is refused with
- * ALREADY_PAID.
+ * as the payment timeout. A cancellation by requestId that arrives before its reservation leaves a
+ * cancel marker (cancelBeforeReserve-3.lua: owned by the buyer, expiring after the sale, a bounded
+ * number per buyer) so the late reservation is refused; cancelling twice is idempotent; a paid
+ * order is refused with ALREADY_PAID; an id with neither a reservation nor an order of this buyer
+ * is UNKNOWN_RESERVATION and writes nothing.
  */
 export async function cancelReservation(deps: LifecycleDeps, input: CancelInput): Promise<CancelOutcome> {
-  const { activityId, userId, reservationId, traceId } = input;
+  const { activityId, userId, traceId } = input;
+  const reservationId = cancelTargetId(input);
   for (let attempt = 0; attempt < 5; attempt += 1) {
     const [rsv, order] = await Promise.all([
       readReservation(deps.redis, activityId, reservationId),
@@ -362,36 +376,35 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
       if (r.kind === 'closed') return { outcome: 'cancelled', orderId: r.order.id, inFlight: true };
       continue; // the consumer wrote the order meanwhile
     }
-    // Neither a reservation nor an order: record the cancellation so a late reservation is refused.
-    const meta = await readMeta(deps.redis, activityId);
-    if (!meta || meta.gate === 'frozen') throw new FlashSaleError('UNKNOWN_RESERVATION');
+    // Neither a reservation nor an order. Only a submission named by this buyer's own requestId
+    // can still arrive and be refused by a marker; any other id is unknown and writes nothing.
+    if (!('requestId' in input.target)) throw new FlashSaleError('UNKNOWN_RESERVATION');
+    let r: CancelMarkerOutcome;
     try {
-      const r = await release(deps.redis, {
-        activityId,
-        reservationId,
-        userId,
-        skuId: await tombstoneSku(deps.redis, activityId),
-        reason: 'CANCELLED',
-        tombstoneIfMissing: true,
-      });
-      if (r.kind === 'tombstoned') {
-        await appendJournal(deps.pool, [
-          {
-            activityId,
-            reservationId,
-            event: 'CANCELLED_BEFORE_RESERVATION',
-            toStatus: 'CANCELLED',
-            traceId,
-          },
-        ]);
-        return { outcome: 'tombstoned' };
-      }
-      // 'already-released': a concurrent cancellation tombstoned it; the next round reports it.
+      r = await cancelBeforeReserve(
+        deps.redis,
+        { activityId, userId, requestId: input.target.requestId, reason: 'CANCELLED' },
+        input.markers,
+      );
     } catch (err) {
-      if (isCode(err, 'FROZEN')) throw new FlashSaleError('UNKNOWN_RESERVATION');
-      if (!isCode(err, 'MISMATCH')) throw err;
-      // MISMATCH: the reservation arrived between our read and the release; the next round closes it.
+      if (isCode(err, 'FROZEN', 'MISMATCH')) throw new FlashSaleError('UNKNOWN_RESERVATION');
+      throw err;
     }
+    if (r.kind === 'sale-over') throw new FlashSaleError('UNKNOWN_RESERVATION');
+    if (r.kind === 'marked') {
+      await appendJournal(deps.pool, [
+        {
+          activityId,
+          reservationId,
+          event: 'CANCELLED_BEFORE_RESERVATION',
+          toStatus: 'CANCELLED',
+          traceId,
+          detail: { ttlSeconds: r.ttlSeconds },
+        },
+      ]);
+      return { outcome: 'tombstoned' };
+    }
+    // 'exists': the reservation (or a concurrent marker) arrived meanwhile; the next round reports it.
   }
   throw new FlashSaleError('UNAVAILABLE', 'the reservation kept changing; retry the cancellation');
 }

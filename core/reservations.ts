@@ -71,12 +71,9 @@ export interface ReleaseInput {
   userId: string;
   skuId: string;
   reason: string;
-  /** Record a tombstone when the reservation has not arrived yet (buyer cancellation). */
-  tombstoneIfMissing?: boolean;
 }
 
-export type ReleaseOutcome =
-  { kind: 'released'; stockAfter: number } | { kind: 'already-released' } | { kind: 'tombstoned' };
+export type ReleaseOutcome = { kind: 'released'; stockAfter: number } | { kind: 'already-released' };
 
 export async function release(redis: RedisClient, input: ReleaseInput): Promise<ReleaseOutcome> {
   const k = activityKeys(input.activityId);
@@ -91,18 +88,48 @@ export async function release(redis: RedisClient, input: ReleaseInput): Promise<
       k.ledger,
       k.counters,
     ],
-    [
-      input.reservationId,
-      input.userId,
-      input.skuId,
-      input.reason,
-      input.tombstoneIfMissing ? '1' : '0',
-      k.restockChannel,
-    ],
+    [input.reservationId, input.userId, input.skuId, input.reason, k.restockChannel],
   );
   if (reply[0] === 1) return { kind: 'released', stockAfter: Number(reply[1]) };
-  if (reply[0] === 2) return { kind: 'already-released' };
-  return { kind: 'tombstoned' };
+  return { kind: 'already-released' };
+}
+
+/** Bounds of cancel markers (docs/after-sale.md, "Cancelling before the reservation arrives"). */
+export interface CancelMarkerPolicy {
+  /** Seconds a marker outlives the sale's end (covers an endAt extended after the marker). */
+  graceSeconds: number;
+  /** Most markers one buyer may leave per activity. */
+  maxPerBuyer: number;
+}
+
+export const DEFAULT_CANCEL_MARKER_POLICY: CancelMarkerPolicy = { graceSeconds: 86_400, maxPerBuyer: 16 };
+
+export type CancelMarkerOutcome =
+  | { kind: 'marked'; ttlSeconds: number }
+  | { kind: 'exists'; state: ReservationState }
+  | { kind: 'sale-over' };
+
+/**
+ * Marks a submission of this buyer as cancelled before it reached the cache, so the late
+ * submission is refused. The id is derived here from the buyer's own requestId: no caller can
+ * mark an id it chose, so nobody can mark another buyer's submission or a made-up id.
+ */
+export async function cancelBeforeReserve(
+  redis: RedisClient,
+  input: { activityId: string; userId: string; requestId: string; reason: string },
+  policy: CancelMarkerPolicy = DEFAULT_CANCEL_MARKER_POLICY,
+): Promise<CancelMarkerOutcome> {
+  const k = activityKeys(input.activityId);
+  const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
+  const reply = await runScript(
+    redis,
+    'cancelBeforeReserve',
+    [k.meta, k.reservation(rid), k.buyer(input.userId)],
+    [input.userId, input.reason, Math.max(1, policy.graceSeconds), Math.max(0, policy.maxPerBuyer)],
+  );
+  if (reply[0] === 1) return { kind: 'marked', ttlSeconds: Number(reply[1]) };
+  if (reply[0] === 2) return { kind: 'exists', state: String(reply[1]) as ReservationState };
+  return { kind: 'sale-over' };
 }
 
 export async function confirmPaid(
@@ -135,7 +162,7 @@ export interface ReservationRecord {
 }
 
 /**
- * Whether a reservation (or a cancellation tombstone) exists under this id: what makes a submission
+ * Whether a reservation (or a cancel marker) exists under this id: what makes a submission
  * a replay for reserve-8.lua. One EXISTS, for the sold-out fast path.
  */
 export async function reservationExists(

@@ -1,7 +1,7 @@
 --[[
   Idempotent compensation keyed by reservation id: returns the reservation's stock at most once.
-  A release that arrives before its reservation leaves a CANCELLED tombstone, so the late
-  reservation is refused (reserve-8.lua returns CANCELLED).
+  It never creates a key: releasing an id with no reservation is UNKNOWN_RESERVATION (a
+  cancellation that arrives before its reservation goes through cancelBeforeReserve-3.lua).
 
   Input:
     KEYS[1] meta hash
@@ -15,13 +15,11 @@
     ARGV[2] buyer id     (must match the reservation)
     ARGV[3] sku id       (must match the reservation)
     ARGV[4] reason       (CANCELLED | PAYMENT_TIMEOUT | COMPENSATED | ...)
-    ARGV[5] '1' to record a tombstone when the reservation does not exist yet, else '0'
-    ARGV[6] restock pub/sub channel
+    ARGV[5] restock pub/sub channel
 
   Output:
      {1, stockAfter}   released now
-     {2}               already released earlier (nothing changed)
-     {3}               tombstone recorded (reservation not seen yet)
+     {2}               already released earlier, or cancelled before it arrived (nothing changed)
     -11 FROZEN         stock was written back: release through PostgreSQL instead
     -12 UNKNOWN_RESERVATION
     -13 ALREADY_PAID
@@ -35,13 +33,11 @@ if redis.call('HGET', KEYS[1], 'gate') == 'frozen' then return {-11} end
 
 local r = redis.call('HMGET', KEYS[2], 'state', 'user', 'sku', 'qty', 'slot')
 local state = r[1]
-if not state then
-  if ARGV[5] ~= '1' then return {-12} end
-  redis.call('HSET', KEYS[2], 'state', 'CANCELLED', 'user', user, 'sku', sku,
-    'releasedAt', nowMs(), 'reason', ARGV[4])
-  return {3}
-end
-if r[2] ~= user or r[3] ~= sku then return {-14} end
+if not state then return {-12} end
+if r[2] ~= user then return {-14} end
+-- A cancel marker (cancelBeforeReserve-3.lua) has no sku and holds no stock.
+if state == 'CANCELLED' and not r[3] then return {2} end
+if r[3] ~= sku then return {-14} end
 if state == 'RELEASED' or state == 'CANCELLED' then return {2} end
 if state == 'PAID' then return {-13} end
 
@@ -54,5 +50,5 @@ end
 redis.call('ZREM', KEYS[5], rid)
 redis.call('HSET', KEYS[2], 'state', 'RELEASED', 'releasedAt', nowMs(), 'reason', ARGV[4])
 redis.call('HINCRBY', KEYS[6], 'released', qty)
-redis.call('PUBLISH', ARGV[6], sku)
+redis.call('PUBLISH', ARGV[5], sku)
 return {1, after}

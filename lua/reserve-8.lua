@@ -35,13 +35,23 @@
     -8  CANCELLED    the reservation was cancelled before it arrived
     -9  NOT_LOADED   the activity is not in the cache
     -10 IDEMPOTENCY_CONFLICT  the requestId was used for a different sku or quantity
+    -14 MISMATCH     a reservation of another buyer holds this id (cannot happen with derived ids)
+
+  A cancel marker (cancelBeforeReserve-3.lua) refuses only its own buyer's submission: one left
+  under this id by another buyer (possible only with markers written before markers were bound to
+  their owner) is not this buyer's cancellation and is removed.
 ]]
 local rid, user, sku, qty = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 
 --- @include "includes/nowMs"
 --- @include "includes/gateRefusal"
 
-local prior = redis.call('HMGET', KEYS[4], 'state', 'sku', 'qty')
+local prior = redis.call('HMGET', KEYS[4], 'state', 'sku', 'qty', 'user')
+if prior[1] and prior[4] ~= user then
+  if prior[1] ~= 'CANCELLED' then return {-14, rid} end
+  redis.call('DEL', KEYS[4])
+  prior = {false}
+end
 if prior[1] then
   if prior[1] == 'CANCELLED' then return {-8, rid} end
   if prior[2] ~= sku or tonumber(prior[3]) ~= qty then return {-10, rid} end

@@ -5,6 +5,7 @@
 import { hostname } from 'node:os';
 import { z } from 'zod';
 import { env, readConfig } from '../core/config.js';
+import { kafkaSecurityFromEnv } from '../core/kafka.js';
 
 const quantities = z.record(z.string(), z.union([z.string(), z.number()]).transform(String));
 const resourcesSchema = z.object({ requests: quantities.optional(), limits: quantities.optional() }).strict();
@@ -20,6 +21,20 @@ export const operatorConfigSchema = z
     KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
     KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
     KAFKA_REPLICATION_FACTOR: env.int(1, 1),
+    /**
+     * Kafka TLS and SASL (core/kafka.ts kafkaSecurityFromEnv reads and checks them; listed here
+     * so that the configuration contract knows them).
+     */
+    KAFKA_TLS: z.string().optional(),
+    KAFKA_TLS_CA: z.string().optional(),
+    KAFKA_TLS_CERT: z.string().optional(),
+    KAFKA_TLS_KEY: z.string().optional(),
+    KAFKA_TLS_SERVERNAME: z.string().optional(),
+    KAFKA_TLS_REJECT_UNAUTHORIZED: z.string().optional(),
+    KAFKA_SASL_MECHANISM: z.string().optional(),
+    KAFKA_SASL_USERNAME: z.string().optional(),
+    KAFKA_SASL_PASSWORD: z.string().optional(),
+    KAFKA_SASL_ALLOW_PLAINTEXT: z.string().optional(),
     /**
      * Namespaces to watch, comma-separated (the ClusterRole bound by a RoleBinding in each); empty =
      * every namespace (needs the ClusterRole bound cluster-wide).
@@ -65,6 +80,8 @@ export const operatorConfigSchema = z
     RUNTIME_SECRET_NAME: z.string().min(1).default('flashsale-runtime'),
     RUNTIME_SERVICE_ACCOUNT: z.string().default(''),
     RUNTIME_HTTP_PORT: env.int(8080, 1),
+    /** Port of the runtime's /metrics (apart from the buyer port; not behind the api Service). */
+    RUNTIME_METRICS_PORT: env.int(9090, 1),
     /** Resources of every runtime container, as JSON: {"requests":{"cpu":"250m"},"limits":{...}}. */
     RUNTIME_RESOURCES: z
       .string()
@@ -123,6 +140,7 @@ export interface OperatorConfig {
     secretName: string;
     serviceAccount: string | undefined;
     httpPort: number;
+    metricsPort: number;
     resources: ContainerResources | undefined;
   };
   logLevel: string;
@@ -130,6 +148,7 @@ export interface OperatorConfig {
 
 export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env): OperatorConfig {
   const c = readConfig(operatorConfigSchema, environment);
+  kafkaSecurityFromEnv(environment);
   return {
     databaseUrl: c.DATABASE_URL,
     redisUrl: c.REDIS_URL,
@@ -166,6 +185,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
       secretName: c.RUNTIME_SECRET_NAME,
       serviceAccount: c.RUNTIME_SERVICE_ACCOUNT || undefined,
       httpPort: c.RUNTIME_HTTP_PORT,
+      metricsPort: c.RUNTIME_METRICS_PORT,
       resources: c.RUNTIME_RESOURCES,
     },
     logLevel: c.LOG_LEVEL,

@@ -1,6 +1,7 @@
 /** The runtime's configuration: one typed object from the environment, validated at start. */
 import { z } from 'zod';
 import { env, readConfig } from '../core/config.js';
+import { kafkaSecurityFromEnv } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
 
 export const roles = ['api', 'relay', 'consumer', 'jobs', 'all'] as const;
@@ -21,14 +22,45 @@ const schema = z
       .refine((v) => v === undefined || isSafeId(v), 'not a safe activity id'),
     HTTP_PORT: env.int(8080),
     HTTP_HOST: z.string().default('0.0.0.0'),
-    /** Buyer tokens: an HS256 shared secret (>= 32 bytes) or an RS256 public key (PEM, SPKI). */
+    /**
+     * Port of /metrics (with /healthz and /readyz), apart from the buyer port so that the buyer
+     * Service never exposes it; must differ from HTTP_PORT.
+     */
+    METRICS_PORT: env.int(9090, 1),
+    /**
+     * Buyer tokens (runtime/api/auth.ts): an HS256 shared secret (>= 32 bytes), an RS256 public
+     * key (PEM, SPKI, >= 2048 bits) or a JSON Web Key Set with a `kid` per key (rotation).
+     */
     JWT_HS256_SECRET: z.string().min(32, 'use at least 32 characters').optional(),
     JWT_RS256_PUBLIC_KEY: z.string().optional(),
-    JWT_ISSUER: z.string().optional(),
-    JWT_AUDIENCE: z.string().optional(),
+    JWT_JWKS: z.string().optional(),
+    /** Expected `iss` and `aud` of buyer tokens (checked when set; the chart requires both). */
+    JWT_ISSUER: z.string().min(1).optional(),
+    JWT_AUDIENCE: z.string().min(1).optional(),
+    /** A token is refused once this many seconds past its `iat` (which is required), whatever its `exp`. */
+    JWT_MAX_TOKEN_AGE_SECONDS: env.int(3600, 1),
+    /** Clock skew allowed on `exp`, `nbf` and `iat`. */
+    JWT_CLOCK_TOLERANCE_SECONDS: env.int(30, 0),
+    /**
+     * A cancel marker (cancel by requestId before the reservation arrived) expires this long after
+     * the sale's end; and one buyer may leave at most CANCEL_MARKERS_PER_BUYER per activity.
+     */
+    CANCEL_MARKER_GRACE_SECONDS: env.int(86_400, 1),
+    CANCEL_MARKERS_PER_BUYER: env.int(16, 0),
     /** Seconds a buyer has to pay before the order is closed and its stock returned. */
     PAYMENT_TIMEOUT_SECONDS: env.int(900, 1),
     KAFKA_TOPIC_PREFIX: z.string().default('flashsale'),
+    /** Kafka TLS and SASL: read and checked by core/kafka.ts kafkaSecurityFromEnv (README). */
+    KAFKA_TLS: z.string().optional(),
+    KAFKA_TLS_CA: z.string().optional(),
+    KAFKA_TLS_CERT: z.string().optional(),
+    KAFKA_TLS_KEY: z.string().optional(),
+    KAFKA_TLS_SERVERNAME: z.string().optional(),
+    KAFKA_TLS_REJECT_UNAUTHORIZED: z.string().optional(),
+    KAFKA_SASL_MECHANISM: z.string().optional(),
+    KAFKA_SASL_USERNAME: z.string().optional(),
+    KAFKA_SASL_PASSWORD: z.string().optional(),
+    KAFKA_SASL_ALLOW_PLAINTEXT: z.string().optional(),
     /** One-time order codes live this long. */
     ORDER_CODE_TTL_SECONDS: env.int(30, 1),
     /** Largest JSON body the api accepts. */
@@ -91,9 +123,13 @@ const schema = z
     /** node-cron expression (with seconds) of the Redis/ledger/PostgreSQL reconciliation. */
     RECONCILIATION_CRON: z.string().default('0 */5 * * * *'),
   })
-  .refine((c) => !(c.JWT_HS256_SECRET && c.JWT_RS256_PUBLIC_KEY), {
-    message: 'set JWT_HS256_SECRET or JWT_RS256_PUBLIC_KEY, not both',
+  .refine((c) => [c.JWT_HS256_SECRET, c.JWT_RS256_PUBLIC_KEY, c.JWT_JWKS].filter(Boolean).length <= 1, {
+    message: 'set one of JWT_HS256_SECRET, JWT_RS256_PUBLIC_KEY and JWT_JWKS, not both or more',
     path: ['JWT_HS256_SECRET'],
+  })
+  .refine((c) => c.METRICS_PORT !== c.HTTP_PORT, {
+    message: 'must differ from HTTP_PORT (metrics stay off the buyer port)',
+    path: ['METRICS_PORT'],
   })
   .refine((c) => !c.PAYMENT_HMAC_SECRET || (c.PAYMENT_HMAC_APP_ID && c.PAYMENT_HMAC_MERCHANT_ID), {
     message: 'PAYMENT_HMAC_APP_ID and PAYMENT_HMAC_MERCHANT_ID are required with PAYMENT_HMAC_SECRET',
@@ -107,10 +143,17 @@ export function loadRuntimeConfig(role: Role, source: NodeJS.ProcessEnv = proces
   if (role !== 'api' && !cfg.ACTIVITY_ID) {
     throw new Error(`invalid configuration:\n  ACTIVITY_ID: required for the ${role} role`);
   }
-  if ((role === 'api' || role === 'all') && !cfg.JWT_HS256_SECRET && !cfg.JWT_RS256_PUBLIC_KEY) {
+  if (
+    (role === 'api' || role === 'all') &&
+    !cfg.JWT_HS256_SECRET &&
+    !cfg.JWT_RS256_PUBLIC_KEY &&
+    !cfg.JWT_JWKS
+  ) {
     throw new Error(
-      'invalid configuration:\n  JWT_HS256_SECRET: set it or JWT_RS256_PUBLIC_KEY for the api role',
+      'invalid configuration:\n  JWT_HS256_SECRET: set it, JWT_RS256_PUBLIC_KEY or JWT_JWKS for the api role',
     );
   }
+  // Validated here so that a bad Kafka security setting stops the start with its variable named.
+  kafkaSecurityFromEnv(source);
   return cfg;
 }

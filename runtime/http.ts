@@ -1,6 +1,8 @@
 /**
- * The HTTP server every role runs: /healthz, /readyz, /metrics, a trace id per request and the
- * request-duration histogram. The api role mounts its routes on the same app.
+ * The HTTP servers every role runs. The service app (HTTP_PORT): /healthz, /readyz, a trace id
+ * per request and the request-duration histogram; the api role mounts its routes on it. The
+ * metrics app (METRICS_PORT): /metrics, with /healthz and /readyz again. /metrics is never on the
+ * service port, so the buyer Service in front of the api cannot expose it.
  */
 import { randomUUID } from 'node:crypto';
 import express from 'express';
@@ -51,8 +53,26 @@ export function createServiceApp(opts: ServiceAppOptions): Express {
     const ok = await opts.ready().catch(() => false);
     res.status(ok ? 200 : 503).json({ status: ok ? 'ready' : 'not ready' });
   });
+  return app;
+}
+
+/** The metrics port's app: /metrics, /healthz and /readyz only. */
+export function createMetricsApp(opts: ServiceAppOptions): Express {
+  const app = express();
+  app.disable('x-powered-by');
+  app.set('etag', false);
   app.get('/metrics', async (_req, res) => {
     res.type(opts.metrics.registry.contentType).send(await opts.metrics.registry.metrics());
+  });
+  app.get('/healthz', (_req, res) => {
+    res.json({ status: 'ok' });
+  });
+  app.get('/readyz', async (_req, res) => {
+    const ok = await opts.ready().catch(() => false);
+    res.status(ok ? 200 : 503).json({ status: ok ? 'ready' : 'not ready' });
+  });
+  app.use((_req, res) => {
+    res.status(404).json({ status: 'not found' });
   });
   return app;
 }

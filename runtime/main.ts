@@ -19,7 +19,7 @@ import { SoldOutFlags } from './api/sold-out.js';
 import { loadRuntimeConfig, roles } from './config.js';
 import type { Role } from './config.js';
 import { OrderConsumer } from './consumer/consumer.js';
-import { createServiceApp } from './http.js';
+import { createMetricsApp, createServiceApp } from './http.js';
 import { runDlqCli } from './dlq.js';
 import { cancelRouter } from './api/cancel-routes.js';
 import { scheduleAfterSaleJobs } from './jobs/after-sale.js';
@@ -122,6 +122,10 @@ async function main(): Promise<void> {
           metrics,
           paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
           activityId,
+          markers: {
+            graceSeconds: cfg.CANCEL_MARKER_GRACE_SECONDS,
+            maxPerBuyer: cfg.CANCEL_MARKERS_PER_BUYER,
+          },
         }),
       ],
       publicRouters: cfg.PAYMENT_HMAC_SECRET
@@ -151,11 +155,17 @@ async function main(): Promise<void> {
     server = createServiceApp({ metrics, ready }).listen(cfg.HTTP_PORT, cfg.HTTP_HOST);
   }
   server.keepAliveTimeout = 65_000;
-  await new Promise<void>((resolve, reject) => {
-    server.once('listening', resolve);
-    server.once('error', reject);
-  });
-  logger.info({ port: cfg.HTTP_PORT }, 'http listening');
+  const metricsServer = createMetricsApp({ metrics, ready }).listen(cfg.METRICS_PORT, cfg.HTTP_HOST);
+  await Promise.all(
+    [server, metricsServer].map(
+      (s) =>
+        new Promise<void>((resolve, reject) => {
+          s.once('listening', resolve);
+          s.once('error', reject);
+        }),
+    ),
+  );
+  logger.info({ port: cfg.HTTP_PORT, metricsPort: cfg.METRICS_PORT }, 'http listening');
 
   const relays: Relay[] = [];
   if (has('relay') && activityId && topics) {
@@ -272,6 +282,8 @@ async function main(): Promise<void> {
       server.close(() => resolve());
       server.closeIdleConnections();
     });
+    metricsServer.close();
+    metricsServer.closeAllConnections();
     for (const close of closers) {
       await close().catch((err: Error) => logger.warn({ err: err.message }, 'close failed'));
     }

@@ -639,7 +639,7 @@ async function main(): Promise<number> {
   await buyers;
   const metrics = await Promise.all([
     scrapeMetrics('operator', `http://127.0.0.1:${operator.port}`),
-    ...roles.map((r) => scrapeMetrics(r.role, r.url)),
+    ...roles.map((r) => scrapeMetrics(r.role, r.metricsUrl)),
   ]);
   const fsa = await getActivity(a, namespace, name);
   const ok = await summary(redis, pg, fsa, activityId, items, tally, metrics);

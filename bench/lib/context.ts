@@ -1,6 +1,7 @@
 /** What every phase gets: configuration, servers, the measured core, and shared clients. */
 import { Redis } from 'ioredis';
 import pg from 'pg';
+import { recordActivityItems } from '../../core/db/activity-items-store.js';
 import type { CatalogItem } from '../../core/model.js';
 import type { BenchConfig, CoreModules, Servers } from './env.js';
 
@@ -34,6 +35,8 @@ export function benchItem(skuId: string, stock: number, name = `Bench item ${sku
 /** Loads an activity whose sale window is open now and opens its gate. */
 export async function openActivity(ctx: Ctx, activityId: string, items: CatalogItem[]): Promise<void> {
   ctx.activities.add(activityId);
+  // Recorded as the operator does: the consumer checks every order against these rows.
+  await recordActivityItems(ctx.pool, activityId, 1, items);
   await ctx.core.cache.loadActivity(ctx.redis, {
     id: activityId,
     generation: 1,

@@ -14,7 +14,8 @@ export class Buyers {
   private readonly header = b64url(JSON.stringify({ alg: 'HS256', typ: 'JWT' }));
   private readonly tokens: string[] = [];
   private next = 0;
-  private readonly exp = Math.floor(Date.now() / 1000) + 6 * 3600;
+  private readonly iat = Math.floor(Date.now() / 1000);
+  private readonly exp = this.iat + 6 * 3600;
 
   constructor(
     private readonly secret: string,
@@ -27,7 +28,7 @@ export class Buyers {
   }
 
   private sign(i: number): string {
-    const payload = b64url(JSON.stringify({ sub: `${this.prefix}${i}`, exp: this.exp }));
+    const payload = b64url(JSON.stringify({ sub: `${this.prefix}${i}`, iat: this.iat, exp: this.exp }));
     const input = `${this.header}.${payload}`;
     return `${input}.${createHmac('sha256', this.secret).update(input).digest('base64url')}`;
   }

@@ -37,6 +37,7 @@ const live = new Set<RoleProcess>();
 
 export async function startRole(role: RoleName, o: RoleOptions): Promise<RoleProcess> {
   const port = await freePort();
+  const metricsPort = await freePort();
   const label = o.label ?? role;
   mkdirSync(o.logDir, { recursive: true });
   const logFile = join(o.logDir, `${label}.log`);
@@ -53,6 +54,7 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
         KAFKA_BROKERS: o.env.KAFKA_BROKERS!,
         ACTIVITY_ID: o.activityId,
         HTTP_PORT: String(port),
+        METRICS_PORT: String(metricsPort),
         HTTP_HOST: '127.0.0.1',
         FLASHSALE_LUA_DIR: o.luaDir,
         LOG_LEVEL: 'info',

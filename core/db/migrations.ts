@@ -208,4 +208,23 @@ END
 $roles$;
 `,
   },
+  {
+    version: 6,
+    name: 'activity-items',
+    sql: `
+-- The items of each activity as the operator loaded them into the cache (newest generation wins):
+-- the consumer checks every order message against them (price, quantity and slot within the
+-- limit per buyer) instead of trusting what arrives on Kafka.
+CREATE TABLE activity_items (
+  activity_id    text          NOT NULL,
+  sku_id         text          NOT NULL,
+  name           text          NOT NULL,
+  price          numeric(14,2) NOT NULL CHECK (price >= 0),
+  limit_per_user integer       NOT NULL CHECK (limit_per_user >= 1),
+  generation     bigint        NOT NULL,
+  updated_at     timestamptz   NOT NULL DEFAULT now(),
+  PRIMARY KEY (activity_id, sku_id)
+);
+`,
+  },
 ];

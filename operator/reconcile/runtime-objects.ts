@@ -84,6 +84,7 @@ export function runtimeEnv(fsa: FlashSaleActivity, activityId: string, config: O
   return [
     { name: 'ACTIVITY_ID', value: activityId },
     { name: 'HTTP_PORT', value: String(config.runtime.httpPort) },
+    { name: 'METRICS_PORT', value: String(config.runtime.metricsPort) },
     {
       name: 'PAYMENT_TIMEOUT_SECONDS',
       value: String(Math.round(parseDuration(fsa.spec.payment.timeout) / 1000)),
@@ -108,7 +109,7 @@ export function desiredDeployment(
       labels: labels(fsa, role, activityId),
       annotations: {
         'prometheus.io/scrape': 'true',
-        'prometheus.io/port': String(port),
+        'prometheus.io/port': String(config.runtime.metricsPort),
         'prometheus.io/path': '/metrics',
       },
     },
@@ -126,7 +127,11 @@ export function desiredDeployment(
           args: [role],
           env: runtimeEnv(fsa, activityId, config),
           envFrom: [{ secretRef: { name: runtimeSecretName(config, role) } }],
-          ports: [{ name: 'http', containerPort: port, protocol: 'TCP' }],
+          // The api Service targets only `http`; /metrics is on `metrics` (PodMonitor).
+          ports: [
+            { name: 'http', containerPort: port, protocol: 'TCP' },
+            { name: 'metrics', containerPort: config.runtime.metricsPort, protocol: 'TCP' },
+          ],
           ...(config.runtime.resources ? { resources: config.runtime.resources } : {}),
           readinessProbe: {
             httpGet: { path: '/readyz', port: 'http' },

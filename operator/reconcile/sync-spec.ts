@@ -7,6 +7,7 @@
  * check for what admission cannot see (catalog rows, edits racing a phase change).
  */
 import { loadActivity } from '../../core/activity-cache.js';
+import { recordActivityItems } from '../../core/db/activity-items-store.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { readLoadedDefinition } from '../../core/loaded-definition.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
@@ -33,6 +34,9 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
   const loaded = await readLoadedDefinition(redis, ctx.activityId);
   let changes: string[] = [];
   if (loaded) {
+    // What is live is what the consumer checks orders against: a cache loaded before the items
+    // were recorded in PostgreSQL gets them here (idempotent; a newer generation is kept).
+    await recordActivityItems(ctx.deps.pool, ctx.activityId, loaded.generation, loaded.items);
     if (loaded.generation >= desired.generation) return { kind: 'unchanged' };
     const diff = diffDefinition(loaded, desired, phase);
     if (diff.unsafe.length > 0) {
@@ -44,10 +48,20 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
     if (diff.changes.length === 0) return { kind: 'unchanged' };
     changes = diff.changes;
   }
+  // PostgreSQL first: once an item is in the cache, orders for it can reach the consumer, which
+  // refuses orders for items it cannot find (a crash in between just repeats both, idempotently).
+  await recordActivityItems(ctx.deps.pool, ctx.activityId, desired.generation, desired.items);
   try {
     await loadActivity(redis, desired);
   } catch (err) {
     if (err instanceof FlashSaleError && (err.code === 'STOCK_DECREASE' || err.code === 'STALE_GENERATION')) {
+      // The cache kept what it had: PostgreSQL goes back to exactly that.
+      const live = await readLoadedDefinition(redis, ctx.activityId);
+      if (live) {
+        await recordActivityItems(ctx.deps.pool, ctx.activityId, live.generation, live.items, {
+          replace: true,
+        });
+      }
       return { kind: 'refused', message: `refused spec generation ${desired.generation}: ${err.message}` };
     }
     throw err;

@@ -7,19 +7,26 @@
  *
  * 200 { reservationId, outcome: cancelled | already-cancelled | tombstoned, orderId? }
  * 409 ALREADY_PAID for a paid order; 404 UNKNOWN_RESERVATION for somebody else's or an unknown
- * one after the sale (nothing can arrive any more).
+ * reservation id, and for an unknown requestId after the sale (nothing can arrive any more);
+ * 429 CANCEL_MARKER_LIMIT when this buyer left the most markers allowed.
+ *
+ * Only the requestId form can leave a cancel marker ("tombstoned"), and only under the id derived
+ * from this buyer's own requestId: a made-up reservation id writes nothing to Redis or PostgreSQL.
  */
 import { Router } from 'express';
 import type { Request, Response } from 'express';
 import { FlashSaleError } from '../../core/errors.js';
 import { cancelReservation } from '../../core/order-lifecycle.js';
-import type { CancelOutcome, LifecycleDeps } from '../../core/order-lifecycle.js';
-import { reservationIdFor } from '../../core/reservations.js';
+import type { CancelInput, CancelOutcome, LifecycleDeps } from '../../core/order-lifecycle.js';
+import { cancelTargetId } from '../../core/order-lifecycle.js';
+import type { CancelMarkerPolicy } from '../../core/reservations.js';
 import { parse, requestIdQuery, reservationParam, servedActivity } from './schemas.js';
 
 export interface CancelDeps extends LifecycleDeps {
   /** When set, this api serves only this activity. */
   activityId: string | undefined;
+  /** Bounds of cancel markers (CANCEL_MARKER_GRACE_SECONDS, CANCEL_MARKERS_PER_BUYER). */
+  markers?: CancelMarkerPolicy | undefined;
 }
 
 const metricOutcome: Record<CancelOutcome['outcome'], string> = {
@@ -33,13 +40,16 @@ export function cancelRouter(deps: CancelDeps): Router {
 
   const activityOf = (req: Request): string => servedActivity(req, deps.activityId);
 
-  const cancel = async (res: Response, activityId: string, reservationId: string): Promise<void> => {
+  const cancel = async (res: Response, activityId: string, target: CancelInput['target']): Promise<void> => {
+    const userId = res.locals.userId as string;
+    const reservationId = cancelTargetId({ activityId, userId, target });
     try {
       const r = await cancelReservation(deps, {
         activityId,
-        userId: res.locals.userId as string,
-        reservationId,
+        userId,
+        target,
         traceId: res.locals.traceId as string,
+        markers: deps.markers,
       });
       deps.metrics?.cancellations.inc({ activity: activityId, outcome: metricOutcome[r.outcome] });
       res.status(200).json({
@@ -57,13 +67,13 @@ export function cancelRouter(deps: CancelDeps): Router {
 
   router.delete('/v1/activities/:activityId/orders/:reservationId', async (req: Request, res: Response) => {
     const activityId = activityOf(req);
-    await cancel(res, activityId, parse(reservationParam, req.params.reservationId));
+    await cancel(res, activityId, { reservationId: parse(reservationParam, req.params.reservationId) });
   });
 
   router.delete('/v1/activities/:activityId/orders', async (req: Request, res: Response) => {
     const activityId = activityOf(req);
     const requestId = parse(requestIdQuery, req.query.requestId);
-    await cancel(res, activityId, reservationIdFor(activityId, res.locals.userId as string, requestId));
+    await cancel(res, activityId, { requestId });
   });
 
   return router;

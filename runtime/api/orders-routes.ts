@@ -6,6 +6,7 @@ import { FlashSaleError } from '../../core/errors.js';
 import type { ErrorCode } from '../../core/errors.js';
 import { findByReservationId } from '../../core/db/orders-store.js';
 import type { Pool } from '../../core/db/pool.js';
+import { UNKNOWN_ACTIVITY_LABEL } from '../../core/metrics.js';
 import type { Metrics } from '../../core/metrics.js';
 import type { ReservationResult } from '../../core/model.js';
 import { readReservation, reservationExists, reservationIdFor, reserve } from '../../core/reservations.js';
@@ -100,7 +101,10 @@ export function ordersRouter(deps: OrdersDeps): Router {
       res.end(payload);
     } catch (err) {
       if (err instanceof FlashSaleError) {
-        deps.metrics.reservations.inc({ activity: activityId, result: resultLabel[err.code] ?? 'error' });
+        // An activity the cache does not know gets one shared label value: an api serving every
+        // activity must not grow a metric series per made-up id.
+        const activity = err.code === 'NOT_LOADED' ? UNKNOWN_ACTIVITY_LABEL : activityId;
+        deps.metrics.reservations.inc({ activity, result: resultLabel[err.code] ?? 'error' });
         if (err.code === 'SOLD_OUT') deps.soldOut.markSoldOut(activityId, body.skuId);
         if (err.code === 'NOT_LOADED') throw new FlashSaleError('NOT_STARTED', 'the sale is not open yet');
       }

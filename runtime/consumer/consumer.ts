@@ -6,6 +6,12 @@
  * results are written to Redis (best effort: the api falls back to PostgreSQL and the order-gap
  * job rewrites missing results).
  *
+ * Nothing in a message is trusted (Kafka is reachable by more than the relay): every message is
+ * checked against the activity's items in PostgreSQL (activity_items, written by the operator
+ * before it loads the cache) and against the reservation id's derivation. The order's price and
+ * name are taken from PostgreSQL; a message whose price, quantity, slot, buyer or reservation id
+ * does not fit goes to the DLQ at once with the reason, never into `orders`.
+ *
  * Failures: transient ones (database or network) are retried with backoff for as long as it
  * takes; a message that fails for any other reason is retried CONSUMER_MAX_ATTEMPTS times and
  * then sent to the DLQ with the error in its headers.
@@ -21,6 +27,8 @@ import { z } from 'zod';
 import { recordResults } from '../../core/activity-cache.js';
 import type { StoredResult } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
+import { readActivityItems } from '../../core/db/activity-items-store.js';
+import type { ActivityItem } from '../../core/db/activity-items-store.js';
 import { appendJournal } from '../../core/db/journal-store.js';
 import { insertOrders } from '../../core/db/orders-store.js';
 import type { InsertOutcome } from '../../core/db/orders-store.js';
@@ -29,16 +37,17 @@ import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import type { OrderMessage } from '../../core/model.js';
-import { release } from '../../core/reservations.js';
+import { release, reservationIdFor } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
 
 const orderMessage = z.object({
   reservationId: z.string().min(1).max(64),
   activityId: z.string().min(1).max(63),
-  userId: z.string().min(1).max(128),
+  // The alphabet the api accepts for a buyer id (runtime/api/auth.ts).
+  userId: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$/),
   skuId: z.string().min(1).max(63),
-  quantity: z.number().int().min(1),
-  slot: z.number().int().min(1),
+  quantity: z.number().int().min(1).max(1_000_000),
+  slot: z.number().int().min(1).max(32_767),
   unitPrice: z.string().regex(/^\d{1,12}(\.\d{1,2})?$/),
   itemName: z.string().min(1),
   reservedAt: z.number().int().positive(),
@@ -66,6 +75,45 @@ export interface ConsumerOptions {
 
 class PoisonMessage extends Error {}
 
+/** A message that contradicts the activity's own data: sent to the DLQ at once, never retried. */
+class RefusedMessage extends Error {
+  constructor(
+    readonly reason: string,
+    detail: string,
+  ) {
+    super(`refused: ${reason}: ${detail}`);
+  }
+}
+
+/** Whole cents of a decimal string with at most two places ("19.9" -> 1990n). */
+function cents(price: string): bigint | undefined {
+  const m = /^(\d{1,12})(?:\.(\d{1,2}))?$/.exec(price);
+  if (!m) return undefined;
+  return BigInt(m[1]!) * 100n + BigInt((m[2] ?? '').padEnd(2, '0'));
+}
+
+/**
+ * Checks one order message against the activity's item (from PostgreSQL). Returns the reason it
+ * is refused, or undefined when it fits. Exported for unit tests.
+ */
+export function refusalOf(o: OrderMessage, item: ActivityItem | undefined): [string, string] | undefined {
+  if (!item) return ['unknown_sku', `sku ${o.skuId} is not an item of activity ${o.activityId}`];
+  if (o.reservationId !== reservationIdFor(o.activityId, o.userId, o.requestId)) {
+    return ['reservation_id', 'the reservation id is not derived from its buyer and requestId'];
+  }
+  const price = cents(o.unitPrice);
+  if (price === undefined || price !== cents(item.price)) {
+    return ['price', `unit price ${o.unitPrice} differs from the item's price ${item.price}`];
+  }
+  if (o.quantity < 1 || o.quantity > item.limitPerUser) {
+    return ['quantity', `quantity ${o.quantity} outside 1..${item.limitPerUser} (limit per buyer)`];
+  }
+  if (o.slot < 1 || o.slot > item.limitPerUser) {
+    return ['slot', `slot ${o.slot} outside 1..${item.limitPerUser} (limit per buyer)`];
+  }
+  return undefined;
+}
+
 interface Parsed {
   message: KafkaMessage;
   order?: OrderMessage;
@@ -75,6 +123,8 @@ interface Parsed {
 export class OrderConsumer {
   /** Attempts per offset for messages failing for non-transient reasons. */
   private readonly attempts = new Map<string, number>();
+  /** The activity's items from PostgreSQL; re-read when a message does not fit them. */
+  private items: Map<string, ActivityItem> | undefined;
 
   private consumer: Consumer | undefined;
   private stopped = false;
@@ -167,13 +217,54 @@ export class OrderConsumer {
     }
   }
 
+  /**
+   * Splits parsed orders into those that fit the activity's items (price and name rebuilt from
+   * PostgreSQL) and those refused. The items are read once and re-read when something does not
+   * fit (an item added during the sale) before anything is refused.
+   */
+  private async check(parsed: Parsed[]): Promise<{ good: Parsed[]; refused: [Parsed, RefusedMessage][] }> {
+    const judge = (items: Map<string, ActivityItem>) =>
+      parsed.map((c) => ({ c, why: refusalOf(c.order!, items.get(c.order!.skuId)) }));
+    this.items ??= await readActivityItems(this.o.pool, this.o.activityId);
+    let verdicts = judge(this.items);
+    if (verdicts.some((v) => v.why)) {
+      this.items = await readActivityItems(this.o.pool, this.o.activityId);
+      verdicts = judge(this.items);
+    }
+    const items = this.items;
+    const good: Parsed[] = [];
+    const refused: [Parsed, RefusedMessage][] = [];
+    for (const { c, why } of verdicts) {
+      if (why) {
+        refused.push([c, new RefusedMessage(why[0], why[1])]);
+        continue;
+      }
+      const item = items.get(c.order!.skuId)!;
+      good.push({ ...c, order: { ...c.order!, unitPrice: item.price, itemName: item.name } });
+    }
+    return { good, refused };
+  }
+
   private async processChunk(chunk: Parsed[], p: EachBatchPayload): Promise<void> {
     const poison = chunk.filter((c) => c.error);
-    let good = chunk.filter((c) => c.order);
     for (const c of poison) {
       // An unparseable message will not parse next time either; it still gets its attempts so
       // that every failure is counted the same way.
       while (!(await this.failed(c, new PoisonMessage(c.error), p)));
+    }
+    let good: Parsed[] = [];
+    for (let delay = 100; ; delay = Math.min(delay * 2, 5_000)) {
+      try {
+        const checked = await this.check(chunk.filter((c) => c.order));
+        for (const [c, err] of checked.refused) await this.toDlq(c, err, p, 1);
+        good = checked.good;
+        break;
+      } catch (err) {
+        if (!p.isRunning() || !isTransientDbError(err)) throw err;
+        this.o.metrics.consumerRetries.inc({ activity: this.o.activityId, reason: 'transient' });
+        await new Promise((r) => setTimeout(r, delay));
+        await p.heartbeat().catch(() => undefined);
+      }
     }
 
     let delay = 100;
@@ -222,6 +313,12 @@ export class OrderConsumer {
       await new Promise((r) => setTimeout(r, 50 * n));
       return false;
     }
+    await this.toDlq(c, err, p, n);
+    this.attempts.delete(key);
+    return true;
+  }
+
+  private async toDlq(c: Parsed, err: Error, p: EachBatchPayload, attempts: number): Promise<void> {
     await this.o.dlqProducer.send({
       topic: this.o.dlqTopic,
       acks: -1,
@@ -232,7 +329,8 @@ export class OrderConsumer {
           headers: {
             ...c.message.headers,
             'dlq-error': err.message.slice(0, 1000),
-            'dlq-attempts': String(n),
+            ...(err instanceof RefusedMessage ? { 'dlq-reason': err.reason } : {}),
+            'dlq-attempts': String(attempts),
             'dlq-original-topic': p.batch.topic,
             'dlq-original-partition': String(p.batch.partition),
             'dlq-original-offset': c.message.offset,
@@ -240,16 +338,14 @@ export class OrderConsumer {
         },
       ],
     });
-    this.attempts.delete(key);
     this.o.metrics.dlqSent.inc({
       activity: this.o.activityId,
-      reason: err instanceof PoisonMessage ? 'invalid' : 'failed',
+      reason: err instanceof RefusedMessage ? 'refused' : err instanceof PoisonMessage ? 'invalid' : 'failed',
     });
     this.o.logger.error(
       { offset: c.message.offset, partition: p.batch.partition, err: err.message },
       'message sent to DLQ',
     );
-    return true;
   }
 
   private async insert(orders: OrderMessage[]): Promise<InsertOutcome> {

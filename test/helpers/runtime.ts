@@ -9,8 +9,10 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { SignJWT } from 'jose';
+import pg from 'pg';
 import { Agent, request } from 'undici';
 import { loadActivity, setGate } from '../../core/activity-cache.js';
+import { recordActivityItems } from '../../core/db/activity-items-store.js';
 import { createKafka, ensureTopics, topicsFor } from '../../core/kafka.js';
 import type { TopicNames } from '../../core/kafka.js';
 import type { ActivityDefinition, CatalogItem } from '../../core/model.js';
@@ -53,6 +55,8 @@ export interface RoleProcess {
   role: string;
   port: number;
   url: string;
+  /** Base URL of the metrics port (/metrics, /healthz, /readyz). */
+  metricsUrl: string;
   proc: ChildProcess;
   output: () => string;
   /** SIGTERM and wait for the exit code. */
@@ -65,7 +69,8 @@ export interface RoleProcess {
 export interface RoleOptions {
   activityId?: string;
   databaseUrl: string;
-  env?: Record<string, string>;
+  /** Extra environment; `undefined` removes a default (e.g. JWT_HS256_SECRET for a key set). */
+  env?: Record<string, string | undefined>;
   /** Wait for /readyz (default true). */
   waitReady?: boolean;
   /** Also append the whole output to this file (kept for post-mortems of fault runs). */
@@ -75,6 +80,7 @@ export interface RoleOptions {
 export async function startRole(role: string, o: RoleOptions): Promise<RoleProcess> {
   const env = testEnv();
   const port = await freePort();
+  const metricsPort = await freePort();
   const childEnv: NodeJS.ProcessEnv = {
     PATH: process.env.PATH,
     HOME: process.env.HOME,
@@ -82,6 +88,7 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
     REDIS_URL: env.redisUrl,
     KAFKA_BROKERS: env.kafkaBrokers.join(','),
     HTTP_PORT: String(port),
+    METRICS_PORT: String(metricsPort),
     HTTP_HOST: '127.0.0.1',
     JWT_HS256_SECRET: JWT_SECRET,
     LOG_LEVEL: 'warn',
@@ -90,6 +97,7 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
     ...(o.activityId ? { ACTIVITY_ID: o.activityId } : {}),
     ...o.env,
   };
+  for (const [k, v] of Object.entries(childEnv)) if (v === undefined) delete childEnv[k];
   const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'runtime', 'main.ts'), role], {
     cwd: ROOT,
     env: childEnv,
@@ -116,6 +124,7 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
     role,
     port,
     url,
+    metricsUrl: `http://127.0.0.1:${metricsPort}`,
     proc,
     output: () => out,
     exited,
@@ -176,6 +185,8 @@ export async function setUpActivity(
     startInMs?: number;
     durationMs?: number;
     partitions?: number;
+    /** Also record the items in this database, as the operator does (the consumer checks orders against them). */
+    databaseUrl?: string;
   } = {},
 ): Promise<TestActivity> {
   const env = testEnv();
@@ -195,6 +206,14 @@ export async function setUpActivity(
     reopenOnRelease: true,
     items,
   };
+  if (opts.databaseUrl) {
+    const sql = new pg.Pool({ connectionString: opts.databaseUrl, max: 1 });
+    try {
+      await recordActivityItems(sql, id, definition.generation, items);
+    } finally {
+      await sql.end();
+    }
+  }
   const redis = new Redis(env.redisUrl);
   try {
     await loadActivity(redis, definition);

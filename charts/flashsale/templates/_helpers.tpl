@@ -82,8 +82,19 @@ app.kubernetes.io/component: operator
 
 {{/* Fails the render on contradictory values that JSON schema cannot express simply. */}}
 {{- define "flashsale.validate" -}}
-{{- if and .Values.runtime.jwt.hs256Secret .Values.runtime.jwt.rs256PublicKey -}}
-{{- fail "runtime.jwt: set hs256Secret or rs256PublicKey, not both" -}}
+{{- $jwt := .Values.runtime.jwt -}}
+{{- if gt (len (compact (list $jwt.hs256Secret $jwt.rs256PublicKey $jwt.jwks))) 1 -}}
+{{- fail "runtime.jwt: set one of hs256Secret, rs256PublicKey and jwks, not both or more" -}}
+{{- end -}}
+{{- if and (not .Values.runtime.existingSecret) (or $jwt.hs256Secret $jwt.rs256PublicKey $jwt.jwks) $jwt.requireIssuerAudience (or (not $jwt.issuer) (not $jwt.audience)) -}}
+{{- fail "runtime.jwt.issuer and runtime.jwt.audience are required: buyer tokens are checked against both (set runtime.jwt.requireIssuerAudience=false to accept any issuer and audience)" -}}
+{{- end -}}
+{{- $sasl := .Values.runtime.kafka.sasl -}}
+{{- if and $sasl.mechanism (or (not $sasl.username) (not $sasl.password)) -}}
+{{- fail "runtime.kafka.sasl: username and password are required with a mechanism" -}}
+{{- end -}}
+{{- if and (eq $sasl.mechanism "plain") (not .Values.runtime.kafka.tls.enabled) -}}
+{{- fail "runtime.kafka.sasl.mechanism=plain sends the password in clear: set runtime.kafka.tls.enabled=true" -}}
 {{- end -}}
 {{- if and .Values.operator.watchAllNamespaces .Values.operator.watchNamespaces -}}
 {{- fail "operator: set watchNamespaces or watchAllNamespaces, not both" -}}
@@ -96,7 +107,7 @@ app.kubernetes.io/component: operator
 {{/* True ("true") when the connection settings are incomplete (no existing Secret, a value missing). */}}
 {{- define "flashsale.connectionMissing" -}}
 {{- $r := .Values.runtime -}}
-{{- if and (not $r.existingSecret) (or (not $r.database.url) (not $r.redis.url) (not $r.kafka.brokers) (and (not $r.jwt.hs256Secret) (not $r.jwt.rs256PublicKey))) -}}
+{{- if and (not $r.existingSecret) (or (not $r.database.url) (not $r.redis.url) (not $r.kafka.brokers) (and (not $r.jwt.hs256Secret) (not $r.jwt.rs256PublicKey) (not $r.jwt.jwks))) -}}
 true
 {{- end -}}
 {{- end -}}

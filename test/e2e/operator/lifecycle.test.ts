@@ -5,6 +5,7 @@ import { spawnSync } from 'node:child_process';
 import { Redis } from 'ioredis';
 import type { Kafka } from 'kafkajs';
 import { readMeta } from '../../../core/activity-cache.js';
+import { readActivityItems } from '../../../core/db/activity-items-store.js';
 import { countOrders } from '../../../core/db/orders-store.js';
 import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
@@ -216,6 +217,12 @@ describe('operator: the whole lifecycle of one activity', () => {
       });
       expect(svc.metadata?.ownerReferences?.[0]?.name).toBe(name);
 
+      // The operator recorded the items the consumer checks every order against.
+      const items = await readActivityItems(pg, activityId);
+      expect([...items.values()].map((i) => `${i.skuId} ${i.price} ${i.limitPerUser}`).sort()).toEqual([
+        expect.stringMatching(/^phone-256g 5999\.00 \d+$/),
+        'tea-gift 199.90 2',
+      ]);
       // Orders created, stock written back once, PostgreSQL is the truth now.
       const orders = await countOrders(pg, activityId);
       expect(orders).toMatchObject({ orders: 16, quantity: 20 });

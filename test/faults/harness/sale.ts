@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { loadActivity, setGate } from '../../../core/activity-cache.js';
+import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import type { CatalogItem } from '../../../core/model.js';
 import { activityKeys } from '../../../core/keys.js';
@@ -40,6 +41,13 @@ export async function prepareActivity(servers: Servers, id: string, items: Catal
     await ensureTopics(admin, topicsFor(id), 2, 1);
   } finally {
     await admin.disconnect();
+  }
+  // The items go to PostgreSQL first, as the operator records them (the consumer checks against them).
+  const sql = new pg.Pool({ connectionString: servers.databaseUrl, max: 1 });
+  try {
+    await recordActivityItems(sql, id, 1, items);
+  } finally {
+    await sql.end();
   }
   const redis = new Redis(servers.redisUrl);
   try {

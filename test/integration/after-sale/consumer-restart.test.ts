@@ -47,7 +47,7 @@ describe('consumer restart after a crash kafkajs does not restart', () => {
   it(
     'a fresh kafkajs consumer takes over and every order is written once',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 });
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
       const topics = topicsFor(activityId, prefix);
       await ensureTopics(admin, topics, 1, 1);
       const rids = await reserveFor(f.redis, activityId, skuId, ['b1', 'b2', 'b3']);

@@ -68,7 +68,7 @@ describe('DLQ list / inspect / replay', () => {
   it(
     'a fixed poison message replayed twice creates its order exactly once',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 });
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
       const topics = topicsFor(activityId, prefix);
       await ensureTopics(admin, topics, 1, 1);
       const [rid] = await reserveFor(f.redis, activityId, skuId, ['poisoned-buyer']);

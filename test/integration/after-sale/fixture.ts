@@ -7,6 +7,7 @@ import { Redis } from 'ioredis';
 import type { Consumer, ConsumerRunConfig, EachBatchPayload, Kafka } from 'kafkajs';
 import { SignJWT } from 'jose';
 import { loadActivity, recordResults, setGate } from '../../../core/activity-cache.js';
+import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
 import { idempotentProducer } from '../../../core/kafka.js';
 import type { TopicNames } from '../../../core/kafka.js';
@@ -98,14 +99,28 @@ export interface ActivitySpec {
   skuId?: string;
 }
 
-/** Loads a one-SKU activity into Redis and opens its gate; returns its id. */
+/**
+ * Loads a one-SKU activity into Redis and opens its gate; returns its id. With `pool`, the items
+ * are also recorded in PostgreSQL as the operator does (the consumer checks orders against them).
+ */
 export async function openActivity(
   redis: Redis,
   spec: ActivitySpec,
+  pool?: Pool,
 ): Promise<{ activityId: string; skuId: string }> {
   const activityId = uniqueId('as');
   const skuId = spec.skuId ?? 'sku-1';
   const now = Date.now();
+  const items = [
+    {
+      skuId,
+      name: '秒杀商品 flash item',
+      price: spec.price ?? '19.90',
+      stock: spec.stock,
+      limitPerUser: spec.limitPerUser ?? 1,
+    },
+  ];
+  if (pool) await recordActivityItems(pool, activityId, 1, items);
   await loadActivity(redis, {
     id: activityId,
     generation: 1,
@@ -113,15 +128,7 @@ export async function openActivity(
     endAt: new Date(now + 3_600_000),
     requireOrderCode: false,
     reopenOnRelease: false,
-    items: [
-      {
-        skuId,
-        name: '秒杀商品 flash item',
-        price: spec.price ?? '19.90',
-        stock: spec.stock,
-        limitPerUser: spec.limitPerUser ?? 1,
-      },
-    ],
+    items,
   });
   await setGate(redis, activityId, 'open');
   return { activityId, skuId };

@@ -177,7 +177,7 @@ describe('order-gap repair', () => {
   it(
     'a reservation whose outbox entry was deleted becomes exactly one order, even when re-published twice',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 });
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 }, f.pool);
       const topics = topicsFor(activityId, prefix);
       await ensureTopics(admin, topics, 1, 1);
       const [rid] = await reserveFor(f.redis, activityId, skuId, ['lost-1']);

@@ -274,6 +274,8 @@ describe('least privilege', () => {
     'runtime.redis.url=redis://redis:6379',
     'runtime.kafka.brokers={kafka:9092}',
     'runtime.jwt.hs256Secret=0123456789abcdef0123456789abcdef',
+    'runtime.jwt.issuer=https://login.shop.example/',
+    'runtime.jwt.audience=flashsale-buyers',
     'runtime.extraSecretData.api.PAYMENT_HMAC_SECRET=abcdefabcdefabcdefabcdefabcdefab',
   ];
   const keysOf = (o: K8sObject): string[] => Object.keys((at(o, 'stringData') ?? {}) as object).sort();
@@ -294,7 +296,14 @@ describe('least privilege', () => {
     const shared = ['DATABASE_URL', 'KAFKA_BROKERS', 'REDIS_URL'];
     // The buyer token key and the payment key only where the api runs.
     expect(keysOf(byName('flashsale-runtime-api'))).toEqual(
-      [...shared, 'JWT_HS256_SECRET', 'PAYMENT_HMAC_SECRET'].sort(),
+      [
+        ...shared,
+        'JWT_AUDIENCE',
+        'JWT_HS256_SECRET',
+        'JWT_ISSUER',
+        'JWT_MAX_TOKEN_AGE_SECONDS',
+        'PAYMENT_HMAC_SECRET',
+      ].sort(),
     );
     expect(keysOf(byName('flashsale-runtime-relay'))).toEqual(shared);
     expect(keysOf(byName('flashsale-runtime-consumer'))).toEqual(shared);
@@ -404,6 +413,37 @@ describe('validation can fail', () => {
       'runtime.jwt.rs256PublicKey=-----BEGIN PUBLIC KEY-----x',
     ]);
     expect(jwt.stderr).toMatch(/not both/);
+    // Buyer tokens are checked against an issuer and an audience unless explicitly waived.
+    const key = ['--set', 'runtime.jwt.hs256Secret=0123456789abcdef0123456789abcdef'];
+    const noIssuer = run(helm, ['template', 'x', chartDir, '--kube-version', kubeVersion, ...key]);
+    expect(noIssuer.status).not.toBe(0);
+    expect(noIssuer.stderr).toMatch(/runtime\.jwt\.issuer and runtime\.jwt\.audience are required/);
+    const waived = run(helm, [
+      'template',
+      'x',
+      chartDir,
+      '--kube-version',
+      kubeVersion,
+      ...key,
+      '--set',
+      'runtime.jwt.requireIssuerAudience=false',
+    ]);
+    expect(waived.status).toBe(0);
+    // SASL PLAIN would send the password in clear without TLS.
+    const plain = run(helm, [
+      'template',
+      'x',
+      chartDir,
+      '--kube-version',
+      kubeVersion,
+      '--set',
+      'runtime.kafka.sasl.mechanism=plain',
+      '--set',
+      'runtime.kafka.sasl.username=u',
+      '--set',
+      'runtime.kafka.sasl.password=p',
+    ]);
+    expect(plain.stderr).toMatch(/sends the password in clear/);
     const le = run(helm, [
       'template',
       'x',
@@ -494,6 +534,10 @@ describe('helm install, upgrade and uninstall against the API server', () => {
           'runtime.kafka.brokers={kafka-0.kafka.svc:9092,kafka-1.kafka.svc:9092}',
           '--set',
           'runtime.jwt.hs256Secret=0123456789abcdef0123456789abcdef',
+          '--set',
+          'runtime.jwt.issuer=https://login.shop.example/',
+          '--set',
+          'runtime.jwt.audience=flashsale-buyers',
         ],
         { env },
       );

@@ -29,6 +29,8 @@ const connection = [
   'runtime.redis.url=redis://redis.db.svc:6379/0',
   'runtime.kafka.brokers={kafka-0.kafka.svc:9092,kafka-1.kafka.svc:9092}',
   'runtime.jwt.hs256Secret=0123456789abcdef0123456789abcdef',
+  'runtime.jwt.issuer=https://login.shop.example/',
+  'runtime.jwt.audience=flashsale-buyers',
 ];
 /** What a user's existing Secret would hold (examples/values-large.yaml references one). */
 const existingSecretData: Record<string, string> = {
@@ -46,6 +48,17 @@ beforeAll(() => {
 function secretData(objects: K8sObject[], name: string): Record<string, string> {
   const secret = objects.find((o) => o.kind === 'Secret' && o.metadata.name === name);
   if (!secret) return existingSecretData;
+  return (at(secret, 'stringData') ?? {}) as Record<string, string>;
+}
+
+/** A role's own Secret as the chart renders it (`<base>-<role>`); a missing one is a failure. */
+function roleSecretData(objects: K8sObject[], base: string, role: string): Record<string, string> {
+  const name = `${base}-${role}`;
+  const secret = objects.find((o) => o.kind === 'Secret' && o.metadata.name === name);
+  // With runtime.existingSecret the chart renders none of the runtime Secrets: the user's own.
+  const rendersAny = objects.some((o) => o.kind === 'Secret' && o.metadata.name.startsWith(`${base}-`));
+  if (!secret && !rendersAny) return existingSecretData;
+  if (!secret) throw new Error(`the chart rendered no Secret ${name}`);
   return (at(secret, 'stringData') ?? {}) as Record<string, string>;
 }
 
@@ -113,11 +126,12 @@ describe.each(Object.keys(valuesSets))('configuration contract with %s values', 
 
   it('creates a runtime Secret that, with what the operator adds, the runtime accepts', () => {
     const operator = loadOperatorConfig(resolveEnv(container.env, objects, namespace));
-    const secret = secretData(objects, operator.runtime.secretName);
+    const secret = roleSecretData(objects, operator.runtime.secretName, 'api');
     // The variables the operator sets on the runtime containers (operator/reconcile/runtime-objects.ts).
     const added = {
       ACTIVITY_ID: 'double11-2030',
       HTTP_PORT: String(operator.runtime.httpPort),
+      METRICS_PORT: String(operator.runtime.metricsPort),
       PAYMENT_TIMEOUT_SECONDS: '900',
       KAFKA_TOPIC_PREFIX: operator.kafka.topicPrefix,
     };
@@ -125,6 +139,61 @@ describe.each(Object.keys(valuesSets))('configuration contract with %s values', 
       expect(() => loadRuntimeConfig(role, { ...secret, ...added })).not.toThrow();
     }
   });
+});
+
+it('carries token checks and Kafka authentication to the runtime and the operator', () => {
+  const objects = parseManifests(
+    renderChart(
+      helm,
+      [],
+      [
+        ...connection,
+        'runtime.jwt.maxTokenAgeSeconds=900',
+        'runtime.kafka.tls.enabled=true',
+        'runtime.kafka.tls.ca=-----BEGIN CERTIFICATE-----',
+        'runtime.kafka.sasl.mechanism=scram-sha-512',
+        'runtime.kafka.sasl.username=flashsale',
+        'runtime.kafka.sasl.password=kafka-secret',
+      ],
+    ),
+  );
+  const container = at(findObject(objects, 'Deployment', '-operator'), 'spec.template.spec.containers.0') as {
+    env: EnvVar[];
+  };
+  const operatorEnv = resolveEnv(container.env, objects, 'flashsale');
+  const operator = loadOperatorConfig(operatorEnv);
+  expect(operatorEnv).toMatchObject({
+    KAFKA_TLS: 'true',
+    KAFKA_TLS_CA: '-----BEGIN CERTIFICATE-----',
+    KAFKA_SASL_MECHANISM: 'scram-sha-512',
+    KAFKA_SASL_USERNAME: 'flashsale',
+    KAFKA_SASL_PASSWORD: 'kafka-secret',
+  });
+  const runtime = loadRuntimeConfig('api', {
+    ...roleSecretData(objects, operator.runtime.secretName, 'api'),
+    ACTIVITY_ID: 'a1',
+  });
+  expect(runtime).toMatchObject({
+    JWT_ISSUER: 'https://login.shop.example/',
+    JWT_AUDIENCE: 'flashsale-buyers',
+    JWT_MAX_TOKEN_AGE_SECONDS: 900,
+    KAFKA_SASL_MECHANISM: 'scram-sha-512',
+    KAFKA_TLS: 'true',
+  });
+});
+
+it('scrapes the runtime on its metrics port, the one the operator gives the runtime pods', () => {
+  const objects = parseManifests(
+    renderChart(helm, [], [...connection, 'metrics.podMonitor.enabled=true', 'runtime.metricsPort=9464']),
+  );
+  const container = at(findObject(objects, 'Deployment', '-operator'), 'spec.template.spec.containers.0') as {
+    env: EnvVar[];
+  };
+  const operator = loadOperatorConfig(resolveEnv(container.env, objects, 'flashsale'));
+  expect([operator.runtime.httpPort, operator.runtime.metricsPort]).toEqual([8080, 9464]);
+  expect(at(findObject(objects, 'PodMonitor', '-runtime'), 'spec.podMetricsEndpoints.0.port')).toBe(
+    'metrics',
+  );
 });
 
 it('passes the default runtime resources to the operator unchanged', () => {

@@ -12,7 +12,7 @@ import { activityKeys } from '../../../core/keys.js';
 import { createLogger } from '../../../core/logger.js';
 import { closeOrder, cancelReservation } from '../../../core/order-lifecycle.js';
 import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
-import { reservationIdFor, reserve } from '../../../core/reservations.js';
+import { reserve } from '../../../core/reservations.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { acceptPayment } from '../../../runtime/payments/apply.js';
 import type { PaymentNotice } from '../../../runtime/payments/provider.js';
@@ -343,11 +343,10 @@ describe('fault scenarios (brief windows 1-11)', () => {
     await recorded('window 9', undefined, async () => {
       const activityId = uniqueId('f-cancel');
       await prepareActivity(servers, activityId, [item(10)]);
-      const rid = reservationIdFor(activityId, 'late', 'req-late');
       const c = await cancelReservation(deps, {
         activityId,
         userId: 'late',
-        reservationId: rid,
+        target: { requestId: 'req-late' },
         traceId: 't',
       });
       expect(c.outcome).toBe('tombstoned');
@@ -381,7 +380,7 @@ describe('fault scenarios (brief windows 1-11)', () => {
       const inFlight = await cancelReservation(deps, {
         activityId,
         userId: 'b1',
-        reservationId: r1.reservationId,
+        target: { reservationId: r1.reservationId },
         traceId: 't',
       });
       expect(inFlight.outcome).toBe('cancelled');
@@ -390,7 +389,7 @@ describe('fault scenarios (brief windows 1-11)', () => {
         await cancelReservation(deps, {
           activityId,
           userId: 'b2',
-          reservationId: r2.reservationId,
+          target: { reservationId: r2.reservationId },
           traceId: 't',
         });
       }

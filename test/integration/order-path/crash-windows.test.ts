@@ -68,9 +68,11 @@ describe('crash windows on the order path', () => {
 
   test.each(windows)('window $window: $what', async ({ role, point }) => {
     const activityId = uniqueId(`w-${role}`);
-    await setUpActivity(activityId, [
-      { skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: 100, limitPerUser: 1 },
-    ]);
+    await setUpActivity(
+      activityId,
+      [{ skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: 100, limitPerUser: 1 }],
+      { databaseUrl: db.url },
+    );
     const crashEnv = { FLASHSALE_CRASH_POINT: point, FLASHSALE_CRASH_AFTER: '2' };
     // A stable relay name: a restarted relay picks up its own pending entries at once.
     const common = { activityId, databaseUrl: db.url };

@@ -18,9 +18,11 @@ describe('poison messages and metrics', () => {
   beforeAll(async () => {
     db = await freshDatabase();
     sql = new pg.Pool({ connectionString: db.url, max: 2 });
-    activity = await setUpActivity(activityId, [
-      { skuId: 'duck', name: '北京烤鸭 礼盒装', price: '198.00', stock: 5, limitPerUser: 1 },
-    ]);
+    activity = await setUpActivity(
+      activityId,
+      [{ skuId: 'duck', name: '北京烤鸭 礼盒装', price: '198.00', stock: 5, limitPerUser: 1 }],
+      { databaseUrl: db.url },
+    );
     all = await startRole('all', {
       activityId,
       databaseUrl: db.url,
@@ -104,7 +106,7 @@ describe('poison messages and metrics', () => {
     const text = await waitFor(
       'metrics settle',
       async () => {
-        const r = await http.raw(`${all.url}/metrics`, { method: 'GET' });
+        const r = await http.raw(`${all.metricsUrl}/metrics`, { method: 'GET' });
         const body = String(r.json.raw ?? '');
         // Lag 0: offsets are committed after the DB commit (and after the DLQ send).
         const settled =

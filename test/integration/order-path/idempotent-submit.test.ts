@@ -15,9 +15,11 @@ describe('idempotent submission', () => {
   beforeAll(async () => {
     db = await freshDatabase();
     sql = new pg.Pool({ connectionString: db.url, max: 2 });
-    await setUpActivity(activityId, [
-      { skuId: 'tea', name: '西湖龙井 明前特级 250g', price: '388.80', stock: 10, limitPerUser: 2 },
-    ]);
+    await setUpActivity(
+      activityId,
+      [{ skuId: 'tea', name: '西湖龙井 明前特级 250g', price: '388.80', stock: 10, limitPerUser: 2 }],
+      { databaseUrl: db.url },
+    );
     all = await startRole('all', { activityId, databaseUrl: db.url });
   });
 

@@ -23,15 +23,19 @@ describe('oversubscribed sale', () => {
     db = await freshDatabase();
     sql = new pg.Pool({ connectionString: db.url, max: 2 });
     redis = new Redis(testEnv().redisUrl);
-    await setUpActivity(activityId, [
-      {
-        skuId: 'phone',
-        name: '华为 Mate 70 Pro 12GB+512GB 雅川青',
-        price: '6499.00',
-        stock: STOCK,
-        limitPerUser: 1,
-      },
-    ]);
+    await setUpActivity(
+      activityId,
+      [
+        {
+          skuId: 'phone',
+          name: '华为 Mate 70 Pro 12GB+512GB 雅川青',
+          price: '6499.00',
+          stock: STOCK,
+          limitPerUser: 1,
+        },
+      ],
+      { databaseUrl: db.url },
+    );
     for (const role of ['api', 'relay', 'consumer']) {
       roles.push(await startRole(role, { activityId, databaseUrl: db.url }));
     }

@@ -8,10 +8,18 @@ describe('script registry', () => {
   test('loads every script with the key count its file name carries, includes spliced in', () => {
     const scripts = loadScripts();
     expect([...scripts.keys()]).toEqual(
-      expect.arrayContaining(['confirmPaid', 'loadItems', 'release', 'reserve', 'setGate']),
+      expect.arrayContaining([
+        'cancelBeforeReserve',
+        'confirmPaid',
+        'loadItems',
+        'release',
+        'reserve',
+        'setGate',
+      ]),
     );
     expect(scripts.get('reserve')?.numberOfKeys).toBe(8);
     expect(scripts.get('release')?.numberOfKeys).toBe(6);
+    expect(scripts.get('cancelBeforeReserve')?.numberOfKeys).toBe(3);
     expect(scripts.get('loadItems')?.numberOfKeys).toBeUndefined();
     const reserve = scripts.get('reserve')!.lua;
     expect(reserve).toContain('local function nowMs()');

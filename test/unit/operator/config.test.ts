@@ -37,6 +37,7 @@ describe('operator configuration', () => {
         secretName: 'flashsale-runtime',
         serviceAccount: undefined,
         httpPort: 8080,
+        metricsPort: 9090,
         resources: undefined,
       },
     });

@@ -84,10 +84,18 @@ describe('runtime objects', () => {
     expect(env).toEqual({
       ACTIVITY_ID: 'shop.spring-uid1',
       HTTP_PORT: '8080',
+      METRICS_PORT: '9090',
       PAYMENT_TIMEOUT_SECONDS: '600',
       KAFKA_TOPIC_PREFIX: 'flashsale',
     });
     expect(c?.envFrom).toEqual([{ secretRef: { name: 'flashsale-runtime-relay' } }]);
+    // /metrics has its own named port; probes stay on the service port.
+    expect(c?.ports).toEqual([
+      { name: 'http', containerPort: 8080, protocol: 'TCP' },
+      { name: 'metrics', containerPort: 9090, protocol: 'TCP' },
+    ]);
+    expect(d.spec?.template.metadata?.annotations?.['prometheus.io/port']).toBe('9090');
+    expect(c?.readinessProbe?.httpGet?.port).toBe('http');
     expect(c?.resources).toEqual({ requests: { cpu: '250m', memory: '256Mi' }, limits: { memory: '512Mi' } });
     expect(c?.readinessProbe?.httpGet?.path).toBe('/readyz');
     expect(c?.livenessProbe?.httpGet?.path).toBe('/healthz');

@@ -34,5 +34,18 @@ describe('runtime configuration', () => {
     const { JWT_HS256_SECRET: _s, ...noKey } = base;
     expect(() => loadRuntimeConfig('api', noKey)).toThrow(/JWT_HS256_SECRET/);
     expect(() => loadRuntimeConfig('api', { ...base, JWT_RS256_PUBLIC_KEY: 'pem' })).toThrow(/not both/);
+    expect(() => loadRuntimeConfig('api', { ...base, JWT_JWKS: '{"keys":[]}' })).toThrow(/not both/);
+    const { JWT_HS256_SECRET: _k, ...jwksOnly } = { ...base, JWT_JWKS: '{"keys":[]}' };
+    expect(loadRuntimeConfig('api', jwksOnly).JWT_JWKS).toBe('{"keys":[]}');
+  });
+
+  test('metrics have their own port, never the buyer port; Kafka security is checked at start', () => {
+    expect(loadRuntimeConfig('api', base).METRICS_PORT).toBe(9090);
+    expect(() => loadRuntimeConfig('api', { ...base, HTTP_PORT: '9090' })).toThrow(
+      /METRICS_PORT: must differ/,
+    );
+    expect(() => loadRuntimeConfig('api', { ...base, KAFKA_SASL_MECHANISM: 'scram-sha-256' })).toThrow(
+      /KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD: required/,
+    );
   });
 });

@@ -1,0 +1,128 @@
+// Orders put on Kafka by someone other than the relay are not trusted: the real consumer process
+// checks every message against the activity's items in PostgreSQL (activity_items). A wrong
+// price, a huge quantity, a slot beyond the limit, an unknown sku or a reservation id that is not
+// derived from its buyer never becomes an order: each lands in the DLQ with its reason, at once.
+// A message that fits becomes an order with the price and name from PostgreSQL.
+import pg from 'pg';
+import { createKafka, idempotentProducer, topicDepth } from '../../../core/kafka.js';
+import type { OrderMessage } from '../../../core/model.js';
+import { reservationIdFor } from '../../../core/reservations.js';
+import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+import { setUpActivity, startRole, waitFor } from '../../helpers/runtime.js';
+import type { RoleProcess, TestActivity } from '../../helpers/runtime.js';
+
+describe('forged order messages', () => {
+  let db: FreshDatabase;
+  let sql: pg.Pool;
+  let consumer: RoleProcess;
+  let activity: TestActivity;
+  const activityId = uniqueId('forged');
+
+  beforeAll(async () => {
+    db = await freshDatabase();
+    sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    activity = await setUpActivity(
+      activityId,
+      [{ skuId: 'duck', name: '北京烤鸭 礼盒装', price: '198.00', stock: 5, limitPerUser: 2 }],
+      { databaseUrl: db.url },
+    );
+    consumer = await startRole('consumer', {
+      activityId,
+      databaseUrl: db.url,
+      env: { JOBS_IN_CONSUMER: 'false' },
+    });
+  });
+
+  afterAll(async () => {
+    await consumer?.stop();
+    await sql.end();
+    await db.drop();
+  });
+
+  const message = (userId: string, over: Partial<OrderMessage> = {}): OrderMessage => ({
+    reservationId: reservationIdFor(activityId, userId, `req-${userId}`),
+    activityId,
+    userId,
+    skuId: 'duck',
+    quantity: 1,
+    slot: 1,
+    unitPrice: '198.00',
+    itemName: 'anything the sender likes',
+    reservedAt: Date.now(),
+    traceId: `trace-${userId}`,
+    requestId: `req-${userId}`,
+    ...over,
+  });
+
+  test('a wrong price or a huge quantity never becomes an order and lands in the DLQ with the reason', async () => {
+    const forged: [OrderMessage, string][] = [
+      [message('cheapskate', { unitPrice: '0.01' }), 'price'],
+      [message('hoarder', { quantity: 1_000_000 }), 'quantity'],
+      [message('slotter', { slot: 9 }), 'slot'],
+      [message('prowler', { skuId: 'caviar' }), 'unknown_sku'],
+      [
+        message('impostor', { reservationId: reservationIdFor(activityId, 'someone-else', 'req-impostor') }),
+        'reservation_id',
+      ],
+    ];
+    const honest = message('honest', { quantity: 2, slot: 2 });
+    const kafka = createKafka(testEnv().kafkaBrokers, uniqueId('forger'));
+    const producer = idempotentProducer(kafka);
+    await producer.connect();
+    await producer.send({
+      topic: activity.topics.orders,
+      acks: -1,
+      messages: [...forged.map(([m]) => m), honest].map((m) => ({ key: m.userId, value: JSON.stringify(m) })),
+    });
+    await producer.disconnect();
+
+    await waitFor(
+      'the honest order',
+      async () => (await sql.query('SELECT 1 FROM orders WHERE user_id = $1', ['honest'])).rowCount === 1,
+    );
+    const admin = kafka.admin();
+    await admin.connect();
+    await waitFor(
+      'the forged messages in the DLQ',
+      async () => (await topicDepth(admin, activity.topics.dlq)) === forged.length,
+    );
+    await admin.disconnect();
+
+    const reader = kafka.consumer({ groupId: uniqueId('dlq-reader') });
+    await reader.connect();
+    await reader.subscribe({ topic: activity.topics.dlq, fromBeginning: true });
+    const seen = new Map<string, Record<string, string>>();
+    await reader.run({
+      eachMessage: async ({ message: m }) => {
+        const headers: Record<string, string> = {};
+        for (const [k, v] of Object.entries(m.headers ?? {})) headers[k] = String(v);
+        seen.set((JSON.parse(m.value?.toString('utf8') ?? '{}') as OrderMessage).userId, headers);
+      },
+    });
+    await waitFor('the DLQ read back', async () => seen.size === forged.length);
+    await reader.disconnect();
+
+    for (const [m, reason] of forged) {
+      expect({ user: m.userId, reason: seen.get(m.userId)?.['dlq-reason'] }).toEqual({
+        user: m.userId,
+        reason,
+      });
+      // Refused at once: a contradiction with the activity's data does not get better on a retry.
+      expect(seen.get(m.userId)?.['dlq-attempts']).toBe('1');
+      expect(seen.get(m.userId)?.['dlq-error']).toMatch(new RegExp(`^refused: ${reason}: `));
+    }
+    const users = forged.map(([m]) => m.userId);
+    expect((await sql.query('SELECT 1 FROM orders WHERE user_id = ANY($1)', [users])).rowCount).toBe(0);
+    // The honest order carries the price and name from PostgreSQL, not from the message.
+    const row = await sql.query<{ unit_price: string; amount: string; item_name: string; quantity: number }>(
+      `SELECT unit_price::text, amount::text, item_name, quantity FROM orders WHERE user_id = 'honest'`,
+    );
+    expect(row.rows[0]).toEqual({
+      unit_price: '198.00',
+      amount: '396.00',
+      item_name: '北京烤鸭 礼盒装',
+      quantity: 2,
+    });
+  });
+});
