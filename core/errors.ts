@@ -36,6 +36,13 @@ export const ErrorCodes = {
   MERCHANT_MISMATCH: { status: 403, title: 'The notification is for another merchant or app' },
   UNKNOWN_ORDER: { status: 404, title: 'Unknown order' },
   TRADE_CONFLICT: { status: 409, title: 'The trade number is already recorded for another order or amount' },
+  NOT_PAID: { status: 409, title: 'The order is not paid; there is nothing to refund' },
+  ALREADY_REFUNDED: { status: 409, title: 'The order is refunded already' },
+  UNKNOWN_REFUND: { status: 404, title: 'Unknown refund' },
+  REFUND_CONFLICT: {
+    status: 409,
+    title: 'The refund notification does not match the refund recorded under its id',
+  },
   NOT_WRITTEN_BACK: {
     status: 503,
     title: 'The cache is frozen but the stock is not written back yet; retry',
