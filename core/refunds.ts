@@ -79,7 +79,10 @@ async function findOrderForRequest(c: PoolClient, input: OrderRefundInput): Prom
  * payment, in one transaction. A repeated request while REFUNDING answers the same refund.
  * Errors: NOT_PAID (UNPAID or CLOSED), ALREADY_REFUNDED, UNKNOWN_RESERVATION / UNKNOWN_ORDER.
  */
-export async function requestOrderRefund(deps: RefundDeps, input: OrderRefundInput): Promise<OrderRefundResult> {
+export async function requestOrderRefund(
+  deps: RefundDeps,
+  input: OrderRefundInput,
+): Promise<OrderRefundResult> {
   const result = await inTransaction(deps.pool, async (c): Promise<OrderRefundResult> => {
     const order = await findOrderForRequest(c, input);
     if (order.status === 'REFUNDED') throw new FlashSaleError('ALREADY_REFUNDED');
@@ -209,7 +212,8 @@ export async function completeRefund(
     let to: string = order.status;
     if (refund.kind === 'ORDER') {
       const t = await transitionOrder(c, order.id, 'FINISH_REFUND');
-      if (!t.applied) throw new Error(`order ${order.id} is ${order.status}, not REFUNDING, under its refund`);
+      if (!t.applied)
+        throw new Error(`order ${order.id} is ${order.status}, not REFUNDING, under its refund`);
       event = 'ORDER_REFUNDED';
       from = 'REFUNDING';
       to = 'REFUNDED';
@@ -233,8 +237,12 @@ export async function completeRefund(
   });
   if (r.outcome === 'REFUNDED') {
     deps.metrics?.refunds.inc({ activity: r.refund.activityId, outcome: 'succeeded' });
-    if (r.refund.kind === 'ORDER') deps.metrics?.orders.inc({ activity: r.refund.activityId, status: 'REFUNDED' });
-    deps.logger.info({ refundId, orderId: r.refund.orderId, kind: r.refund.kind, traceId }, 'refund completed');
+    if (r.refund.kind === 'ORDER')
+      deps.metrics?.orders.inc({ activity: r.refund.activityId, status: 'REFUNDED' });
+    deps.logger.info(
+      { refundId, orderId: r.refund.orderId, kind: r.refund.kind, traceId },
+      'refund completed',
+    );
   }
   return r;
 }

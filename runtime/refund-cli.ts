@@ -76,13 +76,16 @@ function parseArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
     throw new UsageError('retry takes a refund id (rf-...)');
   }
   if (command === 'list' && args.target !== undefined) throw new UsageError('list takes no argument');
-  if (args.activity !== undefined && !isSafeId(args.activity)) throw new UsageError('--activity is not a valid id');
+  if (args.activity !== undefined && !isSafeId(args.activity))
+    throw new UsageError('--activity is not a valid id');
   if (args.state !== undefined && !['PENDING', 'SUCCEEDED', 'FAILED'].includes(args.state)) {
     throw new UsageError('--state is PENDING, SUCCEEDED or FAILED');
   }
   if (!/^[\x20-\x7e]{1,200}$/.test(args.reason)) throw new UsageError('--reason: 1-200 printable characters');
-  if (!/^[A-Za-z0-9._@-]{1,64}$/.test(args.by)) throw new UsageError('--by: 1-64 characters of [A-Za-z0-9._@-]');
-  if (!Number.isInteger(args.limit) || args.limit < 1) throw new UsageError('--limit must be a positive integer');
+  if (!/^[A-Za-z0-9._@-]{1,64}$/.test(args.by))
+    throw new UsageError('--by: 1-64 characters of [A-Za-z0-9._@-]');
+  if (!Number.isInteger(args.limit) || args.limit < 1)
+    throw new UsageError('--limit must be a positive integer');
   return args;
 }
 
@@ -117,7 +120,9 @@ export async function runRefundCli(
           traceId: randomUUID().replaceAll('-', ''),
         },
       );
-      out(`${r.outcome} refund ${r.refund.refundId} of order ${r.order.id} (${r.refund.amount}); order is REFUNDING`);
+      out(
+        `${r.outcome} refund ${r.refund.refundId} of order ${r.order.id} (${r.refund.amount}); order is REFUNDING`,
+      );
       return 0;
     }
     if (args.command === 'retry') {

@@ -60,7 +60,11 @@ export async function unpublishedEvents(db: Queryable, activityId: string | unde
 }
 
 /** Deletes up to `limit` events published more than `retentionSeconds` ago. */
-export async function purgePublishedEvents(db: Queryable, retentionSeconds: number, limit: number): Promise<number> {
+export async function purgePublishedEvents(
+  db: Queryable,
+  retentionSeconds: number,
+  limit: number,
+): Promise<number> {
   const res = await db.query(
     `DELETE FROM order_events WHERE id IN (
        SELECT id FROM order_events

@@ -28,7 +28,10 @@ const refundBody = z
       .string()
       .min(1)
       .max(200)
-      .regex(/^[^\u0000-\u001f\u007f]*$/, 'no control characters')
+      .refine(
+        (v) => ![...v].some((ch) => ch.charCodeAt(0) < 0x20 || ch.charCodeAt(0) === 0x7f),
+        'no control characters',
+      )
       .optional(),
   })
   .strict();

@@ -53,7 +53,14 @@ export interface RefundRunReport {
 }
 
 export async function runRefundWorker(d: RefundWorkerDeps): Promise<RefundRunReport> {
-  const report: RefundRunReport = { enqueued: 0, attempted: 0, succeeded: 0, processing: 0, failed: 0, retried: 0 };
+  const report: RefundRunReport = {
+    enqueued: 0,
+    attempted: 0,
+    succeeded: 0,
+    processing: 0,
+    failed: 0,
+    retried: 0,
+  };
   const providers = new Map(d.providers.map((p) => [p.name, p]));
   const deps = { pool: d.pool, logger: d.logger, metrics: d.metrics };
 
@@ -71,7 +78,12 @@ export async function runRefundWorker(d: RefundWorkerDeps): Promise<RefundRunRep
     const log = { refundId: r.refundId, orderId: r.orderId, attempt: r.attempts, traceId: r.traceId };
     const provider = providers.get(r.provider);
     if (!provider) {
-      await noteRefundAttempt(d.pool, r.refundId, null, `no refund provider named ${r.provider} is configured`);
+      await noteRefundAttempt(
+        d.pool,
+        r.refundId,
+        null,
+        `no refund provider named ${r.provider} is configured`,
+      );
       d.logger.warn(log, `no refund provider named ${r.provider}; the refund waits`);
       report.retried += 1;
       d.metrics.refunds.inc({ activity: r.activityId, outcome: 'retried' });
@@ -113,8 +125,10 @@ export async function runRefundWorker(d: RefundWorkerDeps): Promise<RefundRunRep
     d.metrics.refundPendingOldestAge.set({ activity: d.activityId }, 0);
   }
   if (!d.activityId) d.metrics.refundPendingOldestAge.reset();
-  for (const b of backlog) d.metrics.refundPendingOldestAge.set({ activity: b.activityId }, b.oldestAgeSeconds);
-  if (report.enqueued + report.attempted > 0) d.logger.info({ activity: d.activityId, ...report }, 'refund run');
+  for (const b of backlog)
+    d.metrics.refundPendingOldestAge.set({ activity: b.activityId }, b.oldestAgeSeconds);
+  if (report.enqueued + report.attempted > 0)
+    d.logger.info({ activity: d.activityId, ...report }, 'refund run');
   return report;
 }
 

@@ -255,7 +255,11 @@ export class HmacProvider implements PaymentProvider {
       };
     }
     if (REFUND_SUCCESS.has(parsed.refund_status)) {
-      return { status: 'succeeded', providerStatus: parsed.refund_status, providerRefundNo: parsed.refund_no ?? null };
+      return {
+        status: 'succeeded',
+        providerStatus: parsed.refund_status,
+        providerRefundNo: parsed.refund_no ?? null,
+      };
     }
     return { status: 'processing', providerStatus: parsed.refund_status };
   }
@@ -283,7 +287,9 @@ export function providersFromEnv(cfg: HmacProviderEnv): HmacProvider[] {
   return [
     new HmacProvider({
       name: cfg.PAYMENT_HMAC_PROVIDER_NAME,
-      secrets: [cfg.PAYMENT_HMAC_SECRET, cfg.PAYMENT_HMAC_SECRET_PREVIOUS].filter((x): x is string => Boolean(x)),
+      secrets: [cfg.PAYMENT_HMAC_SECRET, cfg.PAYMENT_HMAC_SECRET_PREVIOUS].filter((x): x is string =>
+        Boolean(x),
+      ),
       appId: cfg.PAYMENT_HMAC_APP_ID ?? '',
       merchantId: cfg.PAYMENT_HMAC_MERCHANT_ID ?? '',
       toleranceSeconds: cfg.PAYMENT_SIGNATURE_TOLERANCE_SECONDS,

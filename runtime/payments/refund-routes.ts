@@ -41,7 +41,10 @@ async function applyRefundNotice(
     refund.orderId !== notice.orderId ||
     !new Decimal(refund.amount).eq(notice.amount)
   ) {
-    throw new FlashSaleError('REFUND_CONFLICT', `refund ${notice.refundId} is recorded for another trade or amount`);
+    throw new FlashSaleError(
+      'REFUND_CONFLICT',
+      `refund ${notice.refundId} is recorded for another trade or amount`,
+    );
   }
   if (notice.status === 'other') return 'IGNORED';
   if (notice.status === 'success') {
@@ -51,7 +54,12 @@ async function applyRefundNotice(
   if (refund.state === 'SUCCEEDED') {
     throw new FlashSaleError('REFUND_CONFLICT', `refund ${notice.refundId} is recorded as succeeded`);
   }
-  await failRefund(deps, notice.refundId, { providerStatus: notice.providerStatus, error: 'refund notification: failed' }, traceId);
+  await failRefund(
+    deps,
+    notice.refundId,
+    { providerStatus: notice.providerStatus, error: 'refund notification: failed' },
+    traceId,
+  );
   return 'REFUND_FAILED';
 }
 
@@ -73,7 +81,10 @@ export function refundNotificationsRouter(deps: RefundNotificationsDeps): Router
           now: new Date(),
         });
       } catch (err) {
-        deps.logger.warn({ err: (err as Error).message, traceId, provider: provider.name }, 'refund notification refused');
+        deps.logger.warn(
+          { err: (err as Error).message, traceId, provider: provider.name },
+          'refund notification refused',
+        );
         throw err;
       }
       try {
@@ -82,7 +93,8 @@ export function refundNotificationsRouter(deps: RefundNotificationsDeps): Router
         res.status(200).type(ack.contentType).send(ack.body);
       } catch (err) {
         if (err instanceof FlashSaleError) throw err;
-        if (isTransientDbError(err)) throw new FlashSaleError('UNAVAILABLE', 'a dependency is unavailable; retry');
+        if (isTransientDbError(err))
+          throw new FlashSaleError('UNAVAILABLE', 'a dependency is unavailable; retry');
         throw err;
       }
     },

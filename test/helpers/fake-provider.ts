@@ -78,7 +78,11 @@ export async function startFakeProvider(opts: { secret: string }): Promise<FakeP
       return;
     }
     if (state.mode === 'refuse') {
-      answer(res, 400, { out_refund_no: id, refund_status: 'REFUND_FAILED', message: 'trade not refundable' });
+      answer(res, 400, {
+        out_refund_no: id,
+        refund_status: 'REFUND_FAILED',
+        message: 'trade not refundable',
+      });
       return;
     }
     const done = state.executed.get(id);
@@ -87,7 +91,11 @@ export async function startFakeProvider(opts: { secret: string }): Promise<FakeP
       return;
     }
     if ([...state.executed.values()].some((e) => e.tradeNo === b.trade_no)) {
-      answer(res, 400, { out_refund_no: id, refund_status: 'REFUND_FAILED', message: 'trade already refunded' });
+      answer(res, 400, {
+        out_refund_no: id,
+        refund_status: 'REFUND_FAILED',
+        message: 'trade already refunded',
+      });
       return;
     }
     if (state.mode === 'processing') {

@@ -253,7 +253,13 @@ export async function startApi(
       refundRouter({ pool: p, logger: f.logger, metrics: f.metrics, activityId: undefined }),
     ],
     publicRouters: [
-      paymentsRouter({ pool: p, redis: f.redis, logger: f.logger, metrics: f.metrics, providers: [provider] }),
+      paymentsRouter({
+        pool: p,
+        redis: f.redis,
+        logger: f.logger,
+        metrics: f.metrics,
+        providers: [provider],
+      }),
       refundNotificationsRouter({ pool: p, logger: f.logger, metrics: f.metrics, providers: [provider] }),
     ],
   });

@@ -59,12 +59,22 @@ describe('refund worker SIGKILLed between the provider answer and the database w
       const dupOrder = ids.get(rids[0]!)!;
       const buyerOrder = ids.get(rids[1]!)!;
       // A duplicate trade (surplus payment) and a buyer's refund of a paid order.
-      expect((await notify(api, { orderId: dupOrder, tradeNo: 'CRASH-T1', amount: '19.90' })).status).toBe(200);
-      expect((await notify(api, { orderId: dupOrder, tradeNo: 'CRASH-T2', amount: '19.90' })).body.outcome).toBe(
-        'REFUND_PENDING',
+      expect((await notify(api, { orderId: dupOrder, tradeNo: 'CRASH-T1', amount: '19.90' })).status).toBe(
+        200,
       );
-      expect((await notify(api, { orderId: buyerOrder, tradeNo: 'CRASH-T3', amount: '19.90' })).status).toBe(200);
-      const req = await buyerCall(api, 'POST', `/v1/activities/${activityId}/orders/${rids[1]}/refund`, 'crash-b', {});
+      expect(
+        (await notify(api, { orderId: dupOrder, tradeNo: 'CRASH-T2', amount: '19.90' })).body.outcome,
+      ).toBe('REFUND_PENDING');
+      expect((await notify(api, { orderId: buyerOrder, tradeNo: 'CRASH-T3', amount: '19.90' })).status).toBe(
+        200,
+      );
+      const req = await buyerCall(
+        api,
+        'POST',
+        `/v1/activities/${activityId}/orders/${rids[1]}/refund`,
+        'crash-b',
+        {},
+      );
       expect(req.status).toBe(202);
 
       const env = {
@@ -89,7 +99,10 @@ describe('refund worker SIGKILLed between the provider answer and the database w
       expect(fake.executed.size).toBe(1);
       const [done] = [...fake.executed.values()];
       expect(fake.calls.get(done!.refundId)).toBe(1);
-      const all = [...(await refundsForOrder(f.pool, dupOrder)), ...(await refundsForOrder(f.pool, buyerOrder))];
+      const all = [
+        ...(await refundsForOrder(f.pool, dupOrder)),
+        ...(await refundsForOrder(f.pool, buyerOrder)),
+      ];
       expect(all.map((r) => r.state)).toEqual(['PENDING', 'PENDING']);
 
       const worker = await startRole('jobs', { activityId, databaseUrl: f.db.url, env });
@@ -97,7 +110,10 @@ describe('refund worker SIGKILLed between the provider answer and the database w
         await until(
           'both refunds completed',
           async () => {
-            const rows = [...(await refundsForOrder(f.pool, dupOrder)), ...(await refundsForOrder(f.pool, buyerOrder))];
+            const rows = [
+              ...(await refundsForOrder(f.pool, dupOrder)),
+              ...(await refundsForOrder(f.pool, buyerOrder)),
+            ];
             return rows.length === 2 && rows.every((r) => r.state === 'SUCCEEDED') ? rows : undefined;
           },
           90_000,

@@ -155,7 +155,10 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       expect(fake.calls.get(refund.refundId)).toBe(1);
       const surplus = await f.metrics.registry.getSingleMetric('flashsale_surplus_payments_total')?.get();
       expect(surplus?.values).toContainEqual(
-        expect.objectContaining({ labels: { activity: activityId, reason: 'PAID_BY_OTHER_TRADE' }, value: 1 }),
+        expect.objectContaining({
+          labels: { activity: activityId, reason: 'PAID_BY_OTHER_TRADE' },
+          value: 1,
+        }),
       );
     },
     TIMEOUT_MS,
@@ -167,16 +170,24 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       const { orderId, reservationId, userId } = nextOrder();
       await pay(orderId);
       fake.mode = 'fail';
-      const r = await buyerCall(api, 'POST', `/v1/activities/${activityId}/orders/${reservationId}/refund`, userId, {
-        reason: 'changed my mind',
-      });
+      const r = await buyerCall(
+        api,
+        'POST',
+        `/v1/activities/${activityId}/orders/${reservationId}/refund`,
+        userId,
+        {
+          reason: 'changed my mind',
+        },
+      );
       expect(r.status).toBe(202);
       expect(r.body).toMatchObject({ reservationId, orderId, status: 'REFUNDING', outcome: 'requested' });
       const refundId = String(r.body.refundId);
       expect((await findOrderById(f.pool, orderId))?.status).toBe('REFUNDING');
 
       // Down: 503 on every call; the refund stays PENDING and is retried with backoff.
-      await driveUntil('three failed attempts', async () => ((fake.calls.get(refundId) ?? 0) >= 3 ? true : undefined));
+      await driveUntil('three failed attempts', async () =>
+        (fake.calls.get(refundId) ?? 0) >= 3 ? true : undefined,
+      );
       let row = await refundOf(orderId, 'ORDER');
       expect(row).toMatchObject({ refundId, state: 'PENDING' });
       expect(row!.lastError).toMatch(/503/);
@@ -185,7 +196,9 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       // Hanging: the call times out and is retried later.
       fake.mode = 'hang';
       const hung = fake.calls.get(refundId)!;
-      await driveUntil('a hanging attempt', async () => ((fake.calls.get(refundId) ?? 0) > hung ? true : undefined));
+      await driveUntil('a hanging attempt', async () =>
+        (fake.calls.get(refundId) ?? 0) > hung ? true : undefined,
+      );
       row = await refundOf(orderId, 'ORDER');
       expect(row?.state).toBe('PENDING');
 
@@ -195,7 +208,12 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
         (await findOrderById(f.pool, orderId))?.status === 'REFUNDED' ? true : undefined,
       );
       row = await refundOf(orderId, 'ORDER');
-      expect(row).toMatchObject({ refundId, state: 'SUCCEEDED', reason: 'changed my mind', requestedBy: `buyer:${userId}` });
+      expect(row).toMatchObject({
+        refundId,
+        state: 'SUCCEEDED',
+        reason: 'changed my mind',
+        requestedBy: `buyer:${userId}`,
+      });
       expect(row!.attempts).toBeGreaterThanOrEqual(5);
       expect([...fake.executed.values()].filter((e) => e.orderId === orderId)).toHaveLength(1);
       expect([...fake.calls.keys()].filter((id) => id === refundId)).toHaveLength(1);
@@ -210,7 +228,8 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       );
       const counted = await f.metrics.registry.getSingleMetric('flashsale_refunds_total')?.get();
       const value = (outcome: string) =>
-        counted?.values.find((v) => v.labels.outcome === outcome && v.labels.activity === activityId)?.value ?? 0;
+        counted?.values.find((v) => v.labels.outcome === outcome && v.labels.activity === activityId)
+          ?.value ?? 0;
       expect(value('retried')).toBeGreaterThanOrEqual(4);
       expect(value('succeeded')).toBeGreaterThanOrEqual(2);
     },
@@ -223,10 +242,17 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       const { orderId, reservationId, userId } = nextOrder();
       const trade = await pay(orderId);
       fake.mode = 'processing';
-      const r = await buyerCall(api, 'POST', `/v1/activities/${activityId}/orders/${reservationId}/refund`, userId);
+      const r = await buyerCall(
+        api,
+        'POST',
+        `/v1/activities/${activityId}/orders/${reservationId}/refund`,
+        userId,
+      );
       expect(r.status).toBe(202);
       const refundId = String(r.body.refundId);
-      await driveUntil('a processing answer', async () => ((fake.calls.get(refundId) ?? 0) >= 1 ? true : undefined));
+      await driveUntil('a processing answer', async () =>
+        (fake.calls.get(refundId) ?? 0) >= 1 ? true : undefined,
+      );
       expect((await refundOf(orderId, 'ORDER'))?.state).toBe('PENDING');
 
       const body = refundNotificationBody({
@@ -255,7 +281,10 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       const ok = await post(body, signNotification(PAY_SECRET, body, now()));
       expect(ok).toMatchObject({ status: 200, body: { result: 'success', outcome: 'REFUNDED' } });
       expect((await findOrderById(f.pool, orderId))?.status).toBe('REFUNDED');
-      expect(await refundOf(orderId, 'ORDER')).toMatchObject({ state: 'SUCCEEDED', providerRefundNo: 'PR-1' });
+      expect(await refundOf(orderId, 'ORDER')).toMatchObject({
+        state: 'SUCCEEDED',
+        providerRefundNo: 'PR-1',
+      });
 
       const before = await snapshot();
       // A replay inside the tolerance: acknowledged, nothing changes.
@@ -266,7 +295,12 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       const bad: [string, string | null, number, string][] = [
         [body, signNotification(PAY_SECRET, body, now() - 3600), 401, 'BAD_SIGNATURE'],
         [body, null, 401, 'BAD_SIGNATURE'],
-        [body, signNotification('another-secret-another-secret-0123456789', body, now()), 401, 'BAD_SIGNATURE'],
+        [
+          body,
+          signNotification('another-secret-another-secret-0123456789', body, now()),
+          401,
+          'BAD_SIGNATURE',
+        ],
         ['{"app_id":', null, 401, 'BAD_SIGNATURE'],
         ['{"app_id":', signNotification(PAY_SECRET, '{"app_id":', now()), 400, 'VALIDATION_ERROR'],
         ...[
@@ -331,23 +365,75 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       const path = (o: { reservationId: string }, activity = activityId) =>
         `/v1/activities/${activity}/orders/${o.reservationId}/refund`;
       const before = await snapshot();
-      const cases: [string, () => Promise<{ status: number; body: Record<string, unknown> }>, number, string][] = [
+      const cases: [
+        string,
+        () => Promise<{ status: number; body: Record<string, unknown> }>,
+        number,
+        string,
+      ][] = [
         ['unpaid order', () => buyerCall(api, 'POST', path(unpaid), unpaid.userId, {}), 409, 'NOT_PAID'],
-        ['refunded order', () => buyerCall(api, 'POST', path(refunded), refunded.userId, {}), 409, 'ALREADY_REFUNDED'],
-        ["someone else's order", () => buyerCall(api, 'POST', path(paid), unpaid.userId, {}), 404, 'UNKNOWN_RESERVATION'],
-        ['unknown reservation', () => buyerCall(api, 'POST', path({ reservationId: 'nope' }), paid.userId, {}), 404, 'UNKNOWN_RESERVATION'],
-        ['another activity', () => buyerCall(api, 'POST', path(paid, 'other-activity'), paid.userId, {}), 404, 'UNKNOWN_RESERVATION'],
-        ['bad reservation id', () => buyerCall(api, 'POST', path({ reservationId: 'a%20b' }), paid.userId, {}), 400, 'VALIDATION_ERROR'],
-        ['reason not a string', () => buyerCall(api, 'POST', path(paid), paid.userId, { reason: 5 }), 400, 'VALIDATION_ERROR'],
-        ['unknown field', () => buyerCall(api, 'POST', path(paid), paid.userId, { amount: '1.00' }), 400, 'VALIDATION_ERROR'],
-        ['reason too long', () => buyerCall(api, 'POST', path(paid), paid.userId, { reason: 'x'.repeat(201) }), 400, 'VALIDATION_ERROR'],
-        ['body is an array', () => buyerCall(api, 'POST', path(paid), paid.userId, []), 400, 'VALIDATION_ERROR'],
+        [
+          'refunded order',
+          () => buyerCall(api, 'POST', path(refunded), refunded.userId, {}),
+          409,
+          'ALREADY_REFUNDED',
+        ],
+        [
+          "someone else's order",
+          () => buyerCall(api, 'POST', path(paid), unpaid.userId, {}),
+          404,
+          'UNKNOWN_RESERVATION',
+        ],
+        [
+          'unknown reservation',
+          () => buyerCall(api, 'POST', path({ reservationId: 'nope' }), paid.userId, {}),
+          404,
+          'UNKNOWN_RESERVATION',
+        ],
+        [
+          'another activity',
+          () => buyerCall(api, 'POST', path(paid, 'other-activity'), paid.userId, {}),
+          404,
+          'UNKNOWN_RESERVATION',
+        ],
+        [
+          'bad reservation id',
+          () => buyerCall(api, 'POST', path({ reservationId: 'a%20b' }), paid.userId, {}),
+          400,
+          'VALIDATION_ERROR',
+        ],
+        [
+          'reason not a string',
+          () => buyerCall(api, 'POST', path(paid), paid.userId, { reason: 5 }),
+          400,
+          'VALIDATION_ERROR',
+        ],
+        [
+          'unknown field',
+          () => buyerCall(api, 'POST', path(paid), paid.userId, { amount: '1.00' }),
+          400,
+          'VALIDATION_ERROR',
+        ],
+        [
+          'reason too long',
+          () => buyerCall(api, 'POST', path(paid), paid.userId, { reason: 'x'.repeat(201) }),
+          400,
+          'VALIDATION_ERROR',
+        ],
+        [
+          'body is an array',
+          () => buyerCall(api, 'POST', path(paid), paid.userId, []),
+          400,
+          'VALIDATION_ERROR',
+        ],
         [
           'no token',
           () =>
-            fetch(`${api.url}${path(paid)}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' }).then(
-              async (r) => ({ status: r.status, body: (await r.json()) as Record<string, unknown> }),
-            ),
+            fetch(`${api.url}${path(paid)}`, {
+              method: 'POST',
+              headers: { 'content-type': 'application/json' },
+              body: '{}',
+            }).then(async (r) => ({ status: r.status, body: (await r.json()) as Record<string, unknown> })),
           401,
           'UNAUTHORIZED',
         ],
@@ -365,7 +451,9 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       const second = await buyerCall(api, 'POST', path(paid), paid.userId, {});
       expect(first.status).toBe(202);
       expect(second).toEqual({ status: 202, body: { ...first.body, outcome: 'already-requested' } });
-      expect(await countRows(f.pool, 'SELECT count(*) AS n FROM refunds WHERE order_id = $1', [paid.orderId])).toBe(1);
+      expect(
+        await countRows(f.pool, 'SELECT count(*) AS n FROM refunds WHERE order_id = $1', [paid.orderId]),
+      ).toBe(1);
       fake.mode = 'ok';
       await driveUntil('the repeated request refunded', async () =>
         (await findOrderById(f.pool, paid.orderId))?.status === 'REFUNDED' ? true : undefined,
