@@ -5,9 +5,18 @@
 // finished) appears on <prefix>.order-events once or more, in order per order, with its event id.
 import { findOrderById } from '../../../core/db/orders-store.js';
 import { unpublishedEvents } from '../../../core/db/order-events-store.js';
-import { ensureTopics, createKafka, orderEventsTopic, topicsFor } from '../../../core/kafka.js';
+import {
+  createKafka,
+  ensureOrderEventsTopic,
+  ensureTopics,
+  idempotentProducer,
+  orderEventsTopic,
+  topicsFor,
+} from '../../../core/kafka.js';
 import { cancelReservation } from '../../../core/order-lifecycle.js';
+import { refundsForOrder } from '../../../core/db/refunds-store.js';
 import { completeRefund, requestOrderRefund } from '../../../core/refunds.js';
+import { OrderEventRelay } from '../../../runtime/jobs/order-events.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { readTopic } from '../../../runtime/dlq.js';
 import { testEnv } from '../../helpers/env.js';
@@ -178,6 +187,83 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
       }
       // The kill came after Kafka acknowledged a batch that was not marked published: re-sent.
       expect(duplicates).toBeGreaterThan(0);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'several relays at once publish each order in order (an event waits for its predecessor)',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 60, price: '19.90' });
+      const kafka = createKafka(testEnv().kafkaBrokers, `test-${activityId}`);
+      const topic = orderEventsTopic(`test-${activityId}`);
+      const admin = kafka.admin();
+      await admin.connect();
+      await ensureOrderEventsTopic(admin, topic, 2, 1);
+      await admin.disconnect();
+      const users = Array.from({ length: 30 }, (_, i) => `evc-${i}`);
+      const rids = await reserveFor(f.redis, activityId, skuId, users);
+      const orderIds: string[] = [];
+      // Three pending events per order before any relay runs (created, paid, refund started),
+      // order after order, so one order's events are adjacent in the outbox: relays taking one
+      // event each would race on them without the predecessor rule.
+      const deps = { pool: f.pool, logger: f.logger, metrics: f.metrics };
+      for (const [i, rid] of rids.entries()) {
+        const orderId = (await materialize(f.pool, f.redis, activityId, [rid])).get(rid)!;
+        orderIds.push(orderId);
+        const paid = await notify(api, { orderId, tradeNo: `EVC-${activityId}-${i}`, amount: '19.90' });
+        expect(paid.status).toBe(200);
+        await requestOrderRefund(deps, {
+          orderId,
+          reason: 'test',
+          requestedBy: 'operator:test',
+          traceId: 't',
+        });
+      }
+      const relays = [0, 1, 2].map(
+        () =>
+          new OrderEventRelay({
+            cfg: { ORDER_EVENTS_BATCH_SIZE: 1, ORDER_EVENTS_POLL_MS: 20, ORDER_EVENTS_RETENTION_HOURS: 1 },
+            activityId,
+            topic,
+            pool: f.pool,
+            logger: f.logger,
+            metrics: f.metrics,
+            createProducer: () => idempotentProducer(kafka),
+          }),
+      );
+      await Promise.all(relays.map((r) => r.start()));
+      try {
+        // Changes keep coming while the relays run: half of the refunds finish.
+        for (const orderId of orderIds.slice(0, 15)) {
+          const [r] = await refundsForOrder(f.pool, orderId);
+          await completeRefund(
+            deps,
+            r!.refundId,
+            { providerStatus: 'REFUND_SUCCESS', providerRefundNo: null },
+            't',
+          );
+        }
+        await until(
+          'the outbox drained',
+          async () => ((await unpublishedEvents(f.pool, activityId)) === 0 ? true : undefined),
+          90_000,
+        );
+      } finally {
+        await Promise.all(relays.map((r) => r.stop()));
+      }
+      const seen = new Map<string, number[]>();
+      for (const m of await readTopic(kafka, topic)) {
+        const e = JSON.parse(m.value) as OrderEvent;
+        seen.set(e.orderId, [...(seen.get(e.orderId) ?? []), e.seq]);
+      }
+      for (const [i, id] of orderIds.entries()) {
+        expect([id, seen.get(id)]).toEqual([id, i < 15 ? [1, 2, 3, 4] : [1, 2, 3]]);
+      }
+      const published = await f.metrics.registry
+        .getSingleMetric('flashsale_order_events_published_total')
+        ?.get();
+      expect(published?.values.find((v) => v.labels.activity === activityId)?.value).toBe(30 * 3 + 15);
     },
     TIMEOUT_MS,
   );
