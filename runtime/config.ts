@@ -109,6 +109,8 @@ const schema = z
     ORDER_EVENTS_POLL_MS: env.int(500, 10),
     /** Partitions of the order-events topic when the relay creates it. */
     ORDER_EVENTS_PARTITIONS: env.int(6, 1),
+    /** A Kafka send of the relay taking longer is abandoned (rolled back) and sent again. */
+    ORDER_EVENTS_SEND_TIMEOUT_MS: env.int(30_000, 100),
     /** Published events are kept in the outbox this long, then purged. */
     ORDER_EVENTS_RETENTION_HOURS: env.int(24, 0),
   })

@@ -29,6 +29,7 @@ export interface OrderEventRelayConfig {
   ORDER_EVENTS_BATCH_SIZE: number;
   ORDER_EVENTS_POLL_MS: number;
   ORDER_EVENTS_RETENTION_HOURS: number;
+  ORDER_EVENTS_SEND_TIMEOUT_MS: number;
 }
 
 export interface OrderEventRelayDeps {
@@ -104,21 +105,35 @@ export class OrderEventRelay {
     const sent = await inTransaction(this.d.pool, async (c) => {
       const events = await claimPublishableEvents(c, this.d.activityId, this.d.cfg.ORDER_EVENTS_BATCH_SIZE);
       if (events.length === 0) return [];
+      let timer: NodeJS.Timeout | undefined;
       try {
-        await producer.send({
-          topic: this.d.topic,
-          acks: -1,
-          messages: events.map((e) => ({
-            key: e.orderId,
-            value: e.payload,
-            headers: { 'event-id': `${e.orderId}-${e.seq}`, 'activity-id': e.activityId },
-          })),
-        });
+        // The idempotent producer retries without end while Kafka is down; the transaction (and
+        // its snapshot, which holds back vacuum) must not stay open that long: give up, roll
+        // back, and send the batch again with a fresh producer.
+        await Promise.race([
+          producer.send({
+            topic: this.d.topic,
+            acks: -1,
+            messages: events.map((e) => ({
+              key: e.orderId,
+              value: e.payload,
+              headers: { 'event-id': `${e.orderId}-${e.seq}`, 'activity-id': e.activityId },
+            })),
+          }),
+          new Promise<never>((_, reject) => {
+            timer = setTimeout(
+              () => reject(new Error('order-event send timed out')),
+              this.d.cfg.ORDER_EVENTS_SEND_TIMEOUT_MS,
+            );
+          }),
+        ]);
       } catch (err) {
         // This producer is done with; the batch is sent again by a fresh one.
         if (this.producer === producer) this.producer = undefined;
         void producer.disconnect().catch(() => undefined);
         throw err;
+      } finally {
+        clearTimeout(timer);
       }
       crashPoint('order-events-after-kafka-ack');
       await markEventsPublished(

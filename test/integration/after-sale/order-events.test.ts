@@ -223,7 +223,12 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
       const relays = [0, 1, 2].map(
         () =>
           new OrderEventRelay({
-            cfg: { ORDER_EVENTS_BATCH_SIZE: 1, ORDER_EVENTS_POLL_MS: 20, ORDER_EVENTS_RETENTION_HOURS: 1 },
+            cfg: {
+              ORDER_EVENTS_BATCH_SIZE: 1,
+              ORDER_EVENTS_POLL_MS: 20,
+              ORDER_EVENTS_RETENTION_HOURS: 1,
+              ORDER_EVENTS_SEND_TIMEOUT_MS: 30_000,
+            },
             activityId,
             topic,
             pool: f.pool,
