@@ -214,13 +214,15 @@ CREATE TABLE order_events (
   activity_id  text        NOT NULL,
   from_status  text,
   to_status    text        NOT NULL,
-  payload      jsonb       NOT NULL,
   created_at   timestamptz NOT NULL DEFAULT now(),
   -- Set in the relay's transaction once Kafka acknowledged the event; never a cursor over id
   -- (ids are allocated before commit, so a cursor would skip rows committed late).
   published_at timestamptz,
   UNIQUE (order_id, seq)
 );
+-- The rows stay narrow (no payload): the relay builds the message from the row and the order's
+-- immutable columns (order-events-store.ts), so the consumer's batch insert pays one narrow
+-- INSERT ... SELECT per batch, not a JSON document per order.
 CREATE INDEX order_events_unpublished ON order_events (id) WHERE published_at IS NULL;
 CREATE INDEX order_events_unpublished_order ON order_events (order_id, seq) WHERE published_at IS NULL;
 CREATE INDEX order_events_published ON order_events (published_at) WHERE published_at IS NOT NULL;
@@ -233,32 +235,11 @@ END $fn$;
 CREATE TRIGGER orders_event_seq BEFORE UPDATE OF status ON orders
   FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION orders_bump_event_seq();
 
-CREATE FUNCTION order_event_payload(o orders, from_status text) RETURNS jsonb LANGUAGE sql STABLE AS $fn$
-  SELECT jsonb_build_object(
-    'eventId', o.id::text || '-' || o.event_seq::text,
-    'type', CASE WHEN from_status IS NULL AND o.status = 'UNPAID' THEN 'ORDER_CREATED'
-                 ELSE 'ORDER_' || o.status END,
-    'seq', o.event_seq,
-    'orderId', o.id::text,
-    'reservationId', o.reservation_id,
-    'activityId', o.activity_id,
-    'userId', o.user_id,
-    'skuId', o.sku_id,
-    'quantity', o.quantity,
-    'amount', o.amount::text,
-    'fromStatus', from_status,
-    'status', o.status,
-    'closeReason', o.close_reason,
-    'traceId', o.trace_id,
-    'occurredAt', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
-$fn$;
-
 -- Statement-level with transition tables: one INSERT per batch of the consumer, not one per row.
 CREATE FUNCTION orders_events_on_insert() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
-  INSERT INTO order_events (order_id, seq, activity_id, from_status, to_status, payload)
-  SELECT n.id, n.event_seq, n.activity_id, NULL, n.status, order_event_payload(n, NULL)
-    FROM new_orders n ORDER BY n.id;
+  INSERT INTO order_events (order_id, seq, activity_id, from_status, to_status)
+  SELECT n.id, n.event_seq, n.activity_id, NULL, n.status FROM new_orders n ORDER BY n.id;
   RETURN NULL;
 END $fn$;
 CREATE TRIGGER orders_events_insert AFTER INSERT ON orders
@@ -266,8 +247,8 @@ CREATE TRIGGER orders_events_insert AFTER INSERT ON orders
 
 CREATE FUNCTION orders_events_on_update() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
-  INSERT INTO order_events (order_id, seq, activity_id, from_status, to_status, payload)
-  SELECT n.id, n.event_seq, n.activity_id, o.status, n.status, order_event_payload(n, o.status)
+  INSERT INTO order_events (order_id, seq, activity_id, from_status, to_status)
+  SELECT n.id, n.event_seq, n.activity_id, o.status, n.status
     FROM new_orders n JOIN old_orders o ON o.id = n.id
    WHERE o.status IS DISTINCT FROM n.status ORDER BY n.id;
   RETURN NULL;

@@ -10,7 +10,7 @@ export interface OutboxEvent {
   orderId: string;
   seq: number;
   activityId: string;
-  /** The event as published (JSON text, built by the trigger). */
+  /** The event as published (JSON text; docs/order-events.md). */
   payload: string;
 }
 
@@ -27,8 +27,27 @@ export async function claimPublishableEvents(
   limit: number,
 ): Promise<OutboxEvent[]> {
   const res = await db.query<OutboxEvent>(
-    `SELECT e.id, e.order_id::text AS "orderId", e.seq, e.activity_id AS "activityId", e.payload::text AS payload
-       FROM order_events e
+    `SELECT e.id, e.order_id::text AS "orderId", e.seq, e.activity_id AS "activityId",
+            json_build_object(
+              'eventId', e.order_id::text || '-' || e.seq::text,
+              'type', CASE WHEN e.from_status IS NULL AND e.to_status = 'UNPAID' THEN 'ORDER_CREATED'
+                           ELSE 'ORDER_' || e.to_status END,
+              'seq', e.seq,
+              'orderId', e.order_id::text,
+              'reservationId', o.reservation_id,
+              'activityId', e.activity_id,
+              'userId', o.user_id,
+              'skuId', o.sku_id,
+              'quantity', o.quantity,
+              'amount', o.amount::text,
+              'fromStatus', e.from_status,
+              'status', e.to_status,
+              -- CLOSED is terminal, so the order's close reason is the one this event set.
+              'closeReason', CASE WHEN e.to_status = 'CLOSED' THEN o.close_reason END,
+              'traceId', o.trace_id,
+              'occurredAt', to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+            )::text AS payload
+       FROM order_events e JOIN orders o ON o.id = e.order_id
       WHERE e.published_at IS NULL AND ($1::text IS NULL OR e.activity_id = $1)
         AND NOT EXISTS (SELECT 1 FROM order_events p
                          WHERE p.order_id = e.order_id AND p.seq < e.seq AND p.published_at IS NULL)
