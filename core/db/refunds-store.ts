@@ -235,3 +235,42 @@ export async function refundCounts(db: Queryable, activityId: string): Promise<R
   for (const r of res.rows) out[r.state] = Number(r.n);
   return out;
 }
+
+export interface RefundConsistency {
+  /** Orders REFUNDED without a SUCCEEDED order refund, or REFUNDING without any order refund. */
+  orderStateWithoutRefund: number;
+  /** Payments REFUNDED without a SUCCEEDED refund, or REFUNDING without any refund. */
+  paymentStateWithoutRefund: number;
+  /** SUCCEEDED refunds whose order or payment is not REFUNDED (a completion half-written). */
+  refundWithoutState: number;
+}
+
+/** Cross-checks refunds against order and payment states (reconciliation). */
+export async function refundConsistency(db: Queryable, activityId: string): Promise<RefundConsistency> {
+  const res = await db.query<{ o: string; p: string; r: string }>(
+    `SELECT
+       (SELECT count(*) FROM orders o WHERE o.activity_id = $1 AND (
+           (o.status = 'REFUNDED' AND NOT EXISTS (SELECT 1 FROM refunds f
+              WHERE f.order_id = o.id AND f.kind = 'ORDER' AND f.state = 'SUCCEEDED'))
+        OR (o.status = 'REFUNDING' AND NOT EXISTS (SELECT 1 FROM refunds f
+              WHERE f.order_id = o.id AND f.kind = 'ORDER'))))::text AS o,
+       (SELECT count(*) FROM payments p WHERE p.activity_id = $1 AND (
+           (p.state = 'REFUNDED' AND NOT EXISTS (SELECT 1 FROM refunds f
+              WHERE f.provider = p.provider AND f.trade_no = p.trade_no AND f.state = 'SUCCEEDED'))
+        OR (p.state = 'REFUNDING' AND NOT EXISTS (SELECT 1 FROM refunds f
+              WHERE f.provider = p.provider AND f.trade_no = p.trade_no))))::text AS p,
+       (SELECT count(*) FROM refunds f
+          LEFT JOIN orders o ON o.id = f.order_id
+          LEFT JOIN payments p ON p.provider = f.provider AND p.trade_no = f.trade_no
+         WHERE f.activity_id = $1 AND f.state = 'SUCCEEDED'
+           AND ((f.kind = 'ORDER' AND o.status IS DISTINCT FROM 'REFUNDED')
+             OR (f.kind = 'PAYMENT' AND p.state IS DISTINCT FROM 'REFUNDED')))::text AS r`,
+    [activityId],
+  );
+  const r = res.rows[0]!;
+  return {
+    orderStateWithoutRefund: Number(r.o),
+    paymentStateWithoutRefund: Number(r.p),
+    refundWithoutState: Number(r.r),
+  };
+}
