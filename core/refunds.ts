@@ -127,6 +127,7 @@ export async function requestOrderRefund(
   });
   if (result.outcome === 'requested') {
     deps.metrics?.refunds.inc({ activity: result.order.activityId, outcome: 'requested' });
+    deps.metrics?.orders.inc({ activity: result.order.activityId, status: 'REFUNDING' });
     deps.logger.info(
       {
         orderId: result.order.id,

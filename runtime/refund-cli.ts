@@ -94,17 +94,18 @@ export async function runRefundCli(
   argv: string[],
   env: NodeJS.ProcessEnv = process.env,
   out: (line: string) => void = (l) => process.stdout.write(`${l}\n`),
+  err: (text: string) => void = (t) => process.stderr.write(t),
 ): Promise<number> {
   let args: Args;
   try {
     args = parseArgs(argv, env);
-  } catch (err) {
-    if (!(err instanceof UsageError)) throw err;
-    process.stderr.write(`${err.message}\n${USAGE}\n`);
+  } catch (e) {
+    if (!(e instanceof UsageError)) throw e;
+    err(`${e.message}\n${USAGE}\n`);
     return 2;
   }
   if (!env.DATABASE_URL) {
-    process.stderr.write('invalid configuration:\n  DATABASE_URL: required\n');
+    err('invalid configuration:\n  DATABASE_URL: required\n');
     return 2;
   }
   const pool = createPool(env.DATABASE_URL, 2, 'flashsale-refund-cli');
@@ -127,7 +128,7 @@ export async function runRefundCli(
     }
     if (args.command === 'retry') {
       if (!(await reopenRefund(pool, args.target!))) {
-        process.stderr.write(`refund ${args.target} is not FAILED (or does not exist)\n`);
+        err(`refund ${args.target} is not FAILED (or does not exist)\n`);
         return 1;
       }
       out(`refund ${args.target} is PENDING again; the worker sends it with the same id`);
@@ -144,12 +145,12 @@ export async function runRefundCli(
       }
     }
     return 0;
-  } catch (err) {
-    if (err instanceof FlashSaleError) {
-      process.stderr.write(`${err.code}: ${err.message}\n`);
+  } catch (e) {
+    if (e instanceof FlashSaleError) {
+      err(`${e.code}: ${e.message}\n`);
       return 1;
     }
-    throw err;
+    throw e;
   } finally {
     await pool.end();
   }

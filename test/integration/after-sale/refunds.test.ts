@@ -467,8 +467,14 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
     'a refusal marks the refund FAILED for a human; the operator command retries it with the same id, and requests refunds',
     async () => {
       const lines: string[] = [];
+      const errors: string[] = [];
       const cli = (...argv: string[]) =>
-        runRefundCli(argv, { DATABASE_URL: f.db.url, LOG_LEVEL: 'silent' }, (l) => lines.push(l));
+        runRefundCli(
+          argv,
+          { DATABASE_URL: f.db.url, LOG_LEVEL: 'silent' },
+          (l) => lines.push(l),
+          (t) => errors.push(t),
+        );
       const o = nextOrder();
       await pay(o.orderId);
       fake.mode = 'refuse';
@@ -507,6 +513,14 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       expect(await cli('request', 'abc')).toBe(2);
       expect(await cli('retry', 'rf-x')).toBe(2);
       expect(await cli('frobnicate')).toBe(2);
+      expect(errors.slice(-6).map((e) => e.split(/[:\n]/)[0])).toEqual([
+        'NOT_PAID',
+        'ALREADY_REFUNDED',
+        'UNKNOWN_ORDER',
+        'request takes an order id (digits)',
+        'retry takes a refund id (rf-...)',
+        'unknown command',
+      ]);
       expect(await snapshot()).toEqual(before);
     },
     TIMEOUT_MS,
