@@ -15,6 +15,10 @@ export type CrashPoint =
   | 'consumer-before-results'
   // Fault suite (issue 7): relay read its batch, before producing it to Kafka.
   | 'relay-before-kafka-send'
+  // Refund worker: the provider answered (the money moved), before the database records it.
+  | 'refund-after-provider-answer'
+  // Order-event relay: Kafka acknowledged the events, before they are marked published.
+  | 'order-events-after-kafka-ack'
   // Operator: each right after a side effect and before the status records it, which is exactly
   // where a crash is hardest to recover from.
   | 'operator-after-finalizer'

@@ -40,6 +40,13 @@ export const ErrorCodes = {
     status: 429,
     title: 'Too many cancellations of submissions that never arrived; cancel by reservation id',
   },
+  NOT_PAID: { status: 409, title: 'The order is not paid; there is nothing to refund' },
+  ALREADY_REFUNDED: { status: 409, title: 'The order is refunded already' },
+  UNKNOWN_REFUND: { status: 404, title: 'Unknown refund' },
+  REFUND_CONFLICT: {
+    status: 409,
+    title: 'The refund notification does not match the refund recorded under its id',
+  },
   NOT_WRITTEN_BACK: {
     status: 503,
     title: 'The cache is frozen but the stock is not written back yet; retry',

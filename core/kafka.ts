@@ -18,6 +18,34 @@ export function topicsFor(activityId: string, prefix = 'flashsale'): TopicNames 
   };
 }
 
+/**
+ * The platform-wide topic of order events (docs/order-events.md): one topic for every activity,
+ * keyed by order id, so one order's events stay in one partition, in order.
+ */
+export function orderEventsTopic(prefix = 'flashsale'): string {
+  return `${prefix}.order-events`;
+}
+
+/** Creates the order-events topic if missing (replication -1 = the brokers' default). */
+export async function ensureOrderEventsTopic(
+  admin: Admin,
+  topic: string,
+  partitions: number,
+  replicationFactor = -1,
+): Promise<boolean> {
+  if ((await admin.listTopics()).includes(topic)) return false;
+  try {
+    return await admin.createTopics({
+      waitForLeaders: true,
+      topics: [{ topic, numPartitions: partitions, replicationFactor }],
+    });
+  } catch (err) {
+    // Another relay created it at the same time.
+    if (/already exists/i.test((err as Error).message)) return false;
+    throw err;
+  }
+}
+
 /** TLS and SASL settings of every Kafka client (runtime roles, the operator, tools). */
 export interface KafkaSecurity {
   ssl?: ConnectionOptions | boolean;

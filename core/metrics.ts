@@ -152,6 +152,35 @@ export function createMetrics(component: string) {
       labelNames: ['activity', 'result'],
       registers: r,
     }),
+    refunds: new client.Counter({
+      name: 'flashsale_refunds_total',
+      help: 'Refund steps by outcome (requested, succeeded, retried = provider unavailable or still processing, failed = refused by the provider)',
+      labelNames: ['activity', 'outcome'],
+      registers: r,
+    }),
+    refundPendingOldestAge: new client.Gauge({
+      name: 'flashsale_refund_pending_oldest_age_seconds',
+      help: 'Age of the oldest money owed back and not yet refunded (pending refunds and surplus payments); 0 when none',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    surplusPayments: new client.Counter({
+      name: 'flashsale_surplus_payments_total',
+      help: 'Payments that cannot be kept and are refunded automatically, by reason (ORDER_CLOSED = paid after close, PAID_BY_OTHER_TRADE, AMOUNT_MISMATCH, ORDER_NOT_PAYABLE)',
+      labelNames: ['activity', 'reason'],
+      registers: r,
+    }),
+    orderEventsPublished: new client.Counter({
+      name: 'flashsale_order_events_published_total',
+      help: 'Order events published to the order-events topic and acknowledged by Kafka',
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    orderEventsBacklog: new client.Gauge({
+      name: 'flashsale_order_events_unpublished',
+      help: 'Order events in the PostgreSQL outbox not yet acknowledged by Kafka (all activities the relay serves)',
+      registers: r,
+    }),
   };
 }
 

@@ -122,6 +122,29 @@ const schema = z
     ORDER_GAP_MAX_REPUBLISH: env.int(5, 1),
     /** node-cron expression (with seconds) of the Redis/ledger/PostgreSQL reconciliation. */
     RECONCILIATION_CRON: z.string().default('0 */5 * * * *'),
+    // --- Refunds and order events (docs/after-sale.md "Refunds", docs/order-events.md) ---
+    /** The built-in provider's refund endpoint (signed POST); unset = refunds wait PENDING (alerted). */
+    PAYMENT_HMAC_REFUND_URL: z.string().url().optional(),
+    /** A refund call is abandoned after this long and retried later with the same refund id. */
+    REFUND_PROVIDER_TIMEOUT_MS: env.int(10_000, 100),
+    /** node-cron expression (with seconds) of the refund worker. */
+    REFUND_WORKER_CRON: z.string().default('*/5 * * * * *'),
+    /** Refunds claimed (and surplus payments taken) per worker run. */
+    REFUND_BATCH_SIZE: env.int(50, 1),
+    /** Retry backoff of refund calls: base * 2^attempt seconds, at most max (never under the call timeout). */
+    REFUND_RETRY_BASE_SECONDS: env.int(5, 1),
+    REFUND_RETRY_MAX_SECONDS: env.int(600, 1),
+    /** Run the order-event relay (outbox -> <prefix>.order-events) in the processes that run jobs. */
+    ORDER_EVENTS_RELAY: env.bool(true),
+    /** Events per Kafka send (one transaction each), and the idle poll interval of the relay. */
+    ORDER_EVENTS_BATCH_SIZE: env.int(500, 1),
+    ORDER_EVENTS_POLL_MS: env.int(500, 10),
+    /** Partitions of the order-events topic when the relay creates it. */
+    ORDER_EVENTS_PARTITIONS: env.int(6, 1),
+    /** A Kafka send of the relay taking longer is abandoned (rolled back) and sent again. */
+    ORDER_EVENTS_SEND_TIMEOUT_MS: env.int(30_000, 100),
+    /** Published events are kept in the outbox this long, then purged. */
+    ORDER_EVENTS_RETENTION_HOURS: env.int(24, 0),
   })
   .refine((c) => [c.JWT_HS256_SECRET, c.JWT_RS256_PUBLIC_KEY, c.JWT_JWKS].filter(Boolean).length <= 1, {
     message: 'set one of JWT_HS256_SECRET, JWT_RS256_PUBLIC_KEY and JWT_JWKS, not both or more',

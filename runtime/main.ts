@@ -24,8 +24,12 @@ import { runDlqCli } from './dlq.js';
 import { cancelRouter } from './api/cancel-routes.js';
 import { scheduleAfterSaleJobs } from './jobs/after-sale.js';
 import { sampleGauges } from './jobs/gauges.js';
-import { HmacProvider } from './payments/hmac-provider.js';
+import { startMoneyJobs } from './jobs/money.js';
+import { providersFromEnv } from './payments/hmac-provider.js';
+import { refundNotificationsRouter } from './payments/refund-routes.js';
 import { paymentsRouter } from './payments/routes.js';
+import { refundRouter } from './api/refund-routes.js';
+import { runRefundCli } from './refund-cli.js';
 import { Relay } from './relay/relay.js';
 
 async function main(): Promise<void> {
@@ -39,9 +43,12 @@ async function main(): Promise<void> {
   if (process.argv[2] === 'dlq') {
     process.exit(await runDlqCli(process.argv.slice(3)));
   }
+  if (process.argv[2] === 'refund') {
+    process.exit(await runRefundCli(process.argv.slice(3)));
+  }
   const role = (process.argv[2] ?? '') as Role;
   if (!roles.includes(role)) {
-    process.stderr.write(`usage: runtime <${roles.join('|')}|migrate|dlq>\n`);
+    process.stderr.write(`usage: runtime <${roles.join('|')}|migrate|dlq|refund>\n`);
     process.exit(2);
   }
   const cfg = loadRuntimeConfig(role);
@@ -87,6 +94,7 @@ async function main(): Promise<void> {
     return true;
   };
 
+  const providers = providersFromEnv(cfg);
   let server: Server;
   if (has('api')) {
     const soldOut = new SoldOutFlags(cfg.SOLD_OUT_RECHECK_MS);
@@ -127,26 +135,12 @@ async function main(): Promise<void> {
             maxPerBuyer: cfg.CANCEL_MARKERS_PER_BUYER,
           },
         }),
+        refundRouter({ pool, logger, metrics, activityId }),
       ],
-      publicRouters: cfg.PAYMENT_HMAC_SECRET
+      publicRouters: providers.length
         ? [
-            paymentsRouter({
-              pool,
-              redis,
-              logger,
-              metrics,
-              providers: [
-                new HmacProvider({
-                  name: cfg.PAYMENT_HMAC_PROVIDER_NAME,
-                  secrets: [cfg.PAYMENT_HMAC_SECRET, cfg.PAYMENT_HMAC_SECRET_PREVIOUS].filter(
-                    (x): x is string => Boolean(x),
-                  ),
-                  appId: cfg.PAYMENT_HMAC_APP_ID ?? '',
-                  merchantId: cfg.PAYMENT_HMAC_MERCHANT_ID ?? '',
-                  toleranceSeconds: cfg.PAYMENT_SIGNATURE_TOLERANCE_SECONDS,
-                }),
-              ],
-            }),
+            paymentsRouter({ pool, redis, logger, metrics, providers }),
+            refundNotificationsRouter({ pool, logger, metrics, providers }),
           ]
         : [],
     });
@@ -257,7 +251,9 @@ async function main(): Promise<void> {
       metrics,
       producer: gapProducer,
     });
+    const money = await startMoneyJobs({ cfg, activityId, pool, logger, metrics, kafka, providers });
     closers.unshift(async () => {
+      await money.stop();
       await task.stop();
       await afterSale.stop();
       await gapProducer.disconnect();

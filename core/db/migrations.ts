@@ -155,6 +155,110 @@ CREATE TABLE order_gap_repairs (
 `,
   },
   {
+    version: 4,
+    name: 'refunds-order-events',
+    sql: `
+-- Refunds (docs/after-sale.md "Refunds"). A surplus payment (REFUND_PENDING: duplicate trade, wrong
+-- amount, paid after close) goes REFUND_PENDING -> REFUNDING -> REFUNDED; a refunded order's
+-- applied payment stays APPLIED (it was applied; the order's own status says it is refunded).
+ALTER TABLE payments DROP CONSTRAINT payments_state_check;
+ALTER TABLE payments ADD CONSTRAINT payments_state_check
+  CHECK (state IN ('RECEIVED', 'APPLIED', 'REFUND_PENDING', 'REFUNDING', 'REFUNDED'));
+ALTER TABLE payments DROP CONSTRAINT payments_check;
+ALTER TABLE payments ADD CONSTRAINT payments_refund_reason_check
+  CHECK ((state IN ('REFUND_PENDING', 'REFUNDING', 'REFUNDED')) = (refund_reason IS NOT NULL));
+
+-- One row per refund of one payment. refund_id is the refund request id sent to the provider: it is
+-- committed here BEFORE the provider is called, so every retry (after a timeout, a 5xx or a SIGKILL
+-- between the provider's answer and our write) sends the same id and the provider refunds once.
+CREATE TABLE refunds (
+  refund_id          text          PRIMARY KEY CHECK (refund_id ~ '^rf-[0-9a-f]{32}$'),
+  provider           text          NOT NULL,
+  trade_no           text          NOT NULL,
+  order_id           bigint        NOT NULL REFERENCES orders (id),
+  activity_id        text          NOT NULL,
+  amount             numeric(16,2) NOT NULL CHECK (amount > 0),
+  -- ORDER: the refund of a paid order (order PAID -> REFUNDING -> REFUNDED);
+  -- PAYMENT: the refund of a surplus payment (payment REFUND_PENDING -> REFUNDING -> REFUNDED).
+  kind               text          NOT NULL CHECK (kind IN ('ORDER', 'PAYMENT')),
+  reason             text          NOT NULL,
+  requested_by       text          NOT NULL,
+  state              text          NOT NULL CHECK (state IN ('PENDING', 'SUCCEEDED', 'FAILED')),
+  attempts           integer       NOT NULL DEFAULT 0,
+  next_attempt_at    timestamptz   NOT NULL DEFAULT now(),
+  provider_status    text,
+  provider_refund_no text,
+  last_error         text,
+  trace_id           text          NOT NULL DEFAULT '',
+  created_at         timestamptz   NOT NULL DEFAULT now(),
+  updated_at         timestamptz   NOT NULL DEFAULT now(),
+  completed_at       timestamptz,
+  -- Full refunds only: a payment is refunded at most once.
+  UNIQUE (provider, trade_no)
+);
+CREATE INDEX refunds_due ON refunds (next_attempt_at) WHERE state = 'PENDING';
+CREATE INDEX refunds_order ON refunds (order_id);
+CREATE INDEX refunds_activity_state ON refunds (activity_id, state);
+
+-- Order events (docs/order-events.md): the transactional outbox. Every change of orders.status
+-- (and every insert) writes one row IN THE SAME TRANSACTION, by the triggers below, so no code
+-- path (consumer insert, transitionOrder, the sweeper's batch close, in-flight CLOSED insert, and
+-- any added later) can change an order without its event. orders.event_seq numbers the changes
+-- of one order (1 = the insert): the event id is "<order id>-<seq>".
+ALTER TABLE orders ADD COLUMN event_seq integer NOT NULL DEFAULT 1;
+
+CREATE TABLE order_events (
+  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  order_id     bigint      NOT NULL,
+  seq          integer     NOT NULL,
+  activity_id  text        NOT NULL,
+  from_status  text,
+  to_status    text        NOT NULL,
+  created_at   timestamptz NOT NULL DEFAULT now(),
+  -- Set in the relay's transaction once Kafka acknowledged the event; never a cursor over id
+  -- (ids are allocated before commit, so a cursor would skip rows committed late).
+  published_at timestamptz,
+  UNIQUE (order_id, seq)
+);
+-- The rows stay narrow (no payload): the relay builds the message from the row and the order's
+-- immutable columns (order-events-store.ts), so the consumer's batch insert pays one narrow
+-- INSERT ... SELECT per batch, not a JSON document per order.
+CREATE INDEX order_events_unpublished ON order_events (id) WHERE published_at IS NULL;
+CREATE INDEX order_events_unpublished_order ON order_events (order_id, seq) WHERE published_at IS NULL;
+CREATE INDEX order_events_published ON order_events (published_at) WHERE published_at IS NOT NULL;
+
+CREATE FUNCTION orders_bump_event_seq() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  NEW.event_seq := OLD.event_seq + 1;
+  RETURN NEW;
+END $fn$;
+CREATE TRIGGER orders_event_seq BEFORE UPDATE OF status ON orders
+  FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION orders_bump_event_seq();
+
+-- Statement-level with transition tables: one INSERT per batch of the consumer, not one per row.
+CREATE FUNCTION orders_events_on_insert() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  INSERT INTO order_events (order_id, seq, activity_id, from_status, to_status)
+  SELECT n.id, n.event_seq, n.activity_id, NULL, n.status FROM new_orders n ORDER BY n.id;
+  RETURN NULL;
+END $fn$;
+CREATE TRIGGER orders_events_insert AFTER INSERT ON orders
+  REFERENCING NEW TABLE AS new_orders FOR EACH STATEMENT EXECUTE FUNCTION orders_events_on_insert();
+
+CREATE FUNCTION orders_events_on_update() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  INSERT INTO order_events (order_id, seq, activity_id, from_status, to_status)
+  SELECT n.id, n.event_seq, n.activity_id, o.status, n.status
+    FROM new_orders n JOIN old_orders o ON o.id = n.id
+   WHERE o.status IS DISTINCT FROM n.status ORDER BY n.id;
+  RETURN NULL;
+END $fn$;
+CREATE TRIGGER orders_events_update AFTER UPDATE ON orders
+  REFERENCING OLD TABLE AS old_orders NEW TABLE AS new_orders
+  FOR EACH STATEMENT EXECUTE FUNCTION orders_events_on_update();
+`,
+  },
+  {
     version: 5,
     name: 'tenant-isolation',
     sql: `

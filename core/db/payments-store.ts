@@ -5,7 +5,8 @@
  */
 import type { Queryable } from './pool.js';
 
-export type PaymentState = 'RECEIVED' | 'APPLIED' | 'REFUND_PENDING';
+/** REFUNDING / REFUNDED: a surplus payment's refund (migration 4, core/refunds.ts). */
+export type PaymentState = 'RECEIVED' | 'APPLIED' | 'REFUND_PENDING' | 'REFUNDING' | 'REFUNDED';
 
 /** Why a received payment cannot be kept and must be refunded. */
 export type RefundReason = 'AMOUNT_MISMATCH' | 'ORDER_CLOSED' | 'PAID_BY_OTHER_TRADE' | 'ORDER_NOT_PAYABLE';
@@ -145,4 +146,34 @@ export async function paymentFigures(db: Queryable, activityId: string): Promise
     paidWithoutPayment: Number(r.paidWithout),
     paymentWithoutPaid: Number(r.paymentWithout),
   };
+}
+
+/** Surplus payments waiting for a refund row (oldest first); read without locks. */
+export async function findRefundPendingPayments(
+  db: Queryable,
+  activityId: string | undefined,
+  limit: number,
+): Promise<{ provider: string; tradeNo: string; orderId: string }[]> {
+  const res = await db.query<{ provider: string; tradeNo: string; orderId: string }>(
+    `SELECT provider, trade_no AS "tradeNo", order_id AS "orderId" FROM payments
+      WHERE state = 'REFUND_PENDING' AND ($1::text IS NULL OR activity_id = $1)
+      ORDER BY received_at LIMIT $2`,
+    [activityId ?? null, limit],
+  );
+  return res.rows;
+}
+
+/** A surplus payment's refund moves: REFUND_PENDING -> REFUNDING -> REFUNDED (conditional). */
+export async function movePaymentRefund(
+  db: Queryable,
+  provider: string,
+  tradeNo: string,
+  from: 'REFUND_PENDING' | 'REFUNDING',
+  to: 'REFUNDING' | 'REFUNDED',
+): Promise<boolean> {
+  const res = await db.query(
+    `UPDATE payments SET state = $4, updated_at = now() WHERE provider = $1 AND trade_no = $2 AND state = $3`,
+    [provider, tradeNo, from, to],
+  );
+  return res.rowCount === 1;
 }

@@ -20,6 +20,7 @@
 import { readMeta, readStock } from '../../core/activity-cache.js';
 import { findByReservationIds, orderQuantities } from '../../core/db/orders-store.js';
 import { paymentFigures } from '../../core/db/payments-store.js';
+import { refundConsistency, refundCounts } from '../../core/db/refunds-store.js';
 import type { Pool } from '../../core/db/pool.js';
 import { insertReport } from '../../core/db/reconciliation-store.js';
 import type { Mismatch, ReconciliationBasis } from '../../core/db/reconciliation-store.js';
@@ -75,10 +76,12 @@ async function measure(d: ReconcileDeps): Promise<Measurement> {
         d.redis.zrange(k.ledger, 0, maxLedger - 1),
       ])
     : [undefined, 0, [] as string[]];
-  const [q, pay, pgStock] = await Promise.all([
+  const [q, pay, pgStock, refunds, refundStates] = await Promise.all([
     orderQuantities(d.pool, a),
     paymentFigures(d.pool, a),
     wb ? readStockRows(d.pool, a) : Promise.resolve(undefined),
+    refundConsistency(d.pool, a),
+    refundCounts(d.pool, a),
   ]);
   const ordered = new Set((await findByReservationIds(d.pool, ledger)).map((o) => o.reservationId));
   let inFlight = 0;
@@ -114,6 +117,9 @@ async function measure(d: ReconcileDeps): Promise<Measurement> {
     inFlightQuantity: inFlight,
     appliedPayments: pay.appliedOrders,
     refundPendingPayments: pay.refundPending,
+    refundsPending: refundStates.PENDING,
+    refundsSucceeded: refundStates.SUCCEEDED,
+    refundsFailed: refundStates.FAILED,
   };
   if (stock) {
     Object.assign(figures, {
@@ -151,6 +157,11 @@ async function measure(d: ReconcileDeps): Promise<Measurement> {
   check('unresolved-returns', 0, q.closedUnresolved);
   check('paid-without-payment', 0, pay.paidWithoutPayment);
   check('payment-without-paid-order', 0, pay.paymentWithoutPaid);
+  // Money going back: every refund state of an order or payment has its refund row, and every
+  // succeeded refund its REFUNDED order or payment (docs/after-sale.md "Refunds").
+  check('order-refund-state-without-refund', 0, refunds.orderStateWithoutRefund);
+  check('payment-refund-state-without-refund', 0, refunds.paymentStateWithoutRefund);
+  check('succeeded-refund-not-applied', 0, refunds.refundWithoutState);
   return { basis, mismatches, figures, stockDelta: held - accounted };
 }
 

@@ -93,7 +93,12 @@ export async function applyPayment(
         );
       }
       if (existing.state === 'APPLIED') return { outcome: 'ALREADY_PAID', refundReason: null, order };
-      if (existing.state === 'REFUND_PENDING') {
+      // A surplus payment being (or already) refunded answers its redelivery the same way.
+      if (
+        existing.state === 'REFUND_PENDING' ||
+        existing.state === 'REFUNDING' ||
+        existing.state === 'REFUNDED'
+      ) {
         return { outcome: 'REFUND_PENDING', refundReason: existing.refundReason, order };
       }
       // RECEIVED is never committed by this code; should one exist, it is decided now.

@@ -6,12 +6,24 @@
  * The body is JSON: app_id, merchant_id, out_trade_no (our order id), trade_no, total_amount
  * (a decimal STRING, e.g. "19.90"), trade_status (TRADE_SUCCESS | TRADE_FINISHED | anything else
  * is acknowledged and ignored), plus optional fields kept with the payment row.
+ *
+ * Refunds use the same scheme both ways (docs/after-sale.md "Refunds"): we POST a signed JSON
+ * request to the provider's refund URL (its answer is signed too and is checked), and the
+ * provider POSTs signed refund notifications to /v1/payments/<name>/refund-notifications.
  */
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import { Decimal } from 'decimal.js';
 import { z } from 'zod';
 import { FlashSaleError } from '../../core/errors.js';
-import type { Acknowledgement, NotificationRequest, PaymentNotice, PaymentProvider } from './provider.js';
+import type {
+  Acknowledgement,
+  NotificationRequest,
+  PaymentNotice,
+  PaymentProvider,
+  RefundAnswer,
+  RefundNotice,
+  RefundRequest,
+} from './provider.js';
 
 export const SIGNATURE_HEADER = 'x-fs-signature';
 
@@ -23,6 +35,10 @@ export interface HmacProviderConfig {
   merchantId: string;
   /** Largest accepted |now - t| in seconds; 0 disables the check. */
   toleranceSeconds: number;
+  /** The provider's refund endpoint; unset = refunds wait (PENDING, alerted) until it is configured. */
+  refundUrl?: string | undefined;
+  /** A refund call taking longer is abandoned and retried later with the same refund id. */
+  refundTimeoutMs?: number;
 }
 
 /** How a provider (or a test) signs a notification body. */
@@ -59,6 +75,43 @@ function parseHeader(value: string | string[] | undefined): { t: number; v1: str
   return t === undefined || v1.length === 0 ? undefined : { t, v1 };
 }
 
+const refundNotification = z
+  .object({
+    app_id: z.string().min(1).max(64),
+    merchant_id: z.string().min(1).max(64),
+    out_refund_no: z.string().regex(/^rf-[0-9a-f]{32}$/, 'our refund id'),
+    out_trade_no: z.string().regex(/^[1-9]\d{0,18}$/, 'our order id'),
+    trade_no: z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, '1-128 characters of [A-Za-z0-9._:-]'),
+    refund_amount: z
+      .string()
+      .regex(AMOUNT, 'a decimal string with at most 2 decimals')
+      .refine((v) => AMOUNT.test(v) && new Decimal(v).gt(0), 'must be positive'),
+    refund_status: z.string().min(1).max(32),
+    refund_no: z
+      .string()
+      .regex(/^[A-Za-z0-9._:-]{1,128}$/)
+      .optional(),
+  })
+  .passthrough();
+
+/** The provider's synchronous answer to a refund call (signed like a notification). */
+const refundReply = z
+  .object({
+    out_refund_no: z.string(),
+    refund_status: z.string().min(1).max(32),
+    refund_no: z.string().max(128).optional(),
+    message: z.string().max(500).optional(),
+  })
+  .passthrough();
+
+const REFUND_SUCCESS = new Set(['REFUND_SUCCESS']);
+const REFUND_FAILED = new Set(['REFUND_FAILED', 'REFUND_CLOSED']);
+
+/** A failure worth retrying with the same refund id (the provider is unreachable or unsure). */
+export class TransientRefundError extends Error {
+  override name = 'TransientRefundError';
+}
+
 export class HmacProvider implements PaymentProvider {
   readonly name: string;
 
@@ -67,7 +120,8 @@ export class HmacProvider implements PaymentProvider {
     this.name = cfg.name;
   }
 
-  verify(req: NotificationRequest): PaymentNotice {
+  /** Signature, then timestamp tolerance, then JSON: nothing is parsed before it is authenticated. */
+  private authenticate(req: NotificationRequest): unknown {
     const sig = parseHeader(req.headers[SIGNATURE_HEADER]);
     if (!sig) throw new FlashSaleError('BAD_SIGNATURE', `missing or malformed ${SIGNATURE_HEADER} header`);
     const valid = this.cfg.secrets.some((secret) => {
@@ -83,13 +137,15 @@ export class HmacProvider implements PaymentProvider {
     ) {
       throw new FlashSaleError('BAD_SIGNATURE', 'the signature timestamp is outside the tolerance');
     }
-    let raw: unknown;
     try {
-      raw = JSON.parse(req.rawBody.toString('utf8'));
+      return JSON.parse(req.rawBody.toString('utf8')) as unknown;
     } catch {
       throw new FlashSaleError('VALIDATION_ERROR', 'the notification is not JSON');
     }
-    const r = notification.safeParse(raw);
+  }
+
+  verify(req: NotificationRequest): PaymentNotice {
+    const r = notification.safeParse(this.authenticate(req));
     if (!r.success) {
       throw new FlashSaleError('VALIDATION_ERROR', 'the notification is not valid', {
         errors: r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
@@ -109,7 +165,136 @@ export class HmacProvider implements PaymentProvider {
     };
   }
 
+  verifyRefund(req: NotificationRequest): RefundNotice {
+    const r = refundNotification.safeParse(this.authenticate(req));
+    if (!r.success) {
+      throw new FlashSaleError('VALIDATION_ERROR', 'the refund notification is not valid', {
+        errors: r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
+      });
+    }
+    const n = r.data;
+    if (n.app_id !== this.cfg.appId || n.merchant_id !== this.cfg.merchantId) {
+      throw new FlashSaleError('MERCHANT_MISMATCH');
+    }
+    return {
+      refundId: n.out_refund_no,
+      orderId: n.out_trade_no,
+      tradeNo: n.trade_no,
+      amount: new Decimal(n.refund_amount).toFixed(2),
+      status: REFUND_SUCCESS.has(n.refund_status)
+        ? 'success'
+        : REFUND_FAILED.has(n.refund_status)
+          ? 'failed'
+          : 'other',
+      providerStatus: n.refund_status,
+      providerRefundNo: n.refund_no ?? null,
+    };
+  }
+
+  /**
+   * POSTs the signed refund request. 2xx answers must carry a valid signature over the answer's
+   * bytes (an unauthenticated "success" never marks money as returned); 4xx (except 408/429) is
+   * a refusal; anything else is thrown as TransientRefundError.
+   */
+  async refund(req: RefundRequest): Promise<RefundAnswer> {
+    if (!this.cfg.refundUrl) {
+      throw new TransientRefundError(`no refund URL is configured for provider ${this.name}`);
+    }
+    const body = JSON.stringify({
+      app_id: this.cfg.appId,
+      merchant_id: this.cfg.merchantId,
+      out_trade_no: req.orderId,
+      trade_no: req.tradeNo,
+      out_refund_no: req.refundId,
+      refund_amount: req.amount,
+      refund_reason: req.reason,
+    });
+    const t = Math.floor(Date.now() / 1000);
+    let res: Response;
+    let text: string;
+    try {
+      res = await fetch(this.cfg.refundUrl, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json',
+          [SIGNATURE_HEADER]: signNotification(this.cfg.secrets[0]!, body, t),
+        },
+        body,
+        signal: AbortSignal.timeout(this.cfg.refundTimeoutMs ?? 10_000),
+      });
+      text = await res.text();
+    } catch (err) {
+      throw new TransientRefundError(`refund call failed: ${(err as Error).message}`);
+    }
+    if (res.status >= 500 || res.status === 408 || res.status === 429) {
+      throw new TransientRefundError(`the provider answered ${res.status}`);
+    }
+    let parsed: z.infer<typeof refundReply> | undefined;
+    try {
+      parsed = refundReply.parse(
+        this.authenticate({
+          rawBody: Buffer.from(text, 'utf8'),
+          headers: { [SIGNATURE_HEADER]: res.headers.get(SIGNATURE_HEADER) ?? undefined },
+          now: new Date(),
+        }),
+      );
+    } catch (err) {
+      if (res.status >= 400) {
+        return { status: 'rejected', providerStatus: `HTTP_${res.status}`, error: text.slice(0, 500) };
+      }
+      throw new TransientRefundError(`unauthenticated or malformed refund answer: ${(err as Error).message}`);
+    }
+    if (parsed.out_refund_no !== req.refundId) {
+      throw new TransientRefundError(`the answer names refund ${parsed.out_refund_no}, not ${req.refundId}`);
+    }
+    if (res.status >= 400 || REFUND_FAILED.has(parsed.refund_status)) {
+      return {
+        status: 'rejected',
+        providerStatus: parsed.refund_status,
+        error: parsed.message ?? `HTTP ${res.status}`,
+      };
+    }
+    if (REFUND_SUCCESS.has(parsed.refund_status)) {
+      return {
+        status: 'succeeded',
+        providerStatus: parsed.refund_status,
+        providerRefundNo: parsed.refund_no ?? null,
+      };
+    }
+    return { status: 'processing', providerStatus: parsed.refund_status };
+  }
+
   acknowledge(outcome: string): Acknowledgement {
     return { contentType: 'application/json', body: JSON.stringify({ result: 'success', outcome }) };
   }
+}
+
+/** The configuration variables of the built-in provider (runtime/config.ts). */
+export interface HmacProviderEnv {
+  PAYMENT_HMAC_SECRET?: string | undefined;
+  PAYMENT_HMAC_SECRET_PREVIOUS?: string | undefined;
+  PAYMENT_HMAC_APP_ID?: string | undefined;
+  PAYMENT_HMAC_MERCHANT_ID?: string | undefined;
+  PAYMENT_HMAC_PROVIDER_NAME: string;
+  PAYMENT_SIGNATURE_TOLERANCE_SECONDS: number;
+  PAYMENT_HMAC_REFUND_URL?: string | undefined;
+  REFUND_PROVIDER_TIMEOUT_MS: number;
+}
+
+/** The configured providers: the built-in one when its secret is set, else none. */
+export function providersFromEnv(cfg: HmacProviderEnv): HmacProvider[] {
+  if (!cfg.PAYMENT_HMAC_SECRET) return [];
+  return [
+    new HmacProvider({
+      name: cfg.PAYMENT_HMAC_PROVIDER_NAME,
+      secrets: [cfg.PAYMENT_HMAC_SECRET, cfg.PAYMENT_HMAC_SECRET_PREVIOUS].filter((x): x is string =>
+        Boolean(x),
+      ),
+      appId: cfg.PAYMENT_HMAC_APP_ID ?? '',
+      merchantId: cfg.PAYMENT_HMAC_MERCHANT_ID ?? '',
+      toleranceSeconds: cfg.PAYMENT_SIGNATURE_TOLERANCE_SECONDS,
+      refundUrl: cfg.PAYMENT_HMAC_REFUND_URL,
+      refundTimeoutMs: cfg.REFUND_PROVIDER_TIMEOUT_MS,
+    }),
+  ];
 }

@@ -32,7 +32,7 @@ export interface Acknowledgement {
   body: string;
 }
 
-export interface PaymentProvider {
+export interface PaymentProvider extends RefundProvider {
   /** Appears in the URL (/v1/payments/<name>/notifications) and in payments.provider. */
   readonly name: string;
   /**
@@ -42,5 +42,57 @@ export interface PaymentProvider {
    */
   verify(req: NotificationRequest): PaymentNotice;
   /** The 2xx body telling the provider to stop retrying (the outcome is durable). */
+  acknowledge(outcome: string): Acknowledgement;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refunds (docs/after-sale.md "Refunds"). The provider deduplicates by `refundId`: a request sent
+// again with the same id (after a timeout, a 5xx, or our SIGKILL before we recorded the answer)
+// refunds once and answers with the refund's current state.
+// ---------------------------------------------------------------------------------------------
+
+export interface RefundRequest {
+  /** Our refund request id (out_refund_no): fixed in PostgreSQL before the first call. */
+  refundId: string;
+  /** Our order id (out_trade_no) and the provider's transaction being refunded. */
+  orderId: string;
+  tradeNo: string;
+  /** The whole payment, a decimal string with two decimals. */
+  amount: string;
+  reason: string;
+}
+
+/**
+ * The provider's answer to a refund call. A transport failure, a timeout, a 5xx or an answer
+ * that cannot be authenticated is thrown instead (the worker retries with the same id).
+ */
+export type RefundAnswer =
+  | { status: 'succeeded'; providerStatus: string; providerRefundNo: string | null }
+  /** Accepted, money not moved yet: a refund notification (or the next call) tells the outcome. */
+  | { status: 'processing'; providerStatus: string }
+  /** Refused for good (unknown trade, amount exceeded, ...): a human must look. */
+  | { status: 'rejected'; providerStatus: string; error: string };
+
+export interface RefundNotice {
+  refundId: string;
+  orderId: string;
+  tradeNo: string;
+  /** Normalised decimal string with two decimals. */
+  amount: string;
+  /** success: money returned; failed: the refund will not happen; other: informational. */
+  status: 'success' | 'failed' | 'other';
+  providerStatus: string;
+  providerRefundNo: string | null;
+}
+
+export interface RefundProvider {
+  readonly name: string;
+  /** Asks the provider to refund; see RefundAnswer for what is thrown and what is answered. */
+  refund(req: RefundRequest): Promise<RefundAnswer>;
+  /**
+   * Authenticates and parses a refund notification, like `verify` for payments: throws
+   * BAD_SIGNATURE (401), MERCHANT_MISMATCH (403) or VALIDATION_ERROR (400) before anything is written.
+   */
+  verifyRefund(req: NotificationRequest): RefundNotice;
   acknowledge(outcome: string): Acknowledgement;
 }

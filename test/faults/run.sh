@@ -16,7 +16,9 @@ started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 t0=$(date +%s)
 rc=0
 FLASHSALE_SKIP_BUILD="${FLASHSALE_SKIP_BUILD:-1}" bash test/run.sh \
-  test/unit/faults test/integration/faults --selectProjects unit integration || rc=$?
+  test/unit/faults test/integration/faults \
+  test/integration/after-sale/refund-crash.test.ts test/integration/after-sale/order-events.test.ts \
+  --selectProjects unit integration || rc=$?
 
 # Broken builds: each mutant in test/faults/mutants/ is applied to a copy of the tree, and the
 # scenario named on its `# must-fail:` line has to fail there.

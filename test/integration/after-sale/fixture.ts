@@ -27,6 +27,8 @@ import { cancelRouter } from '../../../runtime/api/cancel-routes.js';
 import { SoldOutFlags } from '../../../runtime/api/sold-out.js';
 import { HmacProvider, signNotification } from '../../../runtime/payments/hmac-provider.js';
 import { paymentsRouter } from '../../../runtime/payments/routes.js';
+import { refundNotificationsRouter } from '../../../runtime/payments/refund-routes.js';
+import { refundRouter } from '../../../runtime/api/refund-routes.js';
 import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';
 
@@ -210,6 +212,19 @@ export async function buyerToken(userId: string): Promise<string> {
     .sign(new TextEncoder().encode(JWT_SECRET));
 }
 
+/** The built-in provider as the tests configure it; `refundUrl` points at a fake provider. */
+export function testProvider(refundUrl?: string, refundTimeoutMs = 2000): HmacProvider {
+  return new HmacProvider({
+    name: 'hmac',
+    secrets: [PAY_SECRET],
+    appId: APP_ID,
+    merchantId: MERCHANT_ID,
+    toleranceSeconds: 300,
+    refundUrl,
+    refundTimeoutMs,
+  });
+}
+
 export interface Api {
   url: string;
   close(): Promise<void>;
@@ -221,6 +236,7 @@ export async function startApi(
   pool?: Pool,
 ): Promise<Api> {
   const p = pool ?? f.pool;
+  const provider = testProvider();
   const app = await createApiApp({
     metrics: f.metrics,
     ready: async () => true,
@@ -241,6 +257,7 @@ export async function startApi(
         paymentTimeoutSeconds: PAYMENT_TIMEOUT_SECONDS,
         activityId: undefined,
       }),
+      refundRouter({ pool: p, logger: f.logger, metrics: f.metrics, activityId: undefined }),
     ],
     publicRouters: [
       paymentsRouter({
@@ -248,16 +265,9 @@ export async function startApi(
         redis: f.redis,
         logger: f.logger,
         metrics: f.metrics,
-        providers: [
-          new HmacProvider({
-            name: 'hmac',
-            secrets: [PAY_SECRET],
-            appId: APP_ID,
-            merchantId: MERCHANT_ID,
-            toleranceSeconds: 300,
-          }),
-        ],
+        providers: [provider],
       }),
+      refundNotificationsRouter({ pool: p, logger: f.logger, metrics: f.metrics, providers: [provider] }),
     ],
   });
   const server: Server = await new Promise((resolve) => {

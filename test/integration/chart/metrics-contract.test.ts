@@ -139,6 +139,12 @@ describe('metrics contract: dashboards and alerts use only metrics the code expo
       'flashsale_reconcile_errors_total',
       'flashsale_reconcile_duration_seconds_bucket',
       'flashsale_workqueue_depth',
+      'flashsale_refunds_total',
+      'flashsale_refund_pending_oldest_age_seconds',
+      'flashsale_order_events_published_total',
+      'flashsale_surplus_payments_total',
+      'flashsale_stock_returns_total',
+      'flashsale_reconciliation_mismatch',
     ]) {
       expect(used).toContain(name);
     }

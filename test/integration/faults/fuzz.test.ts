@@ -226,6 +226,104 @@ describe('fuzzing the buyer HTTP API (real api process)', () => {
     const n = await sql.query<{ n: number }>('SELECT count(*)::int AS n FROM payments');
     expect(n.rows[0]!.n).toBe(0);
   });
+
+  test('hostile refund requests and refund notifications: 4xx, never 5xx, no state change', async () => {
+    // The buyer's own UNPAID order and someone else's PAID one: the only orders a request can name.
+    await sql.query(
+      `INSERT INTO orders (reservation_id, activity_id, user_id, sku_id, slot, quantity, unit_price, amount,
+                           item_name, status, reserved_at, expires_at)
+       VALUES ('fuzz-own', $1, 'fuzz-buyer', 'rice', 1, 1, 89.90, 89.90, '米', 'UNPAID', now(), now() + interval '1 hour'),
+              ('fuzz-other', $1, 'someone-else', 'rice', 1, 1, 89.90, 89.90, '米', 'PAID', now(), now() + interval '1 hour')`,
+      [activityId],
+    );
+    const state = async (): Promise<string> =>
+      JSON.stringify(
+        (
+          await sql.query(
+            `SELECT (SELECT json_agg(json_build_object('r', reservation_id, 's', status, 'e', event_seq) ORDER BY id) FROM orders) AS o,
+                    (SELECT count(*) FROM refunds) AS refunds, (SELECT count(*) FROM payments) AS payments,
+                    (SELECT count(*) FROM order_events) AS events, (SELECT count(*) FROM order_journal) AS journal`,
+          )
+        ).rows[0],
+      );
+    const before = await state();
+    const redisBefore = await snapshot(redis, activityId);
+    const forged = await tokenFor('fuzz-buyer', 'another-secret-another-secret-0123456789');
+    await fc.assert(
+      fc.asyncProperty(
+        fc.oneof(
+          fc.constantFrom('fuzz-own', 'fuzz-other', 'missing', '..', '%00'),
+          fc.string({ maxLength: 80 }),
+        ),
+        fc.oneof(
+          fc.constant(undefined),
+          fc.anything(),
+          fc.record(
+            {
+              reason: fc.oneof(fc.string({ maxLength: 300 }), fc.integer(), fc.constant(null)),
+              amount: fc.constant('0.01'),
+              orderId: fc.string(),
+            },
+            { requiredKeys: [] },
+          ),
+        ),
+        fc.constantFrom(`Bearer ${token}`, `Bearer ${forged}`, '', 'Bearer x'),
+        fc.constantFrom('application/json', 'text/plain', ''),
+        async (rid, body, auth, ctype) => {
+          const headers: Record<string, string> = {};
+          if (auth) headers.authorization = auth;
+          if (ctype) headers['content-type'] = ctype;
+          const r = await http.raw(
+            `${api.url}/v1/activities/${activityId}/orders/${encodeURIComponent(rid)}/refund`,
+            {
+              method: 'POST',
+              headers,
+              ...(body === undefined ? {} : { body: JSON.stringify(body) ?? 'null' }),
+            },
+          );
+          return r.status >= 400 && r.status < 500 && r.contentType.startsWith('application/problem+json');
+        },
+      ),
+      { numRuns: 500 * SCALE },
+    );
+    const wellFormed = fc.record({
+      app_id: fc.constantFrom('fuzz-app', 'other'),
+      merchant_id: fc.constantFrom('fuzz-merchant', 'other'),
+      out_refund_no: fc.oneof(fc.stringMatching(/^rf-[0-9a-f]{32}$/), fc.string()),
+      out_trade_no: fc.oneof(fc.constant('1'), fc.string()),
+      trade_no: fc.string(),
+      refund_amount: fc.oneof(fc.constant('89.90'), fc.double(), fc.string()),
+      refund_status: fc.constantFrom('REFUND_SUCCESS', 'REFUND_FAILED', 'X'),
+    });
+    await fc.assert(
+      fc.asyncProperty(
+        fc.oneof(
+          fc.uint8Array({ maxLength: 1024 }).map((b) => Buffer.from(b)),
+          fc.json().map((j) => Buffer.from(j)),
+          wellFormed.map((o) => Buffer.from(JSON.stringify(o))),
+        ),
+        fc.dictionary(
+          fc.constantFrom('x-fs-signature', 'content-type'),
+          fc.oneof(
+            fc.string(),
+            fc.constant(`t=${Math.floor(Date.now() / 1000)},v1=${'a'.repeat(64)}`),
+            fc.constant('t=1,v1=00'),
+          ),
+        ),
+        async (body, headers) => {
+          const r = await http.raw(`${api.url}/v1/payments/hmac/refund-notifications`, {
+            method: 'POST',
+            body,
+            headers,
+          });
+          return r.status >= 400 && r.status < 500 && r.contentType.startsWith('application/problem+json');
+        },
+      ),
+      { numRuns: 300 * SCALE },
+    );
+    expect(await state()).toBe(before);
+    expect(await snapshot(redis, activityId)).toBe(redisBefore);
+  });
 });
 
 describe('fuzzing the FlashSaleActivity CRD validation (real API server)', () => {

@@ -100,3 +100,70 @@ describe('HmacProvider', () => {
     });
   });
 });
+
+describe('HmacProvider refund notifications', () => {
+  const refundId = `rf-${'ab'.repeat(16)}`;
+  const refundBody = (over: Record<string, unknown> = {}): string =>
+    JSON.stringify({
+      app_id: 'app-1',
+      merchant_id: 'm-1',
+      out_refund_no: refundId,
+      out_trade_no: '42',
+      trade_no: 'T-1',
+      refund_amount: '19.9',
+      refund_status: 'REFUND_SUCCESS',
+      refund_no: 'R-9',
+      ...over,
+    });
+  const verifyRefund = (raw: string, signature: string | undefined) =>
+    provider.verifyRefund({
+      rawBody: Buffer.from(raw),
+      headers: signature === undefined ? {} : { [SIGNATURE_HEADER]: signature },
+      now,
+    });
+
+  it('accepts a signed refund notification (also with the previous secret) and maps the status', () => {
+    const raw = refundBody();
+    expect(verifyRefund(raw, signNotification(SECRET, raw, t))).toEqual({
+      refundId,
+      orderId: '42',
+      tradeNo: 'T-1',
+      amount: '19.90',
+      status: 'success',
+      providerStatus: 'REFUND_SUCCESS',
+      providerRefundNo: 'R-9',
+    });
+    expect(verifyRefund(raw, signNotification(OLD, raw, t)).status).toBe('success');
+    for (const [status, mapped] of [
+      ['REFUND_FAILED', 'failed'],
+      ['REFUND_CLOSED', 'failed'],
+      ['REFUND_PROCESSING', 'other'],
+    ]) {
+      const r = refundBody({ refund_status: status });
+      expect(verifyRefund(r, signNotification(SECRET, r, t)).status).toBe(mapped);
+    }
+  });
+
+  it('refuses unsigned, stale, foreign and malformed refund notifications with stable codes', () => {
+    const raw = refundBody();
+    expect(code(() => verifyRefund(raw, undefined))).toBe('BAD_SIGNATURE');
+    expect(code(() => verifyRefund(raw, signNotification(SECRET, raw, t - 301)))).toBe('BAD_SIGNATURE');
+    expect(code(() => verifyRefund(raw, signNotification('x'.repeat(40), raw, t)))).toBe('BAD_SIGNATURE');
+    const foreign = refundBody({ merchant_id: 'm-2' });
+    expect(code(() => verifyRefund(foreign, signNotification(SECRET, foreign, t)))).toBe('MERCHANT_MISMATCH');
+    for (const over of [
+      { refund_amount: 19.9 },
+      { refund_amount: '0' },
+      { refund_amount: '1.001' },
+      { out_refund_no: 'rf-1' },
+      { out_trade_no: 'x' },
+      { refund_status: '' },
+    ]) {
+      const bad = refundBody(over);
+      expect([over, code(() => verifyRefund(bad, signNotification(SECRET, bad, t)))]).toEqual([
+        over,
+        'VALIDATION_ERROR',
+      ]);
+    }
+  });
+});

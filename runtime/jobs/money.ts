@@ -1,0 +1,72 @@
+/**
+ * Starts the money-side background work of a process: the refund worker (node-cron) and the
+ * order-event relay (a loop over the PostgreSQL outbox). One start function, independent of the
+ * role that calls it: an activity's jobs process passes its activity id; a platform-level
+ * after-sale process passes none and serves every activity. Both are safe with any number of
+ * replicas (see refunds.ts and order-events.ts).
+ */
+import type { Kafka } from 'kafkajs';
+import type { Pool } from '../../core/db/pool.js';
+import { ensureOrderEventsTopic, idempotentProducer, orderEventsTopic } from '../../core/kafka.js';
+import type { Logger } from '../../core/logger.js';
+import type { Metrics } from '../../core/metrics.js';
+import type { RefundProvider } from '../payments/provider.js';
+import { OrderEventRelay } from './order-events.js';
+import type { OrderEventRelayConfig } from './order-events.js';
+import { startRefundWorker } from './refunds.js';
+import type { RefundWorkerConfig } from './refunds.js';
+
+export interface MoneyJobsConfig extends RefundWorkerConfig, OrderEventRelayConfig {
+  ORDER_EVENTS_RELAY: boolean;
+  ORDER_EVENTS_PARTITIONS: number;
+  KAFKA_TOPIC_PREFIX: string;
+}
+
+export interface MoneyJobsDeps {
+  cfg: MoneyJobsConfig;
+  /** undefined = every activity. */
+  activityId: string | undefined;
+  pool: Pool;
+  logger: Logger;
+  metrics: Metrics;
+  kafka: Kafka;
+  providers: RefundProvider[];
+}
+
+export async function startMoneyJobs(d: MoneyJobsDeps): Promise<{ stop: () => Promise<void> }> {
+  const refunds = startRefundWorker({
+    cfg: d.cfg,
+    activityId: d.activityId,
+    pool: d.pool,
+    logger: d.logger,
+    metrics: d.metrics,
+    providers: d.providers,
+  });
+  let relay: OrderEventRelay | undefined;
+  if (d.cfg.ORDER_EVENTS_RELAY) {
+    const topic = orderEventsTopic(d.cfg.KAFKA_TOPIC_PREFIX);
+    const admin = d.kafka.admin();
+    await admin.connect();
+    try {
+      await ensureOrderEventsTopic(admin, topic, d.cfg.ORDER_EVENTS_PARTITIONS);
+    } finally {
+      await admin.disconnect();
+    }
+    relay = new OrderEventRelay({
+      cfg: d.cfg,
+      activityId: d.activityId,
+      topic,
+      pool: d.pool,
+      logger: d.logger,
+      metrics: d.metrics,
+      createProducer: () => idempotentProducer(d.kafka),
+    });
+    await relay.start();
+  }
+  return {
+    stop: async () => {
+      await refunds.stop();
+      await relay?.stop();
+    },
+  };
+}
