@@ -25,12 +25,13 @@ import {
   markReleaseAttempted,
   markStockReturned,
   PAID_STATUSES,
+  reopenClosedAsPaid,
   transitionOrder,
 } from './db/orders-store.js';
 import type { LifecycleOrderRow, StockReturnVia, TransitionResult } from './db/orders-store.js';
-import { inTransaction } from './db/pool.js';
-import type { Pool } from './db/pool.js';
-import { readWriteBack, returnStock } from './db/stock-store.js';
+import { inSavepoint, inTransaction, isUniqueViolation } from './db/pool.js';
+import type { Pool, PoolClient } from './db/pool.js';
+import { readWriteBack, returnStock, takeBackStock } from './db/stock-store.js';
 import { FlashSaleError } from './errors.js';
 import { activityKeys } from './keys.js';
 import type { Logger } from './logger.js';
@@ -394,4 +395,57 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
     }
   }
   throw new FlashSaleError('UNAVAILABLE', 'the reservation kept changing; retry the cancellation');
+}
+
+export type LateReclaim =
+  | { reclaimed: true; order: LifecycleOrderRow; stock: 'taken-back' | 'still-held' }
+  | { reclaimed: false; why: string };
+
+/**
+ * A payment made within the payment window reached an order the timeout closed meanwhile (source
+ * 004: "按支付发生时间裁决", decide by payment time, not by which job ran first). The order is paid
+ * after all if, and only if, its unit can be taken back atomically, inside the payment's
+ * transaction (the order row is locked by the caller):
+ *
+ * - written back (PostgreSQL is the truth): a unit already returned (via redis before the
+ *   freeze, or postgres after it) is taken out of `activity_stock` by a conditional UPDATE
+ *   (`remaining >= quantity`); a unit not returned yet and never offered to Redis is still held in
+ *   the snapshot, and the settler's conditional `status = 'CLOSED'` can no longer return it.
+ * - otherwise (the cache is live, or the settlement's outcome is unknown: release attempted but
+ *   not recorded, or unresolved): not reclaimed; the caller records REFUND_PENDING. Never an
+ *   oversell: a unit is never sold twice.
+ *
+ * A buyer who meanwhile holds the same slot with another live order cannot get this one back
+ * (the unique index refuses it): not reclaimed either.
+ */
+export async function reclaimClosedOrder(c: PoolClient, order: LifecycleOrderRow): Promise<LateReclaim> {
+  if (order.status !== 'CLOSED') return { reclaimed: false, why: `order is ${order.status}` };
+  if (order.stockReturnVia === 'unresolved')
+    return { reclaimed: false, why: 'its stock return is unresolved' };
+  if (!(await readWriteBack(c, order.activityId))) {
+    return { reclaimed: false, why: 'the sale cache is live: the unit cannot be taken back from PostgreSQL' };
+  }
+  if (order.stockReturnVia === null && order.stockReleaseAttemptedAt !== null) {
+    return { reclaimed: false, why: 'a Redis release was attempted and its outcome is not settled' };
+  }
+  const returned = order.stockReturnVia !== null;
+  return inSavepoint<LateReclaim>(
+    c,
+    'late_payment',
+    async () => {
+      if (returned && !(await takeBackStock(c, order.activityId, order.skuId, order.quantity))) {
+        return { keep: false, value: { reclaimed: false, why: 'the returned unit was sold again' } };
+      }
+      const row = await reopenClosedAsPaid(c, order.id);
+      if (!row) return { keep: false, value: { reclaimed: false, why: 'the order is no longer CLOSED' } };
+      return {
+        keep: true,
+        value: { reclaimed: true, order: row, stock: returned ? 'taken-back' : 'still-held' },
+      };
+    },
+    (err) =>
+      isUniqueViolation(err)
+        ? { reclaimed: false, why: 'the buyer holds this slot with another live order' }
+        : undefined,
+  );
 }

@@ -146,3 +146,12 @@ export async function paymentFigures(db: Queryable, activityId: string): Promise
     paymentWithoutPaid: Number(r.paymentWithout),
   };
 }
+
+/** Payments of an activity whose money must still go back (the operator's Settling phase). */
+export async function countRefundPending(db: Queryable, activityId: string): Promise<number> {
+  const res = await db.query<{ n: string }>(
+    `SELECT count(*)::text AS n FROM payments WHERE activity_id = $1 AND state = 'REFUND_PENDING'`,
+    [activityId],
+  );
+  return Number(res.rows[0]!.n);
+}

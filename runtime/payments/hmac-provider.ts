@@ -5,7 +5,8 @@
  *
  * The body is JSON: app_id, merchant_id, out_trade_no (our order id), trade_no, total_amount
  * (a decimal STRING, e.g. "19.90"), trade_status (TRADE_SUCCESS | TRADE_FINISHED | anything else
- * is acknowledged and ignored), plus optional fields kept with the payment row.
+ * is acknowledged and ignored), optionally gmt_payment (when the buyer paid, ISO 8601 with an
+ * offset; the signature's t when absent), plus optional fields kept with the payment row.
  */
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import { Decimal } from 'decimal.js';
@@ -44,6 +45,8 @@ const notification = z
       .regex(AMOUNT, 'a decimal string with at most 2 decimals')
       .refine((v) => AMOUNT.test(v) && new Decimal(v).gt(0), 'must be positive'),
     trade_status: z.string().min(1).max(32),
+    /** When the buyer paid (ISO 8601 with an offset); the signature's t when absent. */
+    gmt_payment: z.string().datetime({ offset: true }).optional(),
   })
   .passthrough();
 
@@ -99,12 +102,20 @@ export class HmacProvider implements PaymentProvider {
     if (n.app_id !== this.cfg.appId || n.merchant_id !== this.cfg.merchantId) {
       throw new FlashSaleError('MERCHANT_MISMATCH');
     }
+    const paidAt = n.gmt_payment ? new Date(n.gmt_payment) : new Date(sig.t * 1000);
+    // A payment time after the signature (beyond the clock skew allowed) is not a payment time.
+    if (paidAt.getTime() > (sig.t + this.cfg.toleranceSeconds) * 1000) {
+      throw new FlashSaleError('VALIDATION_ERROR', 'gmt_payment is after the notification was signed', {
+        errors: [{ path: 'gmt_payment', message: 'after the signature timestamp' }],
+      });
+    }
     return {
       orderId: n.out_trade_no,
       tradeNo: n.trade_no,
       amount: new Decimal(n.total_amount).toFixed(2),
       status: n.trade_status === 'TRADE_SUCCESS' || n.trade_status === 'TRADE_FINISHED' ? 'success' : 'other',
       providerStatus: n.trade_status,
+      paidAt,
       fields: n as Record<string, unknown>,
     };
   }
