@@ -15,6 +15,7 @@ import { ensureFinalizer } from './ensure-finalizer.js';
 import { openGate } from './open-gate.js';
 import { removeFinalizer } from './remove-finalizer.js';
 import { scaleRuntime } from './scale-runtime.js';
+import { settle } from './settle.js';
 import { syncSpec } from './sync-spec.js';
 import { updateStatus } from './update-status.js';
 import { warmUp } from './warm-up.js';
@@ -31,6 +32,7 @@ export const STEPS: readonly (readonly [string, Step])[] = [
   ['drain', drain],
   ['write-back', writeBack],
   ['clean-up', cleanUp],
+  ['settle', settle],
   ['remove-finalizer', removeFinalizer],
 ];
 

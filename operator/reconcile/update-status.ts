@@ -18,6 +18,7 @@ const KAFKA_PHASES: readonly Phase[] = [
   Phase.Draining,
   Phase.WritingBack,
   Phase.CleaningUp,
+  Phase.Settling,
   Phase.Completed,
 ];
 const FIGURE_PHASES: readonly Phase[] = [
@@ -27,6 +28,7 @@ const FIGURE_PHASES: readonly Phase[] = [
   Phase.Draining,
   Phase.WritingBack,
   Phase.CleaningUp,
+  Phase.Settling,
   Phase.Completed,
 ];
 
