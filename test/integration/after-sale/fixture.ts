@@ -241,6 +241,7 @@ export async function startApi(
         redis: f.redis,
         logger: f.logger,
         metrics: f.metrics,
+        paidTimeToleranceSeconds: 300,
         providers: [
           new HmacProvider({
             name: 'hmac',
