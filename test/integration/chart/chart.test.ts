@@ -380,6 +380,9 @@ describe('helm install, upgrade and uninstall against the API server', () => {
         'kafka-0.kafka.svc:9092,kafka-1.kafka.svc:9092',
       );
       expect(k(['get', 'deployment', '-n', namespace, '-o', 'name'])).toMatch(/-operator/);
+      // The platform after-sale role: one Deployment and Service for every activity.
+      expect(k(['get', 'deployment', '-n', namespace, '-o', 'name'])).toMatch(/-after-sale/);
+      expect(k(['get', 'service', '-n', namespace, '-o', 'name'])).toMatch(/-after-sale/);
 
       const upgrade = mustRun(
         helm,
@@ -387,7 +390,16 @@ describe('helm install, upgrade and uninstall against the API server', () => {
         { env },
       );
       expect(upgrade).toMatch(/STATUS: deployed/);
-      const replicas = k(['get', 'deployment', '-n', namespace, '-o', 'jsonpath={.items[0].spec.replicas}']);
+      const replicas = k([
+        'get',
+        'deployment',
+        '-n',
+        namespace,
+        '-l',
+        'app.kubernetes.io/component=operator',
+        '-o',
+        'jsonpath={.items[0].spec.replicas}',
+      ]);
       expect(replicas).toBe('3');
 
       mustRun(helm, ['uninstall', release, '--namespace', namespace, '--wait'], { env });
