@@ -12,6 +12,7 @@ import type { ConditionInput } from '../api/v1alpha1/conditions.js';
 import { ConditionType, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { BacklogStatus, FlashSaleActivityStatus, StockStatus } from '../api/v1alpha1/types.js';
 import type { ReconcileContext } from './context.js';
+import { readSettlement } from './settle.js';
 
 const KAFKA_PHASES: readonly Phase[] = [
   Phase.Active,
@@ -141,6 +142,10 @@ export async function updateStatus(ctx: ReconcileContext): Promise<void> {
   if (ctx.error === undefined) {
     try {
       Object.assign(status, await readFigures(ctx, phase));
+      // The pass that entered Settling shows its figures at once (the settle step reads them in
+      // the passes after).
+      if (phase === Phase.Settling && ctx.phase !== Phase.Settling)
+        status.settlement = await readSettlement(ctx);
     } catch (err) {
       ctx.log.warn({ err: String(err) }, 'could not read stock/backlog figures');
     }
