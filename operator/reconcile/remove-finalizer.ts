@@ -15,14 +15,14 @@ export async function removeFinalizer(ctx: ReconcileContext): Promise<StepResult
     ctx.phase === Phase.Completed ||
     ctx.phase === Phase.Failed ||
     ctx.phase === Phase.Pending ||
-    ctx.phase === Phase.Settling;
+    (ctx.phase === Phase.Settling && (ctx.status.settlement?.unsettled ?? 0) > 0);
   if (!releasable) return CONTINUE;
   if (ctx.phase === Phase.Settling) {
     // The orders live in PostgreSQL; the platform after-sale role keeps settling them.
     await ctx.event(
       'Warning',
       EventReason.ReleasedUnsettled,
-      `deleted while Settling: ${ctx.fsa.status?.settlement?.unsettled ?? '?'} order(s) still unsettled; ` +
+      `deleted while Settling: ${ctx.status.settlement?.unsettled ?? 0} order(s) or payment(s) still unsettled; ` +
         'the after-sale role keeps closing, refunding and answering them',
     );
   }

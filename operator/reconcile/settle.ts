@@ -10,8 +10,9 @@
  * closed), and at most SETTLE_CHECK_SECONDS later: payments and refunds arrive without any
  * Kubernetes event, so a bounded re-check is the only way to see them (no watch on PostgreSQL).
  *
- * A resource deleted while Settling is released (remove-finalizer.ts) without waiting: its orders
- * live in PostgreSQL and the after-sale role keeps settling them; the Event says so.
+ * A resource deleted while Settling with orders still unsettled is released (remove-finalizer.ts)
+ * without waiting: its orders live in PostgreSQL and the after-sale role keeps settling them; the
+ * Event says so. With nothing left to settle it is Completed first, as without deletion.
  */
 import { settlementCounts } from '../../core/db/orders-store.js';
 import { countRefundPending } from '../../core/db/payments-store.js';
@@ -40,9 +41,11 @@ export async function readSettlement(ctx: ReconcileContext): Promise<SettlementS
 }
 
 export async function settle(ctx: ReconcileContext): Promise<StepResult> {
-  if (ctx.phase !== Phase.Settling || ctx.deleting) return CONTINUE;
+  if (ctx.phase !== Phase.Settling) return CONTINUE;
   const s = await readSettlement(ctx);
   ctx.status.settlement = s;
+  // Deleted with orders still unsettled: released from Settling by remove-finalizer.ts.
+  if (ctx.deleting && (s.unsettled ?? 0) > 0) return CONTINUE;
   if (s.unsettled === 0) {
     const message =
       `settled: ${s.paid ?? 0} paid, ${s.closed ?? 0} closed (stock returned), ${s.refunded ?? 0} refunded; ` +

@@ -63,7 +63,13 @@ describe('operator: the whole lifecycle of one activity', () => {
     await ensureTopics(kadmin, topicsFor(activityId), 2, 1);
     await kadmin.disconnect();
     [runtime, operator] = await Promise.all([
-      startRole('all', { activityId, databaseUrl: db.url }),
+      // A short payment window: the sale's unpaid orders are closed (and the activity settled)
+      // soon after the sale, by this process's sweeper.
+      startRole('all', {
+        activityId,
+        databaseUrl: db.url,
+        env: { PAYMENT_TIMEOUT_SECONDS: '15', PAYMENT_SWEEP_CRON: '*/1 * * * * *' },
+      }),
       startOperator({ ns, databaseUrl: db.url }),
     ]);
   }, TIMEOUT_MS);
@@ -78,7 +84,7 @@ describe('operator: the whole lifecycle of one activity', () => {
   }, TIMEOUT_MS);
 
   it(
-    'passes Pending → WarmingUp → Ready → Active → Draining → WritingBack → CleaningUp → Completed',
+    'passes Pending → WarmingUp → Ready → Active → Draining → WritingBack → CleaningUp → Settling → Completed',
     async () => {
       const name = 'double11';
       const t0 = Date.now();
@@ -101,7 +107,7 @@ describe('operator: the whole lifecycle of one activity', () => {
             },
             { skuId: 'tea-gift', name: '西湖龙井礼盒', price: '199.9', stock: 9, limitPerUser: 2 },
           ],
-          extraSpec: { activityId },
+          extraSpec: { activityId, payment: { timeout: '15s' } },
           replicas: {
             warmUp: { api: 1, relay: 1, consumer: 1 },
             active: { api: 3, relay: 2, consumer: 2 },
@@ -155,7 +161,7 @@ describe('operator: the whole lifecycle of one activity', () => {
       expect(statuses.filter((s) => s === 202)).toHaveLength(12 + 4);
       expect(statuses.filter((s) => s !== 202).every((s) => s === 409)).toBe(true);
 
-      const done = await waitForPhase(a, ns.namespace, name, Phase.Completed, 60_000);
+      const done = await waitForPhase(a, ns.namespace, name, Phase.Completed, 90_000);
       expect(Date.now()).toBeGreaterThanOrEqual(endAt.getTime());
 
       // Every phase, in order, as seen by a watch on the resource.
@@ -169,6 +175,7 @@ describe('operator: the whole lifecycle of one activity', () => {
         ts.draining,
         ts.writingBack,
         ts.cleaningUp,
+        ts.settling,
         ts.completed,
       ];
       expect(times.every((t) => typeof t === 'string')).toBe(true);
@@ -199,7 +206,7 @@ describe('operator: the whole lifecycle of one activity', () => {
       const env = Object.fromEntries(
         (dep.spec?.template.spec?.containers[0]?.env ?? []).map((e) => [e.name, e.value ?? '']),
       );
-      expect(env).toMatchObject({ ACTIVITY_ID: activityId, PAYMENT_TIMEOUT_SECONDS: '900' });
+      expect(env).toMatchObject({ ACTIVITY_ID: activityId, PAYMENT_TIMEOUT_SECONDS: '15' });
       expect(dep.spec?.template.spec?.containers[0]?.envFrom?.[0]?.secretRef?.name).toBe('flashsale-runtime');
       expect(dep.spec?.template.spec?.containers[0]?.args).toEqual(['consumer']);
       const svc = await a.core.readNamespacedService({ name: `${name}-api`, namespace: ns.namespace });
@@ -220,11 +227,19 @@ describe('operator: the whole lifecycle of one activity', () => {
         reservedTotal: 20,
         ordersTotal: 16,
       });
+      // Nobody paid: every order was closed at its deadline and its stock returned to PostgreSQL
+      // before the activity could be Completed.
       expect(await readStockRows(pg, activityId)).toEqual([
-        { skuId: 'phone-256g', initial: 12, remaining: 0 },
-        { skuId: 'tea-gift', initial: 9, remaining: 1 },
+        { skuId: 'phone-256g', initial: 12, remaining: 12 },
+        { skuId: 'tea-gift', initial: 9, remaining: 9 },
       ]);
-      expect(done.status?.stock).toMatchObject({ initial: 21, remaining: 1, reserved: 20, ordered: 16 });
+      expect(done.status?.stock).toMatchObject({ initial: 21, remaining: 21, reserved: 20, ordered: 16 });
+      expect(done.status?.settlement).toMatchObject({
+        unpaid: 0,
+        closed: 16,
+        closedUnsettled: 0,
+        unsettled: 0,
+      });
       expect(done.status?.backlog).toMatchObject({
         halfMessages: 0,
         unconfirmed: 0,
@@ -259,6 +274,7 @@ describe('operator: the whole lifecycle of one activity', () => {
         'Drained',
         'WroteBack',
         'CleanedUp',
+        'Settled',
         'Completed',
       ]) {
         expect(reasons).toContain(r);
@@ -274,8 +290,10 @@ describe('operator: the whole lifecycle of one activity', () => {
           encoding: 'utf8',
           env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
         });
-        expect(out.stdout.split('\n')[0]).toMatch(/NAME\s+PHASE\s+START\s+END\s+REMAINING\s+ORDER-GAP\s+AGE/);
-        expect(out.stdout).toMatch(new RegExp(`${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+1\\s+0\\s`));
+        expect(out.stdout.split('\n')[0]).toMatch(
+          /NAME\s+PHASE\s+START\s+END\s+REMAINING\s+ORDER-GAP\s+UNSETTLED\s+AGE/,
+        );
+        expect(out.stdout).toMatch(new RegExp(`${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+21\\s+0\\s+0\\s`));
       }
 
       // The operator's own endpoints.
