@@ -218,7 +218,9 @@ describe('operator: the whole lifecycle of one activity', () => {
 
       // Orders created, stock written back once, PostgreSQL is the truth now.
       const orders = await countOrders(pg, activityId);
-      expect(orders).toMatchObject({ orders: 16, quantity: 20 });
+      // 16 orders for 20 units, all closed unpaid by now (quantity counts live orders only).
+      expect(orders).toMatchObject({ orders: 16, quantity: 0 });
+      expect(orders.byStatus).toMatchObject({ CLOSED: 16, UNPAID: 0 });
       const wb = await readWriteBack(pg, activityId);
       expect(wb).toMatchObject({
         generation: 1,
