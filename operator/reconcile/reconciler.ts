@@ -54,6 +54,9 @@ export class Reconciler {
       for (const p of Object.values(Phase)) {
         this.deps.metrics.activityPhase.remove({ activity: name, namespace, phase: p });
       }
+      for (const status of ['unpaid', 'closed_unsettled', 'refund_pending', 'refunding']) {
+        this.deps.metrics.ordersUnsettled.remove({ activity: name, namespace, status });
+      }
       return { requeueAtMs: undefined, phase: undefined };
     }
     const activityId = activityIdOf(fsa);

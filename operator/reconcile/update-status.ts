@@ -176,6 +176,17 @@ export async function updateStatus(ctx: ReconcileContext): Promise<void> {
     metrics.activityHalfMessages.set(labels, status.backlog.halfMessages);
   if (status.backlog?.consumerLag !== undefined)
     metrics.activityConsumerLag.set(labels, status.backlog.consumerLag);
+  if (status.settlement) {
+    const st = status.settlement;
+    for (const [key, value] of [
+      ['unpaid', st.unpaid],
+      ['closed_unsettled', st.closedUnsettled],
+      ['refund_pending', st.refundPending],
+      ['refunding', st.refunding],
+    ] as const) {
+      metrics.ordersUnsettled.set({ ...labels, status: key }, value ?? 0);
+    }
+  }
 
   const updated = await ctx.deps.activities.patchStatus(ctx.fsa, status);
   if (updated) ctx.fsa = updated;
