@@ -51,7 +51,7 @@ const KNOBS = {
   doubleclick: ['DEMO_DOUBLE_CLICK_PERCENT', 10, '% of buyers who send the same request twice'],
   starttimeout: ['DEMO_START_TIMEOUT', 300, 'seconds allowed for the operator and roles to start'],
   drain: ['DEMO_DRAIN_TIMEOUT', 20, 'seconds the operator waits for the backlog at the end'],
-  paywindow: ['DEMO_PAYMENT_WINDOW', 20, 'seconds a buyer has to pay (spec.payment.timeout, >= 10)'],
+  paywindow: ['DEMO_PAYMENT_WINDOW', 30, 'seconds a buyer has to pay (spec.payment.timeout, >= 10)'],
   paypercent: ['DEMO_PAY_PERCENT', 60, '% of orders paid with a signed notification'],
   interval: ['DEMO_INTERVAL', 1, 'seconds between two progress updates'],
 } as const;
