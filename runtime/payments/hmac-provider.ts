@@ -38,7 +38,8 @@ const notification = z
   .object({
     app_id: z.string().min(1).max(64),
     merchant_id: z.string().min(1).max(64),
-    out_trade_no: z.string().regex(/^[1-9]\d{0,18}$/, 'our order id'),
+    // At most 18 digits: every order id fits PostgreSQL's bigint (a 19-digit one may not).
+    out_trade_no: z.string().regex(/^[1-9]\d{0,17}$/, 'our order id'),
     trade_no: z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, '1-128 characters of [A-Za-z0-9._:-]'),
     total_amount: z
       .string()

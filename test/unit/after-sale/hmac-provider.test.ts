@@ -108,6 +108,13 @@ describe('HmacProvider', () => {
     expect(code(() => verify(skewed, signNotification(SECRET, skewed, t)))).toBeUndefined();
   });
 
+  it('refuses an order id that cannot be a PostgreSQL bigint (19 digits)', () => {
+    const big = body({ out_trade_no: '9999999999999999999' });
+    expect(code(() => verify(big, signNotification(SECRET, big, t)))).toBe('VALIDATION_ERROR');
+    const ok = body({ out_trade_no: '999999999999999999' });
+    expect(verify(ok, signNotification(SECRET, ok, t)).orderId).toBe('999999999999999999');
+  });
+
   it('acknowledges with a JSON success body', () => {
     expect(provider.acknowledge('PAID')).toEqual({
       contentType: 'application/json',
