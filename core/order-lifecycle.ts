@@ -36,8 +36,8 @@ import { FlashSaleError } from './errors.js';
 import { activityKeys } from './keys.js';
 import type { Logger } from './logger.js';
 import type { Metrics } from './metrics.js';
-import { orderMessageOf, readReservation, release } from './reservations.js';
-import type { ReservationRecord } from './reservations.js';
+import { orderMessageOf, readReservation, reclaimPaid, release } from './reservations.js';
+import type { ReclaimOutcome, ReservationRecord } from './reservations.js';
 import type { RedisClient } from './scripts.js';
 
 export interface LifecycleDeps {
@@ -398,7 +398,13 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
 }
 
 export type LateReclaim =
-  | { reclaimed: true; order: LifecycleOrderRow; stock: 'taken-back' | 'still-held' }
+  | {
+      reclaimed: true;
+      order: LifecycleOrderRow;
+      /** Where the unit came back from (or that it had never left). */
+      stock: 'taken-back' | 'still-held';
+      source: 'redis' | 'postgres';
+    }
   | { reclaimed: false; why: string };
 
 /**
@@ -407,23 +413,76 @@ export type LateReclaim =
  * after all if, and only if, its unit can be taken back atomically, inside the payment's
  * transaction (the order row is locked by the caller):
  *
+ * - cache live (not written back): reclaimPaid-5.lua takes a released unit back from Redis (or
+ *   marks a reservation never released PAID) and marks it PAID, atomically, or changes nothing
+ *   (sold again, the buyer's slot taken). A frozen cache not yet written back answers
+ *   NOT_WRITTEN_BACK (503): the provider retries and the PostgreSQL path decides.
  * - written back (PostgreSQL is the truth): a unit already returned (via redis before the
  *   freeze, or postgres after it) is taken out of `activity_stock` by a conditional UPDATE
  *   (`remaining >= quantity`); a unit not returned yet and never offered to Redis is still held in
  *   the snapshot, and the settler's conditional `status = 'CLOSED'` can no longer return it.
- * - otherwise (the cache is live, or the settlement's outcome is unknown: release attempted but
- *   not recorded, or unresolved): not reclaimed; the caller records REFUND_PENDING. Never an
- *   oversell: a unit is never sold twice.
+ * - otherwise (release attempted but its outcome unknown after the freeze, or unresolved): not
+ *   reclaimed; the caller records REFUND_PENDING. Never an oversell: a unit is never sold twice.
  *
  * A buyer who meanwhile holds the same slot with another live order cannot get this one back
  * (the unique index refuses it): not reclaimed either.
  */
-export async function reclaimClosedOrder(c: PoolClient, order: LifecycleOrderRow): Promise<LateReclaim> {
+export async function reclaimClosedOrder(
+  c: PoolClient,
+  order: LifecycleOrderRow,
+  redis?: RedisClient,
+  logger?: Logger,
+): Promise<LateReclaim> {
   if (order.status !== 'CLOSED') return { reclaimed: false, why: `order is ${order.status}` };
   if (order.stockReturnVia === 'unresolved')
     return { reclaimed: false, why: 'its stock return is unresolved' };
+  const reopen = async (): Promise<LifecycleOrderRow | 'slot-taken' | undefined> =>
+    inSavepoint<LifecycleOrderRow | 'slot-taken' | undefined>(
+      c,
+      'late_payment_reopen',
+      async () => {
+        const row = await reopenClosedAsPaid(c, order.id);
+        return { keep: row !== undefined, value: row };
+      },
+      (err) => (isUniqueViolation(err) ? 'slot-taken' : undefined),
+    );
+
   if (!(await readWriteBack(c, order.activityId))) {
-    return { reclaimed: false, why: 'the sale cache is live: the unit cannot be taken back from PostgreSQL' };
+    if (!redis) return { reclaimed: false, why: 'the sale cache is live and no Redis client was given' };
+    let outcome: ReclaimOutcome;
+    try {
+      outcome = await reclaimPaid(redis, {
+        activityId: order.activityId,
+        reservationId: order.reservationId,
+        userId: order.userId,
+        skuId: order.skuId,
+      });
+    } catch (err) {
+      if (isCode(err, 'FROZEN')) {
+        throw new FlashSaleError(
+          'NOT_WRITTEN_BACK',
+          'the stock is being written back; retry the notification',
+        );
+      }
+      if (err instanceof FlashSaleError) return { reclaimed: false, why: `Redis: ${err.code}` };
+      throw err;
+    }
+    const row = await reopen();
+    if (row === undefined || row === 'slot-taken') {
+      // Redis holds the unit as PAID but the order stays CLOSED: one unit out of the sale
+      // (never an oversell); reconciliation reports it.
+      logger?.error(
+        { orderId: order.id, reservationId: order.reservationId, outcome: outcome.kind, row },
+        'LATE PAYMENT: the unit was taken back in Redis but the order could not be reopened',
+      );
+      return { reclaimed: false, why: 'the order could not be reopened (the buyer holds the slot)' };
+    }
+    return {
+      reclaimed: true,
+      order: row,
+      stock: outcome.kind === 'still-held' ? 'still-held' : 'taken-back',
+      source: 'redis',
+    };
   }
   if (order.stockReturnVia === null && order.stockReleaseAttemptedAt !== null) {
     return { reclaimed: false, why: 'a Redis release was attempted and its outcome is not settled' };
@@ -440,7 +499,12 @@ export async function reclaimClosedOrder(c: PoolClient, order: LifecycleOrderRow
       if (!row) return { keep: false, value: { reclaimed: false, why: 'the order is no longer CLOSED' } };
       return {
         keep: true,
-        value: { reclaimed: true, order: row, stock: returned ? 'taken-back' : 'still-held' },
+        value: {
+          reclaimed: true,
+          order: row,
+          stock: returned ? 'taken-back' : 'still-held',
+          source: 'postgres',
+        },
       };
     },
     (err) =>

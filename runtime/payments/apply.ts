@@ -69,6 +69,8 @@ export async function applyPayment(
   notice: PaymentNotice,
   traceId: string,
   paidTimeToleranceSeconds = 0,
+  /** To take a late in-time payment's unit back from Redis while the sale cache is live. */
+  live?: { redis: RedisClient; logger: Logger },
 ): Promise<ApplyResult> {
   return inTransaction(pool, async (c) => {
     const order = await lockOrder(c, notice.orderId);
@@ -133,13 +135,14 @@ export async function applyPayment(
       if (!paidInTime(order, notice, paidTimeToleranceSeconds)) {
         return refund('ORDER_CLOSED', 'paid after the payment deadline');
       }
-      const late = await reclaimClosedOrder(c, order);
+      const late = await reclaimClosedOrder(c, order, live?.redis, live?.logger);
       if (!late.reclaimed) return refund('ORDER_CLOSED', `paid in time, but ${late.why}`);
       await finishPayment(c, provider, notice.tradeNo, { state: 'APPLIED' });
       await journal('ORDER_PAID', 'PAID', {
         late: true,
         paidAt: notice.paidAt?.toISOString(),
         stock: late.stock,
+        from: late.source,
       });
       return { outcome: 'PAID', refundReason: null, order: late.order, late: true };
     }
@@ -158,7 +161,17 @@ export async function acceptPayment(
   notice: PaymentNotice,
   traceId: string,
 ): Promise<ApplyResult> {
-  const result = await applyPayment(deps.pool, provider, notice, traceId, deps.paidTimeToleranceSeconds ?? 0);
+  const result = await applyPayment(
+    deps.pool,
+    provider,
+    notice,
+    traceId,
+    deps.paidTimeToleranceSeconds ?? 0,
+    {
+      redis: deps.redis,
+      logger: deps.logger,
+    },
+  );
   if (result.late) {
     deps.logger.info(
       { orderId: result.order.id, tradeNo: notice.tradeNo, paidAt: notice.paidAt, traceId },

@@ -241,7 +241,9 @@ export async function startApi(
         redis: f.redis,
         logger: f.logger,
         metrics: f.metrics,
-        paidTimeToleranceSeconds: 300,
+        // Payment times are judged exactly here (one machine, one clock): a payment after the
+        // deadline is late by any margin.
+        paidTimeToleranceSeconds: 0,
         providers: [
           new HmacProvider({
             name: 'hmac',

@@ -8,7 +8,7 @@ import { registerActivity } from '../../../core/db/activity-registry-store.js';
 import { findOrderById } from '../../../core/db/orders-store.js';
 import { paymentsForOrder } from '../../../core/db/payments-store.js';
 import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
-import { reservationIdFor } from '../../../core/reservations.js';
+import { readReservation, reservationIdFor } from '../../../core/reservations.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { uniqueId } from '../../helpers/env.js';
 import {
@@ -16,12 +16,14 @@ import {
   MERCHANT_ID,
   TIMEOUT_MS,
   buyerCall,
+  counters,
   countRows,
   materialize,
   notify,
   openActivity,
   reserveFor,
   setUp,
+  skuStock,
   startApi,
   type Api,
   type Fixture,
@@ -113,7 +115,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
   );
 
   it(
-    'while the cache is live, an in-time payment for a timed-out order is REFUND_PENDING (no Redis take-back)',
+    'while the cache is live, an in-time payment for a timed-out order takes its unit back from Redis; a unit sold again → REFUND_PENDING',
     async () => {
       const u = 'never-pays';
       const id = order.get(u)!;
@@ -121,16 +123,52 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       const swept = await sweep();
       expect(swept.closed).toBe(1);
       expect(swept.settled.redis).toBe(1);
+      const stockAfterClose = await skuStock(f.redis, activityId, skuId);
+      const released = (await counters(f.redis, activityId)).released ?? 0;
       const paidAt = new Date((await deadline(id)).getTime() - 5_000);
       const r = await notify(api, paidBody(id, uniqueId('T'), paidAt));
-      expect(r).toEqual({ status: 200, body: { result: 'success', outcome: 'REFUND_PENDING' } });
-      expect((await findOrderById(f.pool, id))?.status).toBe('CLOSED');
-      const view = await buyerCall(api, 'GET', `/v1/activities/${activityId}/orders/${rid.get(u)!}`, u);
-      expect(view.body).toMatchObject({
-        status: 'CLOSED',
-        reason: 'PAYMENT_TIMEOUT',
-        refundPending: { amount: '19.90', count: 1 },
+      expect(r).toEqual({ status: 200, body: { result: 'success', outcome: 'PAID' } });
+      expect(await findOrderById(f.pool, id)).toMatchObject({
+        status: 'PAID',
+        stockReturned: false,
+        stockReturnVia: null,
       });
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(stockAfterClose - 1);
+      expect((await counters(f.redis, activityId)).released).toBe(released - 1);
+      expect((await readReservation(f.redis, activityId, rid.get(u)!))?.state).toBe('PAID');
+      const view = await buyerCall(api, 'GET', `/v1/activities/${activityId}/orders/${rid.get(u)!}`, u);
+      expect(view.body).toMatchObject({ status: 'PAID', orderId: id });
+
+      // Another sale, one unit: closed, released, bought by somebody else, then paid in time.
+      const other = await openActivity(f.redis, { stock: 1, price: '19.90' });
+      const [first] = await reserveFor(f.redis, other.activityId, other.skuId, ['slow-payer']);
+      const ids = await materialize(f.pool, f.redis, other.activityId, [first!]);
+      const slow = ids.get(first!)!;
+      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '10 seconds' WHERE id = $1`, [
+        slow,
+      ]);
+      await sweepExpiredOrders({
+        ...f.deps,
+        activityId: other.activityId,
+        batchSize: 10,
+        maxBatches: 1,
+        settleGraceSeconds: 0,
+      });
+      const [second] = await reserveFor(f.redis, other.activityId, other.skuId, ['quick-buyer']);
+      expect((await readReservation(f.redis, other.activityId, second!))?.state).toBe('RESERVED');
+      const late = await notify(
+        api,
+        paidBody(slow, uniqueId('T'), new Date((await deadline(slow)).getTime() - 1_000)),
+      );
+      expect(late.body.outcome).toBe('REFUND_PENDING');
+      expect((await findOrderById(f.pool, slow))?.status).toBe('CLOSED');
+      expect(await skuStock(f.redis, other.activityId, other.skuId)).toBe(0);
+      expect((await readReservation(f.redis, other.activityId, first!))?.state).toBe('RELEASED');
+      const why = await f.pool.query<{ detail: Record<string, unknown> }>(
+        `SELECT detail FROM order_journal WHERE order_id = $1 AND event = 'PAYMENT_REFUND_PENDING'`,
+        [slow],
+      );
+      expect(why.rows.map((j) => j.detail.why)).toEqual(['paid in time, but Redis: SOLD_OUT']);
     },
     TIMEOUT_MS,
   );
@@ -155,7 +193,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
         writtenBy: 'test',
       });
       const before = await remaining();
-      expect(before).toBe(10 - 6 + 1); // 6 reserved, the never-pays unit released before the freeze
+      expect(before).toBe(10 - 6); // 6 reserved; never-pays' unit released, then taken back by its payment
       const late = ['late-in-time', 'late-too-late', 'sold-again'].map((u) => order.get(u)!);
       await f.pool.query(
         `UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = ANY($1::bigint[])`,
@@ -329,7 +367,9 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       expect([early.status, early.body.code]).toEqual([409, 'NOT_STARTED']);
       // None of these wrote anything.
       expect(
-        await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id <> $1', [activityId]),
+        await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = ANY($1::text[])', [
+          [future],
+        ]),
       ).toBe(0);
       expect(
         await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = $1', [activityId]),
