@@ -295,7 +295,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
   );
 
   it(
-    'after cleanup: a replay gets its order back, a new submission ENDED, an unknown activity NOT_FOUND, a future one NOT_STARTED',
+    'after cleanup: a replay gets its order back, a new submission ENDED, an unknown activity NOT_FOUND, a future one NOT_STARTED; cancellation returns the unit to PostgreSQL',
     async () => {
       // The test wrote orders without a relay: the outbox still holds their half messages.
       await cleanupActivity(f.redis, activityId, 3600, { force: true });
@@ -365,6 +365,30 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
         requestId: 'req-newcomer',
       });
       expect([early.status, early.body.code]).toEqual([409, 'NOT_STARTED']);
+      // A buyer can still cancel an unpaid order: closed, its unit returned to PostgreSQL.
+      const stockBefore = await remaining();
+      const cancel = await buyerCall(
+        api,
+        'DELETE',
+        `/v1/activities/${activityId}/orders?requestId=req-unpaid-view`,
+        'unpaid-view',
+      );
+      expect([cancel.status, cancel.body.outcome]).toEqual([200, 'cancelled']);
+      expect(await findOrderById(f.pool, order.get('unpaid-view')!)).toMatchObject({
+        status: 'CLOSED',
+        closeReason: 'CANCELLED',
+        stockReturnVia: 'postgres',
+      });
+      expect(await remaining()).toBe(stockBefore + 1);
+      const again = await buyerCall(
+        api,
+        'DELETE',
+        `/v1/activities/${activityId}/orders/${rid.get('unpaid-view')!}`,
+        'unpaid-view',
+      );
+      expect([again.status, again.body.outcome]).toEqual([200, 'already-cancelled']);
+      expect(await remaining()).toBe(stockBefore + 1);
+
       // None of these wrote anything.
       expect(
         await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = ANY($1::text[])', [
