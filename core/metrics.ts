@@ -239,5 +239,11 @@ export function createOperatorMetrics() {
       labelNames: ['activity', 'namespace'],
       registers: r,
     }),
+    ordersUnsettled: new client.Gauge({
+      name: 'flashsale_orders_unsettled',
+      help: 'Orders and payments of an activity not settled yet (Settling), by what is left: unpaid, closed_unsettled, refund_pending, refunding',
+      labelNames: ['activity', 'namespace', 'status'],
+      registers: r,
+    }),
   };
 }

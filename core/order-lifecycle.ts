@@ -25,12 +25,13 @@ import {
   markReleaseAttempted,
   markStockReturned,
   PAID_STATUSES,
+  reopenClosedAsPaid,
   transitionOrder,
 } from './db/orders-store.js';
 import type { LifecycleOrderRow, StockReturnVia, TransitionResult } from './db/orders-store.js';
-import { inTransaction } from './db/pool.js';
-import type { Pool } from './db/pool.js';
-import { readWriteBack, returnStock } from './db/stock-store.js';
+import { inSavepoint, inTransaction, isUniqueViolation } from './db/pool.js';
+import type { Pool, PoolClient } from './db/pool.js';
+import { readWriteBack, returnStock, takeBackStock } from './db/stock-store.js';
 import { FlashSaleError } from './errors.js';
 import type { Logger } from './logger.js';
 import type { Metrics } from './metrics.js';
@@ -38,10 +39,16 @@ import {
   cancelBeforeReserve,
   orderMessageOf,
   readReservation,
+  reclaimPaid,
   release,
   reservationIdFor,
 } from './reservations.js';
-import type { CancelMarkerOutcome, CancelMarkerPolicy, ReservationRecord } from './reservations.js';
+import type {
+  CancelMarkerOutcome,
+  CancelMarkerPolicy,
+  ReclaimOutcome,
+  ReservationRecord,
+} from './reservations.js';
 import type { RedisClient } from './scripts.js';
 
 export interface LifecycleDeps {
@@ -407,4 +414,121 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
     // 'exists': the reservation (or a concurrent marker) arrived meanwhile; the next round reports it.
   }
   throw new FlashSaleError('UNAVAILABLE', 'the reservation kept changing; retry the cancellation');
+}
+
+export type LateReclaim =
+  | {
+      reclaimed: true;
+      order: LifecycleOrderRow;
+      /** Where the unit came back from (or that it had never left). */
+      stock: 'taken-back' | 'still-held';
+      source: 'redis' | 'postgres';
+    }
+  | { reclaimed: false; why: string };
+
+/**
+ * A payment made within the payment window reached an order the timeout closed meanwhile (source
+ * 004: "按支付发生时间裁决", decide by payment time, not by which job ran first). The order is paid
+ * after all if, and only if, its unit can be taken back atomically, inside the payment's
+ * transaction (the order row is locked by the caller):
+ *
+ * - cache live (not written back): reclaimPaid-5.lua takes a released unit back from Redis (or
+ *   marks a reservation never released PAID) and marks it PAID, atomically, or changes nothing
+ *   (sold again, the buyer's slot taken). A frozen cache not yet written back answers
+ *   NOT_WRITTEN_BACK (503): the provider retries and the PostgreSQL path decides.
+ * - written back (PostgreSQL is the truth): a unit already returned (via redis before the
+ *   freeze, or postgres after it) is taken out of `activity_stock` by a conditional UPDATE
+ *   (`remaining >= quantity`); a unit not returned yet and never offered to Redis is still held in
+ *   the snapshot, and the settler's conditional `status = 'CLOSED'` can no longer return it.
+ * - otherwise (release attempted but its outcome unknown after the freeze, or unresolved): not
+ *   reclaimed; the caller records REFUND_PENDING. Never an oversell: a unit is never sold twice.
+ *
+ * A buyer who meanwhile holds the same slot with another live order cannot get this one back
+ * (the unique index refuses it): not reclaimed either.
+ */
+export async function reclaimClosedOrder(
+  c: PoolClient,
+  order: LifecycleOrderRow,
+  redis?: RedisClient,
+  logger?: Logger,
+): Promise<LateReclaim> {
+  if (order.status !== 'CLOSED') return { reclaimed: false, why: `order is ${order.status}` };
+  if (order.stockReturnVia === 'unresolved')
+    return { reclaimed: false, why: 'its stock return is unresolved' };
+  const reopen = async (): Promise<LifecycleOrderRow | 'slot-taken' | undefined> =>
+    inSavepoint<LifecycleOrderRow | 'slot-taken' | undefined>(
+      c,
+      'late_payment_reopen',
+      async () => {
+        const row = await reopenClosedAsPaid(c, order.id);
+        return { keep: row !== undefined, value: row };
+      },
+      (err) => (isUniqueViolation(err) ? 'slot-taken' : undefined),
+    );
+
+  if (!(await readWriteBack(c, order.activityId))) {
+    if (!redis) return { reclaimed: false, why: 'the sale cache is live and no Redis client was given' };
+    let outcome: ReclaimOutcome;
+    try {
+      outcome = await reclaimPaid(redis, {
+        activityId: order.activityId,
+        reservationId: order.reservationId,
+        userId: order.userId,
+        skuId: order.skuId,
+      });
+    } catch (err) {
+      if (isCode(err, 'FROZEN')) {
+        throw new FlashSaleError(
+          'NOT_WRITTEN_BACK',
+          'the stock is being written back; retry the notification',
+        );
+      }
+      if (err instanceof FlashSaleError) return { reclaimed: false, why: `Redis: ${err.code}` };
+      throw err;
+    }
+    const row = await reopen();
+    if (row === undefined || row === 'slot-taken') {
+      // Redis holds the unit as PAID but the order stays CLOSED: one unit out of the sale
+      // (never an oversell); reconciliation reports it.
+      logger?.error(
+        { orderId: order.id, reservationId: order.reservationId, outcome: outcome.kind, row },
+        'LATE PAYMENT: the unit was taken back in Redis but the order could not be reopened',
+      );
+      return { reclaimed: false, why: 'the order could not be reopened (the buyer holds the slot)' };
+    }
+    return {
+      reclaimed: true,
+      order: row,
+      stock: outcome.kind === 'still-held' ? 'still-held' : 'taken-back',
+      source: 'redis',
+    };
+  }
+  if (order.stockReturnVia === null && order.stockReleaseAttemptedAt !== null) {
+    return { reclaimed: false, why: 'a Redis release was attempted and its outcome is not settled' };
+  }
+  const returned = order.stockReturnVia !== null;
+  return inSavepoint<LateReclaim>(
+    c,
+    'late_payment',
+    async () => {
+      if (returned && !(await takeBackStock(c, order.activityId, order.skuId, order.quantity))) {
+        return { keep: false, value: { reclaimed: false, why: 'the returned unit was sold again' } };
+      }
+      const row = await reopenClosedAsPaid(c, order.id);
+      if (!row) return { keep: false, value: { reclaimed: false, why: 'the order is no longer CLOSED' } };
+      return {
+        keep: true,
+        value: {
+          reclaimed: true,
+          order: row,
+          stock: returned ? 'taken-back' : 'still-held',
+          source: 'postgres',
+        },
+      };
+    },
+    (err) =>
+      isUniqueViolation(err)
+        ? { reclaimed: false, why: 'the buyer holds this slot with another live order' }
+        : undefined,
+  );
 }

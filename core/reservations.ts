@@ -147,6 +147,30 @@ export async function confirmPaid(
   return reply[0] === 1 ? 'paid' : 'already-paid';
 }
 
+export type ReclaimOutcome =
+  { kind: 'taken-back'; stockAfter: number } | { kind: 'already-paid' } | { kind: 'still-held' };
+
+/**
+ * Takes a released reservation's unit back and marks it PAID, or marks a still-reserved one PAID
+ * (reclaimPaid-5.lua): for a payment made in time for an order the timeout closed. Throws
+ * SOLD_OUT, LIMIT_REACHED, FROZEN, ... when it cannot (nothing changed then).
+ */
+export async function reclaimPaid(
+  redis: RedisClient,
+  input: { activityId: string; reservationId: string; userId: string; skuId: string },
+): Promise<ReclaimOutcome> {
+  const k = activityKeys(input.activityId);
+  const reply = await runScript(
+    redis,
+    'reclaimPaid',
+    [k.meta, k.reservation(input.reservationId), k.sku(input.skuId), k.buyer(input.userId), k.counters],
+    [input.reservationId, input.userId, input.skuId],
+  );
+  if (reply[0] === 1) return { kind: 'taken-back', stockAfter: Number(reply[1]) };
+  if (reply[0] === 2) return { kind: 'already-paid' };
+  return { kind: 'still-held' };
+}
+
 export interface ReservationRecord {
   reservationId: string;
   state: ReservationState;

@@ -56,6 +56,11 @@ export const operatorConfigSchema = z
     STATUS_REFRESH_SECONDS: durationSeconds(10, 0),
     DRAIN_CHECK_SECONDS: durationSeconds(2, 0.1),
     CLEANUP_RETRY_SECONDS: durationSeconds(5, 0.1),
+    /**
+     * Settling: payments and refunds change an activity's orders without any Kubernetes event,
+     * so the settlement is re-checked this often (besides the exact instant of the last deadline).
+     */
+    SETTLE_CHECK_SECONDS: durationSeconds(30, 0.1),
     ORDER_GAP_THRESHOLD_SECONDS: durationSeconds(30, 0),
     RETRY_BASE_MS: env.int(500, 1),
     RETRY_MAX_SECONDS: durationSeconds(60, 1),
@@ -128,6 +133,7 @@ export interface OperatorConfig {
   statusRefreshMs: number;
   drainCheckMs: number;
   cleanupRetryMs: number;
+  settleCheckMs: number;
   orderGapThresholdMs: number;
   retryBaseMs: number;
   retryMaxMs: number;
@@ -174,6 +180,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
     statusRefreshMs: c.STATUS_REFRESH_SECONDS * 1000,
     drainCheckMs: c.DRAIN_CHECK_SECONDS * 1000,
     cleanupRetryMs: c.CLEANUP_RETRY_SECONDS * 1000,
+    settleCheckMs: c.SETTLE_CHECK_SECONDS * 1000,
     orderGapThresholdMs: c.ORDER_GAP_THRESHOLD_SECONDS * 1000,
     retryBaseMs: c.RETRY_BASE_MS,
     retryMaxMs: c.RETRY_MAX_SECONDS * 1000,

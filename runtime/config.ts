@@ -4,7 +4,12 @@ import { env, readConfig } from '../core/config.js';
 import { kafkaSecurityFromEnv } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
 
-export const roles = ['api', 'relay', 'consumer', 'jobs', 'all'] as const;
+/**
+ * `after-sale` is platform-level (one Deployment from the chart, no ACTIVITY_ID): it serves the
+ * buyer API and payment notifications for every activity and sweeps every activity's expired
+ * orders, for as long as orders live (docs/after-sale.md "The after-sale tier").
+ */
+export const roles = ['api', 'relay', 'consumer', 'jobs', 'all', 'after-sale'] as const;
 export type Role = (typeof roles)[number];
 
 const schema = z
@@ -163,17 +168,22 @@ export type RuntimeConfig = z.infer<typeof schema>;
 
 export function loadRuntimeConfig(role: Role, source: NodeJS.ProcessEnv = process.env): RuntimeConfig {
   const cfg = readConfig(schema, source);
-  if (role !== 'api' && !cfg.ACTIVITY_ID) {
+  if (role === 'after-sale' && cfg.ACTIVITY_ID) {
+    throw new Error(
+      'invalid configuration:\n  ACTIVITY_ID: the after-sale role serves every activity; unset it',
+    );
+  }
+  if (role !== 'api' && role !== 'after-sale' && !cfg.ACTIVITY_ID) {
     throw new Error(`invalid configuration:\n  ACTIVITY_ID: required for the ${role} role`);
   }
   if (
-    (role === 'api' || role === 'all') &&
+    (role === 'api' || role === 'all' || role === 'after-sale') &&
     !cfg.JWT_HS256_SECRET &&
     !cfg.JWT_RS256_PUBLIC_KEY &&
     !cfg.JWT_JWKS
   ) {
     throw new Error(
-      'invalid configuration:\n  JWT_HS256_SECRET: set it, JWT_RS256_PUBLIC_KEY or JWT_JWKS for the api role',
+      `invalid configuration:\n  JWT_HS256_SECRET: set it, JWT_RS256_PUBLIC_KEY or JWT_JWKS for the ${role} role`,
     );
   }
   // Validated here so that a bad Kafka security setting stops the start with its variable named.

@@ -1,6 +1,7 @@
 /**
- * The runtime: one program, the role chosen by argument (`api`, `relay`, `consumer`, `jobs`, or
- * `all` for local use). SIGTERM stops in order: stop taking HTTP, finish the relay's and the
+ * The runtime: one program, the role chosen by argument (`api`, `relay`, `consumer`, `jobs`,
+ * `all` for local use, or `after-sale`: the platform-level buyer API, payment notifications and
+ * sweeper for every activity, running as long as orders live). SIGTERM stops in order: stop taking HTTP, finish the relay's and the
  * consumer's batches in flight, stop jobs, close pools.
  */
 import type { Server } from 'node:http';
@@ -22,7 +23,7 @@ import { OrderConsumer } from './consumer/consumer.js';
 import { createMetricsApp, createServiceApp } from './http.js';
 import { runDlqCli } from './dlq.js';
 import { cancelRouter } from './api/cancel-routes.js';
-import { scheduleAfterSaleJobs } from './jobs/after-sale.js';
+import { scheduleAfterSaleJobs, scheduleSettlementSweeper } from './jobs/after-sale.js';
 import { sampleGauges } from './jobs/gauges.js';
 import { startMoneyJobs } from './jobs/money.js';
 import { providersFromEnv } from './payments/hmac-provider.js';
@@ -54,7 +55,7 @@ async function main(): Promise<void> {
   const cfg = loadRuntimeConfig(role);
   const logger = createLogger(`runtime-${role}`, cfg.LOG_LEVEL);
   const metrics = createMetrics(`runtime-${role}`);
-  const has = (r: Role): boolean => role === r || role === 'all';
+  const has = (r: Role): boolean => role === r || role === 'all' || (role === 'after-sale' && r === 'api');
   logger.info(
     {
       role,
@@ -90,7 +91,7 @@ async function main(): Promise<void> {
   const ready = async (): Promise<boolean> => {
     if (stopping) return false;
     await redis.ping();
-    if (has('consumer') || has('jobs')) await pool.query('SELECT 1');
+    if (has('consumer') || has('jobs') || role === 'after-sale') await pool.query('SELECT 1');
     return true;
   };
 
@@ -139,7 +140,14 @@ async function main(): Promise<void> {
       ],
       publicRouters: providers.length
         ? [
-            paymentsRouter({ pool, redis, logger, metrics, providers }),
+            paymentsRouter({
+              pool,
+              redis,
+              logger,
+              metrics,
+              providers,
+              paidTimeToleranceSeconds: cfg.PAYMENT_SIGNATURE_TOLERANCE_SECONDS,
+            }),
             refundNotificationsRouter({ pool, logger, metrics, providers }),
           ]
         : [],
@@ -263,6 +271,25 @@ async function main(): Promise<void> {
     const r = relays[0];
     const timer = setInterval(() => void r.sampleGauges().catch(() => undefined), 1000);
     closers.unshift(async () => clearInterval(timer));
+  }
+
+  if (role === 'after-sale') {
+    const sweeper = scheduleSettlementSweeper({ cfg, redis, pool, logger, metrics });
+    // Refunds and order events of every activity, for as long as orders live: an activity's own
+    // jobs stop when its runtime is scaled to zero at Completed.
+    const money = await startMoneyJobs({
+      cfg,
+      activityId: undefined,
+      pool,
+      logger,
+      metrics,
+      kafka,
+      providers,
+    });
+    closers.unshift(async () => {
+      await money.stop();
+      await sweeper.stop();
+    });
   }
 
   const shutdown = async (signal: string): Promise<void> => {

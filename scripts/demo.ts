@@ -33,6 +33,7 @@ import {
 } from '../test/e2e/operator/harness.js';
 import type { Admin, OperatorProcess } from '../test/e2e/operator/harness.js';
 import { uniqueId } from '../test/helpers/env.js';
+import { signNotification } from '../runtime/payments/hmac-provider.js';
 import { ROOT, httpClient, startRole, tokenFor, waitFor } from '../test/helpers/runtime.js';
 import type { RoleProcess } from '../test/helpers/runtime.js';
 
@@ -50,6 +51,8 @@ const KNOBS = {
   doubleclick: ['DEMO_DOUBLE_CLICK_PERCENT', 10, '% of buyers who send the same request twice'],
   starttimeout: ['DEMO_START_TIMEOUT', 300, 'seconds allowed for the operator and roles to start'],
   drain: ['DEMO_DRAIN_TIMEOUT', 20, 'seconds the operator waits for the backlog at the end'],
+  paywindow: ['DEMO_PAYMENT_WINDOW', 30, 'seconds a buyer has to pay (spec.payment.timeout, >= 10)'],
+  paypercent: ['DEMO_PAY_PERCENT', 60, '% of orders paid with a signed notification'],
   interval: ['DEMO_INTERVAL', 1, 'seconds between two progress updates'],
 } as const;
 type Knob = keyof typeof KNOBS;
@@ -235,8 +238,115 @@ function demoActivity(namespace: string, k: Record<Knob, number>, now: number): 
       schedule,
       items: scaleItems(example.spec.items ?? [], k.stock),
       drain: { timeout: `${k.drain}s` },
+      payment: { timeout: `${Math.max(10, k.paywindow)}s` },
     },
   };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Payments: the provider's signed notifications (docs/after-sale.md), sent to the after-sale role.
+// ---------------------------------------------------------------------------------------------
+
+const PAY_SECRET = 'demo-payment-provider-secret-0123456789';
+const PAY_APP = 'demo-app';
+const PAY_MERCHANT = 'demo-merchant';
+
+interface PaymentTally {
+  /** notification outcome -> count. */
+  outcomes: Map<string, number>;
+  /** The order paid in time whose notification is held back until the timeout closed it. */
+  late: { orderId: string; paidAt: Date; outcome?: string } | undefined;
+  /** The order paid twice (two trade numbers). */
+  duplicate: { orderId: string; outcome?: string } | undefined;
+  seen: Set<string>;
+  paidNotified: number;
+}
+
+async function notifyPayment(
+  url: string,
+  orderId: string,
+  tradeNo: string,
+  amount: string,
+  paidAt: Date,
+): Promise<string> {
+  const body = JSON.stringify({
+    app_id: PAY_APP,
+    merchant_id: PAY_MERCHANT,
+    out_trade_no: orderId,
+    trade_no: tradeNo,
+    total_amount: amount,
+    trade_status: 'TRADE_SUCCESS',
+    gmt_payment: paidAt.toISOString(),
+  });
+  for (let attempt = 1; ; attempt += 1) {
+    const r = await fetch(`${url}/v1/payments/hmac/notifications`, {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        'x-fs-signature': signNotification(PAY_SECRET, body, Math.floor(Date.now() / 1000)),
+      },
+      body,
+    });
+    const json = (await r.json().catch(() => ({}))) as { outcome?: string; code?: string };
+    // Like a provider: retry what was not acknowledged (5xx), a bounded number of times.
+    if (r.status < 500 || attempt >= 5) return json.outcome ?? json.code ?? `http ${r.status}`;
+    await new Promise((res) => setTimeout(res, 300 * attempt));
+  }
+}
+
+/**
+ * One round of the simulated payment provider: new UNPAID orders are paid (a share of them, at
+ * once) except the first, whose payment is made now but notified only once the timeout closed
+ * its order and the stock was written back (late but in time); the first paid order is paid a
+ * second time with another trade number (a duplicate trade).
+ */
+async function payRound(
+  pg: Pool,
+  url: string,
+  activityId: string,
+  k: Record<Knob, number>,
+  p: PaymentTally,
+  random: () => number,
+  phase: string | undefined,
+): Promise<void> {
+  const count = (outcome: string): void => void p.outcomes.set(outcome, (p.outcomes.get(outcome) ?? 0) + 1);
+  const fresh = await pg.query<{ id: string; amount: string }>(
+    `SELECT id, amount::text AS amount FROM orders WHERE activity_id = $1 AND status = 'UNPAID' ORDER BY id`,
+    [activityId],
+  );
+  for (const o of fresh.rows) {
+    if (p.seen.has(o.id)) continue;
+    p.seen.add(o.id);
+    if (!p.late) {
+      p.late = { orderId: o.id, paidAt: new Date() };
+      continue;
+    }
+    if (random() * 100 >= k.paypercent) continue;
+    count(await notifyPayment(url, o.id, `T-${o.id}`, o.amount, new Date()));
+    p.paidNotified += 1;
+    if (!p.duplicate) {
+      p.duplicate = { orderId: o.id };
+      p.duplicate.outcome = await notifyPayment(url, o.id, `T-${o.id}-again`, o.amount, new Date());
+      count(p.duplicate.outcome);
+    }
+  }
+  const late = p.late;
+  if (late && !late.outcome && (phase === 'Settling' || phase === 'Completed')) {
+    const row = await pg.query<{ status: string; amount: string }>(
+      `SELECT status, amount::text AS amount FROM orders WHERE id = $1`,
+      [late.orderId],
+    );
+    if (row.rows[0]?.status === 'CLOSED') {
+      late.outcome = await notifyPayment(
+        url,
+        late.orderId,
+        `T-${late.orderId}-late`,
+        row.rows[0].amount,
+        late.paidAt,
+      );
+      count(late.outcome);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -408,6 +518,7 @@ async function summary(
   items: ItemSpec[],
   tally: Tally,
   metrics: string[],
+  payments: PaymentTally,
 ): Promise<boolean> {
   const k = activityKeys(activityId);
   const [orders, rows, wb, keys, perSku, overLimit, slots, missing] = await Promise.all([
@@ -445,17 +556,61 @@ async function summary(
   const initial = rows.reduce((n, r) => n + r.initial, 0);
   const remaining = rows.reduce((n, r) => n + r.remaining, 0);
   const phase = fsa?.status?.phase;
+  const settlement = fsa?.status?.settlement;
+  const refundsOnly =
+    phase === 'Settling' && (settlement?.unsettled ?? 0) === (settlement?.refundPending ?? -1);
+  const [payRows, returned] = await Promise.all([
+    pg.query<{ state: string; n: string }>(
+      `SELECT state, count(*)::text AS n FROM payments WHERE activity_id = $1 GROUP BY state`,
+      [activityId],
+    ),
+    pg.query<{ via: string; q: string }>(
+      `SELECT stock_return_via AS via, coalesce(sum(quantity), 0)::text AS q FROM orders
+        WHERE activity_id = $1 AND status = 'CLOSED' AND stock_return_via IS NOT NULL GROUP BY 1`,
+      [activityId],
+    ),
+  ]);
+  const payState = new Map(payRows.rows.map((r) => [r.state, Number(r.n)]));
+  const returnedVia = new Map(returned.rows.map((r) => [r.via, Number(r.q)]));
   const checks: Check[] = [
     {
-      name: 'lifecycle completed',
-      ok: phase === 'Completed',
-      detail: `phase ${phase ?? 'none'}${fsa?.status?.drain?.timedOut ? ` (${fsa.status.drain.leftover ?? 'drain timed out'})` : ''}`,
+      name: 'lifecycle settled',
+      // Completed needs every payment applied or refunded; the duplicate trade waits for the
+      // refund worker (docs/after-sale.md), so Settling with only refunds left is accepted.
+      ok: phase === 'Completed' || refundsOnly,
+      detail:
+        `phase ${phase ?? 'none'}` +
+        (settlement
+          ? `, unsettled ${settlement.unsettled ?? 0} (refund pending ${settlement.refundPending ?? 0})`
+          : '') +
+        (fsa?.status?.drain?.timedOut ? ` (${fsa.status.drain.leftover ?? 'drain timed out'})` : ''),
+    },
+    {
+      name: 'orders settled',
+      ok: orders.byStatus.UNPAID === 0 && (settlement?.closedUnsettled ?? 0) === 0,
+      detail:
+        `UNPAID ${orders.byStatus.UNPAID}, PAID ${orders.byStatus.PAID}, CLOSED ${orders.byStatus.CLOSED} ` +
+        `(units returned: ${returnedVia.get('redis') ?? 0} to Redis during the sale, ${returnedVia.get('postgres') ?? 0} to PostgreSQL after it)`,
+    },
+    {
+      name: 'payments decided',
+      ok:
+        payments.duplicate?.outcome === 'REFUND_PENDING' &&
+        (payments.late?.outcome === 'PAID' || payments.late?.outcome === 'REFUND_PENDING') &&
+        (payState.get('APPLIED') ?? 0) === orders.byStatus.PAID,
+      detail:
+        `${payments.paidNotified + (payments.late ? 1 : 0)} paid, ${payState.get('APPLIED') ?? 0} applied; ` +
+        `duplicate trade → ${payments.duplicate?.outcome ?? 'not sent'}; ` +
+        `late notification of an in-time payment → ${payments.late?.outcome ?? 'not sent'}` +
+        (payments.late?.outcome === 'PAID' ? ' (unit taken back from PostgreSQL)' : ''),
     },
     {
       name: 'stock written back',
-      ok: wb !== undefined && rows.length === items.length && wb.remainingTotal === remaining,
+      // remaining grows after the write-back by the units of orders closed unpaid (returned to
+      // PostgreSQL) and shrinks by late in-time payments (taken back).
+      ok: wb !== undefined && rows.length === items.length && wb.initialTotal === initial,
       detail: wb
-        ? `activity_writebacks remaining ${wb.remainingTotal}, orders ${wb.ordersTotal}; activity_stock ` +
+        ? `activity_writebacks remaining ${wb.remainingTotal}, orders ${wb.ordersTotal}; activity_stock now ` +
           rows.map((r) => `${r.skuId} ${r.remaining}/${r.initial}`).join(', ')
         : 'no activity_writebacks row',
     },
@@ -497,12 +652,15 @@ async function summary(
   const lines = [
     '',
     `Summary of activity ${activityId}`,
-    `  sold             ${orders.quantity} of ${initial} units (${remaining} left, written back to PostgreSQL)`,
+    `  sold             ${orders.quantity} of ${initial} units (${remaining} left in PostgreSQL, returned units included)`,
     `  orders           ${orders.orders} in PostgreSQL (${Object.entries(orders.byStatus)
       .filter(([, n]) => n > 0)
       .map(([s, n]) => `${s} ${n}`)
       .join(', ')})`,
     `  buyers           ${tally.sent} requests: ${[...tally.total.entries()].map(([l, n]) => `${l} ${n}`).join(', ')}`,
+    `  payments         paid ${orders.byStatus.PAID}, closed unpaid ${orders.byStatus.CLOSED}, ` +
+      `refund pending ${payState.get('REFUND_PENDING') ?? 0}, refunded ${payState.get('REFUNDED') ?? 0} ` +
+      `(notifications: ${[...payments.outcomes.entries()].map(([o, n]) => `${o} ${n}`).join(', ') || '-'})`,
     `  metrics          ${metrics.join('\n                   ')}`,
     '  checks (queries against PostgreSQL and Redis):',
     ...checks.map((c) => `    ${c.ok ? 'ok  ' : 'FAIL'}  ${c.name.padEnd(20)} ${c.detail}`),
@@ -558,12 +716,29 @@ async function main(): Promise<number> {
       250,
     );
   };
+  // A short payment window (spec.payment.timeout, the same PAYMENT_TIMEOUT_SECONDS the operator
+  // gives its Deployments) and a sweeper every 2 s, so that the orders outlive the sale by seconds.
+  const afterSaleEnv = {
+    PAYMENT_TIMEOUT_SECONDS: String(Math.max(10, k.paywindow)),
+    PAYMENT_SWEEP_CRON: '*/2 * * * * *',
+    STOCK_SETTLE_GRACE_SECONDS: '2',
+  };
   const started = Promise.all(
-    (['api', 'relay', 'consumer'] as const).map(async (role) => {
+    (['api', 'relay', 'consumer', 'after-sale'] as const).map(async (role) => {
       const r = await startRole(role, {
         databaseUrl,
         waitReady: false,
-        ...(role === 'api' ? {} : { activityId }),
+        ...(role === 'api' || role === 'after-sale' ? {} : { activityId }),
+        env: {
+          ...afterSaleEnv,
+          ...(role === 'after-sale'
+            ? {
+                PAYMENT_HMAC_SECRET: PAY_SECRET,
+                PAYMENT_HMAC_APP_ID: PAY_APP,
+                PAYMENT_HMAC_MERCHANT_ID: PAY_MERCHANT,
+              }
+            : {}),
+        },
       });
       roles.push(r);
       await ready(`${role} ready`, async () => (await fetch(`${r.url}/readyz`)).status === 200, r.proc);
@@ -573,7 +748,7 @@ async function main(): Promise<number> {
   started.catch(() => undefined);
   await installCrd(a);
   const ns = await prepareNamespace(namespace, a);
-  say('starting the operator and the runtime roles (api, relay, consumer) as local processes');
+  say('starting the operator and the runtime roles (api, relay, consumer, after-sale) as local processes');
   const op = await startOperator({ ns, databaseUrl, waitFor: 'nothing' });
   operator = op;
   await ready(
@@ -581,7 +756,12 @@ async function main(): Promise<number> {
     async () => op.records().some((r) => r.msg === 'controller started'),
     op.proc,
   );
-  const apiRole = (await started)[0]!;
+  const [apiRole, , , afterSaleRole] = (await started) as [
+    RoleProcess,
+    RoleProcess,
+    RoleProcess,
+    RoleProcess,
+  ];
   say(
     `operator leading (metrics http://127.0.0.1:${operator.port}/metrics); ` +
       roles.map((r) => `${r.role} ${r.url}`).join(', '),
@@ -612,9 +792,18 @@ async function main(): Promise<number> {
     doubleClickMismatch: 0,
     sent: 0,
   };
+  const payments: PaymentTally = {
+    outcomes: new Map(),
+    late: undefined,
+    duplicate: undefined,
+    seen: new Set(),
+    paidNotified: 0,
+  };
+  const payRandom = rng(20301112);
   let phase: string | undefined;
   let buyers: Promise<void> | undefined;
   let done = false;
+  let onlyRefundsLeft = false;
   const deadline = endMs + 120_000;
   while (!done) {
     const seen = await progress(a, redis, pg, namespace, name, activityId, tally, startMs, endMs).catch(
@@ -630,7 +819,21 @@ async function main(): Promise<number> {
     if (!buyers && Date.now() >= startMs - 2500) {
       buyers = runBuyers(apiRole.url, activityId, items, startMs, endMs, k, tally, () => stopping);
     }
-    if (phase === 'Completed' || phase === 'Failed') done = true;
+    if (Date.now() >= startMs) {
+      await payRound(pg, afterSaleRole.url, activityId, k, payments, payRandom, phase).catch((err: unknown) =>
+        say(`payments: ${String(err)}`),
+      );
+    }
+    // The refund worker drives REFUND_PENDING to REFUNDED; without it, an activity whose orders are
+    // all settled but whose duplicate trade is still to be refunded stays in Settling.
+    const settlement =
+      phase === 'Settling' ? (await getActivity(a, namespace, name))?.status?.settlement : undefined;
+    onlyRefundsLeft =
+      settlement !== undefined &&
+      (settlement.unsettled ?? 0) > 0 &&
+      settlement.unsettled === (settlement.refundPending ?? 0) &&
+      payments.late?.outcome !== undefined;
+    if (phase === 'Completed' || phase === 'Failed' || onlyRefundsLeft) done = true;
     else if (Date.now() > deadline) {
       say('the activity did not complete within 2 minutes after its end');
       done = true;
@@ -642,7 +845,7 @@ async function main(): Promise<number> {
     ...roles.map((r) => scrapeMetrics(r.role, r.metricsUrl)),
   ]);
   const fsa = await getActivity(a, namespace, name);
-  const ok = await summary(redis, pg, fsa, activityId, items, tally, metrics);
+  const ok = await summary(redis, pg, fsa, activityId, items, tally, metrics, payments);
   return ok ? 0 : 1;
 }
 

@@ -155,6 +155,27 @@ CREATE TABLE order_gap_repairs (
 `,
   },
   {
+    version: 3,
+    name: 'activity-registry',
+    sql: `
+-- The activities the operator knows, with their sale window: lets the platform-level after-sale
+-- role answer a submission once the cache is gone (ENDED after endAt, NOT_STARTED before startAt,
+-- NOT_FOUND for an id nobody registered). owner_uid keeps a second resource that reuses an
+-- activity id from moving the first one's window.
+CREATE TABLE activity_registry (
+  activity_id    text        PRIMARY KEY,
+  owner          text        NOT NULL,
+  owner_uid      text        NOT NULL,
+  start_at       timestamptz NOT NULL,
+  end_at         timestamptz NOT NULL CHECK (end_at > start_at),
+  registered_at  timestamptz NOT NULL DEFAULT now(),
+  updated_at     timestamptz NOT NULL DEFAULT now()
+);
+-- The after-sale sweeper looks for activities with closed orders whose stock is not settled; the
+-- existing index orders_closed_stock_pending serves it, and orders_unpaid_expiry the unpaid ones.
+`,
+  },
+  {
     version: 4,
     name: 'refunds-order-events',
     sql: `

@@ -195,6 +195,26 @@ export async function transitionOrder(
   return { applied: false, expected: from, to, current: current?.status, order: current };
 }
 
+/**
+ * CLOSED -> PAID for a payment made within the payment window of an order the timeout closed
+ * (docs/after-sale.md "Late payment"). Conditional on CLOSED; the caller has locked the row and
+ * taken its stock back, so the order holds its unit again (stock_returned reset). close_reason and
+ * closed_at stay as history. The live-slot unique index refuses it (23505) when the buyer holds
+ * the slot with another live order.
+ */
+export async function reopenClosedAsPaid(
+  db: Queryable,
+  orderId: string,
+): Promise<LifecycleOrderRow | undefined> {
+  const res = await db.query<LifecycleOrderRow>(
+    `UPDATE orders SET status = 'PAID', paid_at = now(), stock_returned = false, stock_return_via = NULL
+      WHERE id = $1 AND status = 'CLOSED'
+      RETURNING ${LIFECYCLE_COLUMNS}`,
+    [orderId],
+  );
+  return res.rows[0];
+}
+
 export async function findOrderById(db: Queryable, orderId: string): Promise<LifecycleOrderRow | undefined> {
   const res = await db.query<LifecycleOrderRow>(`SELECT ${LIFECYCLE_COLUMNS} FROM orders WHERE id = $1`, [
     orderId,
@@ -390,4 +410,67 @@ export async function orderQuantities(db: Queryable, activityId: string): Promis
     else out.closedUnsettled += q;
   }
   return out;
+}
+
+/**
+ * Activities with after-sale work due: UNPAID orders past their deadline, or closed orders whose
+ * stock is still unsettled `graceSeconds` after closing (served by the partial indexes
+ * orders_unpaid_expiry and orders_closed_stock_pending).
+ */
+export async function activitiesWithAfterSaleWork(db: Queryable, graceSeconds: number): Promise<string[]> {
+  const res = await db.query<{ activity_id: string }>(
+    `SELECT DISTINCT activity_id FROM orders WHERE status = 'UNPAID' AND expires_at <= now()
+     UNION
+     SELECT DISTINCT activity_id FROM orders
+      WHERE status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+        AND closed_at <= now() - make_interval(secs => $1)`,
+    [graceSeconds],
+  );
+  return res.rows.map((r) => r.activity_id).sort();
+}
+
+export interface SettlementCounts {
+  unpaid: number;
+  paid: number;
+  closed: number;
+  refunding: number;
+  refunded: number;
+  /** Closed orders whose stock is neither returned nor flagged unresolved yet. */
+  closedUnsettled: number;
+  /** The latest payment deadline among UNPAID orders (undefined when none). */
+  lastUnpaidDeadline: Date | undefined;
+}
+
+/** The order side of an activity's settlement (the operator's Settling phase). */
+export async function settlementCounts(db: Queryable, activityId: string): Promise<SettlementCounts> {
+  const res = await db.query<{
+    unpaid: string;
+    paid: string;
+    closed: string;
+    refunding: string;
+    refunded: string;
+    unsettled: string;
+    last: Date | null;
+  }>(
+    `SELECT count(*) FILTER (WHERE status = 'UNPAID')::text AS unpaid,
+            count(*) FILTER (WHERE status = 'PAID')::text AS paid,
+            count(*) FILTER (WHERE status = 'CLOSED')::text AS closed,
+            count(*) FILTER (WHERE status = 'REFUNDING')::text AS refunding,
+            count(*) FILTER (WHERE status = 'REFUNDED')::text AS refunded,
+            count(*) FILTER (WHERE status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL)::text
+              AS unsettled,
+            max(expires_at) FILTER (WHERE status = 'UNPAID') AS last
+       FROM orders WHERE activity_id = $1`,
+    [activityId],
+  );
+  const r = res.rows[0]!;
+  return {
+    unpaid: Number(r.unpaid),
+    paid: Number(r.paid),
+    closed: Number(r.closed),
+    refunding: Number(r.refunding),
+    refunded: Number(r.refunded),
+    closedUnsettled: Number(r.unsettled),
+    lastUnpaidDeadline: r.last ?? undefined,
+  };
 }

@@ -177,3 +177,15 @@ export async function movePaymentRefund(
   );
   return res.rowCount === 1;
 }
+
+/**
+ * Payments of an activity whose money must still go back (the operator's Settling phase): waiting
+ * for a refund or with a refund in flight.
+ */
+export async function countRefundPending(db: Queryable, activityId: string): Promise<number> {
+  const res = await db.query<{ n: string }>(
+    `SELECT count(*)::text AS n FROM payments WHERE activity_id = $1 AND state IN ('REFUND_PENDING', 'REFUNDING')`,
+    [activityId],
+  );
+  return Number(res.rows[0]!.n);
+}

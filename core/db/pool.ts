@@ -41,6 +41,34 @@ export async function inTransaction<T>(pool: pg.Pool, fn: (c: pg.PoolClient) => 
   }
 }
 
+/**
+ * Runs `fn` inside a savepoint of the caller's transaction: when it throws, or returns
+ * `{ keep: false }`, only its own writes are undone and the transaction goes on.
+ */
+export async function inSavepoint<T>(
+  c: pg.PoolClient,
+  name: string,
+  fn: () => Promise<{ keep: boolean; value: T }>,
+  onError: (err: unknown) => T | undefined,
+): Promise<T> {
+  await c.query(`SAVEPOINT ${name}`);
+  try {
+    const r = await fn();
+    await c.query(r.keep ? `RELEASE SAVEPOINT ${name}` : `ROLLBACK TO SAVEPOINT ${name}`);
+    return r.value;
+  } catch (err) {
+    const handled = onError(err);
+    if (handled === undefined) throw err;
+    await c.query(`ROLLBACK TO SAVEPOINT ${name}`);
+    return handled;
+  }
+}
+
+/** Whether a statement failed on a unique key (SQLSTATE 23505). */
+export function isUniqueViolation(err: unknown): boolean {
+  return (err as { code?: unknown } | null)?.code === '23505';
+}
+
 /** Node's network error codes: the server is unreachable for now, not the message at fault. */
 const NETWORK_CODES = new Set([
   'ECONNREFUSED',

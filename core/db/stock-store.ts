@@ -96,3 +96,21 @@ export async function returnStock(
     [activityId, skuId, quantity],
   );
 }
+
+/**
+ * Takes returned stock back out after write-back (a late payment for an order the timeout
+ * closed): conditional, so the remaining stock never goes below zero (never an oversell).
+ */
+export async function takeBackStock(
+  db: Queryable,
+  activityId: string,
+  skuId: string,
+  quantity: number,
+): Promise<boolean> {
+  const res = await db.query(
+    `UPDATE activity_stock SET remaining = remaining - $3, updated_at = now()
+      WHERE activity_id = $1 AND sku_id = $2 AND remaining >= $3`,
+    [activityId, skuId, quantity],
+  );
+  return res.rowCount === 1;
+}

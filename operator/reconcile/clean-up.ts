@@ -1,9 +1,9 @@
 /**
  * Step 9: CleaningUp. Deletes this activity's Redis keys only (core's cleanupActivity: SCAN over
  * the activity's own prefix, never KEYS or a global pattern), keeps buyers' results with a TTL of
- * spec.cleanup.resultRetention, and refuses while anything is still in flight; the runtime is
- * scaled to zero once the activity is Completed. With cleanup.policy Retain the keys stay until
- * the resource is deleted.
+ * spec.cleanup.resultRetention, and refuses while anything is still in flight; then Settling
+ * (settle.ts) waits for the orders. With cleanup.policy Retain the keys stay until the resource is
+ * deleted.
  */
 import { cleanupActivity } from '../../core/activity-cache.js';
 import { FlashSaleError } from '../../core/errors.js';
@@ -45,6 +45,5 @@ export async function cleanUp(ctx: ReconcileContext): Promise<StepResult> {
     ? 'completed; Redis keys retained (cleanup.policy Retain) until the resource is deleted'
     : `completed; ${ctx.status.cleanup?.deletedKeys ?? 0} Redis key(s) deleted, results kept for ${ctx.fsa.spec.cleanup.resultRetention}`;
   await ctx.event('Normal', EventReason.CleanedUp, message);
-  await ctx.event('Normal', EventReason.Completed, 'the activity is complete; runtime scaled to zero');
-  return ctx.transition(Phase.Completed, message);
+  return ctx.transition(Phase.Settling, `${message}; settling the orders`);
 }

@@ -58,6 +58,7 @@ const TIMESTAMP_FIELD: Record<Phase, keyof PhaseTimestamps> = {
   Draining: 'draining',
   WritingBack: 'writingBack',
   CleaningUp: 'cleaningUp',
+  Settling: 'settling',
   Completed: 'completed',
   Failed: 'failed',
 };

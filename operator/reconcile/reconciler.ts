@@ -16,6 +16,7 @@ import { ensureFinalizer } from './ensure-finalizer.js';
 import { openGate } from './open-gate.js';
 import { removeFinalizer } from './remove-finalizer.js';
 import { scaleRuntime } from './scale-runtime.js';
+import { settle } from './settle.js';
 import { syncSpec } from './sync-spec.js';
 import { updateStatus } from './update-status.js';
 import { warmUp } from './warm-up.js';
@@ -33,6 +34,7 @@ export const STEPS: readonly (readonly [string, Step])[] = [
   ['drain', drain],
   ['write-back', writeBack],
   ['clean-up', cleanUp],
+  ['settle', settle],
   ['remove-finalizer', removeFinalizer],
 ];
 
@@ -53,6 +55,9 @@ export class Reconciler {
     if (!fsa) {
       for (const p of Object.values(Phase)) {
         this.deps.metrics.activityPhase.remove({ activity: name, namespace, phase: p });
+      }
+      for (const status of ['unpaid', 'closed_unsettled', 'refund_pending', 'refunding']) {
+        this.deps.metrics.ordersUnsettled.remove({ activity: name, namespace, status });
       }
       return { requeueAtMs: undefined, phase: undefined };
     }

@@ -1,7 +1,8 @@
 /**
- * Step 10: a deleted activity lets go once nothing of it is live: Completed (after deleting keys
- * retained by cleanup.policy Retain), Failed (its data is left for an operator to inspect), or
- * still Pending (nothing was created yet).
+ * Step 11: a deleted activity lets go once nothing of it is live: Completed (after deleting keys
+ * retained by cleanup.policy Retain), Failed (its data is left for an operator to inspect), still
+ * Pending (nothing was created yet), or Settling (its orders live on in PostgreSQL and the
+ * platform after-sale role settles them).
  */
 import { EventReason, FINALIZER, Phase } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
@@ -12,9 +13,24 @@ import { releaseUnusedClaim } from '../../core/db/claims-store.js';
 export async function removeFinalizer(ctx: ReconcileContext): Promise<StepResult> {
   if (!ctx.deleting || !ctx.fsa.metadata.finalizers?.includes(FINALIZER)) return CONTINUE;
   const releasable =
-    ctx.phase === Phase.Completed || ctx.phase === Phase.Failed || ctx.phase === Phase.Pending;
+    ctx.phase === Phase.Completed ||
+    ctx.phase === Phase.Failed ||
+    ctx.phase === Phase.Pending ||
+    (ctx.phase === Phase.Settling && (ctx.status.settlement?.unsettled ?? 0) > 0);
   if (!releasable) return CONTINUE;
-  if (ctx.phase === Phase.Completed && ctx.fsa.spec.cleanup.policy === 'Retain') {
+  if (ctx.phase === Phase.Settling) {
+    // The orders live in PostgreSQL; the platform after-sale role keeps settling them.
+    await ctx.event(
+      'Warning',
+      EventReason.ReleasedUnsettled,
+      `deleted while Settling: ${ctx.status.settlement?.unsettled ?? 0} order(s) or payment(s) still unsettled; ` +
+        'the after-sale role keeps closing, refunding and answering them',
+    );
+  }
+  if (
+    (ctx.phase === Phase.Completed || ctx.phase === Phase.Settling) &&
+    ctx.fsa.spec.cleanup.policy === 'Retain'
+  ) {
     if (!(await deleteActivityKeys(ctx))) return DONE;
   }
   if (!ctx.status.timestamps?.warmingUp) {

@@ -8,6 +8,7 @@
  */
 import { loadActivity } from '../../core/activity-cache.js';
 import { recordActivityItems } from '../../core/db/activity-items-store.js';
+import { registerActivity } from '../../core/db/activity-registry-store.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { readLoadedDefinition } from '../../core/loaded-definition.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
@@ -89,6 +90,14 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
   const outcome = await syncCache(ctx, ctx.phase);
   switch (outcome.kind) {
     case 'loaded':
+      // endAt may have been extended: the after-sale role judges ENDED by the registered window.
+      await registerActivity(ctx.deps.pool, {
+        activityId: ctx.activityId,
+        owner: `${ctx.fsa.metadata.namespace}/${ctx.fsa.metadata.name}`,
+        ownerUid: ctx.fsa.metadata.uid,
+        startAt: ctx.schedule.startAt,
+        endAt: ctx.schedule.endAt,
+      });
       await recordCache(ctx);
       delete ctx.status.cache?.refusal;
       await ctx.event('Normal', EventReason.SpecChangeApplied, outcome.changes.join('; ') || 'reloaded');

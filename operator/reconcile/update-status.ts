@@ -12,12 +12,14 @@ import type { ConditionInput } from '../api/v1alpha1/conditions.js';
 import { ConditionType, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { BacklogStatus, FlashSaleActivityStatus, StockStatus } from '../api/v1alpha1/types.js';
 import type { ReconcileContext } from './context.js';
+import { readSettlement } from './settle.js';
 
 const KAFKA_PHASES: readonly Phase[] = [
   Phase.Active,
   Phase.Draining,
   Phase.WritingBack,
   Phase.CleaningUp,
+  Phase.Settling,
   Phase.Completed,
 ];
 const FIGURE_PHASES: readonly Phase[] = [
@@ -27,6 +29,7 @@ const FIGURE_PHASES: readonly Phase[] = [
   Phase.Draining,
   Phase.WritingBack,
   Phase.CleaningUp,
+  Phase.Settling,
   Phase.Completed,
 ];
 
@@ -140,6 +143,10 @@ export async function updateStatus(ctx: ReconcileContext): Promise<void> {
   if (ctx.error === undefined) {
     try {
       Object.assign(status, await readFigures(ctx, phase));
+      // The pass that entered Settling shows its figures at once (the settle step reads them in
+      // the passes after).
+      if (phase === Phase.Settling && ctx.phase !== Phase.Settling)
+        status.settlement = await readSettlement(ctx);
     } catch (err) {
       ctx.log.warn({ err: String(err) }, 'could not read stock/backlog figures');
     }
@@ -170,6 +177,17 @@ export async function updateStatus(ctx: ReconcileContext): Promise<void> {
     metrics.activityHalfMessages.set(labels, status.backlog.halfMessages);
   if (status.backlog?.consumerLag !== undefined)
     metrics.activityConsumerLag.set(labels, status.backlog.consumerLag);
+  if (status.settlement) {
+    const st = status.settlement;
+    for (const [key, value] of [
+      ['unpaid', st.unpaid],
+      ['closed_unsettled', st.closedUnsettled],
+      ['refund_pending', st.refundPending],
+      ['refunding', st.refunding],
+    ] as const) {
+      metrics.ordersUnsettled.set({ ...labels, status: key }, value ?? 0);
+    }
+  }
 
   const updated = await ctx.deps.activities.patchStatus(ctx.fsa, status);
   if (updated) ctx.fsa = updated;

@@ -4,17 +4,35 @@
  * so live stock is never reset), then -> Ready.
  */
 import { claimCacheOwner } from '../../core/activity-cache.js';
+import { registerActivity } from '../../core/db/activity-registry-store.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { recordCache, syncCache } from './sync-spec.js';
 
+/**
+ * Records the activity's sale window in PostgreSQL (activity_registry), so the platform after-sale
+ * role can answer NOT_STARTED / ENDED / NOT_FOUND without the cache. Idempotent; a row owned by
+ * another resource is never moved.
+ */
+export async function register(ctx: ReconcileContext): Promise<void> {
+  ctx.requireOwnership();
+  await registerActivity(ctx.deps.pool, {
+    activityId: ctx.activityId,
+    owner: `${ctx.fsa.metadata.namespace}/${ctx.fsa.metadata.name}`,
+    ownerUid: ctx.fsa.metadata.uid,
+    startAt: ctx.schedule.startAt,
+    endAt: ctx.schedule.endAt,
+  });
+}
+
 export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.deleting) return CONTINUE;
   if (ctx.phase === Phase.Pending) {
     const at = ctx.schedule.warmUpAt;
     if (!ctx.fsa.status?.conditions?.length) {
+      await register(ctx);
       // A new resource is recorded as Pending first, even when warm-up time has already come.
       if (ctx.now < at) ctx.requeueAt(at.getTime());
       return ctx.transition(Phase.Pending, `waiting for warm-up at ${at.toISOString()}`);
@@ -47,6 +65,7 @@ export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
     await ctx.event('Normal', EventReason.TopicsCreated, `created Kafka topics ${created.join(', ')}`);
   }
 
+  await register(ctx);
   const outcome = await syncCache(ctx, Phase.WarmingUp);
   if (outcome.kind === 'empty') {
     ctx.degraded = {

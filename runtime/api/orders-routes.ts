@@ -1,15 +1,14 @@
 /** The buyer API: submit, poll, order codes. Handlers validate, call the core, map the outcome. */
 import { Router } from 'express';
 import type { Request, Response } from 'express';
-import { issueOrderCode, readMeta, readResult, skuExists } from '../../core/activity-cache.js';
+import { issueOrderCode, readMeta, skuExists } from '../../core/activity-cache.js';
 import { FlashSaleError } from '../../core/errors.js';
 import type { ErrorCode } from '../../core/errors.js';
-import { findByReservationId } from '../../core/db/orders-store.js';
 import type { Pool } from '../../core/db/pool.js';
 import { UNKNOWN_ACTIVITY_LABEL } from '../../core/metrics.js';
 import type { Metrics } from '../../core/metrics.js';
-import type { ReservationResult } from '../../core/model.js';
-import { readReservation, reservationExists, reservationIdFor, reserve } from '../../core/reservations.js';
+import { answerUnloadedSubmission, lookupOrder } from '../../core/order-view.js';
+import { reservationExists, reservationIdFor, reserve } from '../../core/reservations.js';
 import { crashPoint } from '../../core/crash.js';
 import type { RedisClient } from '../../core/scripts.js';
 import {
@@ -43,7 +42,7 @@ const resultLabel: Partial<Record<ErrorCode, string>> = {
   UNKNOWN_SKU: 'unknown_sku',
   CANCELLED: 'cancelled',
   IDEMPOTENCY_CONFLICT: 'idempotency_conflict',
-  NOT_LOADED: 'not_started',
+  NOT_FOUND: 'unknown_activity',
 };
 
 export function ordersRouter(deps: OrdersDeps): Router {
@@ -99,49 +98,51 @@ export function ordersRouter(deps: OrdersDeps): Router {
         location: `/v1/activities/${activityId}/orders/${outcome.reservationId}`,
       });
       res.end(payload);
+      return;
+    } catch (err) {
+      if (!(err instanceof FlashSaleError) || err.code !== 'NOT_LOADED') {
+        if (err instanceof FlashSaleError) {
+          deps.metrics.reservations.inc({ activity: activityId, result: resultLabel[err.code] ?? 'error' });
+          if (err.code === 'SOLD_OUT') deps.soldOut.markSoldOut(activityId, body.skuId);
+        }
+        throw err;
+      }
+    }
+    // No cache (not loaded yet, or cleaned up after the sale): a replay gets its order back,
+    // anything else the answer of the registered sale window (core/order-view.ts).
+    let answer;
+    try {
+      answer = await answerUnloadedSubmission(deps, {
+        activityId,
+        userId,
+        requestId: body.requestId,
+        skuId: body.skuId,
+        quantity: body.quantity,
+      });
     } catch (err) {
       if (err instanceof FlashSaleError) {
-        // An activity the cache does not know gets one shared label value: an api serving every
+        // An activity nobody registered gets one shared label value: an api serving every
         // activity must not grow a metric series per made-up id.
-        const activity = err.code === 'NOT_LOADED' ? UNKNOWN_ACTIVITY_LABEL : activityId;
+        const activity = err.code === 'NOT_FOUND' ? UNKNOWN_ACTIVITY_LABEL : activityId;
         deps.metrics.reservations.inc({ activity, result: resultLabel[err.code] ?? 'error' });
-        if (err.code === 'SOLD_OUT') deps.soldOut.markSoldOut(activityId, body.skuId);
-        if (err.code === 'NOT_LOADED') throw new FlashSaleError('NOT_STARTED', 'the sale is not open yet');
       }
       throw err;
     }
+    deps.metrics.reservations.inc({ activity: activityId, result: 'duplicate' });
+    const payload = JSON.stringify({ reservationId: answer.reservationId, ...answer.view, replayed: true });
+    res.writeHead(202, {
+      'content-type': 'application/json; charset=utf-8',
+      'content-length': Buffer.byteLength(payload),
+      location: `/v1/activities/${activityId}/orders/${answer.reservationId}`,
+    });
+    res.end(payload);
   });
-
-  const lookup = async (
-    activityId: string,
-    userId: string,
-    reservationId: string,
-  ): Promise<ReservationResult> => {
-    const [stored, rsv] = await Promise.all([
-      readResult(deps.redis, activityId, reservationId),
-      readReservation(deps.redis, activityId, reservationId),
-    ]);
-    if (rsv && rsv.userId !== userId) throw new FlashSaleError('UNKNOWN_RESERVATION');
-    if (stored && stored.userId === userId) return stored.result;
-    if (rsv?.state === 'RESERVED') return { status: 'QUEUED' };
-    if (rsv?.state === 'RELEASED' || rsv?.state === 'CANCELLED')
-      return { status: 'FAILED', reason: rsv.state };
-    // The Redis result may be missing (written after the DB commit, or expired): PostgreSQL decides.
-    const order = await findByReservationId(deps.pool, reservationId);
-    if (order && order.userId === userId && order.activityId === activityId) {
-      return order.status === 'CLOSED'
-        ? { status: 'FAILED', reason: order.closeReason ?? 'CLOSED' }
-        : { status: 'CREATED', orderId: order.id };
-    }
-    if (rsv) return { status: 'QUEUED' };
-    throw new FlashSaleError('UNKNOWN_RESERVATION');
-  };
 
   router.get('/v1/activities/:activityId/orders/:reservationId', async (req: Request, res: Response) => {
     const activityId = activityOf(req);
     const reservationId = parse(reservationParam, req.params.reservationId);
-    const result = await lookup(activityId, res.locals.userId as string, reservationId);
-    res.json({ reservationId, ...result });
+    const view = await lookupOrder(deps, { activityId, userId: res.locals.userId as string, reservationId });
+    res.json({ reservationId, ...view });
   });
 
   /** Lets a buyer who never saw the 202 find their reservation without submitting again. */
@@ -150,8 +151,8 @@ export function ordersRouter(deps: OrdersDeps): Router {
     const requestId = parse(requestIdQuery, req.query.requestId);
     const userId = res.locals.userId as string;
     const reservationId = reservationIdFor(activityId, userId, requestId);
-    const result = await lookup(activityId, userId, reservationId);
-    res.json({ reservationId, ...result });
+    const view = await lookupOrder(deps, { activityId, userId, reservationId });
+    res.json({ reservationId, ...view });
   });
 
   router.post('/v1/activities/:activityId/order-codes', async (req: Request, res: Response) => {

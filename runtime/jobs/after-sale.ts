@@ -11,6 +11,7 @@ import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import type { RedisClient } from '../../core/scripts.js';
+import { activitiesWithAfterSaleWork } from '../../core/db/orders-store.js';
 import { checkOrderGap } from './gauges.js';
 import { repairOrderGap } from './gap-repair.js';
 import { sweepExpiredOrders } from './payment-timeout.js';
@@ -113,4 +114,57 @@ export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promi
       for (const t of tasks) await t.stop();
     },
   };
+}
+
+export interface SettlementSweeperDeps {
+  cfg: Pick<
+    AfterSaleJobsConfig,
+    | 'PAYMENT_TIMEOUT_SECONDS'
+    | 'PAYMENT_SWEEP_CRON'
+    | 'PAYMENT_SWEEP_BATCH_SIZE'
+    | 'PAYMENT_SWEEP_MAX_BATCHES'
+    | 'STOCK_SETTLE_GRACE_SECONDS'
+  >;
+  redis: RedisClient;
+  pool: Pool;
+  logger: Logger;
+  metrics: Metrics;
+}
+
+/**
+ * The platform-level after-sale role's sweeper: on PAYMENT_SWEEP_CRON, every activity that has
+ * UNPAID orders past their deadline or closed orders whose stock is not settled (one indexed
+ * query) is swept like the per-activity sweeper does. It outlives the activity's own Deployments,
+ * so orders are closed and their stock returned (to PostgreSQL after write-back) until the
+ * activity is settled. Safe beside the per-activity sweepers (SKIP LOCKED, conditional updates).
+ */
+export function scheduleSettlementSweeper(d: SettlementSweeperDeps): { stop: () => Promise<void> } {
+  const { cfg } = d;
+  const task = cron.schedule(
+    cfg.PAYMENT_SWEEP_CRON,
+    async () => {
+      try {
+        const activities = await activitiesWithAfterSaleWork(d.pool, cfg.STOCK_SETTLE_GRACE_SECONDS);
+        for (const activityId of activities) {
+          await sweepExpiredOrders({
+            pool: d.pool,
+            redis: d.redis,
+            logger: d.logger,
+            metrics: d.metrics,
+            paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+            activityId,
+            batchSize: cfg.PAYMENT_SWEEP_BATCH_SIZE,
+            maxBatches: cfg.PAYMENT_SWEEP_MAX_BATCHES,
+            settleGraceSeconds: cfg.STOCK_SETTLE_GRACE_SECONDS,
+          });
+        }
+        d.metrics.jobRuns.inc({ job: 'settlement-sweep', result: 'ok' });
+      } catch (err) {
+        d.metrics.jobRuns.inc({ job: 'settlement-sweep', result: 'error' });
+        d.logger.warn({ job: 'settlement-sweep', err: (err as Error).message }, 'job failed');
+      }
+    },
+    { name: 'settlement-sweep', noOverlap: true },
+  );
+  return { stop: async () => void (await task.stop()) };
 }

@@ -8,7 +8,10 @@
  *   3. an existing APPLIED / REFUND_PENDING row answers a redelivery with the same outcome
  *   4. a wrong amount -> REFUND_PENDING (the order is untouched)
  *   5. conditional UNPAID -> PAID; success -> APPLIED, otherwise (closed, or paid by another
- *      trade) -> REFUND_PENDING and the order keeps its state
+ *      trade) -> REFUND_PENDING and the order keeps its state, with one exception decided by
+ *      payment time (source 004): an order the timeout closed, paid within its window (plus the
+ *      signature tolerance), is paid after all when its unit can be taken back atomically
+ *      (core/order-lifecycle.ts reclaimClosedOrder); otherwise REFUND_PENDING
  *
  * After the commit a paid order's reservation is marked PAID in Redis (confirmPaid) while the
  * cache is live, so no release can ever return its stock; a transient failure there makes the
@@ -25,6 +28,7 @@ import type { Pool } from '../../core/db/pool.js';
 import { FlashSaleError } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
+import { reclaimClosedOrder } from '../../core/order-lifecycle.js';
 import { confirmPaid } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
 import type { PaymentNotice } from './provider.js';
@@ -35,6 +39,8 @@ export interface ApplyResult {
   outcome: PaymentOutcome;
   refundReason: RefundReason | null;
   order: LifecycleOrderRow;
+  /** Paid in time for an order the timeout had closed: its unit was taken back. */
+  late?: boolean;
 }
 
 export interface PaymentDeps {
@@ -42,6 +48,18 @@ export interface PaymentDeps {
   redis: RedisClient;
   logger: Logger;
   metrics?: Metrics | undefined;
+  /** Seconds a payment time may pass an order's deadline and still count as in time (clock skew). */
+  paidTimeToleranceSeconds?: number | undefined;
+}
+
+/** Whether the notice says the buyer paid within the order's payment window (plus the tolerance). */
+export function paidInTime(
+  order: LifecycleOrderRow,
+  notice: PaymentNotice,
+  toleranceSeconds: number,
+): boolean {
+  if (!notice.paidAt) return false;
+  return notice.paidAt.getTime() <= order.expiresAt.getTime() + toleranceSeconds * 1000;
 }
 
 /** Steps 1-5 above, in one transaction; throws (and writes nothing) for unknown orders and trade conflicts. */
@@ -50,6 +68,9 @@ export async function applyPayment(
   provider: string,
   notice: PaymentNotice,
   traceId: string,
+  paidTimeToleranceSeconds = 0,
+  /** To take a late in-time payment's unit back from Redis while the sale cache is live. */
+  live?: { redis: RedisClient; logger: Logger },
 ): Promise<ApplyResult> {
   return inTransaction(pool, async (c) => {
     const order = await lockOrder(c, notice.orderId);
@@ -67,9 +88,9 @@ export async function applyPayment(
           detail: { provider, tradeNo: notice.tradeNo, amount: notice.amount, ...detail },
         },
       ]);
-    const refund = async (reason: RefundReason): Promise<ApplyResult> => {
+    const refund = async (reason: RefundReason, why?: string): Promise<ApplyResult> => {
       await finishPayment(c, provider, notice.tradeNo, { state: 'REFUND_PENDING', reason });
-      await journal('PAYMENT_REFUND_PENDING', order.status, { reason });
+      await journal('PAYMENT_REFUND_PENDING', order.status, { reason, ...(why ? { why } : {}) });
       return { outcome: 'REFUND_PENDING', refundReason: reason, order };
     };
 
@@ -113,7 +134,23 @@ export async function applyPayment(
       return { outcome: 'PAID', refundReason: null, order: t.order };
     }
     // The row is locked, so the status read before is still current.
-    if (order.status === 'CLOSED') return refund('ORDER_CLOSED');
+    if (order.status === 'CLOSED') {
+      if (order.closeReason !== 'PAYMENT_TIMEOUT')
+        return refund('ORDER_CLOSED', `closed: ${order.closeReason}`);
+      if (!paidInTime(order, notice, paidTimeToleranceSeconds)) {
+        return refund('ORDER_CLOSED', 'paid after the payment deadline');
+      }
+      const late = await reclaimClosedOrder(c, order, live?.redis, live?.logger);
+      if (!late.reclaimed) return refund('ORDER_CLOSED', `paid in time, but ${late.why}`);
+      await finishPayment(c, provider, notice.tradeNo, { state: 'APPLIED' });
+      await journal('ORDER_PAID', 'PAID', {
+        late: true,
+        paidAt: notice.paidAt?.toISOString(),
+        stock: late.stock,
+        from: late.source,
+      });
+      return { outcome: 'PAID', refundReason: null, order: late.order, late: true };
+    }
     if (PAID_STATUSES.includes(order.status)) return refund('PAID_BY_OTHER_TRADE');
     return refund('ORDER_NOT_PAYABLE');
   });
@@ -129,7 +166,23 @@ export async function acceptPayment(
   notice: PaymentNotice,
   traceId: string,
 ): Promise<ApplyResult> {
-  const result = await applyPayment(deps.pool, provider, notice, traceId);
+  const result = await applyPayment(
+    deps.pool,
+    provider,
+    notice,
+    traceId,
+    deps.paidTimeToleranceSeconds ?? 0,
+    {
+      redis: deps.redis,
+      logger: deps.logger,
+    },
+  );
+  if (result.late) {
+    deps.logger.info(
+      { orderId: result.order.id, tradeNo: notice.tradeNo, paidAt: notice.paidAt, traceId },
+      'late notification of an in-time payment: closed order paid after all, its unit taken back',
+    );
+  }
   const { order } = result;
   if (result.outcome === 'PAID') deps.metrics?.orders.inc({ activity: order.activityId, status: 'PAID' });
   if (result.outcome === 'REFUND_PENDING') {

@@ -5,7 +5,8 @@
  *
  * The body is JSON: app_id, merchant_id, out_trade_no (our order id), trade_no, total_amount
  * (a decimal STRING, e.g. "19.90"), trade_status (TRADE_SUCCESS | TRADE_FINISHED | anything else
- * is acknowledged and ignored), plus optional fields kept with the payment row.
+ * is acknowledged and ignored), optionally gmt_payment (when the buyer paid, ISO 8601 with an
+ * offset; the signature's t when absent), plus optional fields kept with the payment row.
  *
  * Refunds use the same scheme both ways (docs/after-sale.md "Refunds"): we POST a signed JSON
  * request to the provider's refund URL (its answer is signed too and is checked), and the
@@ -53,13 +54,16 @@ const notification = z
   .object({
     app_id: z.string().min(1).max(64),
     merchant_id: z.string().min(1).max(64),
-    out_trade_no: z.string().regex(/^[1-9]\d{0,18}$/, 'our order id'),
+    // At most 18 digits: every order id fits PostgreSQL's bigint (a 19-digit one may not).
+    out_trade_no: z.string().regex(/^[1-9]\d{0,17}$/, 'our order id'),
     trade_no: z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, '1-128 characters of [A-Za-z0-9._:-]'),
     total_amount: z
       .string()
       .regex(AMOUNT, 'a decimal string with at most 2 decimals')
       .refine((v) => AMOUNT.test(v) && new Decimal(v).gt(0), 'must be positive'),
     trade_status: z.string().min(1).max(32),
+    /** When the buyer paid (ISO 8601 with an offset); the signature's t when absent. */
+    gmt_payment: z.string().datetime({ offset: true }).optional(),
   })
   .passthrough();
 
@@ -120,8 +124,11 @@ export class HmacProvider implements PaymentProvider {
     this.name = cfg.name;
   }
 
-  /** Signature, then timestamp tolerance, then JSON: nothing is parsed before it is authenticated. */
-  private authenticate(req: NotificationRequest): unknown {
+  /**
+   * Signature, then timestamp tolerance, then JSON: nothing is parsed before it is authenticated.
+   * Returns the body and the signature's timestamp (unix seconds).
+   */
+  private authenticate(req: NotificationRequest): { body: unknown; signedAt: number } {
     const sig = parseHeader(req.headers[SIGNATURE_HEADER]);
     if (!sig) throw new FlashSaleError('BAD_SIGNATURE', `missing or malformed ${SIGNATURE_HEADER} header`);
     const valid = this.cfg.secrets.some((secret) => {
@@ -138,14 +145,15 @@ export class HmacProvider implements PaymentProvider {
       throw new FlashSaleError('BAD_SIGNATURE', 'the signature timestamp is outside the tolerance');
     }
     try {
-      return JSON.parse(req.rawBody.toString('utf8')) as unknown;
+      return { body: JSON.parse(req.rawBody.toString('utf8')) as unknown, signedAt: sig.t };
     } catch {
       throw new FlashSaleError('VALIDATION_ERROR', 'the notification is not JSON');
     }
   }
 
   verify(req: NotificationRequest): PaymentNotice {
-    const r = notification.safeParse(this.authenticate(req));
+    const { body, signedAt } = this.authenticate(req);
+    const r = notification.safeParse(body);
     if (!r.success) {
       throw new FlashSaleError('VALIDATION_ERROR', 'the notification is not valid', {
         errors: r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
@@ -155,18 +163,26 @@ export class HmacProvider implements PaymentProvider {
     if (n.app_id !== this.cfg.appId || n.merchant_id !== this.cfg.merchantId) {
       throw new FlashSaleError('MERCHANT_MISMATCH');
     }
+    const paidAt = n.gmt_payment ? new Date(n.gmt_payment) : new Date(signedAt * 1000);
+    // A payment time after the signature (beyond the clock skew allowed) is not a payment time.
+    if (paidAt.getTime() > (signedAt + this.cfg.toleranceSeconds) * 1000) {
+      throw new FlashSaleError('VALIDATION_ERROR', 'gmt_payment is after the notification was signed', {
+        errors: [{ path: 'gmt_payment', message: 'after the signature timestamp' }],
+      });
+    }
     return {
       orderId: n.out_trade_no,
       tradeNo: n.trade_no,
       amount: new Decimal(n.total_amount).toFixed(2),
       status: n.trade_status === 'TRADE_SUCCESS' || n.trade_status === 'TRADE_FINISHED' ? 'success' : 'other',
       providerStatus: n.trade_status,
+      paidAt,
       fields: n as Record<string, unknown>,
     };
   }
 
   verifyRefund(req: NotificationRequest): RefundNotice {
-    const r = refundNotification.safeParse(this.authenticate(req));
+    const r = refundNotification.safeParse(this.authenticate(req).body);
     if (!r.success) {
       throw new FlashSaleError('VALIDATION_ERROR', 'the refund notification is not valid', {
         errors: r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
@@ -236,7 +252,7 @@ export class HmacProvider implements PaymentProvider {
           rawBody: Buffer.from(text, 'utf8'),
           headers: { [SIGNATURE_HEADER]: res.headers.get(SIGNATURE_HEADER) ?? undefined },
           now: new Date(),
-        }),
+        }).body,
       );
     } catch (err) {
       if (res.status >= 400) {

@@ -16,6 +16,11 @@ export interface PaymentNotice {
   status: 'success' | 'other';
   /** The provider's own status word, for logs and the payment row. */
   providerStatus: string;
+  /**
+   * When the buyer paid, as the provider states it (or, failing that, when it signed the
+   * notification). Decides a payment for an order the timeout already closed (docs/after-sale.md).
+   */
+  paidAt?: Date;
   /** The verified notification fields, stored with the payment row. */
   fields: Record<string, unknown>;
 }

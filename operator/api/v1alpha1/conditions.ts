@@ -55,6 +55,7 @@ const PROGRESSING_PHASES: Readonly<Record<string, Phase>> = {
   [Reason.Draining]: P.Draining,
   [Reason.WritingBack]: P.WritingBack,
   [Reason.CleaningUp]: P.CleaningUp,
+  [Reason.Settling]: P.Settling,
 };
 
 /** The phase the conditions describe. No conditions (a new resource) is Pending. */
@@ -109,6 +110,7 @@ export function lifecycleConditions(phase: Phase, message: string, failureReason
     case P.Draining:
     case P.WritingBack:
     case P.CleaningUp:
+    case P.Settling:
       return [
         c(ConditionType.Ready, 'False', Reason.SaleEnded, 'the sale has ended'),
         c(ConditionType.Progressing, 'True', phase),

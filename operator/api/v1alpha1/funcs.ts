@@ -66,6 +66,9 @@ export function replicasFor(spec: FlashSaleActivitySpec, phase: Phase): RoleRepl
     case P.Draining:
     case P.WritingBack:
     case P.CleaningUp:
+    case P.Settling:
+      // Orders outlive the sale: in Settling the activity's roles keep their draining size (its
+      // consumer runs the sweeper, its api answers buyers) until nothing is left to settle.
       return { ...r.draining };
     case P.Pending:
     case P.Completed:

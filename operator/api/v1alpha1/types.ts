@@ -23,6 +23,8 @@ export const Phase = {
   Draining: 'Draining',
   WritingBack: 'WritingBack',
   CleaningUp: 'CleaningUp',
+  /** Orders outlive the sale: waiting until every order and payment is settled. */
+  Settling: 'Settling',
   Completed: 'Completed',
   Failed: 'Failed',
 } as const;
@@ -36,6 +38,7 @@ export const PHASE_ORDER: readonly Phase[] = [
   Phase.Draining,
   Phase.WritingBack,
   Phase.CleaningUp,
+  Phase.Settling,
   Phase.Completed,
 ];
 
@@ -68,6 +71,7 @@ export const Reason = {
   Draining: 'Draining',
   WritingBack: 'WritingBack',
   CleaningUp: 'CleaningUp',
+  Settling: 'Settling',
   Completed: 'Completed',
   InProgress: 'InProgress',
   // Degraded
@@ -105,6 +109,8 @@ export const EventReason = {
   WroteBack: 'WroteBack',
   CleanupBlocked: 'CleanupBlocked',
   CleanedUp: 'CleanedUp',
+  Settled: 'Settled',
+  ReleasedUnsettled: 'ReleasedUnsettled',
   Completed: 'Completed',
   Failed: 'Failed',
   FinalizerRemoved: 'FinalizerRemoved',
@@ -216,6 +222,7 @@ export interface PhaseTimestamps {
   draining?: string;
   writingBack?: string;
   cleaningUp?: string;
+  settling?: string;
   completed?: string;
   failed?: string;
 }
@@ -233,7 +240,20 @@ export interface FlashSaleActivityStatus {
   drain?: { deadline?: string; timedOut?: boolean; leftover?: string };
   writeBack?: { writtenAt?: string; generation?: number; remaining?: number; orders?: number };
   cleanup?: { deletedKeys?: number; resultsRetainedUntil?: string };
+  settlement?: SettlementStatus;
   nextCheckAt?: string;
+}
+
+export interface SettlementStatus {
+  unpaid?: number;
+  paid?: number;
+  closed?: number;
+  closedUnsettled?: number;
+  refundPending?: number;
+  refunding?: number;
+  refunded?: number;
+  unsettled?: number;
+  lastPaymentDeadline?: string;
 }
 
 export interface ObjectMeta {

@@ -92,7 +92,9 @@ describe('make demo (small configuration)', () => {
       expect({ code: run.code, context }).toEqual({ code: 0, context });
       expect(run.out).toContain('DEMO PASSED');
       for (const check of [
-        'lifecycle completed',
+        'lifecycle settled',
+        'orders settled',
+        'payments decided',
         'stock written back',
         'no oversell',
         'stock conserved',
@@ -103,7 +105,9 @@ describe('make demo (small configuration)', () => {
         expect(run.out).toMatch(new RegExp(`\\n\\s+ok\\s+${check}`));
       }
       // Progress lines (plain, not a terminal) show the phases; short ones may fall between two updates.
-      for (const phase of ['Active', 'Completed']) expect(run.out).toContain(`phase         ${phase}`);
+      // Settling, then Completed once the refund of the duplicate trade is done (the refund worker).
+      for (const phase of ['Active', 'Settling']) expect(run.out).toContain(`phase         ${phase}`);
+      expect(run.out).toMatch(/payments {9}paid \d+, closed unpaid \d+, refund pending [1-9]/);
       expect(run.out).toMatch(/half messages \d+/);
       expect(run.out).toMatch(/order gap \(>30s\) \d+/);
 

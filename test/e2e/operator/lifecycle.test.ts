@@ -64,7 +64,13 @@ describe('operator: the whole lifecycle of one activity', () => {
     await ensureTopics(kadmin, topicsFor(activityId), 2, 1);
     await kadmin.disconnect();
     [runtime, operator] = await Promise.all([
-      startRole('all', { activityId, databaseUrl: db.url }),
+      // A short payment window: the sale's unpaid orders are closed (and the activity settled)
+      // soon after the sale, by this process's sweeper.
+      startRole('all', {
+        activityId,
+        databaseUrl: db.url,
+        env: { PAYMENT_TIMEOUT_SECONDS: '15', PAYMENT_SWEEP_CRON: '*/1 * * * * *' },
+      }),
       startOperator({ ns, databaseUrl: db.url }),
     ]);
   }, TIMEOUT_MS);
@@ -79,7 +85,7 @@ describe('operator: the whole lifecycle of one activity', () => {
   }, TIMEOUT_MS);
 
   it(
-    'passes Pending → WarmingUp → Ready → Active → Draining → WritingBack → CleaningUp → Completed',
+    'passes Pending → WarmingUp → Ready → Active → Draining → WritingBack → CleaningUp → Settling → Completed',
     async () => {
       const name = 'double11';
       const t0 = Date.now();
@@ -102,7 +108,7 @@ describe('operator: the whole lifecycle of one activity', () => {
             },
             { skuId: 'tea-gift', name: '西湖龙井礼盒', price: '199.9', stock: 9, limitPerUser: 2 },
           ],
-          extraSpec: { activityId },
+          extraSpec: { activityId, payment: { timeout: '15s' } },
           replicas: {
             warmUp: { api: 1, relay: 1, consumer: 1 },
             active: { api: 3, relay: 2, consumer: 2 },
@@ -159,7 +165,7 @@ describe('operator: the whole lifecycle of one activity', () => {
       expect(statuses.filter((s) => s === 202)).toHaveLength(12 + 4);
       expect(statuses.filter((s) => s !== 202).every((s) => s === 409)).toBe(true);
 
-      const done = await waitForPhase(a, ns.namespace, name, Phase.Completed, 60_000);
+      const done = await waitForPhase(a, ns.namespace, name, Phase.Completed, 90_000);
       expect(new Date(done.status?.timestamps?.draining ?? 0).getTime()).toBeGreaterThanOrEqual(
         endAt.getTime(),
       );
@@ -175,6 +181,7 @@ describe('operator: the whole lifecycle of one activity', () => {
         ts.draining,
         ts.writingBack,
         ts.cleaningUp,
+        ts.settling,
         ts.completed,
       ];
       expect(times.every((t) => typeof t === 'string')).toBe(true);
@@ -205,7 +212,7 @@ describe('operator: the whole lifecycle of one activity', () => {
       const env = Object.fromEntries(
         (dep.spec?.template.spec?.containers[0]?.env ?? []).map((e) => [e.name, e.value ?? '']),
       );
-      expect(env).toMatchObject({ ACTIVITY_ID: activityId, PAYMENT_TIMEOUT_SECONDS: '900' });
+      expect(env).toMatchObject({ ACTIVITY_ID: activityId, PAYMENT_TIMEOUT_SECONDS: '15' });
       expect(dep.spec?.template.spec?.containers[0]?.envFrom?.[0]?.secretRef?.name).toBe(
         'flashsale-runtime-consumer',
       );
@@ -225,20 +232,39 @@ describe('operator: the whole lifecycle of one activity', () => {
       ]);
       // Orders created, stock written back once, PostgreSQL is the truth now.
       const orders = await countOrders(pg, activityId);
-      expect(orders).toMatchObject({ orders: 16, quantity: 20 });
+      // 16 orders for 20 units, all closed unpaid by now (quantity counts live orders only).
+      expect(orders).toMatchObject({ orders: 16, quantity: 0 });
+      expect(orders.byStatus).toMatchObject({ CLOSED: 16, UNPAID: 0 });
+      // Orders whose deadline passed during the sale gave their units back to Redis before the
+      // freeze (in the snapshot); the others' went to PostgreSQL after it. Either way 20 were sold.
+      const via = await pg.query<{ via: string; q: string }>(
+        `SELECT stock_return_via AS via, sum(quantity)::text AS q FROM orders WHERE activity_id = $1 GROUP BY 1`,
+        [activityId],
+      );
+      const returned = new Map(via.rows.map((r) => [r.via, Number(r.q)]));
+      expect((returned.get('redis') ?? 0) + (returned.get('postgres') ?? 0)).toBe(20);
       const wb = await readWriteBack(pg, activityId);
+      const snapshotRemaining = 1 + (returned.get('redis') ?? 0);
       expect(wb).toMatchObject({
         generation: 1,
         initialTotal: 21,
-        remainingTotal: 1,
+        remainingTotal: snapshotRemaining,
         reservedTotal: 20,
         ordersTotal: 16,
       });
+      // Nobody paid: every order was closed at its deadline and its stock returned to PostgreSQL
+      // before the activity could be Completed.
       expect(await readStockRows(pg, activityId)).toEqual([
-        { skuId: 'phone-256g', initial: 12, remaining: 0 },
-        { skuId: 'tea-gift', initial: 9, remaining: 1 },
+        { skuId: 'phone-256g', initial: 12, remaining: 12 },
+        { skuId: 'tea-gift', initial: 9, remaining: 9 },
       ]);
-      expect(done.status?.stock).toMatchObject({ initial: 21, remaining: 1, reserved: 20, ordered: 16 });
+      expect(done.status?.stock).toMatchObject({ initial: 21, remaining: 21, reserved: 20, ordered: 16 });
+      expect(done.status?.settlement).toMatchObject({
+        unpaid: 0,
+        closed: 16,
+        closedUnsettled: 0,
+        unsettled: 0,
+      });
       expect(done.status?.backlog).toMatchObject({
         halfMessages: 0,
         unconfirmed: 0,
@@ -246,7 +272,11 @@ describe('operator: the whole lifecycle of one activity', () => {
         consumerLag: 0,
       });
       expect(done.status?.cache?.loads).toBe(1);
-      expect(done.status?.writeBack).toMatchObject({ remaining: 1, orders: 16, generation: 1 });
+      expect(done.status?.writeBack).toMatchObject({
+        remaining: snapshotRemaining,
+        orders: 16,
+        generation: 1,
+      });
       expect(findCondition(done.status?.conditions, 'Succeeded')).toMatchObject({
         status: 'True',
         reason: 'Completed',
@@ -273,6 +303,7 @@ describe('operator: the whole lifecycle of one activity', () => {
         'Drained',
         'WroteBack',
         'CleanedUp',
+        'Settled',
         'Completed',
       ]) {
         expect(reasons).toContain(r);
@@ -288,8 +319,10 @@ describe('operator: the whole lifecycle of one activity', () => {
           encoding: 'utf8',
           env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
         });
-        expect(out.stdout.split('\n')[0]).toMatch(/NAME\s+PHASE\s+START\s+END\s+REMAINING\s+ORDER-GAP\s+AGE/);
-        expect(out.stdout).toMatch(new RegExp(`${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+1\\s+0\\s`));
+        expect(out.stdout.split('\n')[0]).toMatch(
+          /NAME\s+PHASE\s+START\s+END\s+REMAINING\s+ORDER-GAP\s+UNSETTLED\s+AGE/,
+        );
+        expect(out.stdout).toMatch(new RegExp(`${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+21\\s+0\\s+0\\s`));
       }
 
       // The operator's own endpoints.

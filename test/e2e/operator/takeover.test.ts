@@ -211,9 +211,11 @@ describe('operator: two replicas, two activities', () => {
 
       await remove('y');
       await waitFor('y deleted', async () => !(await getActivity(a, ns.namespace, 'y')), 90_000);
-      const yDone = recorder.statuses.get('y')?.findLast((f) => f.status?.phase === Phase.Completed);
+      // Y was deleted with five unpaid orders: released from Settling; X had none: Completed.
+      const yDone = recorder.statuses.get('y')?.findLast((f) => f.status?.phase === Phase.Settling);
       expect(recorder.phases.get('x')).toEqual(PHASE_ORDER);
-      expect(recorder.phases.get('y')).toEqual(PHASE_ORDER);
+      expect(recorder.phases.get('y')).toEqual(PHASE_ORDER.filter((p) => p !== Phase.Completed));
+      expect(yDone?.status?.settlement).toMatchObject({ unpaid: 5, unsettled: 5 });
       expect(yDone?.status?.cache?.loads).toBe(1);
       expect(await readWriteBack(pg, idY)).toMatchObject({
         initialTotal: 10,

@@ -265,6 +265,9 @@ export async function startApi(
         redis: f.redis,
         logger: f.logger,
         metrics: f.metrics,
+        // Payment times are judged exactly here (one machine, one clock): a payment after the
+        // deadline is late by any margin.
+        paidTimeToleranceSeconds: 0,
         providers: [provider],
       }),
       refundNotificationsRouter({ pool: p, logger: f.logger, metrics: f.metrics, providers: [provider] }),

@@ -184,9 +184,11 @@ describe('payment notifications (source 004 outcome table)', () => {
   );
 
   it(
-    'payment after close: REFUND_PENDING (ORDER_CLOSED), the order stays CLOSED and its stock is not taken again',
+    'payment made after the deadline of an order the timeout closed: REFUND_PENDING (ORDER_CLOSED), the order stays CLOSED and its stock is not taken again',
     async () => {
       const { orderId, reservationId } = nextOrder();
+      // Paid (now) after its deadline: decided by payment time, too late (docs/after-sale.md).
+      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = $1`, [orderId]);
       await closeOrder(f.deps, orderId, 'PAYMENT_TIMEOUT', 'test-close');
       const stockBefore = await readStock(f.redis, activityId);
       const r = await notify(api, { orderId, tradeNo: tradeNo(), amount: '19.90' });

@@ -554,6 +554,9 @@ describe('helm install, upgrade and uninstall against the API server', () => {
       );
       expect(Object.keys(secret.data).sort()).toEqual(['DATABASE_URL', 'KAFKA_BROKERS', 'REDIS_URL']);
       expect(k(['get', 'deployment', '-n', namespace, '-o', 'name'])).toMatch(/-operator/);
+      // The platform after-sale role: one Deployment and Service for every activity.
+      expect(k(['get', 'deployment', '-n', namespace, '-o', 'name'])).toMatch(/-after-sale/);
+      expect(k(['get', 'service', '-n', namespace, '-o', 'name'])).toMatch(/-after-sale/);
 
       const upgrade = mustRun(
         helm,
@@ -561,7 +564,16 @@ describe('helm install, upgrade and uninstall against the API server', () => {
         { env },
       );
       expect(upgrade).toMatch(/STATUS: deployed/);
-      const replicas = k(['get', 'deployment', '-n', namespace, '-o', 'jsonpath={.items[0].spec.replicas}']);
+      const replicas = k([
+        'get',
+        'deployment',
+        '-n',
+        namespace,
+        '-l',
+        'app.kubernetes.io/component=operator',
+        '-o',
+        'jsonpath={.items[0].spec.replicas}',
+      ]);
       expect(replicas).toBe('3');
 
       mustRun(helm, ['uninstall', release, '--namespace', namespace, '--wait'], { env });

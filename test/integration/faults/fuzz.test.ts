@@ -10,7 +10,9 @@ import type { V1CustomResourceDefinition } from '@kubernetes/client-node';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { parse } from 'yaml';
+import { registerActivity } from '../../../core/db/activity-registry-store.js';
 import { activityKeys } from '../../../core/keys.js';
+import { signNotification } from '../../../runtime/payments/hmac-provider.js';
 import { prepareActivity } from '../../faults/harness/sale.js';
 import { freshDatabase, isApiError, kubeConfigFor, testEnv, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';
@@ -323,6 +325,132 @@ describe('fuzzing the buyer HTTP API (real api process)', () => {
     );
     expect(await state()).toBe(before);
     expect(await snapshot(redis, activityId)).toBe(redisBefore);
+  });
+});
+
+describe('fuzzing the platform after-sale role (real after-sale process, no cache)', () => {
+  let db: FreshDatabase;
+  let role: RoleProcess;
+  let sql: pg.Pool;
+  const http = httpClient(4);
+  const activityId = uniqueId('fz-after');
+  const secret = 'fuzz-after-sale-secret-0123456789abcdef';
+  let token = '';
+
+  beforeAll(async () => {
+    db = await freshDatabase();
+    sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    // An activity whose sale is over and whose cache is gone: only PostgreSQL knows it.
+    await registerActivity(sql, {
+      activityId,
+      owner: 'fuzz/after',
+      ownerUid: 'fuzz-uid',
+      startAt: new Date(Date.now() - 7_200_000),
+      endAt: new Date(Date.now() - 3_600_000),
+    });
+    role = await startRole('after-sale', {
+      databaseUrl: db.url,
+      env: {
+        PAYMENT_HMAC_SECRET: secret,
+        PAYMENT_HMAC_APP_ID: 'fuzz-app',
+        PAYMENT_HMAC_MERCHANT_ID: 'fuzz-merchant',
+      },
+    });
+    token = await tokenFor('fuzz-buyer');
+  });
+
+  afterAll(async () => {
+    await role?.stop();
+    await http.close();
+    await sql?.end();
+    await db?.drop();
+  });
+
+  const rows = async (): Promise<string> => {
+    const r = await sql.query<{ o: number; p: number; j: number }>(
+      `SELECT (SELECT count(*) FROM orders)::int AS o, (SELECT count(*) FROM payments)::int AS p,
+              (SELECT count(*) FROM order_journal)::int AS j`,
+    );
+    return JSON.stringify(r.rows[0]);
+  };
+
+  test('submissions, lookups and cancellations after the sale: 4xx, never 5xx, nothing written', async () => {
+    const before = await rows();
+    const id = fc.oneof(fc.string(), fc.stringMatching(/^[A-Za-z0-9._:-]{1,64}$/), fc.constant('..'));
+    await fc.assert(
+      fc.asyncProperty(
+        fc.constantFrom('GET', 'POST', 'DELETE'),
+        fc.oneof(
+          fc.constant(activityId),
+          fc.stringMatching(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/),
+          fc.string(),
+        ),
+        id,
+        fc.oneof(
+          fc.anything(),
+          fc.record({
+            skuId: fc.constantFrom('rice', 'x'),
+            quantity: fc.integer({ min: -2, max: 102 }),
+            requestId: id,
+          }),
+        ),
+        async (method, activity, requestId, body) => {
+          const base = `${role.url}/v1/activities/${encodeURIComponent(activity)}/orders`;
+          const url = method === 'POST' ? base : `${base}?requestId=${encodeURIComponent(String(requestId))}`;
+          const r = await http.raw(url, {
+            method,
+            ...(method === 'POST' ? { body: JSON.stringify(body) ?? '' } : {}),
+            headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+          });
+          // A cancellation by requestId before anything exists may record a tombstone in Redis
+          // only while a cache exists; here there is none, so every answer is a refusal.
+          return r.status >= 400 && r.status < 500;
+        },
+      ),
+      { numRuns: 600 * SCALE },
+    );
+    expect(await rows()).toBe(before);
+  });
+
+  test('signed notifications with hostile payment times, amounts and order ids: 4xx, never 5xx, nothing written', async () => {
+    const before = await rows();
+    await fc.assert(
+      fc.asyncProperty(
+        fc.oneof(
+          fc.string(),
+          fc
+            .date({ min: new Date(0), max: new Date(4_102_444_800_000), noInvalidDate: true })
+            .map((d) => d.toISOString()),
+          fc.constant('2026-13-45T99:99:99Z'),
+          fc.integer().map(String),
+          fc.constant(undefined),
+        ),
+        fc.oneof(fc.constant('19.90'), fc.string(), fc.double().map(String)),
+        fc.oneof(fc.constant('987654321'), fc.string(), fc.constant('0'), fc.constant('9999999999999999999')),
+        async (gmtPayment, amount, orderId) => {
+          const body = JSON.stringify({
+            app_id: 'fuzz-app',
+            merchant_id: 'fuzz-merchant',
+            out_trade_no: orderId,
+            trade_no: 'fuzz-trade',
+            total_amount: amount,
+            trade_status: 'TRADE_SUCCESS',
+            ...(gmtPayment === undefined ? {} : { gmt_payment: gmtPayment }),
+          });
+          const r = await http.raw(`${role.url}/v1/payments/hmac/notifications`, {
+            method: 'POST',
+            body,
+            headers: {
+              'content-type': 'application/json',
+              'x-fs-signature': signNotification(secret, body, Math.floor(Date.now() / 1000)),
+            },
+          });
+          return r.status >= 400 && r.status < 500 && r.contentType.startsWith('application/problem+json');
+        },
+      ),
+      { numRuns: 300 * SCALE },
+    );
+    expect(await rows()).toBe(before);
   });
 });
 

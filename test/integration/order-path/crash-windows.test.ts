@@ -167,7 +167,7 @@ describe('crash windows on the order path', () => {
         `${restarted.role === 'api' ? restarted.url : procs.api!.url}/v1/activities/${activityId}/orders/${a.reservationId}`,
         tokens.get(a.buyer),
       );
-      expect(r.json.status).toBe('CREATED');
+      expect(r.json.status).toBe('UNPAID');
     }
     for (const p of [...Object.values(procs), restarted]) await p.stop();
   });

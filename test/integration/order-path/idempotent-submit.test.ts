@@ -46,7 +46,7 @@ describe('idempotent submission', () => {
     const rid = [...ids][0] as string;
     const result = await waitFor('order created', async () => {
       const r = await http.get(`${url}/${rid}`, token);
-      return r.json.status === 'CREATED' ? r.json : undefined;
+      return r.json.status === 'UNPAID' ? r.json : undefined;
     });
     const rows = await sql.query('SELECT id::text, quantity, amount::text FROM orders WHERE user_id = $1', [
       'alice',

@@ -133,11 +133,11 @@ describe('oversubscribed sale', () => {
     // Buyers see their order, by reservation id or by the requestId they sent.
     for (const a of accepted.slice(0, 20)) {
       const r = await http.get(`${url}/${a.reservationId}`, tokens.get(a.buyer));
-      expect([r.status, r.json.status]).toEqual([200, 'CREATED']);
+      expect([r.status, r.json.status]).toEqual([200, 'UNPAID']);
     }
     for (const a of replayedWinners.slice(0, 20)) {
       const r = await http.get(`${url}?requestId=${a.requestId}`, tokens.get(a.buyer));
-      expect([r.status, r.json.status, r.json.reservationId]).toEqual([200, 'CREATED', winners.get(a.buyer)]);
+      expect([r.status, r.json.status, r.json.reservationId]).toEqual([200, 'UNPAID', winners.get(a.buyer)]);
     }
   }, 300_000);
 });

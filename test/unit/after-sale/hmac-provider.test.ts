@@ -93,6 +93,28 @@ describe('HmacProvider', () => {
     expect(verify(finished, signNotification(SECRET, finished, t)).status).toBe('success');
   });
 
+  it('takes the payment time from gmt_payment, else from the signature; refuses a malformed or future one', () => {
+    const paid = body({ gmt_payment: '2026-11-10T23:50:00+00:00' });
+    expect(verify(paid, signNotification(SECRET, paid, t)).paidAt?.toISOString()).toBe(
+      '2026-11-10T23:50:00.000Z',
+    );
+    const raw = body();
+    expect(verify(raw, signNotification(SECRET, raw, t)).paidAt?.getTime()).toBe(t * 1000);
+    const malformed = body({ gmt_payment: 'yesterday' });
+    expect(code(() => verify(malformed, signNotification(SECRET, malformed, t)))).toBe('VALIDATION_ERROR');
+    const future = body({ gmt_payment: new Date((t + 301) * 1000).toISOString() });
+    expect(code(() => verify(future, signNotification(SECRET, future, t)))).toBe('VALIDATION_ERROR');
+    const skewed = body({ gmt_payment: new Date((t + 299) * 1000).toISOString() });
+    expect(code(() => verify(skewed, signNotification(SECRET, skewed, t)))).toBeUndefined();
+  });
+
+  it('refuses an order id that cannot be a PostgreSQL bigint (19 digits)', () => {
+    const big = body({ out_trade_no: '9999999999999999999' });
+    expect(code(() => verify(big, signNotification(SECRET, big, t)))).toBe('VALIDATION_ERROR');
+    const ok = body({ out_trade_no: '999999999999999999' });
+    expect(verify(ok, signNotification(SECRET, ok, t)).orderId).toBe('999999999999999999');
+  });
+
   it('acknowledges with a JSON success body', () => {
     expect(provider.acknowledge('PAID')).toEqual({
       contentType: 'application/json',

@@ -101,6 +101,7 @@ describe('API funcs', () => {
     [Phase.Draining, { api: 0, relay: 7, consumer: 8 }],
     [Phase.WritingBack, { api: 0, relay: 7, consumer: 8 }],
     [Phase.CleaningUp, { api: 0, relay: 7, consumer: 8 }],
+    [Phase.Settling, { api: 0, relay: 7, consumer: 8 }],
     [Phase.Completed, { api: 0, relay: 0, consumer: 0 }],
     [Phase.Failed, { api: 0, relay: 0, consumer: 0 }],
   ])('sizes the runtime for %s', (phase, replicas) => {

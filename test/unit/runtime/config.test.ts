@@ -48,4 +48,13 @@ describe('runtime configuration', () => {
       /KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD: required/,
     );
   });
+
+  test('the after-sale role serves every activity: no ACTIVITY_ID, a token key required', () => {
+    expect(loadRuntimeConfig('after-sale', base).ACTIVITY_ID).toBeUndefined();
+    expect(() => loadRuntimeConfig('after-sale', { ...base, ACTIVITY_ID: 'a1' })).toThrow(
+      /ACTIVITY_ID: the after-sale role serves every activity/,
+    );
+    const { JWT_HS256_SECRET: _s, ...noKey } = base;
+    expect(() => loadRuntimeConfig('after-sale', noKey)).toThrow(/JWT_HS256_SECRET: .* after-sale role/);
+  });
 });

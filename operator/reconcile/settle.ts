@@ -1,0 +1,64 @@
+/**
+ * Step 10: Settling. Orders outlive the sale (docs/after-sale.md "The after-sale tier"): the
+ * activity is Completed only once every order is PAID, CLOSED (stock returned) or REFUNDED and
+ * no payment waits for a refund. The work itself is done by the runtime (the sweeper closes
+ * expired orders and returns their stock to PostgreSQL; payments and refunds are applied by the
+ * notification endpoints), here and in the platform-level after-sale role; this step only counts,
+ * from PostgreSQL, and decides.
+ *
+ * Requeue: at the latest payment deadline of an UNPAID order (the instant the last order can be
+ * closed), and at most SETTLE_CHECK_SECONDS later: payments and refunds arrive without any
+ * Kubernetes event, so a bounded re-check is the only way to see them (no watch on PostgreSQL).
+ *
+ * A resource deleted while Settling with orders still unsettled is released (remove-finalizer.ts)
+ * without waiting: its orders live in PostgreSQL and the after-sale role keeps settling them; the
+ * Event says so. With nothing left to settle it is Completed first, as without deletion.
+ */
+import { settlementCounts } from '../../core/db/orders-store.js';
+import { countRefundPending } from '../../core/db/payments-store.js';
+import { EventReason, Phase } from '../api/v1alpha1/types.js';
+import type { SettlementStatus } from '../api/v1alpha1/types.js';
+import type { ReconcileContext, StepResult } from './context.js';
+import { CONTINUE } from './context.js';
+
+/** The settlement figures of the activity, as recorded in status.settlement. */
+export async function readSettlement(ctx: ReconcileContext): Promise<SettlementStatus> {
+  const [orders, refundPending] = await Promise.all([
+    settlementCounts(ctx.deps.pool, ctx.activityId),
+    countRefundPending(ctx.deps.pool, ctx.activityId),
+  ]);
+  return {
+    unpaid: orders.unpaid,
+    paid: orders.paid,
+    closed: orders.closed,
+    closedUnsettled: orders.closedUnsettled,
+    refundPending,
+    refunding: orders.refunding,
+    refunded: orders.refunded,
+    unsettled: orders.unpaid + orders.closedUnsettled + refundPending + orders.refunding,
+    ...(orders.lastUnpaidDeadline ? { lastPaymentDeadline: orders.lastUnpaidDeadline.toISOString() } : {}),
+  };
+}
+
+export async function settle(ctx: ReconcileContext): Promise<StepResult> {
+  if (ctx.phase !== Phase.Settling) return CONTINUE;
+  const s = await readSettlement(ctx);
+  ctx.status.settlement = s;
+  // Deleted with orders still unsettled: released from Settling by remove-finalizer.ts.
+  if (ctx.deleting && (s.unsettled ?? 0) > 0) return CONTINUE;
+  if (s.unsettled === 0) {
+    const message =
+      `settled: ${s.paid ?? 0} paid, ${s.closed ?? 0} closed (stock returned), ${s.refunded ?? 0} refunded; ` +
+      'runtime scaled to zero';
+    await ctx.event('Normal', EventReason.Settled, message);
+    await ctx.event('Normal', EventReason.Completed, 'the activity is complete; runtime scaled to zero');
+    return ctx.transition(Phase.Completed, message);
+  }
+  const now = ctx.now.getTime();
+  if (s.lastPaymentDeadline) {
+    const deadline = new Date(s.lastPaymentDeadline).getTime();
+    if (deadline > now) ctx.requeueAt(deadline);
+  }
+  ctx.requeueAfter(ctx.deps.config.settleCheckMs);
+  return CONTINUE;
+}

@@ -1,0 +1,404 @@
+// Orders outlive the sale (docs/after-sale.md "Late payment", "Buyer answers"), on the real
+// PostgreSQL and Redis through the real HTTP endpoints: a payment made in time for an order the
+// timeout closed takes its unit back from PostgreSQL after write-back (or goes to REFUND_PENDING
+// when it cannot, never an oversell); buyers read every state from PostgreSQL; a replay after the
+// cache is gone gets its order back and a new submission the answer of the sale window.
+import { cleanupActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { registerActivity } from '../../../core/db/activity-registry-store.js';
+import { findOrderById } from '../../../core/db/orders-store.js';
+import { paymentsForOrder } from '../../../core/db/payments-store.js';
+import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
+import { readReservation, reservationIdFor } from '../../../core/reservations.js';
+import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
+import { uniqueId } from '../../helpers/env.js';
+import {
+  APP_ID,
+  MERCHANT_ID,
+  TIMEOUT_MS,
+  buyerCall,
+  counters,
+  countRows,
+  materialize,
+  notify,
+  openActivity,
+  reserveFor,
+  setUp,
+  skuStock,
+  startApi,
+  type Api,
+  type Fixture,
+} from './fixture.js';
+
+/** A signed notification with an explicit payment time. */
+function paidBody(orderId: string, tradeNo: string, paidAt: Date, amount = '19.90'): string {
+  return JSON.stringify({
+    app_id: APP_ID,
+    merchant_id: MERCHANT_ID,
+    out_trade_no: orderId,
+    trade_no: tradeNo,
+    total_amount: amount,
+    trade_status: 'TRADE_SUCCESS',
+    gmt_payment: paidAt.toISOString(),
+  });
+}
+
+describe('orders outlive the sale: late payments and buyer answers', () => {
+  let f: Fixture;
+  let api: Api;
+  let activityId: string;
+  let skuId: string;
+  const users = ['late-in-time', 'late-too-late', 'sold-again', 'dup-trade', 'never-pays', 'unpaid-view'];
+  const order = new Map<string, string>();
+  const rid = new Map<string, string>();
+  const deadline = async (orderId: string): Promise<Date> =>
+    (await findOrderById(f.pool, orderId))!.expiresAt;
+  const remaining = async (): Promise<number> =>
+    (await readStockRows(f.pool, activityId)).reduce((n, r) => n + r.remaining, 0);
+  const sweep = () =>
+    sweepExpiredOrders({
+      ...f.deps,
+      activityId,
+      batchSize: 100,
+      maxBatches: 5,
+      settleGraceSeconds: 0,
+    });
+
+  beforeAll(async () => {
+    f = await setUp();
+    ({ activityId, skuId } = await openActivity(f.redis, { stock: 10, price: '19.90' }));
+    const rids = await reserveFor(f.redis, activityId, skuId, users);
+    const ids = await materialize(f.pool, f.redis, activityId, rids);
+    users.forEach((u, i) => {
+      rid.set(u, rids[i]!);
+      order.set(u, ids.get(rids[i]!)!);
+    });
+    api = await startApi(f);
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    await api?.close();
+    await f?.close();
+  }, TIMEOUT_MS);
+
+  it(
+    'GET answers UNPAID with amount and payment deadline from PostgreSQL; by requestId too; not to another buyer',
+    async () => {
+      const u = 'unpaid-view';
+      const r = await buyerCall(api, 'GET', `/v1/activities/${activityId}/orders/${rid.get(u)!}`, u);
+      expect(r.status).toBe(200);
+      expect(r.body).toMatchObject({
+        reservationId: rid.get(u),
+        status: 'UNPAID',
+        orderId: order.get(u),
+        amount: '19.90',
+        quantity: 1,
+        skuId,
+        paymentDeadline: (await deadline(order.get(u)!)).toISOString(),
+      });
+      const byRequest = await buyerCall(
+        api,
+        'GET',
+        `/v1/activities/${activityId}/orders?requestId=req-${u}`,
+        u,
+      );
+      expect(byRequest.body).toEqual(r.body);
+      const other = await buyerCall(
+        api,
+        'GET',
+        `/v1/activities/${activityId}/orders/${rid.get(u)!}`,
+        'intruder',
+      );
+      expect(other.status).toBe(404);
+      expect(other.body.code).toBe('UNKNOWN_RESERVATION');
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'while the cache is live, an in-time payment for a timed-out order takes its unit back from Redis; a unit sold again → REFUND_PENDING',
+    async () => {
+      const u = 'never-pays';
+      const id = order.get(u)!;
+      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '10 seconds' WHERE id = $1`, [id]);
+      const swept = await sweep();
+      expect(swept.closed).toBe(1);
+      expect(swept.settled.redis).toBe(1);
+      const stockAfterClose = await skuStock(f.redis, activityId, skuId);
+      const released = (await counters(f.redis, activityId)).released ?? 0;
+      const paidAt = new Date((await deadline(id)).getTime() - 5_000);
+      const r = await notify(api, paidBody(id, uniqueId('T'), paidAt));
+      expect(r).toEqual({ status: 200, body: { result: 'success', outcome: 'PAID' } });
+      expect(await findOrderById(f.pool, id)).toMatchObject({
+        status: 'PAID',
+        stockReturned: false,
+        stockReturnVia: null,
+      });
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(stockAfterClose - 1);
+      expect((await counters(f.redis, activityId)).released).toBe(released - 1);
+      expect((await readReservation(f.redis, activityId, rid.get(u)!))?.state).toBe('PAID');
+      const view = await buyerCall(api, 'GET', `/v1/activities/${activityId}/orders/${rid.get(u)!}`, u);
+      expect(view.body).toMatchObject({ status: 'PAID', orderId: id });
+
+      // Another sale, one unit: closed, released, bought by somebody else, then paid in time.
+      const other = await openActivity(f.redis, { stock: 1, price: '19.90' });
+      const [first] = await reserveFor(f.redis, other.activityId, other.skuId, ['slow-payer']);
+      const ids = await materialize(f.pool, f.redis, other.activityId, [first!]);
+      const slow = ids.get(first!)!;
+      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '10 seconds' WHERE id = $1`, [
+        slow,
+      ]);
+      await sweepExpiredOrders({
+        ...f.deps,
+        activityId: other.activityId,
+        batchSize: 10,
+        maxBatches: 1,
+        settleGraceSeconds: 0,
+      });
+      const [second] = await reserveFor(f.redis, other.activityId, other.skuId, ['quick-buyer']);
+      expect((await readReservation(f.redis, other.activityId, second!))?.state).toBe('RESERVED');
+      const late = await notify(
+        api,
+        paidBody(slow, uniqueId('T'), new Date((await deadline(slow)).getTime() - 1_000)),
+      );
+      expect(late.body.outcome).toBe('REFUND_PENDING');
+      expect((await findOrderById(f.pool, slow))?.status).toBe('CLOSED');
+      expect(await skuStock(f.redis, other.activityId, other.skuId)).toBe(0);
+      expect((await readReservation(f.redis, other.activityId, first!))?.state).toBe('RELEASED');
+      const why = await f.pool.query<{ detail: Record<string, unknown> }>(
+        `SELECT detail FROM order_journal WHERE order_id = $1 AND event = 'PAYMENT_REFUND_PENDING'`,
+        [slow],
+      );
+      expect(why.rows.map((j) => j.detail.why)).toEqual(['paid in time, but Redis: SOLD_OUT']);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'after write-back: paid in time → PAID with its unit taken back from activity_stock; paid too late → REFUND_PENDING; nothing left → REFUND_PENDING, stock never negative',
+    async () => {
+      // The duplicate trade's order is paid during the sale.
+      const dup = order.get('dup-trade')!;
+      expect((await notify(api, paidBody(dup, 'dup-1', new Date()))).body.outcome).toBe('PAID');
+
+      // The sale ends: frozen, written back, the rest expires and is swept to PostgreSQL.
+      await setGate(f.redis, activityId, 'frozen');
+      const stock = await readStock(f.redis, activityId);
+      await writeBack(f.pool, {
+        activityId,
+        generation: 1,
+        skus: stock.skus,
+        reserved: stock.reserved,
+        released: stock.released,
+        orders: 6,
+        writtenBy: 'test',
+      });
+      const before = await remaining();
+      expect(before).toBe(10 - 6); // 6 reserved; never-pays' unit released, then taken back by its payment
+      const late = ['late-in-time', 'late-too-late', 'sold-again'].map((u) => order.get(u)!);
+      await f.pool.query(
+        `UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = ANY($1::bigint[])`,
+        [late],
+      );
+      const swept = await sweep();
+      expect(swept.closed).toBe(3);
+      expect(swept.settled.postgres).toBe(3);
+      expect(await remaining()).toBe(before + 3);
+
+      // Paid within the window, notified an hour later: applied, one unit taken back.
+      const [inTime, tooLate, soldAgain] = late as [string, string, string];
+      const r1 = await notify(
+        api,
+        paidBody(inTime, 'late-1', new Date((await deadline(inTime)).getTime() - 1_000)),
+      );
+      expect(r1).toEqual({ status: 200, body: { result: 'success', outcome: 'PAID' } });
+      const paid = await findOrderById(f.pool, inTime);
+      expect(paid).toMatchObject({ status: 'PAID', stockReturned: false, stockReturnVia: null });
+      expect(await remaining()).toBe(before + 2);
+      expect((await paymentsForOrder(f.pool, inTime)).map((p) => p.state)).toEqual(['APPLIED']);
+      const journal = await f.pool.query<{ detail: Record<string, unknown> }>(
+        `SELECT detail FROM order_journal WHERE order_id = $1 AND event = 'ORDER_PAID'`,
+        [inTime],
+      );
+      expect(journal.rows.map((j) => j.detail)).toEqual([
+        expect.objectContaining({ late: true, stock: 'taken-back' }),
+      ]);
+      // The same notification again: ALREADY_PAID, no second take-back.
+      const again = await notify(
+        api,
+        paidBody(inTime, 'late-1', new Date((await deadline(inTime)).getTime() - 1_000)),
+      );
+      expect(again.body.outcome).toBe('ALREADY_PAID');
+      expect(await remaining()).toBe(before + 2);
+
+      // Paid after the deadline (beyond the tolerance): refund, the order stays closed.
+      const r2 = await notify(
+        api,
+        paidBody(tooLate, 'late-2', new Date((await deadline(tooLate)).getTime() + 400_000)),
+      );
+      expect(r2.body.outcome).toBe('REFUND_PENDING');
+      expect((await findOrderById(f.pool, tooLate))?.status).toBe('CLOSED');
+      expect(await remaining()).toBe(before + 2);
+
+      // Paid in time, but every unit is gone again: refund, never below zero.
+      await f.pool.query(`UPDATE activity_stock SET remaining = 0 WHERE activity_id = $1`, [activityId]);
+      const r3 = await notify(
+        api,
+        paidBody(soldAgain, 'late-3', new Date((await deadline(soldAgain)).getTime() - 1_000)),
+      );
+      expect(r3.body.outcome).toBe('REFUND_PENDING');
+      expect(await findOrderById(f.pool, soldAgain)).toMatchObject({
+        status: 'CLOSED',
+        stockReturnVia: 'postgres',
+      });
+      expect(await remaining()).toBe(0);
+
+      // A second trade for a paid order: refund, the order keeps its first payment.
+      const r4 = await notify(api, paidBody(dup, 'dup-2', new Date()));
+      expect(r4.body.outcome).toBe('REFUND_PENDING');
+      expect((await paymentsForOrder(f.pool, dup)).map((p) => [p.tradeNo, p.state])).toEqual([
+        ['dup-1', 'APPLIED'],
+        ['dup-2', 'REFUND_PENDING'],
+      ]);
+      const view = await buyerCall(
+        api,
+        'GET',
+        `/v1/activities/${activityId}/orders/${rid.get('dup-trade')!}`,
+        'dup-trade',
+      );
+      expect(view.body).toMatchObject({ status: 'PAID', refundPending: { amount: '19.90', count: 1 } });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a malformed or future payment time is refused with 400 and writes nothing',
+    async () => {
+      const id = order.get('unpaid-view')!;
+      const payments = await countRows(f.pool, 'SELECT count(*) AS n FROM payments');
+      const bad = JSON.stringify({
+        app_id: APP_ID,
+        merchant_id: MERCHANT_ID,
+        out_trade_no: id,
+        trade_no: 'bad-time',
+        total_amount: '19.90',
+        trade_status: 'TRADE_SUCCESS',
+        gmt_payment: 'yesterday',
+      });
+      const r1 = await notify(api, bad);
+      expect([r1.status, r1.body.code]).toEqual([400, 'VALIDATION_ERROR']);
+      const r2 = await notify(api, paidBody(id, 'future-time', new Date(Date.now() + 3_600_000)));
+      expect([r2.status, r2.body.code]).toEqual([400, 'VALIDATION_ERROR']);
+      expect(await countRows(f.pool, 'SELECT count(*) AS n FROM payments')).toBe(payments);
+      expect((await findOrderById(f.pool, id))?.status).toBe('UNPAID');
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'after cleanup: a replay gets its order back, a new submission ENDED, an unknown activity NOT_FOUND, a future one NOT_STARTED; cancellation returns the unit to PostgreSQL',
+    async () => {
+      // The test wrote orders without a relay: the outbox still holds their half messages.
+      await cleanupActivity(f.redis, activityId, 3600, { force: true });
+      const u = 'late-in-time';
+      const replay = await buyerCall(api, 'POST', `/v1/activities/${activityId}/orders`, u, {
+        skuId,
+        quantity: 1,
+        requestId: `req-${u}`,
+      });
+      expect(replay.status).toBe(202);
+      expect(replay.body).toMatchObject({
+        reservationId: reservationIdFor(activityId, u, `req-${u}`),
+        status: 'PAID',
+        orderId: order.get(u),
+        replayed: true,
+      });
+      const closed = await buyerCall(
+        api,
+        'GET',
+        `/v1/activities/${activityId}/orders/${rid.get('late-too-late')!}`,
+        'late-too-late',
+      );
+      expect(closed.body).toMatchObject({
+        status: 'CLOSED',
+        reason: 'PAYMENT_TIMEOUT',
+        refundPending: { count: 1 },
+      });
+
+      const conflict = await buyerCall(api, 'POST', `/v1/activities/${activityId}/orders`, u, {
+        skuId,
+        quantity: 2,
+        requestId: `req-${u}`,
+      });
+      expect([conflict.status, conflict.body.code]).toEqual([409, 'IDEMPOTENCY_CONFLICT']);
+
+      const fresh = await buyerCall(api, 'POST', `/v1/activities/${activityId}/orders`, 'newcomer', {
+        skuId,
+        quantity: 1,
+        requestId: 'req-newcomer',
+      });
+      expect([fresh.status, fresh.body.code]).toEqual([409, 'ENDED']);
+
+      const unknown = await buyerCall(
+        api,
+        'POST',
+        `/v1/activities/${uniqueId('nobody')}/orders`,
+        'newcomer',
+        {
+          skuId,
+          quantity: 1,
+          requestId: 'req-newcomer',
+        },
+      );
+      expect([unknown.status, unknown.body.code]).toEqual([404, 'NOT_FOUND']);
+
+      const future = uniqueId('future');
+      await registerActivity(f.pool, {
+        activityId: future,
+        owner: 'test/future',
+        ownerUid: 'uid-future',
+        startAt: new Date(Date.now() + 3_600_000),
+        endAt: new Date(Date.now() + 7_200_000),
+      });
+      const early = await buyerCall(api, 'POST', `/v1/activities/${future}/orders`, 'newcomer', {
+        skuId,
+        quantity: 1,
+        requestId: 'req-newcomer',
+      });
+      expect([early.status, early.body.code]).toEqual([409, 'NOT_STARTED']);
+      // A buyer can still cancel an unpaid order: closed, its unit returned to PostgreSQL.
+      const stockBefore = await remaining();
+      const cancel = await buyerCall(
+        api,
+        'DELETE',
+        `/v1/activities/${activityId}/orders?requestId=req-unpaid-view`,
+        'unpaid-view',
+      );
+      expect([cancel.status, cancel.body.outcome]).toEqual([200, 'cancelled']);
+      expect(await findOrderById(f.pool, order.get('unpaid-view')!)).toMatchObject({
+        status: 'CLOSED',
+        closeReason: 'CANCELLED',
+        stockReturnVia: 'postgres',
+      });
+      expect(await remaining()).toBe(stockBefore + 1);
+      const again = await buyerCall(
+        api,
+        'DELETE',
+        `/v1/activities/${activityId}/orders/${rid.get('unpaid-view')!}`,
+        'unpaid-view',
+      );
+      expect([again.status, again.body.outcome]).toEqual([200, 'already-cancelled']);
+      expect(await remaining()).toBe(stockBefore + 1);
+
+      // None of these wrote anything.
+      expect(
+        await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = ANY($1::text[])', [
+          [future],
+        ]),
+      ).toBe(0);
+      expect(
+        await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = $1', [activityId]),
+      ).toBe(users.length);
+    },
+    TIMEOUT_MS,
+  );
+});
