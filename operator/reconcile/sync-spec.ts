@@ -7,6 +7,8 @@
  * check for what admission cannot see (catalog rows, edits racing a phase change).
  */
 import { loadActivity } from '../../core/activity-cache.js';
+import { recordActivitySkus } from '../../core/db/activity-skus-store.js';
+import { liveQuantityBySku } from '../../core/db/orders-store.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { readLoadedDefinition } from '../../core/loaded-definition.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
@@ -44,6 +46,17 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
     if (diff.changes.length === 0) return { kind: 'unchanged' };
     changes = diff.changes;
   }
+  // PostgreSQL learns each SKU's stock and limit before Redis can sell it: the consumer's stock
+  // guard (core/stock-guard.ts) holds every order to these rows. Stock only grows here too.
+  const { pool } = ctx.deps;
+  const skuIds = desired.items.map((i) => i.skuId);
+  await recordActivitySkus(
+    pool,
+    ctx.activityId,
+    desired.items,
+    'spec',
+    await liveQuantityBySku(pool, ctx.activityId, skuIds),
+  );
   try {
     await loadActivity(redis, desired);
   } catch (err) {

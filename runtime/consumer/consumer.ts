@@ -31,6 +31,8 @@ import type { Metrics } from '../../core/metrics.js';
 import type { OrderMessage } from '../../core/model.js';
 import { release } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
+import { StockGuard } from '../../core/stock-guard.js';
+import type { GuardedOrder } from '../../core/stock-guard.js';
 
 const orderMessage = z.object({
   reservationId: z.string().min(1).max(64),
@@ -66,6 +68,8 @@ export interface ConsumerOptions {
 
 class PoisonMessage extends Error {}
 
+type GuardedOutcome = InsertOutcome & { guarded: GuardedOrder[] };
+
 interface Parsed {
   message: KafkaMessage;
   order?: OrderMessage;
@@ -82,7 +86,12 @@ export class OrderConsumer {
   /** Restarts in a row that failed to get going; resets once a batch was processed. */
   private restarts = 0;
 
-  constructor(private readonly o: ConsumerOptions) {}
+  /** The PostgreSQL stock and buyer-limit guard, applied in every insert transaction. */
+  private readonly guard: StockGuard;
+
+  constructor(private readonly o: ConsumerOptions) {
+    this.guard = new StockGuard(o);
+  }
 
   async start(): Promise<void> {
     await this.o.dlqProducer.connect();
@@ -252,7 +261,8 @@ export class OrderConsumer {
     return true;
   }
 
-  private async insert(orders: OrderMessage[]): Promise<InsertOutcome> {
+  private async insert(orders: OrderMessage[]): Promise<GuardedOutcome> {
+    await this.guard.prepare(orders);
     const client = await this.o.pool.connect();
     try {
       await client.query('BEGIN');
@@ -269,10 +279,11 @@ export class OrderConsumer {
           traceId: byRid.get(rid)?.traceId ?? '',
         })),
       );
+      const guarded = await this.guard.enforce(client, orders, outcome.inserted);
       crashPoint('consumer-before-db-commit');
       await client.query('COMMIT');
       crashPoint('consumer-after-db-commit');
-      return outcome;
+      return { ...outcome, guarded };
     } catch (err) {
       await client.query('ROLLBACK').catch(() => undefined);
       throw err;
@@ -281,18 +292,21 @@ export class OrderConsumer {
     }
   }
 
-  private async afterCommit(orders: OrderMessage[], outcome: InsertOutcome): Promise<void> {
+  private async afterCommit(orders: OrderMessage[], outcome: GuardedOutcome): Promise<void> {
     if (outcome.inserted.size > 0)
       this.o.metrics.orders.inc({ activity: this.o.activityId, status: 'UNPAID' }, outcome.inserted.size);
     const byRid = new Map(orders.map((o) => [o.reservationId, o]));
+    const guarded = new Map(outcome.guarded.map((g) => [g.order.reservationId, g.reason]));
     const results: StoredResult[] = [];
     for (const [rid, orderId] of outcome.inserted) {
+      const reason = guarded.get(rid);
       results.push({
         reservationId: rid,
         userId: byRid.get(rid)!.userId,
-        result: { status: 'CREATED', orderId },
+        result: reason ? { status: 'FAILED', reason } : { status: 'CREATED', orderId },
       });
     }
+    await this.guard.compensate(outcome.guarded);
     for (const [rid, row] of outcome.existing) {
       const result =
         row.status === 'CLOSED'
