@@ -153,7 +153,11 @@ export class StockGuard {
         'stock guard rows recorded from the cache (the operator records them from the spec)',
       );
     }
-    for (const s of wanted) this.recorded.add(s);
+    for (const s of wanted) {
+      this.recorded.add(s);
+      // The series exists from 0, so the alert's increase() sees the first prevented order.
+      this.d.metrics.oversellPrevented.inc({ activity: this.d.activityId, sku: s }, 0);
+    }
   }
 
   /**

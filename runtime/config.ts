@@ -37,8 +37,12 @@ const schema = z
     SOLD_OUT_RECHECK_MS: env.int(2000, 0),
     /** Half messages per Kafka produce request: each request waits for acks=all, so bigger batches carry more per wait. */
     RELAY_BATCH_SIZE: env.int(2000, 1),
-    /** A half message pending this long on a silent relay is reclaimed by another. */
-    RELAY_RECLAIM_IDLE_MS: env.int(15_000, 100),
+    /**
+     * A half message pending this long on a silent relay (SIGKILLed, or its pod gone) is reclaimed
+     * by another: a few seconds, so a crash does not hold orders back. A relay that is merely slow
+     * may see its entries sent twice; the consumer's unique keys absorb that.
+     */
+    RELAY_RECLAIM_IDLE_MS: env.int(5_000, 100),
     /** Stable name of this relay in the stream's consumer group (defaults to the host name). */
     RELAY_CONSUMER_NAME: z.string().optional(),
     /**
@@ -50,10 +54,25 @@ const schema = z
     CONSUMER_BATCH_SIZE: env.int(2000, 1),
     /** Partitions whose batches are written at the same time (each in its own transaction). */
     CONSUMER_PARTITION_CONCURRENCY: env.int(4, 1),
+    /**
+     * kafkajs consumer group timing. A SIGKILLed consumer keeps its partitions until the broker
+     * misses its heartbeats for the session timeout, and a rebalance waits for members up to the
+     * rebalance timeout: both bound how long a crash stalls orders (kafkajs' defaults, 30 s and
+     * 60 s, left buyers waiting a minute). The session timeout must lie within the broker's
+     * group.min/max.session.timeout.ms (6 s to 30 min by default); the heartbeat interval well
+     * below a third of it. The consumer also heartbeats after every chunk it writes.
+     */
+    CONSUMER_SESSION_TIMEOUT_MS: env.int(8_000, 1_000),
+    CONSUMER_HEARTBEAT_INTERVAL_MS: env.int(1_000, 100),
+    CONSUMER_REBALANCE_TIMEOUT_MS: env.int(8_000, 1_000),
     /** Attempts before a message that keeps failing for a non-transient reason goes to the DLQ. */
     CONSUMER_MAX_ATTEMPTS: env.int(3, 1),
-    /** Reservations older than this with no order count as the order gap. */
-    ORDER_GAP_THRESHOLD_SECONDS: env.int(30, 1),
+    /**
+     * Reservations older than this with no order count as the order gap (and are repaired): above
+     * the time the primary path needs to recover from a crashed relay or consumer (a few seconds,
+     * see CONSUMER_SESSION_TIMEOUT_MS), so the repair stays the last resort.
+     */
+    ORDER_GAP_THRESHOLD_SECONDS: env.int(15, 1),
     /** Run the scheduled jobs in the consumer role too (the jobs role always runs them). */
     JOBS_IN_CONSUMER: env.bool(true),
     /** node-cron expression (with seconds) for the gauges and order-gap check. */
@@ -86,10 +105,14 @@ const schema = z
     /** Re-publish reservations with no order (order gap) from their ledger entries. */
     ORDER_GAP_REPAIR: env.bool(true),
     /** Seconds between two re-publications of one reservation, and the most re-publications before a human is needed. */
-    ORDER_GAP_REPUBLISH_INTERVAL_SECONDS: env.int(60, 1),
+    ORDER_GAP_REPUBLISH_INTERVAL_SECONDS: env.int(20, 1),
     ORDER_GAP_MAX_REPUBLISH: env.int(5, 1),
     /** node-cron expression (with seconds) of the Redis/ledger/PostgreSQL reconciliation. */
     RECONCILIATION_CRON: z.string().default('0 */5 * * * *'),
+  })
+  .refine((c) => c.CONSUMER_HEARTBEAT_INTERVAL_MS * 3 <= c.CONSUMER_SESSION_TIMEOUT_MS, {
+    message: 'CONSUMER_HEARTBEAT_INTERVAL_MS must be at most a third of CONSUMER_SESSION_TIMEOUT_MS',
+    path: ['CONSUMER_HEARTBEAT_INTERVAL_MS'],
   })
   .refine((c) => !(c.JWT_HS256_SECRET && c.JWT_RS256_PUBLIC_KEY), {
     message: 'set JWT_HS256_SECRET or JWT_RS256_PUBLIC_KEY, not both',

@@ -20,6 +20,7 @@ import { loadRuntimeConfig, roles } from './config.js';
 import type { Role } from './config.js';
 import { OrderConsumer } from './consumer/consumer.js';
 import { createServiceApp } from './http.js';
+import type { Readiness } from './http.js';
 import { runDlqCli } from './dlq.js';
 import { cancelRouter } from './api/cancel-routes.js';
 import { scheduleAfterSaleJobs } from './jobs/after-sale.js';
@@ -80,11 +81,25 @@ async function main(): Promise<void> {
   let stopping = false;
   const closers: (() => Promise<unknown>)[] = [];
 
-  const ready = async (): Promise<boolean> => {
-    if (stopping) return false;
-    await redis.ping();
-    if (has('consumer') || has('jobs')) await pool.query('SELECT 1');
-    return true;
+  let consumer: OrderConsumer | undefined;
+  // What this process can actually do: reachable stores, and for the consumer whether it is a
+  // member of its group with partitions (while it joins, it writes no orders).
+  const ready = async (): Promise<Readiness> => {
+    if (stopping) return { ready: false, checks: { process: 'stopping' } };
+    const checks: Record<string, string> = {};
+    const probe = async (name: string, fn: () => Promise<unknown>): Promise<void> => {
+      checks[name] = await fn().then(
+        () => 'ok',
+        (err: Error) => `error: ${err.message}`,
+      );
+    };
+    await Promise.all([
+      probe('redis', () => redis.ping()),
+      ...(has('consumer') || has('jobs') ? [probe('postgres', () => pool.query('SELECT 1'))] : []),
+    ]);
+    if (has('consumer') && activityId) checks.consumer = consumer?.status() ?? 'starting';
+    const ok = Object.values(checks).every((v) => v === 'ok' || v === 'consuming');
+    return { ready: ok, checks };
   };
 
   let server: Server;
@@ -184,7 +199,10 @@ async function main(): Promise<void> {
     }
   }
 
-  let consumer: OrderConsumer | undefined;
+  // The consumer joins its group in the background: the jobs below (gauges, order-gap check and
+  // repair) must run while it joins, which can take as long as the session timeout of a member
+  // that died.
+  let consumerStarted: Promise<void> | undefined;
   if (has('consumer') && activityId && topics) {
     consumer = new OrderConsumer({
       activityId,
@@ -195,6 +213,9 @@ async function main(): Promise<void> {
           groupId: topics.consumerGroup,
           allowAutoTopicCreation: false,
           maxBytesPerPartition: 4 << 20,
+          sessionTimeout: cfg.CONSUMER_SESSION_TIMEOUT_MS,
+          heartbeatInterval: cfg.CONSUMER_HEARTBEAT_INTERVAL_MS,
+          rebalanceTimeout: cfg.CONSUMER_REBALANCE_TIMEOUT_MS,
         }),
       dlqProducer: idempotentProducer(kafka),
       pool,
@@ -206,7 +227,7 @@ async function main(): Promise<void> {
       maxAttempts: cfg.CONSUMER_MAX_ATTEMPTS,
       paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
     });
-    await consumer.start();
+    consumerStarted = consumer.start();
     const c = consumer;
     closers.push(() => c.stop());
   }
@@ -258,6 +279,10 @@ async function main(): Promise<void> {
     const timer = setInterval(() => void r.sampleGauges().catch(() => undefined), 1000);
     closers.unshift(async () => clearInterval(timer));
   }
+
+  // A consumer that cannot connect or subscribe at all still ends the process (its restart is the
+  // recovery), as before; but only after the jobs were scheduled.
+  await consumerStarted;
 
   const shutdown = async (signal: string): Promise<void> => {
     if (stopping) return;

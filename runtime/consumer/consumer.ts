@@ -68,6 +68,9 @@ export interface ConsumerOptions {
 
 class PoisonMessage extends Error {}
 
+/** What the consumer can do right now (its /readyz reports it). */
+export type ConsumerState = 'starting' | 'joining' | 'consuming' | 'restarting' | 'stopped';
+
 type GuardedOutcome = InsertOutcome & { guarded: GuardedOrder[] };
 
 interface Parsed {
@@ -82,6 +85,7 @@ export class OrderConsumer {
 
   private consumer: Consumer | undefined;
   private stopped = false;
+  private state: ConsumerState = 'starting';
   private restartTimer: NodeJS.Timeout | undefined;
   /** Restarts in a row that failed to get going; resets once a batch was processed. */
   private restarts = 0;
@@ -98,11 +102,26 @@ export class OrderConsumer {
     await this.run();
   }
 
+  /** 'consuming' once the group assigned partitions; 'joining' while (re)joining the group. */
+  status(): ConsumerState {
+    return this.state;
+  }
+
   private async run(): Promise<void> {
     const consumer = this.o.createConsumer();
     this.consumer = consumer;
+    this.state = 'joining';
+    const mine = (): boolean => this.consumer === consumer && !this.stopped;
+    consumer.on(consumer.events.GROUP_JOIN, () => {
+      if (mine()) this.state = 'consuming';
+    });
+    consumer.on(consumer.events.REBALANCING, () => {
+      if (mine()) this.state = 'joining';
+    });
     consumer.on(consumer.events.CRASH, (e) => {
-      if (e.payload.restart || this.stopped || this.consumer !== consumer) return;
+      if (!mine()) return;
+      this.state = 'restarting';
+      if (e.payload.restart) return;
       this.scheduleRestart(e.payload.error);
     });
     await consumer.connect();
@@ -145,6 +164,7 @@ export class OrderConsumer {
   /** kafkajs finishes the batch in flight before disconnecting. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.state = 'stopped';
     if (this.restartTimer) clearTimeout(this.restartTimer);
     await this.consumer?.disconnect();
     await this.o.dlqProducer.disconnect();
