@@ -10,6 +10,8 @@ export interface RunRecord {
   ms: number;
   detail?: string;
   violations?: Violation[];
+  /** Measured figures shown in the report (latencies, shares). */
+  figures?: Record<string, number | string>;
 }
 
 export function recordRun(r: RunRecord): void {

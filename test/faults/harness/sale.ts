@@ -64,6 +64,8 @@ export interface SaleOptions {
   activityId: string;
   /** Extra environment per role (crash points). A restarted role never gets it again. */
   roleEnv?: Partial<Record<RoleName, Record<string, string>>>;
+  /** Extra environment of every role and every incarnation (settings under test). */
+  env?: Record<string, string>;
 }
 
 /** The three roles of one activity, restarted when they die (any signal or exit) until stop(). */
@@ -93,6 +95,7 @@ export class Sale {
       // The order-gap repair job is a safety net that re-publishes lost half messages; off here so
       // that the primary path alone must be exactly-once (a lost message shows as order gap).
       ORDER_GAP_REPAIR: 'false',
+      ...this.options.env,
       ...extra,
     };
   }
