@@ -2,6 +2,7 @@
 import { z } from 'zod';
 import { env, readConfig } from '../core/config.js';
 import { isSafeId } from '../core/keys.js';
+import { redisEnvIssue, redisEnvShape } from '../core/redis.js';
 
 export const roles = ['api', 'relay', 'consumer', 'jobs', 'all'] as const;
 export type Role = (typeof roles)[number];
@@ -10,8 +11,20 @@ const schema = z
   .object({
     /** PostgreSQL connection URL. */
     DATABASE_URL: z.string().url(),
-    /** Redis URL (redis://host:port). */
-    REDIS_URL: z.string().url(),
+    /**
+     * Redis: REDIS_URL (redis://host:port), or REDIS_SENTINELS (host:port,...) with
+     * REDIS_SENTINEL_MASTER (and REDIS_SENTINEL_PASSWORD); see core/redis.ts.
+     */
+    ...redisEnvShape,
+    /**
+     * When the api answers 202: `replica` once the reservation is on RESERVE_ACK_REPLICAS
+     * replicas (Redis WAIT), `local` once the primary has it. Unset: `replica` when the primary
+     * is reached through Sentinel or has replicas at start, else `local` (docs/install.md).
+     */
+    RESERVE_ACK: z.enum(['replica', 'local']).optional(),
+    RESERVE_ACK_REPLICAS: env.int(1, 1),
+    /** How long the api waits for the replicas before answering 503 NOT_REPLICATED (retry with the same requestId). */
+    RESERVE_ACK_TIMEOUT_MS: env.int(500, 1),
     /** Kafka bootstrap brokers, comma separated host:port. */
     KAFKA_BROKERS: env.list().refine((l) => l.length > 0, 'at least one broker'),
     /** The activity this process serves (required for relay, consumer and jobs). */
@@ -113,6 +126,10 @@ const schema = z
   .refine((c) => c.CONSUMER_HEARTBEAT_INTERVAL_MS * 3 <= c.CONSUMER_SESSION_TIMEOUT_MS, {
     message: 'CONSUMER_HEARTBEAT_INTERVAL_MS must be at most a third of CONSUMER_SESSION_TIMEOUT_MS',
     path: ['CONSUMER_HEARTBEAT_INTERVAL_MS'],
+  })
+  .superRefine((c, ctx) => {
+    const issue = redisEnvIssue(c);
+    if (issue) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [issue.path], message: issue.message });
   })
   .refine((c) => !(c.JWT_HS256_SECRET && c.JWT_RS256_PUBLIC_KEY), {
     message: 'set JWT_HS256_SECRET or JWT_RS256_PUBLIC_KEY, not both',

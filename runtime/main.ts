@@ -5,7 +5,7 @@
  */
 import type { Server } from 'node:http';
 import { hostname } from 'node:os';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import cron from 'node-cron';
 import { activityOfRestockChannel, activityKeys, RESTOCK_CHANNEL_PATTERN } from '../core/keys.js';
 import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
@@ -13,6 +13,8 @@ import { createLogger, redactUrl } from '../core/logger.js';
 import { createMetrics } from '../core/metrics.js';
 import { migrate } from '../core/db/migrate.js';
 import { createPool } from '../core/db/pool.js';
+import { createRedis, describeRedis, redisConnectionOf, usesSentinel } from '../core/redis.js';
+import { connectedReplicas, localAck, ReplicaAck } from '../core/durable-ack.js';
 import { registerScripts } from '../core/scripts.js';
 import { createApiApp } from './api/app.js';
 import { SoldOutFlags } from './api/sold-out.js';
@@ -54,14 +56,15 @@ async function main(): Promise<void> {
       role,
       activity: cfg.ACTIVITY_ID,
       db: redactUrl(cfg.DATABASE_URL),
-      redis: redactUrl(cfg.REDIS_URL),
+      redis: describeRedis(redisConnectionOf(cfg)),
       brokers: cfg.KAFKA_BROKERS,
     },
     'starting',
   );
 
   // ioredis auto-pipelining batches concurrent commands into one round trip per tick.
-  const redis = new Redis(cfg.REDIS_URL, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
+  const redisConnection = redisConnectionOf(cfg);
+  const redis = createRedis(redisConnection, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
   // ioredis reconnects by itself; without a listener every failed attempt is an "Unhandled error
   // event" on stderr. One warning per connection per 5 s is enough to see an outage in the logs.
   const logRedisErrors = (client: Redis, connection: string): void => {
@@ -105,7 +108,7 @@ async function main(): Promise<void> {
   let server: Server;
   if (has('api')) {
     const soldOut = new SoldOutFlags(cfg.SOLD_OUT_RECHECK_MS);
-    const sub = new Redis(cfg.REDIS_URL);
+    const sub = createRedis(redisConnection);
     logRedisErrors(sub, 'restock-subscriber');
     sub.on('pmessage', (_p: string, channel: string, sku: string) => {
       const a = activityOfRestockChannel(channel);
@@ -118,7 +121,20 @@ async function main(): Promise<void> {
     if (activityId) await sub.subscribe(activityKeys(activityId).restockChannel);
     else await sub.psubscribe(RESTOCK_CHANNEL_PATTERN);
     closers.push(() => sub.quit());
+    // RESERVE_ACK unset: wait for a replica whenever there is one to fail over to.
+    const ackMode =
+      cfg.RESERVE_ACK ??
+      (usesSentinel(redisConnection) || (await connectedReplicas(redis)) > 0 ? 'replica' : 'local');
+    const reservationAck =
+      ackMode === 'replica'
+        ? new ReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
+        : localAck;
+    logger.info(
+      { reserveAck: ackMode, replicas: cfg.RESERVE_ACK_REPLICAS, timeoutMs: cfg.RESERVE_ACK_TIMEOUT_MS },
+      'reservation acknowledgement',
+    );
     const app = await createApiApp({
+      reservationAck,
       metrics,
       ready,
       redis,
@@ -176,7 +192,7 @@ async function main(): Promise<void> {
   if (has('relay') && activityId && topics) {
     const baseName = cfg.RELAY_CONSUMER_NAME ?? hostname();
     for (let i = 0; i < cfg.RELAY_CONCURRENCY; i += 1) {
-      const blocking = new Redis(cfg.REDIS_URL, { maxRetriesPerRequest: null });
+      const blocking = createRedis(redisConnection, { maxRetriesPerRequest: null });
       logRedisErrors(blocking, `relay-blocking-reads-${i}`);
       const relay = new Relay({
         activityId,
