@@ -4,6 +4,7 @@
 import { Redis } from 'ioredis';
 import { cleanupActivity, loadActivity, readStock } from '../../../core/activity-cache.js';
 import type { CrashPoint } from '../../../core/crash.js';
+import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { readWriteBack, writeBack } from '../../../core/db/stock-store.js';
 import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
@@ -39,6 +40,7 @@ import {
   type PrivateServers,
 } from '../../faults/harness/servers.js';
 import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import { waitFor } from '../../helpers/runtime.js';
 import type { FreshDatabase } from '../../helpers/env.js';
 
 const PAYMENT_TIMEOUT_SECONDS = 900;
@@ -433,6 +435,95 @@ describe('fault scenarios (brief windows 1-11)', () => {
       expect([w1.written, w2.written].filter(Boolean)).toHaveLength(1);
       expect((await readWriteBack(pool, activityId))?.remainingTotal).toBe(14);
       expectClean(await checkActivity(redis, pool, activityId), 'window 10');
+    });
+  });
+
+  test('window 14 (light): a failover that loses acknowledged reservations (RESERVE_ACK=local): the PostgreSQL guard prevents every oversell', async () => {
+    await recorded('window 14 (light)', undefined, async () => {
+      const activityId = uniqueId('f-guard');
+      const stock = 20;
+      await prepareActivity(servers, activityId, [item(stock)]);
+      // As the operator does before loading the cache.
+      await recordActivitySkus(pool, activityId, [item(stock)], 'spec');
+      const sale = new Sale({ servers, activityId, env: { RESERVE_ACK: 'local' } });
+      sales.push(sale);
+      await sale.start();
+
+      // What a replica that missed the next writes holds: every key of the activity, as of now.
+      const k = activityKeys(activityId);
+      const keysNow = async (): Promise<string[]> => {
+        const out: string[] = [];
+        let cursor = '0';
+        do {
+          const [next, keys] = await redis.scan(cursor, 'MATCH', k.scanPattern, 'COUNT', 500);
+          cursor = next;
+          out.push(...keys);
+        } while (cursor !== '0');
+        return out;
+      };
+      const snapshot = new Map<string, Buffer>();
+      for (const key of await keysNow()) {
+        const dump = await redis.dumpBuffer(key);
+        if (dump) snapshot.set(key, dump);
+      }
+
+      const answered202 = (answers: { status: number }[]): number =>
+        answers.filter((a) => a.status === 202).length;
+      const ordersNow = async (): Promise<number> =>
+        Number(
+          (
+            await pool.query<{ n: string }>('SELECT count(*)::text AS n FROM orders WHERE activity_id = $1', [
+              activityId,
+            ])
+          ).rows[0]!.n,
+        );
+      const wave1 = await buyers(
+        sale,
+        activityId,
+        Array.from({ length: 10 }, (_, i) => `${activityId}-a${i}`),
+        {
+          skuId: 'rice',
+        },
+      );
+      expect(answered202(wave1)).toBe(10);
+      await waitFor('the first wave in PostgreSQL', async () => (await ordersNow()) === 10, 120_000);
+
+      // The failover: Redis comes back as the snapshot, without the first wave (acknowledged
+      // with 202, already orders in PostgreSQL).
+      for (const key of await keysNow()) if (!snapshot.has(key)) await redis.del(key);
+      for (const [key, dump] of snapshot) await redis.restore(key, 0, dump, 'REPLACE');
+
+      const wave2 = await buyers(
+        sale,
+        activityId,
+        Array.from({ length: 30 }, (_, i) => `${activityId}-b${i}`),
+        {
+          skuId: 'rice',
+        },
+      );
+      expect(answered202(wave2)).toBe(stock); // Redis sells its whole stock a second time
+      await waitFor('the second wave in PostgreSQL', async () => (await ordersNow()) === 10 + stock, 120_000);
+
+      const r = await pool.query<{ live: string; prevented: string; first_live: string }>(
+        `SELECT coalesce(sum(quantity) FILTER (WHERE status <> 'CLOSED'), 0)::text AS live,
+                count(*) FILTER (WHERE close_reason = 'OVERSELL_PREVENTED')::text AS prevented,
+                count(*) FILTER (WHERE status <> 'CLOSED' AND user_id LIKE $2)::text AS first_live
+           FROM orders WHERE activity_id = $1`,
+        [activityId, `${activityId}-a%`],
+      );
+      const row = r.rows[0]!;
+      // 0 oversold: 20 live units of 20, the 10 the second sale added beyond them closed; the
+      // first wave's orders (earlier transactions, buyers told CREATED) stand.
+      expect({
+        live: Number(row.live),
+        prevented: Number(row.prevented),
+        firstLive: Number(row.first_live),
+      }).toEqual({
+        live: stock,
+        prevented: 10,
+        firstLive: 10,
+      });
+      await sale.stop();
     });
   });
 
