@@ -43,6 +43,8 @@ export interface GuardCandidate {
   userId: string;
   skuId: string;
   quantity: number;
+  /** The buyer slot Redis assigned (1..limitPerUser). */
+  slot: number;
   reservedAt: number;
 }
 
@@ -74,6 +76,12 @@ export function decideGuard(
     const key = buyerSkuKey(c.userId, c.skuId);
     const sku = skus.get(c.skuId);
     if (!sku) continue;
+    if (c.slot > sku.limitPerUser) {
+      // A slot Redis never assigns (reserve-8.lua picks 1..limit): the slot key cannot bound it.
+      closes.set(c.orderId, BUYER_LIMIT_EXCEEDED);
+      sold.set(c.skuId, (sold.get(c.skuId) ?? 0) - c.quantity);
+      continue;
+    }
     const excess = excessOfBuyer.get(key) ?? (held.get(key) ?? 0) - sku.limitPerUser;
     if (excess > 0) {
       closes.set(c.orderId, BUYER_LIMIT_EXCEEDED);
@@ -183,7 +191,15 @@ export class StockGuard {
       throw new Error(`no activity_skus row for sku ${skuIds.filter((s) => !have.has(s)).join(', ')}`);
     }
     const skus = new Map(rows.map((r: ActivitySkuRow) => [r.skuId, r]));
-    const pairs = new Map(candidates.map((c) => [buyerSkuKey(c.userId, c.skuId), c]));
+    // With a limit of 1, an order of one unit in slot 1 cannot take its buyer over the limit: the
+    // guard closes every order in a slot above the limit, so live orders of such a SKU are all in
+    // slot 1, where the unique live-slot key (orders_live_buyer_slot) allows one. Only the other
+    // buyers' live quantities are read.
+    const pairs = new Map<string, GuardCandidate>();
+    for (const c of candidates) {
+      const provable = skus.get(c.skuId)?.limitPerUser === 1 && c.quantity === 1 && c.slot === 1;
+      if (!provable) pairs.set(buyerSkuKey(c.userId, c.skuId), c);
+    }
     const held = await liveQuantityOfBuyers(db, this.d.activityId, [...pairs.values()]);
     const decided = decideGuard(candidates, skus, held);
     if (decided.size === 0) return [];

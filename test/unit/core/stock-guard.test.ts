@@ -14,6 +14,7 @@ const c = (
   userId,
   skuId,
   quantity,
+  slot: 1,
   reservedAt,
 });
 
@@ -82,5 +83,12 @@ describe('decideGuard (the PostgreSQL stock and buyer-limit guard)', () => {
         ['5', OVERSELL_PREVENTED],
       ]),
     );
+  });
+
+  it('closes an order in a slot above the limit (Redis never assigns one), whatever the sums say', () => {
+    const skus = new Map<string, GuardSku>([['a', { stock: 10, sold: 2, limitPerUser: 1 }]]);
+    const forged = { ...c('2', 'u1', 1, 20), slot: 2 };
+    const cands = [c('1', 'u2', 1, 10), forged];
+    expect([...decideGuard(cands, skus, new Map())]).toEqual([['2', BUYER_LIMIT_EXCEEDED]]);
   });
 });
