@@ -438,6 +438,33 @@ describe('fault scenarios (brief windows 1-11)', () => {
     });
   });
 
+  test('window 12 (light): RESERVE_ACK=replica and no replica confirming: no 202 at all, every reservation visible to its buyer', async () => {
+    await recorded('window 12 (light)', undefined, async () => {
+      const activityId = uniqueId('f-ack');
+      await prepareActivity(servers, activityId, [item(10)]);
+      // The suite's Redis has no replica: WAIT never confirms.
+      const sale = new Sale({
+        servers,
+        activityId,
+        env: { RESERVE_ACK: 'replica', RESERVE_ACK_TIMEOUT_MS: '100' },
+      });
+      sales.push(sale);
+      await sale.start();
+      const ids = Array.from({ length: 8 }, (_, i) => `${activityId}-b${i}`);
+      const answers = await buyers(sale, activityId, ids, { skuId: 'rice', maxAttempts: 2 });
+      expect(answers.map((a) => `${a.status} ${a.code ?? ''}`)).toEqual(ids.map(() => '503 NOT_REPLICATED'));
+      // Each reservation exists on the primary and goes on to become its order (the buyer polls it).
+      const rec = await recoverAndCheck(servers, activityId);
+      await sale.stop();
+      expectClean(rec.violations, 'window 12 (light)');
+      const orders = await pool.query<{ n: string }>(
+        'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
+        [activityId],
+      );
+      expect(Number(orders.rows[0]!.n)).toBe(ids.length);
+    });
+  });
+
   test('window 14 (light): a failover that loses acknowledged reservations (RESERVE_ACK=local): the PostgreSQL guard prevents every oversell', async () => {
     await recorded('window 14 (light)', undefined, async () => {
       const activityId = uniqueId('f-guard');
