@@ -244,6 +244,8 @@ async function main(): Promise<void> {
       paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
     });
     consumerStarted = consumer.start();
+    // Awaited below, once the jobs are scheduled; a failure then still ends the process.
+    consumerStarted.catch(() => undefined);
     const c = consumer;
     closers.push(() => c.stop());
   }
