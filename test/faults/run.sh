@@ -81,9 +81,21 @@ for (const f of failures) {
 const measured = rows.filter((r) => r.figures);
 if (measured.length) {
   lines.push('## Figures', '', '| scenario | outcome | figures |', '| --- | --- | --- |');
-  for (const r of measured) {
-    const f = Object.entries(r.figures).map(([k, v]) => `${k} ${v}`).join(', ');
-    lines.push(`| ${r.scenario} | ${r.outcome} | ${f} |`);
+  const groups = new Map();
+  for (const r of measured) groups.set(r.scenario, [...(groups.get(r.scenario) ?? []), r]);
+  for (const [scenario, rs] of groups) {
+    if (rs.length === 1) {
+      const f = Object.entries(rs[0].figures).map(([k, v]) => `${k} ${v}`).join(', ');
+      lines.push(`| ${scenario} | ${rs[0].outcome} | ${f} |`);
+      continue;
+    }
+    // Many runs (randomized): median and largest of each figure.
+    const keys = Object.keys(rs[0].figures);
+    const f = keys.map((k) => {
+      const vs = rs.map((r) => Number(r.figures[k])).filter(Number.isFinite).sort((a, b) => a - b);
+      return vs.length ? `${k} median ${vs[Math.floor(vs.length / 2)]} / largest ${vs[vs.length - 1]}` : '';
+    });
+    lines.push(`| ${scenario} (${rs.length} passed runs) | pass | ${f.filter(Boolean).join(', ')} |`);
   }
   lines.push('');
 }

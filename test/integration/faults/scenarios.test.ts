@@ -104,7 +104,7 @@ describe('fault scenarios (brief windows 1-11)', () => {
       /** Wait until the crash point was reached (named windows; random runs may never reach it). */
       requireDeath?: boolean;
     },
-  ): Promise<{ violations: string; accepted: number; died: boolean }> {
+  ): Promise<{ violations: string; accepted: number; died: boolean; latency: Record<string, number> }> {
     const activityId = uniqueId(`f-${role}`);
     await prepareActivity(servers, activityId, [item(o.stock, o.limit ?? 1)]);
     const sale = new Sale({
@@ -140,7 +140,21 @@ describe('fault scenarios (brief windows 1-11)', () => {
         detail: `accepted ${accepted}, remaining ${stock.remaining} (stock ${o.stock}, buyers ${o.buyers})`,
       });
     }
-    return { violations: formatViolations(v), accepted, died };
+    // Reservation -> order latency of this sale, for the report (never asserted).
+    const lat = await pool.query<{ p50: number | null; p95: number | null; max: number | null }>(
+      `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d) AS p50,
+              percentile_cont(0.95) WITHIN GROUP (ORDER BY d) AS p95, max(d) AS max
+         FROM (SELECT extract(epoch FROM created_at - reserved_at)::float8 AS d
+                 FROM orders WHERE activity_id = $1) x`,
+      [activityId],
+    );
+    const l = lat.rows[0];
+    const latency = {
+      'p50 s': Number((l?.p50 ?? 0).toFixed(2)),
+      'p95 s': Number((l?.p95 ?? 0).toFixed(2)),
+      'max s': Number((l?.max ?? 0).toFixed(2)),
+    };
+    return { violations: formatViolations(v), accepted, died, latency };
   }
 
   const crashWindows: { window: number; role: RoleName; point: CrashPoint; what: string }[] = [
@@ -626,28 +640,34 @@ describe('fault scenarios (brief windows 1-11)', () => {
   ];
 
   test.each(seeds)('randomized run, seed %i (replay: FAULT_SEED=<seed> FAULT_RUNS=1)', async (seed) => {
-    await recorded('randomized', seed, async () => {
-      const rng = prng(seed);
-      const stock = rng.int(10, 40);
-      const n = stock + rng.int(0, stock);
-      const roles: RoleName[] = ['api', 'relay', 'consumer'];
-      const kill = rng.next() < 0.3;
-      const pick = points[rng.int(0, points.length - 1)]!;
-      const role = kill ? roles[rng.int(0, 2)]! : pick.role;
-      const plan = kill
-        ? { role, point: undefined, killAfterMs: rng.int(0, 1500) }
-        : { role, point: pick.point, after: rng.int(1, 4) };
-      process.stdout.write(`fault run seed=${seed} stock=${stock} buyers=${n} ${JSON.stringify(plan)}\n`);
-      const r = await crashRun(plan.role, plan.point, {
-        stock,
-        buyers: n,
-        ...(plan.point ? { after: plan.after } : { killAfterMs: plan.killAfterMs }),
-      });
-      if (r.violations !== '') {
-        throw new Error(
-          `seed ${seed} (replay: FAULT_SEED=${seed} FAULT_RUNS=1) plan ${JSON.stringify(plan)}:\n${r.violations}`,
-        );
-      }
-    });
+    await recorded(
+      'randomized',
+      seed,
+      async () => {
+        const rng = prng(seed);
+        const stock = rng.int(10, 40);
+        const n = stock + rng.int(0, stock);
+        const roles: RoleName[] = ['api', 'relay', 'consumer'];
+        const kill = rng.next() < 0.3;
+        const pick = points[rng.int(0, points.length - 1)]!;
+        const role = kill ? roles[rng.int(0, 2)]! : pick.role;
+        const plan = kill
+          ? { role, point: undefined, killAfterMs: rng.int(0, 1500) }
+          : { role, point: pick.point, after: rng.int(1, 4) };
+        process.stdout.write(`fault run seed=${seed} stock=${stock} buyers=${n} ${JSON.stringify(plan)}\n`);
+        const r = await crashRun(plan.role, plan.point, {
+          stock,
+          buyers: n,
+          ...(plan.point ? { after: plan.after } : { killAfterMs: plan.killAfterMs }),
+        });
+        if (r.violations !== '') {
+          throw new Error(
+            `seed ${seed} (replay: FAULT_SEED=${seed} FAULT_RUNS=1) plan ${JSON.stringify(plan)}:\n${r.violations}`,
+          );
+        }
+        return r;
+      },
+      (r) => r.latency,
+    );
   });
 });
