@@ -31,6 +31,10 @@ export const ErrorCodes = {
   NOT_LOADED: { status: 409, title: 'The activity is not loaded into the cache' },
   BAD_ARGUMENT: { status: 500, title: 'A script was called with bad arguments' },
   UNAVAILABLE: { status: 503, title: 'A dependency is unavailable; retry' },
+  NOT_REPLICATED: {
+    status: 503,
+    title: 'The reservation is not on a replica yet; retry with the same requestId',
+  },
   INTERNAL: { status: 500, title: 'Internal error' },
   BAD_SIGNATURE: { status: 401, title: 'The payment notification signature is not valid' },
   MERCHANT_MISMATCH: { status: 403, title: 'The notification is for another merchant or app' },

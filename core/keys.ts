@@ -67,6 +67,13 @@ export class ActivityKeys {
   orderCode(code: string): string {
     return `${this.prefix}code:${code}`;
   }
+  /**
+   * Counter the api increments before a replayed reservation's replica wait: a write on its own
+   * connection, so Redis WAIT covers every earlier write on the primary (the original included).
+   */
+  get ackProbe(): string {
+    return `${this.prefix}ackprobe`;
+  }
   /** Placeholder in the same slot for scripts whose optional key is absent. */
   get none(): string {
     return `${this.prefix}none`;

@@ -122,6 +122,12 @@ export function createMetrics(component: string) {
       labelNames: ['activity', 'reason'],
       registers: r,
     }),
+    oversellPrevented: new client.Counter({
+      name: 'flashsale_oversell_prevented_total',
+      help: 'Orders the PostgreSQL stock guard stored CLOSED because they exceeded the SKU stock (OVERSELL_PREVENTED) or the buyer limit (BUYER_LIMIT_EXCEEDED) while Redis had accepted them',
+      labelNames: ['activity', 'sku'],
+      registers: r,
+    }),
     cancellations: new client.Counter({
       name: 'flashsale_cancellations_total',
       help: 'Buyer cancellations by outcome (cancelled, tombstoned, already_cancelled, already_paid)',

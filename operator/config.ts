@@ -4,6 +4,8 @@
  */
 import { hostname } from 'node:os';
 import { z } from 'zod';
+import { redisConnectionOf, redisEnvIssue, redisEnvShape } from '../core/redis.js';
+import type { RedisConnection } from '../core/redis.js';
 import { env, readConfig } from '../core/config.js';
 import { kafkaSecurityFromEnv } from '../core/kafka.js';
 
@@ -16,7 +18,8 @@ const durationSeconds = (def: number, min = 0) => z.coerce.number().min(min).def
 export const operatorConfigSchema = z
   .object({
     DATABASE_URL: z.string().min(1),
-    REDIS_URL: z.string().min(1),
+    /** REDIS_URL, or REDIS_SENTINELS + REDIS_SENTINEL_MASTER (core/redis.ts). */
+    ...redisEnvShape,
     KAFKA_BROKERS: env.list().refine((l) => l.length > 0, 'at least one broker'),
     KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
     KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
@@ -102,6 +105,10 @@ export const operatorConfigSchema = z
       }),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
+  .superRefine((c, ctx) => {
+    const issue = redisEnvIssue(c);
+    if (issue) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [issue.path], message: issue.message });
+  })
   .refine((c) => c.LEASE_RENEW_DEADLINE_SECONDS < c.LEASE_DURATION_SECONDS, {
     message: 'LEASE_RENEW_DEADLINE_SECONDS must be less than LEASE_DURATION_SECONDS',
     path: ['LEASE_RENEW_DEADLINE_SECONDS'],
@@ -113,7 +120,7 @@ export const operatorConfigSchema = z
 
 export interface OperatorConfig {
   databaseUrl: string;
-  redisUrl: string;
+  redis: RedisConnection;
   kafkaBrokers: string[];
   kafka: { topicPrefix: string; partitions: number; replicationFactor: number };
   /** The namespaces watched; empty = every namespace. */
@@ -157,7 +164,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
   kafkaSecurityFromEnv(environment);
   return {
     databaseUrl: c.DATABASE_URL,
-    redisUrl: c.REDIS_URL,
+    redis: redisConnectionOf(c),
     kafkaBrokers: c.KAFKA_BROKERS,
     kafka: {
       topicPrefix: c.KAFKA_TOPIC_PREFIX,

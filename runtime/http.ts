@@ -9,10 +9,16 @@ import express from 'express';
 import type { Express, RequestHandler } from 'express';
 import type { Metrics } from '../core/metrics.js';
 
+/** Readiness with the state of each dependency or part (`ok`, or what is wrong). */
+export interface Readiness {
+  ready: boolean;
+  checks: Record<string, string>;
+}
+
 export interface ServiceAppOptions {
   metrics: Metrics;
-  /** Resolves true when the role can do its work (dependencies reachable, not shutting down). */
-  ready: () => Promise<boolean>;
+  /** Whether the role can do its work (dependencies reachable, not shutting down), with details. */
+  ready: () => Promise<boolean | Readiness>;
 }
 
 const TRACE_ID = /^[A-Za-z0-9-]{8,64}$/;
@@ -50,8 +56,11 @@ export function createServiceApp(opts: ServiceAppOptions): Express {
     res.json({ status: 'ok' });
   });
   app.get('/readyz', async (_req, res) => {
-    const ok = await opts.ready().catch(() => false);
-    res.status(ok ? 200 : 503).json({ status: ok ? 'ready' : 'not ready' });
+    const r = await opts.ready().catch(() => false);
+    const ok = typeof r === 'boolean' ? r : r.ready;
+    res
+      .status(ok ? 200 : 503)
+      .json({ status: ok ? 'ready' : 'not ready', ...(typeof r === 'boolean' ? {} : { checks: r.checks }) });
   });
   return app;
 }

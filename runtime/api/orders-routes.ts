@@ -8,6 +8,8 @@ import type { Pool } from '../../core/db/pool.js';
 import { UNKNOWN_ACTIVITY_LABEL } from '../../core/metrics.js';
 import type { Metrics } from '../../core/metrics.js';
 import { answerUnloadedSubmission, lookupOrder } from '../../core/order-view.js';
+import { localAck } from '../../core/durable-ack.js';
+import type { ReservationAck } from '../../core/durable-ack.js';
 import { reservationExists, reservationIdFor, reserve } from '../../core/reservations.js';
 import { crashPoint } from '../../core/crash.js';
 import type { RedisClient } from '../../core/scripts.js';
@@ -30,6 +32,8 @@ export interface OrdersDeps {
   /** When set, this api serves only this activity. */
   activityId: string | undefined;
   orderCodeTtlSeconds: number;
+  /** When a reservation counts as acknowledged (core/durable-ack.ts); default: on the primary. */
+  reservationAck?: ReservationAck | undefined;
 }
 
 const resultLabel: Partial<Record<ErrorCode, string>> = {
@@ -43,6 +47,8 @@ const resultLabel: Partial<Record<ErrorCode, string>> = {
   CANCELLED: 'cancelled',
   IDEMPOTENCY_CONFLICT: 'idempotency_conflict',
   NOT_FOUND: 'unknown_activity',
+  NOT_LOADED: 'not_started',
+  NOT_REPLICATED: 'not_replicated',
 };
 
 export function ordersRouter(deps: OrdersDeps): Router {
@@ -77,14 +83,21 @@ export function ordersRouter(deps: OrdersDeps): Router {
         orderCode: body.orderCode,
       });
       crashPoint('api-after-reserve');
-      deps.metrics.reservations.inc({
-        activity: activityId,
-        result: outcome.kind === 'reserved' ? 'ok' : 'duplicate',
-      });
       const status =
         outcome.kind === 'reserved' || outcome.state === 'RESERVED' || outcome.state === 'PAID'
           ? 'QUEUED'
           : 'FAILED';
+      if (status === 'QUEUED') {
+        await (deps.reservationAck ?? localAck).confirm(
+          activityId,
+          outcome.reservationId,
+          outcome.kind === 'replayed',
+        );
+      }
+      deps.metrics.reservations.inc({
+        activity: activityId,
+        result: outcome.kind === 'reserved' ? 'ok' : 'duplicate',
+      });
       // Written directly: res.location() / res.json() / res.send() add nothing here (the ids come
       // from safe alphabets, there is no ETag and no content negotiation).
       const payload = JSON.stringify({

@@ -154,8 +154,8 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
       await p.kill();
       throw err;
     }
-    // The consumer is "ready" before it joined its group; wait for the join so tests are not
-    // racing the group's first rebalance.
+    // A consumer answers 200 only once it is a member of its group (runtime/main.ts), so tests
+    // do not race the group's first rebalance.
   }
   return p;
 }
