@@ -11,6 +11,8 @@ export interface ServiceAppOptions {
   metrics: Metrics;
   /** Resolves true when the role can do its work (dependencies reachable, not shutting down). */
   ready: () => Promise<boolean>;
+  /** Why the process sheds load right now (runtime/api/admission.ts), or undefined. */
+  shedding?: () => string | undefined;
 }
 
 const TRACE_ID = /^[A-Za-z0-9-]{8,64}$/;
@@ -48,6 +50,12 @@ export function createServiceApp(opts: ServiceAppOptions): Express {
     res.json({ status: 'ok' });
   });
   app.get('/readyz', async (_req, res) => {
+    const shedding = opts.shedding?.();
+    if (shedding) {
+      // Not ready while shedding, so a load balancer sends new connections elsewhere.
+      res.status(503).json({ status: 'shedding', reason: shedding });
+      return;
+    }
     const ok = await opts.ready().catch(() => false);
     res.status(ok ? 200 : 503).json({ status: ok ? 'ready' : 'not ready' });
   });

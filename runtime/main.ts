@@ -16,7 +16,9 @@ import { createPool } from '../core/db/pool.js';
 import { registerScripts } from '../core/scripts.js';
 import { createApiApp } from './api/app.js';
 import { SoldOutFlags } from './api/sold-out.js';
-import { loadRuntimeConfig, roles } from './config.js';
+import { AdmissionControl } from './api/admission.js';
+import { PolicyCache } from './api/policy-cache.js';
+import { loadRuntimeConfig, roles, trustProxySetting } from './config.js';
 import type { Role } from './config.js';
 import { OrderConsumer } from './consumer/consumer.js';
 import { createServiceApp } from './http.js';
@@ -103,9 +105,21 @@ async function main(): Promise<void> {
     if (activityId) await sub.subscribe(activityKeys(activityId).restockChannel);
     else await sub.psubscribe(RESTOCK_CHANNEL_PATTERN);
     closers.push(() => sub.quit());
+    const admission = new AdmissionControl({
+      metrics,
+      maxInFlight: cfg.API_MAX_IN_FLIGHT,
+      maxEventLoopDelayMs: cfg.API_MAX_EVENT_LOOP_DELAY_MS,
+      sampleIntervalMs: cfg.API_EVENT_LOOP_SAMPLE_MS,
+      retryAfterSeconds: cfg.API_SHED_RETRY_AFTER_SECONDS,
+    }).start();
+    closers.push(async () => admission.stop());
     const app = await createApiApp({
       metrics,
       ready,
+      admission,
+      shedding: () => admission.shedding(),
+      trustProxy: trustProxySetting(cfg.API_TRUST_PROXY),
+      policies: new PolicyCache(redis, cfg.API_POLICY_REFRESH_MS, logger),
       redis,
       pool,
       soldOut,

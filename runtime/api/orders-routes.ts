@@ -21,6 +21,7 @@ import {
 } from './schemas.js';
 import { sendProblem } from './problem.js';
 import type { SoldOutFlags } from './sold-out.js';
+import type { PolicyCache } from './policy-cache.js';
 
 export interface OrdersDeps {
   redis: RedisClient;
@@ -30,6 +31,8 @@ export interface OrdersDeps {
   /** When set, this api serves only this activity. */
   activityId: string | undefined;
   orderCodeTtlSeconds: number;
+  /** The activities' traffic policies (rate limits, eligibility; core/traffic-policy.ts). */
+  policies: PolicyCache;
 }
 
 const resultLabel: Partial<Record<ErrorCode, string>> = {
@@ -43,6 +46,8 @@ const resultLabel: Partial<Record<ErrorCode, string>> = {
   CANCELLED: 'cancelled',
   IDEMPOTENCY_CONFLICT: 'idempotency_conflict',
   NOT_LOADED: 'not_started',
+  BUYER_DENIED: 'denied',
+  NOT_REGISTERED: 'not_registered',
 };
 
 export function ordersRouter(deps: OrdersDeps): Router {
@@ -157,12 +162,14 @@ export function ordersRouter(deps: OrdersDeps): Router {
     if (!meta) throw new FlashSaleError('UNKNOWN_ACTIVITY');
     if (!meta.requireOrderCode) throw new FlashSaleError('ORDER_CODES_DISABLED');
     if (!(await skuExists(deps.redis, activityId, body.skuId))) throw new FlashSaleError('UNKNOWN_SKU');
+    const policy = await deps.policies.get(activityId);
     const code = await issueOrderCode(
       deps.redis,
       activityId,
       res.locals.userId as string,
       body.skuId,
       deps.orderCodeTtlSeconds,
+      policy.eligibility.orderCodesPerBuyerPerSku,
     );
     res.status(201).json({ orderCode: code, expiresInSeconds: deps.orderCodeTtlSeconds });
   });

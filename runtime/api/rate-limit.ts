@@ -1,0 +1,123 @@
+/**
+ * Rate limits per buyer and per client address, before the reservation script (docs/operator.md
+ * "Traffic shaping and eligibility"). Counters are shared by every api replica through Redis
+ * (rate-limiter-flexible, fixed windows of `perSeconds`); once a subject has used its window in
+ * Redis, this process blocks it in memory until the window ends, so a flood from one buyer or
+ * address costs Redis nothing after its first refusal. If Redis is unreachable an in-memory
+ * insurance limiter with the same figures keeps limiting per process.
+ *
+ * Only submissions are limited (new orders, order codes, registrations): polling a result is
+ * cheap and an honest buyer polls more than they click.
+ */
+import type { RequestHandler } from 'express';
+import { Router } from 'express';
+import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
+import type { RateLimiterAbstract } from 'rate-limiter-flexible';
+import { activityKeys } from '../../core/keys.js';
+import type { Logger } from '../../core/logger.js';
+import type { Metrics } from '../../core/metrics.js';
+import type { RedisClient } from '../../core/scripts.js';
+import type { RateLimit, TrafficPolicy } from '../../core/traffic-policy.js';
+import type { PolicyCache } from './policy-cache.js';
+import { sendProblem } from './problem.js';
+import { servedActivity } from './schemas.js';
+
+export interface RateLimitDeps {
+  redis: RedisClient;
+  metrics: Metrics;
+  policies: PolicyCache;
+  logger: Logger;
+  /** When set, this api serves only this activity. */
+  activityId: string | undefined;
+}
+
+/** The routes whose requests count against the limits. */
+export const LIMITED_ROUTES = [
+  '/v1/activities/:activityId/orders',
+  '/v1/activities/:activityId/order-codes',
+  '/v1/activities/:activityId/registrations',
+];
+
+type Reason = 'buyer' | 'address';
+
+interface ActivityLimiters {
+  signature: string;
+  buyer: RateLimiterAbstract | undefined;
+  address: RateLimiterAbstract | undefined;
+}
+
+function limiter(redis: RedisClient, keyPrefix: string, limit: RateLimit): RateLimiterAbstract | undefined {
+  if (limit.requests === 0) return undefined;
+  const figures = { points: limit.requests, duration: limit.perSeconds };
+  return new RateLimiterRedis({
+    storeClient: redis,
+    keyPrefix,
+    ...figures,
+    // Blocked in this process for the rest of the window once Redis says the window is used up.
+    inMemoryBlockOnConsumed: limit.requests,
+    rejectIfRedisNotReady: true,
+    insuranceLimiter: new RateLimiterMemory({ keyPrefix, ...figures }),
+  });
+}
+
+/** Seconds a refused client should wait: the rest of the window, at least one. */
+export function retryAfterSeconds(res: RateLimiterRes): number {
+  return Math.max(1, Math.ceil(res.msBeforeNext / 1000));
+}
+
+export function rateLimitRouter(deps: RateLimitDeps): Router {
+  const byActivity = new Map<string, ActivityLimiters>();
+
+  const limitersFor = (activityId: string, policy: TrafficPolicy): ActivityLimiters => {
+    const signature = JSON.stringify([policy.shaping.perBuyer, policy.shaping.perAddress]);
+    const known = byActivity.get(activityId);
+    if (known?.signature === signature) return known;
+    const k = activityKeys(activityId);
+    const built: ActivityLimiters = {
+      signature,
+      buyer: limiter(deps.redis, k.rateLimitPrefix('buyer'), policy.shaping.perBuyer),
+      address: limiter(deps.redis, k.rateLimitPrefix('address'), policy.shaping.perAddress),
+    };
+    byActivity.set(activityId, built);
+    return built;
+  };
+
+  const handler: RequestHandler = async (req, res, next) => {
+    const activityId = servedActivity(req, deps.activityId);
+    const policy = await deps.policies.get(activityId);
+    if (!policy.shaping.enabled) {
+      next();
+      return;
+    }
+    const limiters = limitersFor(activityId, policy);
+    const checks: [Reason, RateLimiterAbstract | undefined, string][] = [
+      ['address', limiters.address, req.ip ?? req.socket.remoteAddress ?? 'unknown'],
+      ['buyer', limiters.buyer, String(res.locals.userId)],
+    ];
+    for (const [reason, l, subject] of checks) {
+      if (!l) continue;
+      try {
+        await l.consume(subject);
+      } catch (err) {
+        if (!(err instanceof RateLimiterRes)) {
+          // Both Redis and the insurance failed: not a reason to refuse a buyer.
+          deps.logger.warn({ err, activityId, reason }, 'rate limiter failed; request let through');
+          continue;
+        }
+        deps.metrics.rateLimited.inc({ activity: activityId, reason });
+        res.setHeader('retry-after', String(retryAfterSeconds(err)));
+        sendProblem(
+          res,
+          'RATE_LIMITED',
+          reason === 'buyer' ? 'too many requests from this buyer' : 'too many requests from this address',
+        );
+        return;
+      }
+    }
+    next();
+  };
+
+  const router = Router();
+  router.post(LIMITED_ROUTES, handler);
+  return router;
+}
