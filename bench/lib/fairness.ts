@@ -1,0 +1,313 @@
+/**
+ * Fairness under bots (`BENCH_ONLY=fairness`): the same opening run twice on one machine, with
+ * traffic shaping and load shedding off, then on. Each run is an open-loop schedule (requests leave
+ * at their planned instant whatever the answers, as a real crowd does):
+ *
+ * - honest buyers: one click each at a random instant of the first second of the sale, and a
+ *   second click (a new requestId) only when the first was not an answer about stock (a 429, a 503,
+ *   a network error, or "not started" from a clock a little ahead);
+ * - bot accounts: each sends `botRate` requests per second from its own address, from before the
+ *   opening until the end, every request a new requestId;
+ * - one address drives `farmAccounts` accounts, `farmRate` requests per second in total.
+ *
+ * Stock is smaller than the honest demand. Reported: the share of the stock honest buyers won
+ * against their fair share (their fraction of distinct accounts), the most requests one bot account
+ * got past the limiter in a window (against its per-account limit), and the latency of honest
+ * requests under the flood. Client addresses travel in X-Forwarded-For; the api believes one hop.
+ */
+import { createHmac } from 'node:crypto';
+import { Agent, request } from 'undici';
+import type { Ctx } from './context.js';
+import { benchItem } from './context.js';
+import { startRole, stopRole } from './runtime.js';
+import { log, sleep } from './util.js';
+
+export interface FairnessOptions {
+  honest: number;
+  bots: number;
+  botRate: number;
+  farmAccounts: number;
+  farmRate: number;
+  stock: number;
+  /** Seconds the flood runs before the opening, and after it. */
+  leadS: number;
+  floodS: number;
+  /** Limits of the "on" run (per account; per address). */
+  perBuyer: { requests: number; perSeconds: number };
+  perAddress: { requests: number; perSeconds: number };
+}
+
+export const DEFAULT_FAIRNESS: FairnessOptions = {
+  honest: 1000,
+  bots: 20,
+  botRate: 50,
+  farmAccounts: 200,
+  farmRate: 1000,
+  stock: 500,
+  leadS: 1.5,
+  floodS: 5,
+  // The operator's default per-buyer limit; the per-address limit is off by default (many honest
+  // buyers may share an address) and is switched on here for the activity, as docs/operator.md says.
+  perBuyer: { requests: 20, perSeconds: 10 },
+  perAddress: { requests: 20, perSeconds: 10 },
+};
+
+export interface FairnessRun {
+  shaping: 'off' | 'on';
+  stock: number;
+  won: { honest: number; bots: number; farm: number };
+  fairShare: number;
+  honestShare: number;
+  /** honestShare / fairShare. */
+  ratio: number;
+  honest: { requests: number; p50Ms: number; p99Ms: number; statusCounts: Record<string, number> };
+  bots: {
+    requests: number;
+    statusCounts: Record<string, number>;
+    /** Most requests one bot account got past the limiter (answered other than 429/503) in one window. */
+    maxPassedPerAccount: number;
+    limit: number;
+  };
+  farm: { requests: number; statusCounts: Record<string, number>; passed: number; limit: number };
+  /** Requests that went out later than planned by more than 100 ms (the load generator fell behind). */
+  lateSends: number;
+  durationS: number;
+}
+
+interface Sent {
+  who: 'honest' | 'bot' | 'farm';
+  account: string;
+  status: number;
+  code: string;
+  replayed: boolean;
+  ms: number;
+}
+
+const b64url = (s: string): string => Buffer.from(s).toString('base64url');
+
+function tokenSigner(secret: string): (sub: string) => string {
+  const header = b64url(JSON.stringify({ alg: 'HS256', typ: 'JWT' }));
+  const exp = Math.floor(Date.now() / 1000) + 3600;
+  return (sub) => {
+    const input = `${header}.${b64url(JSON.stringify({ sub, exp }))}`;
+    return `${input}.${createHmac('sha256', secret).update(input).digest('base64url')}`;
+  };
+}
+
+function percentile(sorted: number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
+}
+
+function counts(xs: Sent[]): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const x of xs) {
+    const k = x.status === 0 ? 'error' : `${x.status}${x.code ? ` ${x.code}` : ''}`;
+    out[k] = (out[k] ?? 0) + 1;
+  }
+  return out;
+}
+
+async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Promise<FairnessRun> {
+  const { core, redis } = ctx;
+  const activityId = `bfair-${shaping}-${ctx.runId}`;
+  ctx.activities.add(activityId);
+  const opensAt = Date.now() + (o.leadS + 2) * 1000;
+  await core.cache.loadActivity(redis, {
+    id: activityId,
+    generation: 1,
+    startAt: new Date(opensAt),
+    endAt: new Date(opensAt + 3600_000),
+    requireOrderCode: false,
+    reopenOnRelease: false,
+    items: [benchItem('drop', o.stock)],
+  });
+  await core.policy.writeTrafficPolicy(redis, activityId, {
+    shaping: { enabled: shaping === 'on', perBuyer: o.perBuyer, perAddress: o.perAddress },
+    eligibility: { preRegistration: false, orderCodesPerBuyerPerSku: 0 },
+  });
+  // The gate is open; the Redis clock keeps the sale shut until startAt (NOT_STARTED before it).
+  await core.cache.setGate(redis, activityId, 'open');
+  const api = await startRole('api', {
+    distDir: ctx.cfg.distDir,
+    luaDir: ctx.cfg.luaDir,
+    logDir: ctx.logDir,
+    env: ctx.servers.env,
+    activityId,
+    label: `api-fairness-${shaping}`,
+    roleEnv: ctx.cfg.roleEnv,
+    extraEnv: {
+      JWT_HS256_SECRET: ctx.secret,
+      API_TRUST_PROXY: '1',
+      LOG_LEVEL: 'warn',
+      // "off" is the api as it was: no limiter, no shedding.
+      ...(shaping === 'off' ? { API_MAX_IN_FLIGHT: '0', API_MAX_EVENT_LOOP_DELAY_MS: '0' } : {}),
+    },
+  });
+  const sign = tokenSigner(ctx.secret);
+  const url = `http://127.0.0.1:${api.port}/v1/activities/${activityId}/orders`;
+  const dispatcher = new Agent({ connections: 512, pipelining: 1, keepAliveTimeout: 30_000 });
+  const sent: Sent[] = [];
+  let lateSends = 0;
+  let seq = 0;
+  const fire = async (
+    who: Sent['who'],
+    account: string,
+    token: string,
+    address: string,
+    requestId: string,
+  ): Promise<Sent> => {
+    const t0 = performance.now();
+    let status = 0;
+    let code = '';
+    let replayed = false;
+    try {
+      const r = await request(url, {
+        method: 'POST',
+        dispatcher,
+        headers: {
+          'content-type': 'application/json',
+          authorization: `Bearer ${token}`,
+          'x-forwarded-for': address,
+        },
+        body: `{"skuId":"drop","quantity":1,"requestId":"${requestId}"}`,
+        headersTimeout: 30_000,
+        bodyTimeout: 30_000,
+      });
+      status = r.statusCode;
+      const body = (await r.body.json()) as { code?: string; replayed?: boolean };
+      code = body.code ?? '';
+      replayed = body.replayed === true;
+    } catch {
+      status = 0;
+    }
+    const s: Sent = { who, account, status, code, replayed, ms: performance.now() - t0 };
+    sent.push(s);
+    return s;
+  };
+  const at = async (ms: number): Promise<void> => {
+    const wait = ms - Date.now();
+    if (wait > 0) await sleep(wait);
+    else if (wait < -100) lateSends += 1;
+  };
+
+  const floodStart = opensAt - o.leadS * 1000;
+  const floodEnd = opensAt + o.floodS * 1000;
+  const tasks: Promise<unknown>[] = [];
+  // Bots: each account its own address, `botRate` per second, evenly spaced with a random phase.
+  for (let b = 0; b < o.bots; b += 1) {
+    const account = `bot-${ctx.runId}-${b}`;
+    const token = sign(account);
+    const address = `198.18.0.${b + 1}`;
+    const phase = Math.random() * (1000 / o.botRate);
+    tasks.push(
+      (async () => {
+        const inflight: Promise<unknown>[] = [];
+        for (let t = floodStart + phase; t < floodEnd; t += 1000 / o.botRate) {
+          await at(t);
+          inflight.push(fire('bot', account, token, address, `b${(seq += 1)}`));
+        }
+        await Promise.all(inflight);
+      })(),
+    );
+  }
+  // The farm: one address, many accounts, round robin.
+  const farmTokens = Array.from({ length: o.farmAccounts }, (_, i) => sign(`farm-${ctx.runId}-${i}`));
+  tasks.push(
+    (async () => {
+      const inflight: Promise<unknown>[] = [];
+      let i = 0;
+      for (let t = floodStart; t < floodEnd; t += 1000 / o.farmRate) {
+        await at(t);
+        const a = i % o.farmAccounts;
+        i += 1;
+        inflight.push(fire('farm', `farm-${ctx.runId}-${a}`, farmTokens[a]!, '198.19.0.1', `f${(seq += 1)}`));
+      }
+      await Promise.all(inflight);
+    })(),
+  );
+  // Honest buyers: one click in the first second; a second click only after an answer that says
+  // nothing about stock.
+  for (let h = 0; h < o.honest; h += 1) {
+    const account = `honest-${ctx.runId}-${h}`;
+    const token = sign(account);
+    const address = `10.${(h >> 16) & 255}.${(h >> 8) & 255}.${h & 255}`;
+    const clickAt = opensAt + Math.random() * 1000;
+    tasks.push(
+      (async () => {
+        await at(clickAt);
+        const first = await fire('honest', account, token, address, `h${h}-1`);
+        if (first.status === 202 || first.code === 'SOLD_OUT' || first.code === 'LIMIT_REACHED') return;
+        await sleep(300 + Math.random() * 500);
+        await fire('honest', account, token, address, `h${h}-2`);
+      })(),
+    );
+  }
+  const started = performance.now();
+  await Promise.all(tasks);
+  const durationS = (performance.now() - started) / 1000;
+  await dispatcher.close();
+  await stopRole(api);
+
+  const of = (who: Sent['who']): Sent[] => sent.filter((s) => s.who === who);
+  const wins = (who: Sent['who']): number =>
+    new Set(
+      of(who)
+        .filter((s) => s.status === 202 && !s.replayed)
+        .map((s) => s.account),
+    ).size;
+  const won = { honest: wins('honest'), bots: wins('bot'), farm: wins('farm') };
+  const total = won.honest + won.bots + won.farm;
+  const accounts = o.honest + o.bots + o.farmAccounts;
+  const fairShare = o.honest / accounts;
+  const honestShare = total > 0 ? won.honest / total : NaN;
+  const honestMs = of('honest')
+    .map((s) => s.ms)
+    .sort((a, b) => a - b);
+  // Requests past the limiter: anything but the limiter's 429 and the admission control's 503.
+  const passed = (s: Sent): boolean => s.status !== 429 && s.status !== 503 && s.status !== 0;
+  const perBot = new Map<string, number>();
+  for (const s of of('bot')) if (passed(s)) perBot.set(s.account, (perBot.get(s.account) ?? 0) + 1);
+  // The flood is shorter than one window of the limits, so "per window" is "over the run".
+  const windows = Math.max(1, Math.ceil((o.leadS + o.floodS) / o.perBuyer.perSeconds));
+  const run: FairnessRun = {
+    shaping,
+    stock: o.stock,
+    won,
+    fairShare,
+    honestShare,
+    ratio: honestShare / fairShare,
+    honest: {
+      requests: honestMs.length,
+      p50Ms: percentile(honestMs, 50),
+      p99Ms: percentile(honestMs, 99),
+      statusCounts: counts(of('honest')),
+    },
+    bots: {
+      requests: of('bot').length,
+      statusCounts: counts(of('bot')),
+      maxPassedPerAccount: Math.max(0, ...perBot.values()) / windows,
+      limit: o.perBuyer.requests,
+    },
+    farm: {
+      requests: of('farm').length,
+      statusCounts: counts(of('farm')),
+      passed: of('farm').filter(passed).length,
+      limit: o.perAddress.requests * windows,
+    },
+    lateSends,
+    durationS,
+  };
+  log(
+    `fairness ${shaping}: honest won ${won.honest}/${total} (share ${honestShare.toFixed(3)}, fair ${fairShare.toFixed(3)}, ` +
+      `ratio ${run.ratio.toFixed(2)}), bots ${won.bots}, farm ${won.farm}; honest p99 ${run.honest.p99Ms.toFixed(0)} ms; ` +
+      `bot max passed ${run.bots.maxPassedPerAccount} (limit ${run.bots.limit}); late sends ${lateSends}`,
+  );
+  return run;
+}
+
+export async function fairness(ctx: Ctx, o: FairnessOptions = DEFAULT_FAIRNESS): Promise<FairnessRun[]> {
+  const off = await oneRun(ctx, 'off', o);
+  const on = await oneRun(ctx, 'on', o);
+  return [off, on];
+}
