@@ -139,7 +139,6 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
     extraEnv: {
       JWT_HS256_SECRET: ctx.secret,
       API_TRUST_PROXY: '1',
-      LOG_LEVEL: 'warn',
       // "off" is the api as it was: no limiter, no shedding.
       ...(shaping === 'off' ? { API_MAX_IN_FLIGHT: '0', API_MAX_EVENT_LOOP_DELAY_MS: '0' } : {}),
     },
