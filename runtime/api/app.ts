@@ -74,10 +74,11 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
     }
     next();
   });
+  const deps = { ...opts, policies: opts.policies ?? new PolicyCache(opts.redis, 1000, opts.logger) };
+  app.use(rateLimitRouter(deps, 'address'));
   app.use('/v1', express.json({ limit: opts.bodyLimit, strict: true }));
   app.use('/v1', await bearerAuth(opts.auth));
-  const deps = { ...opts, policies: opts.policies ?? new PolicyCache(opts.redis, 1000, opts.logger) };
-  app.use(rateLimitRouter(deps));
+  app.use(rateLimitRouter(deps, 'buyer'));
   app.use(ordersRouter(deps));
   app.use(registrationRouter(opts));
   for (const r of opts.extraRouters ?? []) app.use(r);

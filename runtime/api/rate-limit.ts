@@ -65,7 +65,13 @@ export function retryAfterSeconds(res: RateLimiterRes): number {
   return Math.max(1, Math.ceil(res.msBeforeNext / 1000));
 }
 
-export function rateLimitRouter(deps: RateLimitDeps): Router {
+/**
+ * One stage of the limits. The address stage runs before the body is read and the token verified,
+ * so a flood from one address is refused at the least cost; the buyer stage needs the verified
+ * buyer id and runs after authentication. A request refused by the address stage does not spend a
+ * point of its buyer.
+ */
+export function rateLimitRouter(deps: RateLimitDeps, stage: Reason): Router {
   const byActivity = new Map<string, ActivityLimiters>();
 
   const limitersFor = (activityId: string, policy: TrafficPolicy): ActivityLimiters => {
@@ -83,36 +89,48 @@ export function rateLimitRouter(deps: RateLimitDeps): Router {
   };
 
   const handler: RequestHandler = async (req, res, next) => {
-    const activityId = servedActivity(req, deps.activityId);
+    let activityId: string;
+    try {
+      activityId = servedActivity(req, deps.activityId);
+    } catch (err) {
+      // Before authentication, a bad or foreign activity id is left to the later stages, so the
+      // answer (401 first, then 400/404) is the same with or without the limiter.
+      if (stage === 'address') {
+        next();
+        return;
+      }
+      throw err;
+    }
     const policy = await deps.policies.get(activityId);
     if (!policy.shaping.enabled) {
       next();
       return;
     }
     const limiters = limitersFor(activityId, policy);
-    const checks: [Reason, RateLimiterAbstract | undefined, string][] = [
-      ['address', limiters.address, req.ip ?? req.socket.remoteAddress ?? 'unknown'],
-      ['buyer', limiters.buyer, String(res.locals.userId)],
-    ];
-    for (const [reason, l, subject] of checks) {
-      if (!l) continue;
-      try {
-        await l.consume(subject);
-      } catch (err) {
-        if (!(err instanceof RateLimiterRes)) {
-          // Both Redis and the insurance failed: not a reason to refuse a buyer.
-          deps.logger.warn({ err, activityId, reason }, 'rate limiter failed; request let through');
-          continue;
-        }
-        deps.metrics.rateLimited.inc({ activity: activityId, reason });
-        res.setHeader('retry-after', String(retryAfterSeconds(err)));
-        sendProblem(
-          res,
-          'RATE_LIMITED',
-          reason === 'buyer' ? 'too many requests from this buyer' : 'too many requests from this address',
-        );
+    const l = stage === 'address' ? limiters.address : limiters.buyer;
+    if (!l) {
+      next();
+      return;
+    }
+    const subject =
+      stage === 'address' ? (req.ip ?? req.socket.remoteAddress ?? 'unknown') : String(res.locals.userId);
+    try {
+      await l.consume(subject);
+    } catch (err) {
+      if (!(err instanceof RateLimiterRes)) {
+        // Both Redis and the insurance failed: not a reason to refuse a buyer.
+        deps.logger.warn({ err, activityId, stage }, 'rate limiter failed; request let through');
+        next();
         return;
       }
+      deps.metrics.rateLimited.inc({ activity: activityId, reason: stage });
+      res.setHeader('retry-after', String(retryAfterSeconds(err)));
+      sendProblem(
+        res,
+        'RATE_LIMITED',
+        stage === 'buyer' ? 'too many requests from this buyer' : 'too many requests from this address',
+      );
+      return;
     }
     next();
   };
