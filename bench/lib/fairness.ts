@@ -152,7 +152,13 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
   });
   const sign = tokenSigner(ctx.secret);
   const url = `http://127.0.0.1:${api.port}/v1/activities/${activityId}/orders`;
-  const dispatcher = new Agent({ connections: 512, pipelining: 1, keepAliveTimeout: 30_000 });
+  // Each class of client has its own connections, as separate machines would: an honest click never
+  // waits at the client for a connection a bot holds.
+  const agents = {
+    honest: new Agent({ connections: 1000, pipelining: 1, keepAliveTimeout: 30_000 }),
+    bot: new Agent({ connections: 256, pipelining: 1, keepAliveTimeout: 30_000 }),
+    farm: new Agent({ connections: 256, pipelining: 1, keepAliveTimeout: 30_000 }),
+  };
   const sent: Sent[] = [];
   let lateSends = 0;
   let seq = 0;
@@ -170,7 +176,7 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
     try {
       const r = await request(url, {
         method: 'POST',
-        dispatcher,
+        dispatcher: agents[who],
         headers: {
           'content-type': 'application/json',
           authorization: `Bearer ${token}`,
@@ -253,7 +259,7 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
   const started = performance.now();
   await Promise.all(tasks);
   const durationS = (performance.now() - started) / 1000;
-  await dispatcher.close();
+  await Promise.all(Object.values(agents).map((a) => a.close()));
   await stopRole(api);
 
   const of = (who: Sent['who']): Sent[] => sent.filter((s) => s.who === who);

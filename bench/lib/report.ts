@@ -172,8 +172,8 @@ export function renderFairness(runs: FairnessRun[] | undefined): string[] {
       'is the per-buyer default (20 per 10 s), a per-address limit of 20 per 10 s set on the activity, and the ' +
       'default admission control. Client addresses come from X-Forwarded-For (API_TRUST_PROXY=1). ' +
       'The load generator runs in the benchmark process on the same machine: "late sends" counts requests ' +
-      'that left more than 100 ms after their planned instant, and honest latency includes waiting for one of ' +
-      'its 512 connections.',
+      'that left more than 100 ms after their planned instant. Honest buyers, bots and the farm each have their own ' +
+      'client connections (1,000, 256, 256).',
     '',
     '| Shaping | Honest won | Bots won | Farm won | Honest share | Fair share | Ratio (target ≥ 0.9× on) | Honest p50 / p99 ms | Most past limiter, one bot (windows × limit) | Farm past limiter | Late sends |',
     '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
