@@ -7,7 +7,8 @@
  * insurance limiter with the same figures keeps limiting per process.
  *
  * Only submissions are limited (new orders, order codes, registrations): polling a result is
- * cheap and an honest buyer polls more than they click.
+ * cheap and an honest buyer polls more than they click. A submission answered with a 5xx gives its
+ * point back.
  */
 import type { RequestHandler } from 'express';
 import { Router } from 'express';
@@ -132,6 +133,11 @@ export function rateLimitRouter(deps: RateLimitDeps, stage: Reason): Router {
       );
       return;
     }
+    // A request we failed (5xx: a dependency down, a crash point) gives its point back: a buyer
+    // retrying through an outage is not rate-limited for our failure.
+    res.once('finish', () => {
+      if (res.statusCode >= 500) l.reward(subject, 1).catch(() => undefined);
+    });
     next();
   };
 
