@@ -1,7 +1,8 @@
 /**
  * Fairness under bots (`BENCH_ONLY=fairness`): the same opening run twice on one machine, with
  * traffic shaping and load shedding off, then on. Each run is an open-loop schedule (requests leave
- * at their planned instant whatever the answers, as a real crowd does):
+ * at their planned instant whatever the answers, as a real crowd does); the flood is generated in
+ * a worker thread (bench/lib/fairness-flood.ts), the honest clicks on the main thread:
  *
  * - honest buyers: one click each at a random instant of the first second of the sale, and a
  *   second click (a new requestId) only when the first was not an answer about stock (a 429, a 503,
@@ -15,12 +16,14 @@
  * got past the limiter in a window (against its per-account limit), and the latency of honest
  * requests under the flood. Client addresses travel in X-Forwarded-For; the api believes one hop.
  */
-import { createHmac } from 'node:crypto';
-import { Agent, request } from 'undici';
+import { Worker } from 'node:worker_threads';
+import { Client, nowMs, tokenSigner } from './fairness-client.js';
+import type { Sent } from './fairness-client.js';
+import type { FloodPlan } from './fairness-flood.js';
 import type { Ctx } from './context.js';
 import { benchItem } from './context.js';
 import { startRole, stopRole } from './runtime.js';
-import { log, sleep } from './util.js';
+import { log } from './util.js';
 
 export interface FairnessOptions {
   honest: number;
@@ -78,29 +81,6 @@ export interface FairnessRun {
   durationS: number;
 }
 
-interface Sent {
-  who: 'honest' | 'bot' | 'farm';
-  account: string;
-  status: number;
-  code: string;
-  replayed: boolean;
-  ms: number;
-  /** performance.now() when the request left and when its answer came. */
-  sentAt: number;
-  answeredAt: number;
-}
-
-const b64url = (s: string): string => Buffer.from(s).toString('base64url');
-
-function tokenSigner(secret: string): (sub: string) => string {
-  const header = b64url(JSON.stringify({ alg: 'HS256', typ: 'JWT' }));
-  const exp = Math.floor(Date.now() / 1000) + 3600;
-  return (sub) => {
-    const input = `${header}.${b64url(JSON.stringify({ sub, exp }))}`;
-    return `${input}.${createHmac('sha256', secret).update(input).digest('base64url')}`;
-  };
-}
-
 function percentile(sorted: number[], p: number): number {
   if (sorted.length === 0) return NaN;
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
@@ -109,7 +89,7 @@ function percentile(sorted: number[], p: number): number {
 function counts(xs: Sent[]): Record<string, number> {
   const out: Record<string, number> = {};
   for (const x of xs) {
-    const k = x.status === 0 ? 'error' : `${x.status}${x.code ? ` ${x.code}` : ''}`;
+    const k = x.status === 0 ? `error ${x.error}` : `${x.status}${x.code ? ` ${x.code}` : ''}`;
     out[k] = (out[k] ?? 0) + 1;
   }
   return out;
@@ -152,93 +132,28 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
   });
   const sign = tokenSigner(ctx.secret);
   const url = `http://127.0.0.1:${api.port}/v1/activities/${activityId}/orders`;
-  // Each class of client has its own connections, as separate machines would: an honest click never
-  // waits at the client for a connection a bot holds.
-  const agents = {
-    honest: new Agent({ connections: 1000, pipelining: 1, keepAliveTimeout: 30_000 }),
-    bot: new Agent({ connections: 256, pipelining: 1, keepAliveTimeout: 30_000 }),
-    farm: new Agent({ connections: 256, pipelining: 1, keepAliveTimeout: 30_000 }),
-  };
-  const sent: Sent[] = [];
-  let lateSends = 0;
-  let seq = 0;
-  const fire = async (
-    who: Sent['who'],
-    account: string,
-    token: string,
-    address: string,
-    requestId: string,
-  ): Promise<Sent> => {
-    const t0 = performance.now();
-    let status = 0;
-    let code = '';
-    let replayed = false;
-    try {
-      const r = await request(url, {
-        method: 'POST',
-        dispatcher: agents[who],
-        headers: {
-          'content-type': 'application/json',
-          authorization: `Bearer ${token}`,
-          'x-forwarded-for': address,
-        },
-        body: `{"skuId":"drop","quantity":1,"requestId":"${requestId}"}`,
-        headersTimeout: 30_000,
-        bodyTimeout: 30_000,
-      });
-      status = r.statusCode;
-      const body = (await r.body.json()) as { code?: string; replayed?: boolean };
-      code = body.code ?? '';
-      replayed = body.replayed === true;
-    } catch {
-      status = 0;
-    }
-    const t1 = performance.now();
-    const s: Sent = { who, account, status, code, replayed, ms: t1 - t0, sentAt: t0, answeredAt: t1 };
-    sent.push(s);
-    return s;
-  };
-  const at = async (ms: number): Promise<void> => {
-    const wait = ms - Date.now();
-    if (wait > 0) await sleep(wait);
-    else if (wait < -100) lateSends += 1;
-  };
-
   const floodStart = opensAt - o.leadS * 1000;
-  const floodEnd = opensAt + o.floodS * 1000;
+  const plan: FloodPlan = {
+    url,
+    secret: ctx.secret,
+    runId: ctx.runId,
+    bots: o.bots,
+    botRate: o.botRate,
+    farmAccounts: o.farmAccounts,
+    farmRate: o.farmRate,
+    floodStart,
+    floodEnd: opensAt + o.floodS * 1000,
+  };
+  // The flood runs in a worker thread, on its own event loop and connections (as other machines
+  // would): an honest click neither waits for the flood's generation nor for a connection it holds.
+  const worker = new Worker(new URL('./fairness-flood.ts', import.meta.url), { workerData: plan });
+  const flooded = new Promise<{ sent: Sent[]; lateSends: number }>((resolve, reject) => {
+    worker.once('message', resolve);
+    worker.once('error', reject);
+    worker.once('exit', (code) => reject(new Error(`flood worker exited with ${code}`)));
+  });
+  const honest = new Client(url, 1000);
   const tasks: Promise<unknown>[] = [];
-  // Bots: each account its own address, `botRate` per second, evenly spaced with a random phase.
-  for (let b = 0; b < o.bots; b += 1) {
-    const account = `bot-${ctx.runId}-${b}`;
-    const token = sign(account);
-    const address = `198.18.0.${b + 1}`;
-    const phase = Math.random() * (1000 / o.botRate);
-    tasks.push(
-      (async () => {
-        const inflight: Promise<unknown>[] = [];
-        for (let t = floodStart + phase; t < floodEnd; t += 1000 / o.botRate) {
-          await at(t);
-          inflight.push(fire('bot', account, token, address, `b${(seq += 1)}`));
-        }
-        await Promise.all(inflight);
-      })(),
-    );
-  }
-  // The farm: one address, many accounts, round robin.
-  const farmTokens = Array.from({ length: o.farmAccounts }, (_, i) => sign(`farm-${ctx.runId}-${i}`));
-  tasks.push(
-    (async () => {
-      const inflight: Promise<unknown>[] = [];
-      let i = 0;
-      for (let t = floodStart; t < floodEnd; t += 1000 / o.farmRate) {
-        await at(t);
-        const a = i % o.farmAccounts;
-        i += 1;
-        inflight.push(fire('farm', `farm-${ctx.runId}-${a}`, farmTokens[a]!, '198.19.0.1', `f${(seq += 1)}`));
-      }
-      await Promise.all(inflight);
-    })(),
-  );
   // Honest buyers: one click in the first second; a second click only after an answer that says
   // nothing about stock.
   for (let h = 0; h < o.honest; h += 1) {
@@ -248,19 +163,23 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
     const clickAt = opensAt + Math.random() * 1000;
     tasks.push(
       (async () => {
-        await at(clickAt);
-        const first = await fire('honest', account, token, address, `h${h}-1`);
+        await honest.at(clickAt);
+        const first = await honest.fire('honest', account, token, address, `h${h}-1`);
         if (first.status === 202 || first.code === 'SOLD_OUT' || first.code === 'LIMIT_REACHED') return;
-        await sleep(300 + Math.random() * 500);
-        await fire('honest', account, token, address, `h${h}-2`);
+        await new Promise((r) => setTimeout(r, 300 + Math.random() * 500));
+        await honest.fire('honest', account, token, address, `h${h}-2`);
       })(),
     );
   }
-  const started = performance.now();
+  const started = nowMs();
   await Promise.all(tasks);
-  const durationS = (performance.now() - started) / 1000;
-  await Promise.all(Object.values(agents).map((a) => a.close()));
+  const floodResult = await flooded;
+  await worker.terminate();
+  const durationS = (nowMs() - started) / 1000;
+  await honest.close();
   await stopRole(api);
+  const sent: Sent[] = [...honest.sent, ...floodResult.sent];
+  const lateSends = honest.lateSends + floodResult.lateSends;
 
   const of = (who: Sent['who']): Sent[] => sent.filter((s) => s.who === who);
   const wins = (who: Sent['who']): number =>
