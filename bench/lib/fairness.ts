@@ -146,7 +146,12 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
   };
   // The flood runs in a worker thread, on its own event loop and connections (as other machines
   // would): an honest click neither waits for the flood's generation nor for a connection it holds.
-  const worker = new Worker(new URL('./fairness-flood.ts', import.meta.url), { workerData: plan });
+  // A worker does not inherit the tsx loader of `node --import tsx`: the bootstrap registers it.
+  const floodModule = new URL('./fairness-flood.ts', import.meta.url).href;
+  const worker = new Worker(
+    `import { register } from 'tsx/esm/api'; register(); await import(${JSON.stringify(floodModule)});`,
+    { eval: true, workerData: plan },
+  );
   const flooded = new Promise<{ sent: Sent[]; lateSends: number }>((resolve, reject) => {
     worker.once('message', resolve);
     worker.once('error', reject);
