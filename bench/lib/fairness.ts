@@ -64,6 +64,8 @@ export interface FairnessRun {
   /** honestShare / fairShare. */
   ratio: number;
   honest: { requests: number; p50Ms: number; p99Ms: number; statusCounts: Record<string, number> };
+  /** Inside the api (its own histogram; every answer of the submit route, any client). */
+  server: { p50Ms: number; p99Ms: number; loopDelayP99Ms: number };
   bots: {
     requests: number;
     statusCounts: Record<string, number>;
@@ -79,6 +81,38 @@ export interface FairnessRun {
   /** Requests that went out later than planned by more than 100 ms (the load generator fell behind). */
   lateSends: number;
   durationS: number;
+}
+
+/**
+ * The api's own view from its /metrics: quantiles (bucket upper bounds) of the submit route's
+ * duration, all answers, and of the event-loop delay windows. Separates time spent in the api from
+ * time spent before it (kernel queues, the client's own event loop).
+ */
+export function serverSide(text: string): { p50Ms: number; p99Ms: number; loopDelayP99Ms: number } {
+  const buckets = (metric: string, filter: (labels: string) => boolean): Map<number, number> => {
+    const out = new Map<number, number>();
+    const re = new RegExp(`^${metric}_bucket\\{([^}]*)\\} (\\S+)$`, 'gm');
+    for (const m of text.matchAll(re)) {
+      const labels = m[1] ?? '';
+      if (!filter(labels)) continue;
+      const le = /le="([^"]+)"/.exec(labels)?.[1] ?? '+Inf';
+      const bound = le === '+Inf' ? Infinity : Number(le);
+      out.set(bound, (out.get(bound) ?? 0) + Number(m[2]));
+    }
+    return out;
+  };
+  const quantile = (b: Map<number, number>, q: number): number => {
+    const sorted = [...b.entries()].sort((x, y) => x[0] - y[0]);
+    const total = sorted.at(-1)?.[1] ?? 0;
+    if (total === 0) return NaN;
+    return (sorted.find(([, n]) => n >= q * total)?.[0] ?? Infinity) * 1000;
+  };
+  const route = buckets(
+    'flashsale_http_request_duration_seconds',
+    (l) => l.includes('route="/v1/activities/:activityId/orders"') && l.includes('method="POST"'),
+  );
+  const loop = buckets('flashsale_event_loop_delay_seconds', () => true);
+  return { p50Ms: quantile(route, 0.5), p99Ms: quantile(route, 0.99), loopDelayP99Ms: quantile(loop, 0.99) };
 }
 
 function percentile(sorted: number[], p: number): number {
@@ -182,6 +216,7 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
   await worker.terminate();
   const durationS = (nowMs() - started) / 1000;
   await honest.close();
+  const server = serverSide(await (await fetch(`http://127.0.0.1:${api.port}/metrics`)).text());
   await stopRole(api);
   const sent: Sent[] = [...honest.sent, ...floodResult.sent];
   const lateSends = honest.lateSends + floodResult.lateSends;
@@ -231,6 +266,7 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
       p99Ms: percentile(honestMs, 99),
       statusCounts: counts(of('honest')),
     },
+    server,
     bots: {
       requests: of('bot').length,
       statusCounts: counts(of('bot')),
@@ -250,7 +286,8 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
   };
   log(
     `fairness ${shaping}: honest won ${won.honest}/${total} (share ${honestShare.toFixed(3)}, fair ${fairShare.toFixed(3)}, ` +
-      `ratio ${run.ratio.toFixed(2)}), bots ${won.bots}, farm ${won.farm}; honest p99 ${run.honest.p99Ms.toFixed(0)} ms; ` +
+      `ratio ${run.ratio.toFixed(2)}), bots ${won.bots}, farm ${won.farm}; honest p99 ${run.honest.p99Ms.toFixed(0)} ms ` +
+      `(inside the api: p50 ${server.p50Ms} / p99 ${server.p99Ms} ms, loop delay p99 ${server.loopDelayP99Ms} ms); ` +
       `bot max passed ${run.bots.maxPassedPerAccount} over ${run.bots.windows} window(s) (limit ${run.bots.limit} each); ` +
       `late sends ${lateSends}`,
   );

@@ -175,12 +175,13 @@ export function renderFairness(runs: FairnessRun[] | undefined): string[] {
       'that left more than 100 ms after their planned instant. Honest buyers, bots and the farm each have their own ' +
       'client connections (1,000, 256, 256).',
     '',
-    '| Shaping | Honest won | Bots won | Farm won | Honest share | Fair share | Ratio (target ≥ 0.9× on) | Honest p50 / p99 ms | Most past limiter, one bot (windows × limit) | Farm past limiter | Late sends |',
-    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| Shaping | Honest won | Bots won | Farm won | Honest share | Fair share | Ratio (target ≥ 0.9× on) | Honest p50 / p99 ms | Inside the api p50 / p99 ms (loop delay p99) | Most past limiter, one bot (windows × limit) | Farm past limiter | Late sends |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
     ...runs.map(
       (x) =>
         `| ${x.shaping} | ${f0(x.won.honest)} | ${f0(x.won.bots)} | ${f0(x.won.farm)} | ${x.honestShare.toFixed(3)} | ` +
         `${x.fairShare.toFixed(3)} | ${ratio(x.honestShare, x.fairShare)} | ${f0(x.honest.p50Ms)} / ${f0(x.honest.p99Ms)} | ` +
+        `${f1(x.server?.p50Ms)} / ${f1(x.server?.p99Ms)} (${f0(x.server?.loopDelayP99Ms)}) | ` +
         `${f0(x.bots.maxPassedPerAccount)} (${x.shaping === 'on' ? `${f0(x.bots.windows)} × ${f0(x.bots.limit)}` : 'no limit'}) | ${f0(x.farm.passed)} | ${f0(x.lateSends)} |`,
     ),
     '',
