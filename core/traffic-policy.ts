@@ -94,8 +94,8 @@ export const ELIGIBILITY_FIELDS = { registered: '~reg', denied: '~deny' } as con
 export type RegisterOutcome = 'registered' | 'already-registered';
 
 /**
- * Pre-registration: allowed from cache loading until the sale starts (judged by the Redis clock,
- * like the sale window). Not one script: registration only ever adds a flag, and a flag that lands
+ * Pre-registration: allowed from cache loading until the sale starts, judged by the Redis clock like
+ * the sale window (and refused once the sale is closed). Not one script: registration only ever adds a flag, and a flag that lands
  * just after startAt admits a buyer who asked in time, so no interleaving breaks the rule that
  * only buyers who registered before the start may reserve. Reserving reads the flag atomically.
  */
@@ -105,17 +105,21 @@ export async function registerBuyer(
   userId: string,
 ): Promise<RegisterOutcome> {
   const k = activityKeys(activityId);
-  const [[, meta], [, time]] = ((await redis
+  const [metaReply, timeReply] = (await redis
     .pipeline()
     .hmget(k.meta, 'gate', 'startMs', 'requireReg')
     .time()
-    .exec()) ?? []) as [[unknown, (string | null)[]], [unknown, [string, string]]];
+    .exec()) ?? [[new Error('pipeline aborted'), null]];
+  const failed = metaReply?.[0] ?? timeReply?.[0];
+  if (failed) throw failed;
+  const meta = metaReply?.[1] as (string | null)[];
+  const time = timeReply?.[1] as [string, string];
   const [gate, startMs, requireReg] = meta;
   if (!gate)
     throw new FlashSaleError('NOT_STARTED', 'the activity is not loaded yet; registration opens at warm-up');
   if (requireReg !== '1') throw new FlashSaleError('REGISTRATION_DISABLED');
   const now = Number(time[0]) * 1000 + Math.floor(Number(time[1]) / 1000);
-  if (gate !== 'pending' || now >= Number(startMs)) {
+  if (gate === 'closed' || gate === 'frozen' || now >= Number(startMs)) {
     throw new FlashSaleError('REGISTRATION_CLOSED', 'registration closes when the sale starts');
   }
   const added = await redis.hsetnx(k.buyer(userId), ELIGIBILITY_FIELDS.registered, '1');
@@ -125,6 +129,11 @@ export async function registerBuyer(
 /** Whether the buyer registered (for the api's answer to a registration lookup). */
 export async function isRegistered(redis: RedisClient, activityId: string, userId: string): Promise<boolean> {
   return (await redis.hexists(activityKeys(activityId).buyer(userId), ELIGIBILITY_FIELDS.registered)) === 1;
+}
+
+function throwFirstError(replies: [Error | null, unknown][] | null): void {
+  const failed = (replies ?? []).find(([err]) => err !== null);
+  if (failed?.[0]) throw failed[0];
 }
 
 export interface DenyListOutcome {
@@ -154,14 +163,14 @@ export async function syncDenyList(
     // still writes (it is in `wanted`, and HSET is idempotent), never a flag nobody tracks.
     const p = redis.pipeline().sadd(k.denied, ...part);
     for (const u of part) p.hset(k.buyer(u), ELIGIBILITY_FIELDS.denied, '1');
-    await p.exec();
+    throwFirstError(await p.exec());
   }
   for (let i = 0; i < remove.length; i += CHUNK) {
     const part = remove.slice(i, i + CHUNK);
     const p = redis.pipeline();
     for (const u of part) p.hdel(k.buyer(u), ELIGIBILITY_FIELDS.denied);
     p.srem(k.denied, ...part);
-    await p.exec();
+    throwFirstError(await p.exec());
   }
   return { added: add.length, removed: remove.length };
 }
