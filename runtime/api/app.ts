@@ -15,7 +15,7 @@ import type { OrdersDeps } from './orders-routes.js';
 import { problemHandler, sendProblem } from './problem.js';
 import type { AdmissionControl } from './admission.js';
 import { PolicyCache } from './policy-cache.js';
-import { rateLimitRouter } from './rate-limit.js';
+import { rateLimitStages } from './rate-limit.js';
 import { registrationRouter } from './registration-routes.js';
 
 export interface ApiOptions extends ServiceAppOptions, Omit<OrdersDeps, 'policies'> {
@@ -75,10 +75,11 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
     next();
   });
   const deps = { ...opts, policies: opts.policies ?? new PolicyCache(opts.redis, 1000, opts.logger) };
-  app.use(rateLimitRouter(deps, 'address'));
+  const limits = rateLimitStages(deps);
+  app.use(limits.beforeAuth);
   app.use('/v1', express.json({ limit: opts.bodyLimit, strict: true }));
   app.use('/v1', await bearerAuth(opts.auth));
-  app.use(rateLimitRouter(deps, 'buyer'));
+  app.use(limits.afterAuth);
   app.use(ordersRouter(deps));
   app.use(registrationRouter(opts));
   for (const r of opts.extraRouters ?? []) app.use(r);

@@ -10,7 +10,7 @@
  * cheap and an honest buyer polls more than they click. A submission answered with a 5xx gives its
  * point back.
  */
-import type { RequestHandler } from 'express';
+import type { Request, RequestHandler, Response } from 'express';
 import { Router } from 'express';
 import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
 import type { RateLimiterAbstract } from 'rate-limiter-flexible';
@@ -67,13 +67,61 @@ export function retryAfterSeconds(res: RateLimiterRes): number {
 }
 
 /**
- * One stage of the limits. The address stage runs before the body is read and the token verified,
- * so a flood from one address is refused at the least cost; the buyer stage needs the verified
- * buyer id and runs after authentication. A request refused by the address stage does not spend a
- * point of its buyer.
+ * The claimed buyer id of a bearer token, read without verifying it (no crypto: a base64url decode
+ * and a small JSON.parse), or undefined. Used for one thing only: to refuse at once a buyer this
+ * process already knows to be over their limit. A forged token naming such a buyer gets the 429
+ * its owner would get instead of a 401; it can neither create nor lift a block.
  */
-export function rateLimitRouter(deps: RateLimitDeps, stage: Reason): Router {
+export function claimedBuyer(authorization: string | undefined): string | undefined {
+  if (!authorization?.startsWith('Bearer ')) return undefined;
+  const payload = authorization.slice(7).split('.')[1];
+  if (!payload || payload.length > 4096) return undefined;
+  try {
+    const sub = (JSON.parse(Buffer.from(payload, 'base64url').toString('utf8')) as { sub?: unknown }).sub;
+    return typeof sub === 'string' ? sub : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Buyers this process refused, until their window ends (absolute ms). Bounded by sweeping. */
+class BlockedBuyers {
+  private readonly until = new Map<string, number>();
+
+  block(activityId: string, buyer: string, untilMs: number): void {
+    if (this.until.size >= 100_000) this.sweep(Date.now());
+    this.until.set(`${activityId}\n${buyer}`, untilMs);
+  }
+
+  /** Milliseconds the buyer stays blocked, or 0. */
+  remainingMs(activityId: string, buyer: string, now = Date.now()): number {
+    const key = `${activityId}\n${buyer}`;
+    const until = this.until.get(key);
+    if (until === undefined) return 0;
+    if (until > now) return until - now;
+    this.until.delete(key);
+    return 0;
+  }
+
+  private sweep(now: number): void {
+    for (const [k, until] of this.until) if (until <= now) this.until.delete(k);
+  }
+}
+
+export interface RateLimitStages {
+  /**
+   * Before the body is read and the token verified: the per-address limit, and buyers this process
+   * already refused in their current window (by the token's claimed id). A flood from one address
+   * or one known bot is refused at the least cost.
+   */
+  beforeAuth: Router;
+  /** After authentication: the per-buyer limit, by the verified buyer id. */
+  afterAuth: Router;
+}
+
+export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
   const byActivity = new Map<string, ActivityLimiters>();
+  const blocked = new BlockedBuyers();
 
   const limitersFor = (activityId: string, policy: TrafficPolicy): ActivityLimiters => {
     const signature = JSON.stringify([policy.shaping.perBuyer, policy.shaping.perAddress]);
@@ -89,59 +137,92 @@ export function rateLimitRouter(deps: RateLimitDeps, stage: Reason): Router {
     return built;
   };
 
-  const handler: RequestHandler = async (req, res, next) => {
-    let activityId: string;
-    try {
-      activityId = servedActivity(req, deps.activityId);
-    } catch (err) {
-      // Before authentication, a bad or foreign activity id is left to the later stages, so the
-      // answer (401 first, then 400/404) is the same with or without the limiter.
-      if (stage === 'address') {
-        next();
-        return;
-      }
-      throw err;
-    }
-    const policy = await deps.policies.get(activityId);
-    if (!policy.shaping.enabled) {
-      next();
-      return;
-    }
-    const limiters = limitersFor(activityId, policy);
-    const l = stage === 'address' ? limiters.address : limiters.buyer;
-    if (!l) {
-      next();
-      return;
-    }
-    const subject =
-      stage === 'address' ? (req.ip ?? req.socket.remoteAddress ?? 'unknown') : String(res.locals.userId);
+  const refuse = (res: Response, activityId: string, reason: Reason, retryAfter: number): void => {
+    deps.metrics.rateLimited.inc({ activity: activityId, reason });
+    res.setHeader('retry-after', String(retryAfter));
+    sendProblem(
+      res,
+      'RATE_LIMITED',
+      reason === 'buyer' ? 'too many requests from this buyer' : 'too many requests from this address',
+    );
+  };
+
+  /** Consumes a point; answers 429 and returns false when the subject is over its limit. */
+  const consume = async (
+    res: Response,
+    activityId: string,
+    reason: Reason,
+    l: RateLimiterAbstract,
+    subject: string,
+  ): Promise<boolean> => {
     try {
       await l.consume(subject);
     } catch (err) {
       if (!(err instanceof RateLimiterRes)) {
         // Both Redis and the insurance failed: not a reason to refuse a buyer.
-        deps.logger.warn({ err, activityId, stage }, 'rate limiter failed; request let through');
-        next();
-        return;
+        deps.logger.warn({ err, activityId, reason }, 'rate limiter failed; request let through');
+        return true;
       }
-      deps.metrics.rateLimited.inc({ activity: activityId, reason: stage });
-      res.setHeader('retry-after', String(retryAfterSeconds(err)));
-      sendProblem(
-        res,
-        'RATE_LIMITED',
-        stage === 'buyer' ? 'too many requests from this buyer' : 'too many requests from this address',
-      );
-      return;
+      if (reason === 'buyer') blocked.block(activityId, subject, Date.now() + err.msBeforeNext);
+      refuse(res, activityId, reason, retryAfterSeconds(err));
+      return false;
     }
     // A request we failed (5xx: a dependency down, a crash point) gives its point back: a buyer
     // retrying through an outage is not rate-limited for our failure.
     res.once('finish', () => {
       if (res.statusCode >= 500) l.reward(subject, 1).catch(() => undefined);
     });
+    return true;
+  };
+
+  /** The activity's limiters, or undefined when shaping is off or the activity id is not valid. */
+  const activeLimiters = async (
+    req: Request,
+  ): Promise<{ activityId: string; limiters: ActivityLimiters } | undefined> => {
+    let activityId: string;
+    try {
+      activityId = servedActivity(req, deps.activityId);
+    } catch {
+      // A bad or foreign activity id is left to the routes, so the answer (401 first, then
+      // 400/404) is the same with or without the limiter.
+      return undefined;
+    }
+    const policy = await deps.policies.get(activityId);
+    return policy.shaping.enabled ? { activityId, limiters: limitersFor(activityId, policy) } : undefined;
+  };
+
+  const beforeAuth: RequestHandler = async (req, res, next) => {
+    const active = await activeLimiters(req);
+    if (!active) {
+      next();
+      return;
+    }
+    const { activityId, limiters } = active;
+    const claimed = claimedBuyer(req.headers.authorization);
+    const ms = claimed === undefined ? 0 : blocked.remainingMs(activityId, claimed);
+    if (ms > 0) {
+      refuse(res, activityId, 'buyer', Math.max(1, Math.ceil(ms / 1000)));
+      return;
+    }
+    const address = req.ip ?? req.socket.remoteAddress ?? 'unknown';
+    if (limiters.address && !(await consume(res, activityId, 'address', limiters.address, address))) return;
     next();
   };
 
-  const router = Router();
-  router.post(LIMITED_ROUTES, handler);
-  return router;
+  const afterAuth: RequestHandler = async (req, res, next) => {
+    const active = await activeLimiters(req);
+    if (!active?.limiters.buyer) {
+      next();
+      return;
+    }
+    const buyer = String(res.locals.userId);
+    if (!(await consume(res, active.activityId, 'buyer', active.limiters.buyer, buyer))) return;
+    next();
+  };
+
+  const before = Router();
+  before.post(LIMITED_ROUTES, beforeAuth);
+  const after = Router();
+  after.post(LIMITED_ROUTES, afterAuth);
+  return { beforeAuth: before, afterAuth: after };
 }

@@ -71,6 +71,8 @@ describe('fuzzing the buyer HTTP API (real api process)', () => {
       env: {
         // X-Forwarded-For is believed (one hop), so hostile values of it reach the address limiter.
         API_TRUST_PROXY: '1',
+        // The traffic policy the last test writes is read again on every request (no 1 s cache).
+        API_POLICY_REFRESH_MS: '0',
         PAYMENT_HMAC_SECRET: 'fuzz-payment-secret-0123456789abcdef',
         PAYMENT_HMAC_APP_ID: 'fuzz-app',
         PAYMENT_HMAC_MERCHANT_ID: 'fuzz-merchant',

@@ -10,7 +10,7 @@ import { syncDenyList, writeTrafficPolicy, DEFAULT_TRAFFIC_POLICY } from '../../
 import type { TrafficPolicy } from '../../../core/traffic-policy.js';
 import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';
-import { pool, setUpActivity, startRole, tokenFor, waitFor } from '../../helpers/runtime.js';
+import { JWT_SECRET, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../helpers/runtime.js';
 import type { RoleProcess } from '../../helpers/runtime.js';
 
 interface Answer {
@@ -149,6 +149,23 @@ describe('traffic shaping and eligibility', () => {
       expect(Number(refused.retryAfter)).toBeLessThanOrEqual(600);
     }
     expect(await snapshot(activityId)).toBe(before);
+    // Once refused, the buyer is refused before the token is verified: a token naming the buyer
+    // with a wrong signature gets the same 429 (never a reservation), another buyer's forged token
+    // a 401.
+    const forged = await tokenFor('bot-1', `${JWT_SECRET}-forged`);
+    const early = await send(`${b.url}${path}`, {
+      token: forged,
+      body: { skuId: 'tea', quantity: 1, requestId: 'r10' },
+      headers: { 'x-forwarded-for': '198.51.100.10' },
+    });
+    expect([early.status, early.code]).toEqual([429, 'RATE_LIMITED']);
+    const other = await send(`${b.url}${path}`, {
+      token: await tokenFor('bot-2', `${JWT_SECRET}-forged`),
+      body: { skuId: 'tea', quantity: 1, requestId: 'r10' },
+      headers: { 'x-forwarded-for': '198.51.100.10' },
+    });
+    expect([other.status, other.code]).toEqual([401, 'UNAUTHORIZED']);
+    expect(await snapshot(activityId)).toBe(before);
 
     // Per address: 5 submissions from one address however many buyers, on either process.
     const fromOne = await pool(
@@ -166,12 +183,12 @@ describe('traffic shaping and eligibility', () => {
     expect(fromOne.map((x) => x.status)).toEqual([202, 202, 202, 202, 202, 429, 429, 429]);
     expect(new Set(fromOne.slice(5).map((x) => x.code))).toEqual(new Set(['RATE_LIMITED']));
     // Another address is not affected.
-    const other = await send(`${b.url}${path}`, {
+    const otherAddress = await send(`${b.url}${path}`, {
       token: await tokenFor('nat-9'),
       body: { skuId: 'tea', quantity: 1, requestId: 'x' },
       headers: { 'x-forwarded-for': '203.0.113.8' },
     });
-    expect(other.status).toBe(202);
+    expect(otherAddress.status).toBe(202);
 
     // Polling is not limited: the limited buyer still reads their result.
     const poll = await send(`${a.url}${path}?requestId=r0`, { method: 'GET', token });

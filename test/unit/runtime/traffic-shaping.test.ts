@@ -1,7 +1,7 @@
 // API_TRUST_PROXY as express' `trust proxy`, and the Retry-After of a rate-limit refusal.
 import { RateLimiterRes } from 'rate-limiter-flexible';
 import { loadRuntimeConfig, trustProxySetting } from '../../../runtime/config.js';
-import { retryAfterSeconds } from '../../../runtime/api/rate-limit.js';
+import { claimedBuyer, retryAfterSeconds } from '../../../runtime/api/rate-limit.js';
 
 describe('API_TRUST_PROXY', () => {
   test.each([
@@ -39,5 +39,23 @@ describe('Retry-After of a refusal', () => {
     [9_500, 10],
   ])('%d ms before the window ends -> %d s', (ms, s) => {
     expect(retryAfterSeconds(new RateLimiterRes(0, ms, 21, false))).toBe(s);
+  });
+});
+
+describe('the claimed buyer of a token (read without verifying, only to refuse known-blocked buyers)', () => {
+  const token = (payload: unknown): string =>
+    `Bearer e30.${Buffer.from(JSON.stringify(payload)).toString('base64url')}.sig`;
+  test.each([
+    [token({ sub: 'b-1' }), 'b-1'],
+    [token({ sub: '用户' }), '用户'],
+    [token({ sub: 7 }), undefined],
+    [token({}), undefined],
+    ['Bearer not-a-jwt', undefined],
+    ['Bearer a.%%%.c', undefined],
+    ['Basic abc', undefined],
+    [undefined, undefined],
+    [`Bearer a.${'x'.repeat(5000)}.c`, undefined],
+  ])('%s -> %s', (header, expected) => {
+    expect(claimedBuyer(header)).toBe(expected);
   });
 });
