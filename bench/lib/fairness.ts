@@ -57,6 +57,8 @@ export const DEFAULT_FAIRNESS: FairnessOptions = {
 
 export interface FairnessRun {
   shaping: 'off' | 'on';
+  /** Seconds the flood started before the opening (0: bots that start at the opening). */
+  leadS: number;
   stock: number;
   won: { honest: number; bots: number; farm: number };
   fairShare: number;
@@ -130,10 +132,11 @@ function counts(xs: Sent[]): Record<string, number> {
 }
 
 async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Promise<FairnessRun> {
+  const variant = `${shaping}${o.leadS === 0 ? '-at-opening' : ''}`;
   const { core, redis } = ctx;
-  const activityId = `bfair-${shaping}-${ctx.runId}`;
+  const activityId = `bfair-${variant}-${ctx.runId}`;
   ctx.activities.add(activityId);
-  const opensAt = Date.now() + (o.leadS + 2) * 1000;
+  const opensAt = Date.now() + (Math.max(o.leadS, 1.5) + 2) * 1000;
   await core.cache.loadActivity(redis, {
     id: activityId,
     generation: 1,
@@ -155,7 +158,7 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
     logDir: ctx.logDir,
     env: ctx.servers.env,
     activityId,
-    label: `api-fairness-${shaping}`,
+    label: `api-fairness-${variant}`,
     roleEnv: ctx.cfg.roleEnv,
     extraEnv: {
       JWT_HS256_SECRET: ctx.secret,
@@ -255,6 +258,7 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
   }
   const run: FairnessRun = {
     shaping,
+    leadS: o.leadS,
     stock: o.stock,
     won,
     fairShare,
@@ -285,7 +289,7 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
     durationS,
   };
   log(
-    `fairness ${shaping}: honest won ${won.honest}/${total} (share ${honestShare.toFixed(3)}, fair ${fairShare.toFixed(3)}, ` +
+    `fairness ${variant}: honest won ${won.honest}/${total} (share ${honestShare.toFixed(3)}, fair ${fairShare.toFixed(3)}, ` +
       `ratio ${run.ratio.toFixed(2)}), bots ${won.bots}, farm ${won.farm}; honest p99 ${run.honest.p99Ms.toFixed(0)} ms ` +
       `(inside the api: p50 ${server.p50Ms} / p99 ${server.p99Ms} ms, loop delay p99 ${server.loopDelayP99Ms} ms); ` +
       `bot max passed ${run.bots.maxPassedPerAccount} over ${run.bots.windows} window(s) (limit ${run.bots.limit} each); ` +
@@ -297,5 +301,7 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
 export async function fairness(ctx: Ctx, o: FairnessOptions = DEFAULT_FAIRNESS): Promise<FairnessRun[]> {
   const off = await oneRun(ctx, 'off', o);
   const on = await oneRun(ctx, 'on', o);
-  return [off, on];
+  // Bots that save their budget for the opening instead of spending it on "not started".
+  const onAtOpening = await oneRun(ctx, 'on', { ...o, leadS: 0 });
+  return [off, on, onAtOpening];
 }

@@ -137,7 +137,10 @@ export function targets(r: Results): TargetCheck[] {
     defined(r.api?.peakMb) ? r.api!.peakMb < 200 : undefined,
     `${f0(r.api?.peakMb)} MB`,
   );
-  const on = r.fairness?.find((x) => x.shaping === 'on');
+  // The least fair of the runs with shaping on (bots flooding early, or starting at the opening).
+  const on = r.fairness
+    ?.filter((x) => x.shaping === 'on')
+    .sort((x, y) => x.ratio - y.ratio || y.bots.worstUse - x.bots.worstUse)[0];
   push(
     'fairness: honest share vs fair share, shaping on',
     '≥ 0.9×',
@@ -168,10 +171,10 @@ export function renderFairness(runs: FairnessRun[] | undefined): string[] {
     `Stock ${f0(first.stock)} units, limit 1 per buyer. Honest buyers click once in the first second of the sale ` +
       '(a second click only after an answer that says nothing about stock); 20 bot accounts send 50 requests/s each ' +
       'from their own addresses; one address drives 200 accounts at 1,000 requests/s; the flood starts before the ' +
-      'opening. Stock is smaller than the honest demand. "off" is the api with no limiter and no shedding; "on" ' +
+      'opening (a third run: from the opening, bots that keep their budget for it). Stock is smaller than the honest demand. "off" is the api with no limiter and no shedding; "on" ' +
       'is the per-buyer default (20 per 10 s), a per-address limit of 20 per 10 s set on the activity, and the ' +
       'default admission control. Client addresses come from X-Forwarded-For (API_TRUST_PROXY=1). ' +
-      'The load generator runs in the benchmark process on the same machine: "late sends" counts requests ' +
+      'The load generator runs in the benchmark process on the same machine (the flood in a worker thread): "late sends" counts requests ' +
       'that left more than 100 ms after their planned instant. Honest buyers, bots and the farm each have their own ' +
       'client connections (1,000, 256, 256).',
     '',
@@ -179,14 +182,14 @@ export function renderFairness(runs: FairnessRun[] | undefined): string[] {
     '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
     ...runs.map(
       (x) =>
-        `| ${x.shaping} | ${f0(x.won.honest)} | ${f0(x.won.bots)} | ${f0(x.won.farm)} | ${x.honestShare.toFixed(3)} | ` +
+        `| ${x.shaping}, flood from ${f1(x.leadS ?? 1.5)} s before the opening | ${f0(x.won.honest)} | ${f0(x.won.bots)} | ${f0(x.won.farm)} | ${x.honestShare.toFixed(3)} | ` +
         `${x.fairShare.toFixed(3)} | ${ratio(x.honestShare, x.fairShare)} | ${f0(x.honest.p50Ms)} / ${f0(x.honest.p99Ms)} | ` +
         `${f1(x.server?.p50Ms)} / ${f1(x.server?.p99Ms)} (${f0(x.server?.loopDelayP99Ms)}) | ` +
         `${f0(x.bots.maxPassedPerAccount)} (${x.shaping === 'on' ? `${f0(x.bots.windows)} × ${f0(x.bots.limit)}` : 'no limit'}) | ${f0(x.farm.passed)} | ${f0(x.lateSends)} |`,
     ),
     '',
     ...runs.flatMap((x) => [
-      `- ${x.shaping}: honest answers ${codes(x.honest.statusCounts)}; bots ${codes(x.bots.statusCounts)}; ` +
+      `- ${x.shaping} (flood from ${f1(x.leadS ?? 1.5)} s before): honest answers ${codes(x.honest.statusCounts)}; bots ${codes(x.bots.statusCounts)}; ` +
         `farm ${codes(x.farm.statusCounts)}.`,
     ]),
   ];
@@ -353,7 +356,9 @@ export function renderReport(r: Results, analysis: string): string {
     `| 6c | Memory: consumer peak RSS under load, MB | ${f0(r.pipeline?.rss.consumer.peakMb)} | ${f0(r.pipeline?.rss.consumer.idleMb)} MB idle | ${ratio(r.pipeline?.rss.consumer.peakMb, r.pipeline?.rss.consumer.idleMb)} | — | — |`,
   );
   const fOff = r.fairness?.find((x) => x.shaping === 'off');
-  const fOn = r.fairness?.find((x) => x.shaping === 'on');
+  const fOn = r.fairness
+    ?.filter((x) => x.shaping === 'on')
+    .sort((x, y) => x.ratio - y.ratio || y.bots.worstUse - x.bots.worstUse)[0];
   if (fOn || fOff) {
     L.push(
       `| 7a | Fairness: honest share of stock vs fair share, shaping on | ${f1(fOn?.honestShare)} | ${f1(fOn?.fairShare)} fair share; ${f1(fOff?.honestShare)} with shaping off | ${ratio(fOn?.honestShare, fOn?.fairShare)} | ≥ 0.9× | ${v('fairness: honest share vs fair share, shaping on')} |`,
