@@ -51,6 +51,13 @@ export const ErrorCodes = {
     status: 409,
     title: 'The refund notification does not match the refund recorded under its id',
   },
+  RATE_LIMITED: { status: 429, title: 'Too many requests; retry after the time given' },
+  OVERLOADED: { status: 503, title: 'The server is overloaded; retry after the time given' },
+  BUYER_DENIED: { status: 403, title: 'This buyer may not take part in the sale' },
+  NOT_REGISTERED: { status: 403, title: 'This sale requires pre-registration' },
+  REGISTRATION_CLOSED: { status: 409, title: 'Registration for this sale is closed' },
+  REGISTRATION_DISABLED: { status: 409, title: 'This activity does not use pre-registration' },
+  ORDER_CODE_LIMIT: { status: 409, title: 'Order-code limit per buyer and sku reached' },
   NOT_WRITTEN_BACK: {
     status: 503,
     title: 'The cache is frozen but the stock is not written back yet; retry',
@@ -97,6 +104,11 @@ export const ScriptErrorCodes: Readonly<Record<number, ErrorCode>> = {
   [-17]: 'STOCK_DECREASE',
   [-18]: 'STALE_GENERATION',
   [-19]: 'CANCEL_MARKER_LIMIT',
+  // Eligibility (reserve-8.lua's eligibility block, issueOrderCode-3.lua): numbered apart from the
+  // codes above so other scripts can grow without renumbering these.
+  [-40]: 'BUYER_DENIED',
+  [-41]: 'NOT_REGISTERED',
+  [-42]: 'ORDER_CODE_LIMIT',
 };
 
 export function scriptError(script: string, code: number, data: (string | number)[] = []): FlashSaleError {

@@ -187,6 +187,35 @@ export function createMetrics(component: string) {
       help: 'Order events in the PostgreSQL outbox not yet acknowledged by Kafka (all activities the relay serves)',
       registers: r,
     }),
+    // --- Traffic shaping and admission control (docs/operator.md "Traffic shaping") ---
+    rateLimited: new client.Counter({
+      name: 'flashsale_rate_limited_total',
+      help: 'Requests refused with 429 RATE_LIMITED, by activity and reason (buyer, address)',
+      labelNames: ['activity', 'reason'],
+      registers: r,
+    }),
+    shed: new client.Counter({
+      name: 'flashsale_shed_total',
+      help: 'Requests shed with 503 OVERLOADED before any work, by reason (in_flight, event_loop_delay)',
+      labelNames: ['reason'],
+      registers: r,
+    }),
+    eventLoopDelay: new client.Histogram({
+      name: 'flashsale_event_loop_delay_seconds',
+      help: "The api's event-loop delay as admission control sees it: the p99 of each sampling window",
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
+      registers: r,
+    }),
+    requestsInFlight: new client.Gauge({
+      name: 'flashsale_api_requests_in_flight',
+      help: 'Buyer requests admitted and not yet answered by this api process',
+      registers: r,
+    }),
+    shedding: new client.Gauge({
+      name: 'flashsale_api_shedding',
+      help: '1 while this api process sheds load (readiness reports it), else 0',
+      registers: r,
+    }),
   };
 }
 

@@ -8,6 +8,10 @@ import { redisConnectionOf, redisEnvIssue, redisEnvShape } from '../core/redis.j
 import type { RedisConnection } from '../core/redis.js';
 import { env, readConfig } from '../core/config.js';
 import { kafkaSecurityFromEnv } from '../core/kafka.js';
+import { DEFAULT_TRAFFIC_POLICY } from '../core/traffic-policy.js';
+import type { TrafficPolicy } from '../core/traffic-policy.js';
+
+const D = DEFAULT_TRAFFIC_POLICY;
 
 const quantities = z.record(z.string(), z.union([z.string(), z.number()]).transform(String));
 const resourcesSchema = z.object({ requests: quantities.optional(), limits: quantities.optional() }).strict();
@@ -104,6 +108,13 @@ export const operatorConfigSchema = z
         }
       }),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+    // Defaults of spec.trafficShaping and spec.eligibility (docs/operator.md).
+    TRAFFIC_SHAPING_ENABLED: env.bool(D.shaping.enabled),
+    TRAFFIC_PER_BUYER_REQUESTS: env.int(D.shaping.perBuyer.requests, 0),
+    TRAFFIC_PER_BUYER_SECONDS: env.int(D.shaping.perBuyer.perSeconds, 1),
+    TRAFFIC_PER_ADDRESS_REQUESTS: env.int(D.shaping.perAddress.requests, 0),
+    TRAFFIC_PER_ADDRESS_SECONDS: env.int(D.shaping.perAddress.perSeconds, 1),
+    ORDER_CODES_PER_BUYER_PER_SKU: env.int(D.eligibility.orderCodesPerBuyerPerSku, 0),
   })
   .superRefine((c, ctx) => {
     const issue = redisEnvIssue(c);
@@ -157,6 +168,8 @@ export interface OperatorConfig {
     resources: ContainerResources | undefined;
   };
   logLevel: string;
+  /** Applied where an activity's spec leaves trafficShaping / eligibility fields out. */
+  trafficPolicy: TrafficPolicy;
 }
 
 export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env): OperatorConfig {
@@ -203,5 +216,16 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
       resources: c.RUNTIME_RESOURCES,
     },
     logLevel: c.LOG_LEVEL,
+    trafficPolicy: {
+      shaping: {
+        enabled: c.TRAFFIC_SHAPING_ENABLED,
+        perBuyer: { requests: c.TRAFFIC_PER_BUYER_REQUESTS, perSeconds: c.TRAFFIC_PER_BUYER_SECONDS },
+        perAddress: { requests: c.TRAFFIC_PER_ADDRESS_REQUESTS, perSeconds: c.TRAFFIC_PER_ADDRESS_SECONDS },
+      },
+      eligibility: {
+        preRegistration: D.eligibility.preRegistration,
+        orderCodesPerBuyerPerSku: c.ORDER_CODES_PER_BUYER_PER_SKU,
+      },
+    },
   };
 }

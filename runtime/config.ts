@@ -83,6 +83,23 @@ const schema = z
     ORDER_CODE_TTL_SECONDS: env.int(30, 1),
     /** Largest JSON body the api accepts. */
     HTTP_BODY_LIMIT: z.string().default('8kb'),
+    // --- Traffic shaping and admission control (docs/operator.md "Traffic shaping and eligibility") ---
+    /**
+     * Proxy hops in front of the api whose X-Forwarded-For the api believes for the client address:
+     * '' = none (the peer address), a number = that many hops, or a comma-separated list of proxy
+     * addresses/CIDRs (express `trust proxy`, e.g. `loopback,10.0.0.0/8`).
+     */
+    API_TRUST_PROXY: z.string().default(''),
+    /** Requests one api process works on at once before it sheds with 503 OVERLOADED; 0 = no cap. */
+    API_MAX_IN_FLIGHT: env.int(1000, 0),
+    /** Shed while the p99 event-loop delay of the last window exceeds this (ms); 0 = off. */
+    API_MAX_EVENT_LOOP_DELAY_MS: env.int(1000, 0),
+    /** Length of one event-loop delay sampling window (ms). */
+    API_EVENT_LOOP_SAMPLE_MS: env.int(500, 50),
+    /** Retry-After (seconds) of a shed request. */
+    API_SHED_RETRY_AFTER_SECONDS: env.int(1, 1),
+    /** Each api process re-reads an activity's traffic policy from Redis at most this often (ms). */
+    API_POLICY_REFRESH_MS: env.int(1000, 0),
     /** A sold-out flag is re-checked against Redis at most this often (restock events reset it at once). */
     SOLD_OUT_RECHECK_MS: env.int(2000, 0),
     /** Half messages per Kafka produce request: each request waits for acks=all, so bigger batches carry more per wait. */
@@ -205,6 +222,17 @@ const schema = z
   });
 
 export type RuntimeConfig = z.infer<typeof schema>;
+
+/** API_TRUST_PROXY as express' `trust proxy` value. */
+export function trustProxySetting(value: string): boolean | number | string[] {
+  const v = value.trim();
+  if (v === '' || v === 'false' || v === '0') return false;
+  if (/^\d+$/.test(v)) return Number(v);
+  return v
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+}
 
 export function loadRuntimeConfig(role: Role, source: NodeJS.ProcessEnv = process.env): RuntimeConfig {
   const cfg = readConfig(schema, source);

@@ -19,7 +19,9 @@ import { connectedReplicas, localAck, ReplicaAck } from '../core/durable-ack.js'
 import { registerScripts } from '../core/scripts.js';
 import { createApiApp } from './api/app.js';
 import { SoldOutFlags } from './api/sold-out.js';
-import { loadRuntimeConfig, roles } from './config.js';
+import { AdmissionControl } from './api/admission.js';
+import { PolicyCache } from './api/policy-cache.js';
+import { loadRuntimeConfig, roles, trustProxySetting } from './config.js';
 import type { Role } from './config.js';
 import { OrderConsumer } from './consumer/consumer.js';
 import { createMetricsApp, createServiceApp } from './http.js';
@@ -144,10 +146,22 @@ async function main(): Promise<void> {
       { reserveAck: ackMode, replicas: cfg.RESERVE_ACK_REPLICAS, timeoutMs: cfg.RESERVE_ACK_TIMEOUT_MS },
       'reservation acknowledgement',
     );
+    const admission = new AdmissionControl({
+      metrics,
+      maxInFlight: cfg.API_MAX_IN_FLIGHT,
+      maxEventLoopDelayMs: cfg.API_MAX_EVENT_LOOP_DELAY_MS,
+      sampleIntervalMs: cfg.API_EVENT_LOOP_SAMPLE_MS,
+      retryAfterSeconds: cfg.API_SHED_RETRY_AFTER_SECONDS,
+    }).start();
+    closers.push(async () => admission.stop());
     const app = await createApiApp({
       reservationAck,
       metrics,
       ready,
+      admission,
+      shedding: () => admission.shedding(),
+      trustProxy: trustProxySetting(cfg.API_TRUST_PROXY),
+      policies: new PolicyCache(redis, cfg.API_POLICY_REFRESH_MS, logger),
       redis,
       pool,
       soldOut,

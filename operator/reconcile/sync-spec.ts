@@ -18,6 +18,7 @@ import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE } from './context.js';
 import { buildDefinition, diffDefinition } from './definition.js';
 import { resolveItems } from './resolve-items.js';
+import { syncTrafficPolicy } from './traffic-policy.js';
 
 export type SyncOutcome =
   | { kind: 'loaded'; first: boolean; changes: string[] }
@@ -98,6 +99,7 @@ export async function recordCache(ctx: ReconcileContext): Promise<void> {
 export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.deleting) return CONTINUE;
   if (ctx.phase !== Phase.Ready && ctx.phase !== Phase.Active) return CONTINUE;
+  await syncTrafficPolicy(ctx);
   if (ctx.status.cache?.syncedGeneration === ctx.generation) return CONTINUE;
   ctx.requireOwnership();
   const outcome = await syncCache(ctx, ctx.phase);

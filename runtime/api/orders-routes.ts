@@ -23,6 +23,7 @@ import {
 } from './schemas.js';
 import { sendProblem } from './problem.js';
 import type { SoldOutFlags } from './sold-out.js';
+import type { PolicyCache } from './policy-cache.js';
 
 export interface OrdersDeps {
   redis: RedisClient;
@@ -34,6 +35,8 @@ export interface OrdersDeps {
   orderCodeTtlSeconds: number;
   /** When a reservation counts as acknowledged (core/durable-ack.ts); default: on the primary. */
   reservationAck?: ReservationAck | undefined;
+  /** The activities' traffic policies (rate limits, eligibility; core/traffic-policy.ts). */
+  policies: PolicyCache;
 }
 
 const resultLabel: Partial<Record<ErrorCode, string>> = {
@@ -49,6 +52,8 @@ const resultLabel: Partial<Record<ErrorCode, string>> = {
   NOT_FOUND: 'unknown_activity',
   NOT_LOADED: 'not_started',
   NOT_REPLICATED: 'not_replicated',
+  BUYER_DENIED: 'denied',
+  NOT_REGISTERED: 'not_registered',
 };
 
 export function ordersRouter(deps: OrdersDeps): Router {
@@ -175,12 +180,14 @@ export function ordersRouter(deps: OrdersDeps): Router {
     if (!meta) throw new FlashSaleError('UNKNOWN_ACTIVITY');
     if (!meta.requireOrderCode) throw new FlashSaleError('ORDER_CODES_DISABLED');
     if (!(await skuExists(deps.redis, activityId, body.skuId))) throw new FlashSaleError('UNKNOWN_SKU');
+    const policy = await deps.policies.get(activityId);
     const code = await issueOrderCode(
       deps.redis,
       activityId,
       res.locals.userId as string,
       body.skuId,
       deps.orderCodeTtlSeconds,
+      policy.eligibility.orderCodesPerBuyerPerSku,
     );
     res.status(201).json({ orderCode: code, expiresInSeconds: deps.orderCodeTtlSeconds });
   });
