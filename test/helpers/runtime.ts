@@ -160,13 +160,19 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
   return p;
 }
 
-export async function tokenFor(userId: string, secret = JWT_SECRET): Promise<string> {
-  return new SignJWT({})
+export async function tokenFor(
+  userId: string,
+  secret = JWT_SECRET,
+  claims: { issuer?: string; audience?: string } = {},
+): Promise<string> {
+  const jwt = new SignJWT({})
     .setProtectedHeader({ alg: 'HS256' })
     .setSubject(userId)
     .setIssuedAt()
-    .setExpirationTime('1h')
-    .sign(new TextEncoder().encode(secret));
+    .setExpirationTime('1h');
+  if (claims.issuer) jwt.setIssuer(claims.issuer);
+  if (claims.audience) jwt.setAudience(claims.audience);
+  return jwt.sign(new TextEncoder().encode(secret));
 }
 
 export interface TestActivity {
