@@ -35,6 +35,7 @@ export default {
       displayName: 'integration',
       testMatch: ['<rootDir>/test/integration/**/*.test.ts', '<rootDir>/test/e2e/**/*.test.ts'],
       globalSetup: '<rootDir>/test/env/global-setup.ts',
+      setupFiles: ['<rootDir>/test/env/pg-idle-errors.ts'],
       globalTeardown: '<rootDir>/test/env/global-teardown.ts',
     },
   ],

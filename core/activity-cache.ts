@@ -230,16 +230,26 @@ export async function countUnconfirmed(
 }
 
 /** Issues a one-time order code bound to buyer, sku and activity. */
+/**
+ * Issues a one-time order code bound to buyer + sku, only inside the sale window and at most
+ * `maxPerBuyerPerSku` per buyer and sku (0 = no limit): lua/issueOrderCode-3.lua decides both.
+ */
 export async function issueOrderCode(
   redis: RedisClient,
   activityId: string,
   userId: string,
   skuId: string,
   ttlSeconds: number,
+  maxPerBuyerPerSku = 0,
 ): Promise<string> {
   const k = activityKeys(activityId);
   const code = randomBytes(16).toString('base64url');
-  await redis.set(k.orderCode(code), `${userId}|${skuId}`, 'EX', ttlSeconds, 'NX');
+  await runScript(
+    redis,
+    'issueOrderCode',
+    [k.meta, k.buyer(userId), k.orderCode(code)],
+    [userId, skuId, ttlSeconds, maxPerBuyerPerSku],
+  );
   return code;
 }
 

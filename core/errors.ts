@@ -31,6 +31,10 @@ export const ErrorCodes = {
   NOT_LOADED: { status: 409, title: 'The activity is not loaded into the cache' },
   BAD_ARGUMENT: { status: 500, title: 'A script was called with bad arguments' },
   UNAVAILABLE: { status: 503, title: 'A dependency is unavailable; retry' },
+  NOT_REPLICATED: {
+    status: 503,
+    title: 'The reservation is not on a replica yet; retry with the same requestId',
+  },
   INTERNAL: { status: 500, title: 'Internal error' },
   BAD_SIGNATURE: { status: 401, title: 'The payment notification signature is not valid' },
   MERCHANT_MISMATCH: { status: 403, title: 'The notification is for another merchant or app' },
@@ -47,6 +51,13 @@ export const ErrorCodes = {
     status: 409,
     title: 'The refund notification does not match the refund recorded under its id',
   },
+  RATE_LIMITED: { status: 429, title: 'Too many requests; retry after the time given' },
+  OVERLOADED: { status: 503, title: 'The server is overloaded; retry after the time given' },
+  BUYER_DENIED: { status: 403, title: 'This buyer may not take part in the sale' },
+  NOT_REGISTERED: { status: 403, title: 'This sale requires pre-registration' },
+  REGISTRATION_CLOSED: { status: 409, title: 'Registration for this sale is closed' },
+  REGISTRATION_DISABLED: { status: 409, title: 'This activity does not use pre-registration' },
+  ORDER_CODE_LIMIT: { status: 409, title: 'Order-code limit per buyer and sku reached' },
   NOT_WRITTEN_BACK: {
     status: 503,
     title: 'The cache is frozen but the stock is not written back yet; retry',
@@ -93,6 +104,11 @@ export const ScriptErrorCodes: Readonly<Record<number, ErrorCode>> = {
   [-17]: 'STOCK_DECREASE',
   [-18]: 'STALE_GENERATION',
   [-19]: 'CANCEL_MARKER_LIMIT',
+  // Eligibility (reserve-8.lua's eligibility block, issueOrderCode-3.lua): numbered apart from the
+  // codes above so other scripts can grow without renumbering these.
+  [-40]: 'BUYER_DENIED',
+  [-41]: 'NOT_REGISTERED',
+  [-42]: 'ORDER_CODE_LIMIT',
 };
 
 export function scriptError(script: string, code: number, data: (string | number)[] = []): FlashSaleError {

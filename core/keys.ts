@@ -67,6 +67,28 @@ export class ActivityKeys {
   orderCode(code: string): string {
     return `${this.prefix}code:${code}`;
   }
+  /**
+   * Counter the api increments before a replayed reservation's replica wait: a write on its own
+   * connection, so Redis WAIT covers every earlier write on the primary (the original included).
+   */
+  get ackProbe(): string {
+    return `${this.prefix}ackprobe`;
+  }
+  /** String: the activity's traffic policy (JSON, core/traffic-policy.ts), written by the operator. */
+  get policy(): string {
+    return `${this.prefix}policy`;
+  }
+  /** Set: buyers the deny list marked (so a later list can clear the ones it no longer names). */
+  get denied(): string {
+    return `${this.prefix}denied`;
+  }
+  /**
+   * Key prefix of a rate limiter's counters (rate-limiter-flexible appends `:<subject>`): inside
+   * the activity's hash tag, so cleanup's scan removes them with the rest of the activity.
+   */
+  rateLimitPrefix(kind: 'buyer' | 'address'): string {
+    return `${this.prefix}rl:${kind}`;
+  }
   /** Placeholder in the same slot for scripts whose optional key is absent. */
   get none(): string {
     return `${this.prefix}none`;

@@ -122,6 +122,12 @@ export function createMetrics(component: string) {
       labelNames: ['activity', 'reason'],
       registers: r,
     }),
+    oversellPrevented: new client.Counter({
+      name: 'flashsale_oversell_prevented_total',
+      help: 'Orders the PostgreSQL stock guard stored CLOSED because they exceeded the SKU stock (OVERSELL_PREVENTED) or the buyer limit (BUYER_LIMIT_EXCEEDED) while Redis had accepted them',
+      labelNames: ['activity', 'sku'],
+      registers: r,
+    }),
     cancellations: new client.Counter({
       name: 'flashsale_cancellations_total',
       help: 'Buyer cancellations by outcome (cancelled, tombstoned, already_cancelled, already_paid)',
@@ -179,6 +185,35 @@ export function createMetrics(component: string) {
     orderEventsBacklog: new client.Gauge({
       name: 'flashsale_order_events_unpublished',
       help: 'Order events in the PostgreSQL outbox not yet acknowledged by Kafka (all activities the relay serves)',
+      registers: r,
+    }),
+    // --- Traffic shaping and admission control (docs/operator.md "Traffic shaping") ---
+    rateLimited: new client.Counter({
+      name: 'flashsale_rate_limited_total',
+      help: 'Requests refused with 429 RATE_LIMITED, by activity and reason (buyer, address)',
+      labelNames: ['activity', 'reason'],
+      registers: r,
+    }),
+    shed: new client.Counter({
+      name: 'flashsale_shed_total',
+      help: 'Requests shed with 503 OVERLOADED before any work, by reason (in_flight, event_loop_delay)',
+      labelNames: ['reason'],
+      registers: r,
+    }),
+    eventLoopDelay: new client.Histogram({
+      name: 'flashsale_event_loop_delay_seconds',
+      help: "The api's event-loop delay as admission control sees it: the p99 of each sampling window",
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
+      registers: r,
+    }),
+    requestsInFlight: new client.Gauge({
+      name: 'flashsale_api_requests_in_flight',
+      help: 'Buyer requests admitted and not yet answered by this api process',
+      registers: r,
+    }),
+    shedding: new client.Gauge({
+      name: 'flashsale_api_shedding',
+      help: '1 while this api process sheds load (readiness reports it), else 0',
       registers: r,
     }),
   };

@@ -36,6 +36,9 @@
     -9  NOT_LOADED   the activity is not in the cache
     -10 IDEMPOTENCY_CONFLICT  the requestId was used for a different sku or quantity
     -14 MISMATCH     a reservation of another buyer holds this id (cannot happen with derived ids)
+    -40 BUYER_DENIED    the buyer is on the activity's deny list (buyer hash field '~deny')
+    -41 NOT_REGISTERED  the activity requires pre-registration (meta 'requireReg' = '1') and the
+                        buyer hash has no '~reg' field
 
   A cancel marker (cancelBeforeReserve-3.lua) refuses only its own buyer's submission: one left
   under this id by another buyer (possible only with markers written before markers were bound to
@@ -62,6 +65,14 @@ local now = nowMs()
 local meta = redis.call('HMGET', KEYS[1], 'gate', 'startMs', 'endMs', 'requireCode')
 local refusal = gateRefusal(meta[1], meta[2], meta[3], now)
 if refusal then return {refusal} end
+
+-- Eligibility (docs/operator.md "Traffic shaping and eligibility"): the flags live in the
+-- buyer's own hash and the meta hash, so the check is atomic with the reservation at no extra key.
+-- A replay (above) still answers: the buyer reserved before being listed.
+local elig = redis.call('HMGET', KEYS[3], '~deny', '~reg')
+if elig[1] then return {-40} end
+if not elig[2] and redis.call('HGET', KEYS[1], 'requireReg') == '1' then return {-41} end
+-- End of eligibility.
 
 local item = redis.call('HMGET', KEYS[2], 'stock', 'limit', 'price', 'name')
 if not item[1] then return {-6} end

@@ -4,8 +4,14 @@
  */
 import { hostname } from 'node:os';
 import { z } from 'zod';
+import { redisConnectionOf, redisEnvIssue, redisEnvShape } from '../core/redis.js';
+import type { RedisConnection } from '../core/redis.js';
 import { env, readConfig } from '../core/config.js';
 import { kafkaSecurityFromEnv } from '../core/kafka.js';
+import { DEFAULT_TRAFFIC_POLICY } from '../core/traffic-policy.js';
+import type { TrafficPolicy } from '../core/traffic-policy.js';
+
+const D = DEFAULT_TRAFFIC_POLICY;
 
 const quantities = z.record(z.string(), z.union([z.string(), z.number()]).transform(String));
 const resourcesSchema = z.object({ requests: quantities.optional(), limits: quantities.optional() }).strict();
@@ -16,7 +22,8 @@ const durationSeconds = (def: number, min = 0) => z.coerce.number().min(min).def
 export const operatorConfigSchema = z
   .object({
     DATABASE_URL: z.string().min(1),
-    REDIS_URL: z.string().min(1),
+    /** REDIS_URL, or REDIS_SENTINELS + REDIS_SENTINEL_MASTER (core/redis.ts). */
+    ...redisEnvShape,
     KAFKA_BROKERS: env.list().refine((l) => l.length > 0, 'at least one broker'),
     KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
     KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
@@ -101,6 +108,17 @@ export const operatorConfigSchema = z
         }
       }),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+    // Defaults of spec.trafficShaping and spec.eligibility (docs/operator.md).
+    TRAFFIC_SHAPING_ENABLED: env.bool(D.shaping.enabled),
+    TRAFFIC_PER_BUYER_REQUESTS: env.int(D.shaping.perBuyer.requests, 0),
+    TRAFFIC_PER_BUYER_SECONDS: env.int(D.shaping.perBuyer.perSeconds, 1),
+    TRAFFIC_PER_ADDRESS_REQUESTS: env.int(D.shaping.perAddress.requests, 0),
+    TRAFFIC_PER_ADDRESS_SECONDS: env.int(D.shaping.perAddress.perSeconds, 1),
+    ORDER_CODES_PER_BUYER_PER_SKU: env.int(D.eligibility.orderCodesPerBuyerPerSku, 0),
+  })
+  .superRefine((c, ctx) => {
+    const issue = redisEnvIssue(c);
+    if (issue) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [issue.path], message: issue.message });
   })
   .refine((c) => c.LEASE_RENEW_DEADLINE_SECONDS < c.LEASE_DURATION_SECONDS, {
     message: 'LEASE_RENEW_DEADLINE_SECONDS must be less than LEASE_DURATION_SECONDS',
@@ -113,7 +131,7 @@ export const operatorConfigSchema = z
 
 export interface OperatorConfig {
   databaseUrl: string;
-  redisUrl: string;
+  redis: RedisConnection;
   kafkaBrokers: string[];
   kafka: { topicPrefix: string; partitions: number; replicationFactor: number };
   /** The namespaces watched; empty = every namespace. */
@@ -150,6 +168,8 @@ export interface OperatorConfig {
     resources: ContainerResources | undefined;
   };
   logLevel: string;
+  /** Applied where an activity's spec leaves trafficShaping / eligibility fields out. */
+  trafficPolicy: TrafficPolicy;
 }
 
 export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env): OperatorConfig {
@@ -157,7 +177,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
   kafkaSecurityFromEnv(environment);
   return {
     databaseUrl: c.DATABASE_URL,
-    redisUrl: c.REDIS_URL,
+    redis: redisConnectionOf(c),
     kafkaBrokers: c.KAFKA_BROKERS,
     kafka: {
       topicPrefix: c.KAFKA_TOPIC_PREFIX,
@@ -196,5 +216,16 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
       resources: c.RUNTIME_RESOURCES,
     },
     logLevel: c.LOG_LEVEL,
+    trafficPolicy: {
+      shaping: {
+        enabled: c.TRAFFIC_SHAPING_ENABLED,
+        perBuyer: { requests: c.TRAFFIC_PER_BUYER_REQUESTS, perSeconds: c.TRAFFIC_PER_BUYER_SECONDS },
+        perAddress: { requests: c.TRAFFIC_PER_ADDRESS_REQUESTS, perSeconds: c.TRAFFIC_PER_ADDRESS_SECONDS },
+      },
+      eligibility: {
+        preRegistration: D.eligibility.preRegistration,
+        orderCodesPerBuyerPerSku: c.ORDER_CODES_PER_BUYER_PER_SKU,
+      },
+    },
   };
 }

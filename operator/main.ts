@@ -11,7 +11,7 @@ import {
   CustomObjectsApi,
   KubeConfig,
 } from '@kubernetes/client-node';
-import { Redis } from 'ioredis';
+import { createRedis, describeRedis } from '../core/redis.js';
 import { createPool } from '../core/db/pool.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import { createOperatorMetrics } from '../core/metrics.js';
@@ -35,7 +35,7 @@ async function main(): Promise<void> {
         ? `${config.leaderElection.namespace}/${config.leaderElection.name}`
         : '(leader election off)',
       database: redactUrl(config.databaseUrl),
-      redis: redactUrl(config.redisUrl),
+      redis: describeRedis(config.redis),
       kafka: config.kafkaBrokers.join(','),
     },
     'starting flashsale operator',
@@ -47,7 +47,7 @@ async function main(): Promise<void> {
   const apps = kc.makeApiClient(AppsV1Api);
   const core = kc.makeApiClient(CoreV1Api);
   const metrics = createOperatorMetrics();
-  const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 3, lazyConnect: false });
+  const redis = createRedis(config.redis, { maxRetriesPerRequest: 3, lazyConnect: false });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
   const pool = createPool(config.databaseUrl, 4, 'flashsale-operator');
   pool.on('error', (err: Error) => log.warn({ err: err.message }, 'postgres pool error'));

@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { env, readConfig } from '../core/config.js';
 import { kafkaSecurityFromEnv } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
+import { redisEnvIssue, redisEnvShape } from '../core/redis.js';
 
 /**
  * `after-sale` is platform-level (one Deployment from the chart, no ACTIVITY_ID): it serves the
@@ -16,8 +17,20 @@ const schema = z
   .object({
     /** PostgreSQL connection URL. */
     DATABASE_URL: z.string().url(),
-    /** Redis URL (redis://host:port). */
-    REDIS_URL: z.string().url(),
+    /**
+     * Redis: REDIS_URL (redis://host:port), or REDIS_SENTINELS (host:port,...) with
+     * REDIS_SENTINEL_MASTER (and REDIS_SENTINEL_PASSWORD); see core/redis.ts.
+     */
+    ...redisEnvShape,
+    /**
+     * When the api answers 202: `replica` once the reservation is on RESERVE_ACK_REPLICAS
+     * replicas (Redis WAIT), `local` once the primary has it. Unset: `replica` when the primary
+     * is reached through Sentinel or has replicas at start, else `local` (docs/install.md).
+     */
+    RESERVE_ACK: z.enum(['replica', 'local']).optional(),
+    RESERVE_ACK_REPLICAS: env.int(1, 1),
+    /** How long the api waits for the replicas before answering 503 NOT_REPLICATED (retry with the same requestId). */
+    RESERVE_ACK_TIMEOUT_MS: env.int(500, 1),
     /** Kafka bootstrap brokers, comma separated host:port. */
     KAFKA_BROKERS: env.list().refine((l) => l.length > 0, 'at least one broker'),
     /** The activity this process serves (required for relay, consumer and jobs). */
@@ -70,12 +83,33 @@ const schema = z
     ORDER_CODE_TTL_SECONDS: env.int(30, 1),
     /** Largest JSON body the api accepts. */
     HTTP_BODY_LIMIT: z.string().default('8kb'),
+    // --- Traffic shaping and admission control (docs/operator.md "Traffic shaping and eligibility") ---
+    /**
+     * Proxy hops in front of the api whose X-Forwarded-For the api believes for the client address:
+     * '' = none (the peer address), a number = that many hops, or a comma-separated list of proxy
+     * addresses/CIDRs (express `trust proxy`, e.g. `loopback,10.0.0.0/8`).
+     */
+    API_TRUST_PROXY: z.string().default(''),
+    /** Requests one api process works on at once before it sheds with 503 OVERLOADED; 0 = no cap. */
+    API_MAX_IN_FLIGHT: env.int(1000, 0),
+    /** Shed while the p99 event-loop delay of the last window exceeds this (ms); 0 = off. */
+    API_MAX_EVENT_LOOP_DELAY_MS: env.int(1000, 0),
+    /** Length of one event-loop delay sampling window (ms). */
+    API_EVENT_LOOP_SAMPLE_MS: env.int(500, 50),
+    /** Retry-After (seconds) of a shed request. */
+    API_SHED_RETRY_AFTER_SECONDS: env.int(1, 1),
+    /** Each api process re-reads an activity's traffic policy from Redis at most this often (ms). */
+    API_POLICY_REFRESH_MS: env.int(1000, 0),
     /** A sold-out flag is re-checked against Redis at most this often (restock events reset it at once). */
     SOLD_OUT_RECHECK_MS: env.int(2000, 0),
     /** Half messages per Kafka produce request: each request waits for acks=all, so bigger batches carry more per wait. */
     RELAY_BATCH_SIZE: env.int(2000, 1),
-    /** A half message pending this long on a silent relay is reclaimed by another. */
-    RELAY_RECLAIM_IDLE_MS: env.int(15_000, 100),
+    /**
+     * A half message pending this long on a silent relay (SIGKILLed, or its pod gone) is reclaimed
+     * by another: a few seconds, so a crash does not hold orders back. A relay that is merely slow
+     * may see its entries sent twice; the consumer's unique keys absorb that.
+     */
+    RELAY_RECLAIM_IDLE_MS: env.int(5_000, 100),
     /** Stable name of this relay in the stream's consumer group (defaults to the host name). */
     RELAY_CONSUMER_NAME: z.string().optional(),
     /**
@@ -87,10 +121,25 @@ const schema = z
     CONSUMER_BATCH_SIZE: env.int(2000, 1),
     /** Partitions whose batches are written at the same time (each in its own transaction). */
     CONSUMER_PARTITION_CONCURRENCY: env.int(4, 1),
+    /**
+     * kafkajs consumer group timing. A SIGKILLed consumer keeps its partitions until the broker
+     * misses its heartbeats for the session timeout, and a rebalance waits for members up to the
+     * rebalance timeout: both bound how long a crash stalls orders (kafkajs' defaults, 30 s and
+     * 60 s, left buyers waiting a minute). The session timeout must lie within the broker's
+     * group.min/max.session.timeout.ms (6 s to 30 min by default); the heartbeat interval well
+     * below a third of it. The consumer also heartbeats after every chunk it writes.
+     */
+    CONSUMER_SESSION_TIMEOUT_MS: env.int(8_000, 1_000),
+    CONSUMER_HEARTBEAT_INTERVAL_MS: env.int(1_000, 100),
+    CONSUMER_REBALANCE_TIMEOUT_MS: env.int(8_000, 1_000),
     /** Attempts before a message that keeps failing for a non-transient reason goes to the DLQ. */
     CONSUMER_MAX_ATTEMPTS: env.int(3, 1),
-    /** Reservations older than this with no order count as the order gap. */
-    ORDER_GAP_THRESHOLD_SECONDS: env.int(30, 1),
+    /**
+     * Reservations older than this with no order count as the order gap (and are repaired): above
+     * the time the primary path needs to recover from a crashed relay or consumer (a few seconds,
+     * see CONSUMER_SESSION_TIMEOUT_MS), so the repair stays the last resort.
+     */
+    ORDER_GAP_THRESHOLD_SECONDS: env.int(15, 1),
     /** Run the scheduled jobs in the consumer role too (the jobs role always runs them). */
     JOBS_IN_CONSUMER: env.bool(true),
     /** node-cron expression (with seconds) for the gauges and order-gap check. */
@@ -123,7 +172,7 @@ const schema = z
     /** Re-publish reservations with no order (order gap) from their ledger entries. */
     ORDER_GAP_REPAIR: env.bool(true),
     /** Seconds between two re-publications of one reservation, and the most re-publications before a human is needed. */
-    ORDER_GAP_REPUBLISH_INTERVAL_SECONDS: env.int(60, 1),
+    ORDER_GAP_REPUBLISH_INTERVAL_SECONDS: env.int(20, 1),
     ORDER_GAP_MAX_REPUBLISH: env.int(5, 1),
     /** node-cron expression (with seconds) of the Redis/ledger/PostgreSQL reconciliation. */
     RECONCILIATION_CRON: z.string().default('0 */5 * * * *'),
@@ -151,6 +200,14 @@ const schema = z
     /** Published events are kept in the outbox this long, then purged. */
     ORDER_EVENTS_RETENTION_HOURS: env.int(24, 0),
   })
+  .refine((c) => c.CONSUMER_HEARTBEAT_INTERVAL_MS * 3 <= c.CONSUMER_SESSION_TIMEOUT_MS, {
+    message: 'CONSUMER_HEARTBEAT_INTERVAL_MS must be at most a third of CONSUMER_SESSION_TIMEOUT_MS',
+    path: ['CONSUMER_HEARTBEAT_INTERVAL_MS'],
+  })
+  .superRefine((c, ctx) => {
+    const issue = redisEnvIssue(c);
+    if (issue) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [issue.path], message: issue.message });
+  })
   .refine((c) => [c.JWT_HS256_SECRET, c.JWT_RS256_PUBLIC_KEY, c.JWT_JWKS].filter(Boolean).length <= 1, {
     message: 'set one of JWT_HS256_SECRET, JWT_RS256_PUBLIC_KEY and JWT_JWKS, not both or more',
     path: ['JWT_HS256_SECRET'],
@@ -165,6 +222,17 @@ const schema = z
   });
 
 export type RuntimeConfig = z.infer<typeof schema>;
+
+/** API_TRUST_PROXY as express' `trust proxy` value. */
+export function trustProxySetting(value: string): boolean | number | string[] {
+  const v = value.trim();
+  if (v === '' || v === 'false' || v === '0') return false;
+  if (/^\d+$/.test(v)) return Number(v);
+  return v
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+}
 
 export function loadRuntimeConfig(role: Role, source: NodeJS.ProcessEnv = process.env): RuntimeConfig {
   const cfg = readConfig(schema, source);

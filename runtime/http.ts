@@ -9,10 +9,34 @@ import express from 'express';
 import type { Express, RequestHandler } from 'express';
 import type { Metrics } from '../core/metrics.js';
 
+/** Readiness with the state of each dependency or part (`ok`, or what is wrong). */
+export interface Readiness {
+  ready: boolean;
+  checks: Record<string, string>;
+}
+
 export interface ServiceAppOptions {
   metrics: Metrics;
-  /** Resolves true when the role can do its work (dependencies reachable, not shutting down). */
-  ready: () => Promise<boolean>;
+  /** Whether the role can do its work (dependencies reachable, not shutting down), with details. */
+  ready: () => Promise<boolean | Readiness>;
+  /** Why the process sheds load right now (runtime/api/admission.ts), or undefined. */
+  shedding?: () => string | undefined;
+}
+
+/** /readyz on either port: 503 while shedding (a load balancer sends new connections elsewhere). */
+function readyz(opts: ServiceAppOptions): RequestHandler {
+  return async (_req, res) => {
+    const shedding = opts.shedding?.();
+    if (shedding) {
+      res.status(503).json({ status: 'shedding', reason: shedding });
+      return;
+    }
+    const r = await opts.ready().catch(() => false);
+    const ok = typeof r === 'boolean' ? r : r.ready;
+    res
+      .status(ok ? 200 : 503)
+      .json({ status: ok ? 'ready' : 'not ready', ...(typeof r === 'boolean' ? {} : { checks: r.checks }) });
+  };
 }
 
 const TRACE_ID = /^[A-Za-z0-9-]{8,64}$/;
@@ -49,10 +73,7 @@ export function createServiceApp(opts: ServiceAppOptions): Express {
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
-  app.get('/readyz', async (_req, res) => {
-    const ok = await opts.ready().catch(() => false);
-    res.status(ok ? 200 : 503).json({ status: ok ? 'ready' : 'not ready' });
-  });
+  app.get('/readyz', readyz(opts));
   return app;
 }
 
@@ -67,10 +88,7 @@ export function createMetricsApp(opts: ServiceAppOptions): Express {
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
-  app.get('/readyz', async (_req, res) => {
-    const ok = await opts.ready().catch(() => false);
-    res.status(ok ? 200 : 503).json({ status: ok ? 'ready' : 'not ready' });
-  });
+  app.get('/readyz', readyz(opts));
   app.use((_req, res) => {
     res.status(404).json({ status: 'not found' });
   });

@@ -6,7 +6,7 @@
  */
 import type { Server } from 'node:http';
 import { hostname } from 'node:os';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import cron from 'node-cron';
 import { activityOfRestockChannel, activityKeys, RESTOCK_CHANNEL_PATTERN } from '../core/keys.js';
 import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
@@ -14,13 +14,18 @@ import { createLogger, redactUrl } from '../core/logger.js';
 import { createMetrics } from '../core/metrics.js';
 import { migrate } from '../core/db/migrate.js';
 import { createPool } from '../core/db/pool.js';
+import { createRedis, describeRedis, redisConnectionOf, usesSentinel } from '../core/redis.js';
+import { connectedReplicas, localAck, ReplicaAck } from '../core/durable-ack.js';
 import { registerScripts } from '../core/scripts.js';
 import { createApiApp } from './api/app.js';
 import { SoldOutFlags } from './api/sold-out.js';
-import { loadRuntimeConfig, roles } from './config.js';
+import { AdmissionControl } from './api/admission.js';
+import { PolicyCache } from './api/policy-cache.js';
+import { loadRuntimeConfig, roles, trustProxySetting } from './config.js';
 import type { Role } from './config.js';
 import { OrderConsumer } from './consumer/consumer.js';
 import { createMetricsApp, createServiceApp } from './http.js';
+import type { Readiness } from './http.js';
 import { runDlqCli } from './dlq.js';
 import { cancelRouter } from './api/cancel-routes.js';
 import { scheduleAfterSaleJobs, scheduleSettlementSweeper } from './jobs/after-sale.js';
@@ -61,14 +66,15 @@ async function main(): Promise<void> {
       role,
       activity: cfg.ACTIVITY_ID,
       db: redactUrl(cfg.DATABASE_URL),
-      redis: redactUrl(cfg.REDIS_URL),
+      redis: describeRedis(redisConnectionOf(cfg)),
       brokers: cfg.KAFKA_BROKERS,
     },
     'starting',
   );
 
   // ioredis auto-pipelining batches concurrent commands into one round trip per tick.
-  const redis = new Redis(cfg.REDIS_URL, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
+  const redisConnection = redisConnectionOf(cfg);
+  const redis = createRedis(redisConnection, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
   // ioredis reconnects by itself; without a listener every failed attempt is an "Unhandled error
   // event" on stderr. One warning per connection per 5 s is enough to see an outage in the logs.
   const logRedisErrors = (client: Redis, connection: string): void => {
@@ -88,18 +94,34 @@ async function main(): Promise<void> {
   let stopping = false;
   const closers: (() => Promise<unknown>)[] = [];
 
-  const ready = async (): Promise<boolean> => {
-    if (stopping) return false;
-    await redis.ping();
-    if (has('consumer') || has('jobs') || role === 'after-sale') await pool.query('SELECT 1');
-    return true;
+  let consumer: OrderConsumer | undefined;
+  // What this process can actually do: reachable stores, and for the consumer whether it is a
+  // member of its group with partitions (while it joins, it writes no orders).
+  const ready = async (): Promise<Readiness> => {
+    if (stopping) return { ready: false, checks: { process: 'stopping' } };
+    const checks: Record<string, string> = {};
+    const probe = async (name: string, fn: () => Promise<unknown>): Promise<void> => {
+      checks[name] = await fn().then(
+        () => 'ok',
+        (err: Error) => `error: ${err.message}`,
+      );
+    };
+    await Promise.all([
+      probe('redis', () => redis.ping()),
+      ...(has('consumer') || has('jobs') || role === 'after-sale'
+        ? [probe('postgres', () => pool.query('SELECT 1'))]
+        : []),
+    ]);
+    if (has('consumer') && activityId) checks.consumer = consumer?.status() ?? 'starting';
+    const ok = Object.values(checks).every((v) => v === 'ok' || v === 'consuming');
+    return { ready: ok, checks };
   };
 
   const providers = providersFromEnv(cfg);
   let server: Server;
   if (has('api')) {
     const soldOut = new SoldOutFlags(cfg.SOLD_OUT_RECHECK_MS);
-    const sub = new Redis(cfg.REDIS_URL);
+    const sub = createRedis(redisConnection);
     logRedisErrors(sub, 'restock-subscriber');
     sub.on('pmessage', (_p: string, channel: string, sku: string) => {
       const a = activityOfRestockChannel(channel);
@@ -112,9 +134,34 @@ async function main(): Promise<void> {
     if (activityId) await sub.subscribe(activityKeys(activityId).restockChannel);
     else await sub.psubscribe(RESTOCK_CHANNEL_PATTERN);
     closers.push(() => sub.quit());
+    // RESERVE_ACK unset: wait for a replica whenever there is one to fail over to.
+    const ackMode =
+      cfg.RESERVE_ACK ??
+      (usesSentinel(redisConnection) || (await connectedReplicas(redis)) > 0 ? 'replica' : 'local');
+    const reservationAck =
+      ackMode === 'replica'
+        ? new ReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
+        : localAck;
+    logger.info(
+      { reserveAck: ackMode, replicas: cfg.RESERVE_ACK_REPLICAS, timeoutMs: cfg.RESERVE_ACK_TIMEOUT_MS },
+      'reservation acknowledgement',
+    );
+    const admission = new AdmissionControl({
+      metrics,
+      maxInFlight: cfg.API_MAX_IN_FLIGHT,
+      maxEventLoopDelayMs: cfg.API_MAX_EVENT_LOOP_DELAY_MS,
+      sampleIntervalMs: cfg.API_EVENT_LOOP_SAMPLE_MS,
+      retryAfterSeconds: cfg.API_SHED_RETRY_AFTER_SECONDS,
+    }).start();
+    closers.push(async () => admission.stop());
     const app = await createApiApp({
+      reservationAck,
       metrics,
       ready,
+      admission,
+      shedding: () => admission.shedding(),
+      trustProxy: trustProxySetting(cfg.API_TRUST_PROXY),
+      policies: new PolicyCache(redis, cfg.API_POLICY_REFRESH_MS, logger),
       redis,
       pool,
       soldOut,
@@ -173,7 +220,7 @@ async function main(): Promise<void> {
   if (has('relay') && activityId && topics) {
     const baseName = cfg.RELAY_CONSUMER_NAME ?? hostname();
     for (let i = 0; i < cfg.RELAY_CONCURRENCY; i += 1) {
-      const blocking = new Redis(cfg.REDIS_URL, { maxRetriesPerRequest: null });
+      const blocking = createRedis(redisConnection, { maxRetriesPerRequest: null });
       logRedisErrors(blocking, `relay-blocking-reads-${i}`);
       const relay = new Relay({
         activityId,
@@ -196,7 +243,10 @@ async function main(): Promise<void> {
     }
   }
 
-  let consumer: OrderConsumer | undefined;
+  // The consumer joins its group in the background: the jobs below (gauges, order-gap check and
+  // repair) must run while it joins, which can take as long as the session timeout of a member
+  // that died.
+  let consumerStarted: Promise<void> | undefined;
   if (has('consumer') && activityId && topics) {
     consumer = new OrderConsumer({
       activityId,
@@ -207,6 +257,9 @@ async function main(): Promise<void> {
           groupId: topics.consumerGroup,
           allowAutoTopicCreation: false,
           maxBytesPerPartition: 4 << 20,
+          sessionTimeout: cfg.CONSUMER_SESSION_TIMEOUT_MS,
+          heartbeatInterval: cfg.CONSUMER_HEARTBEAT_INTERVAL_MS,
+          rebalanceTimeout: cfg.CONSUMER_REBALANCE_TIMEOUT_MS,
         }),
       dlqProducer: idempotentProducer(kafka),
       pool,
@@ -218,7 +271,9 @@ async function main(): Promise<void> {
       maxAttempts: cfg.CONSUMER_MAX_ATTEMPTS,
       paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
     });
-    await consumer.start();
+    consumerStarted = consumer.start();
+    // Awaited below, once the jobs are scheduled; a failure then still ends the process.
+    consumerStarted.catch(() => undefined);
     const c = consumer;
     closers.push(() => c.stop());
   }
@@ -291,6 +346,10 @@ async function main(): Promise<void> {
       await sweeper.stop();
     });
   }
+
+  // A consumer that cannot connect or subscribe at all still ends the process (its restart is the
+  // recovery), as before; but only after the jobs were scheduled.
+  await consumerStarted;
 
   const shutdown = async (signal: string): Promise<void> => {
     if (stopping) return;

@@ -659,7 +659,9 @@ async function summary(
       .join(', ')})`,
     `  buyers           ${tally.sent} requests: ${[...tally.total.entries()].map(([l, n]) => `${l} ${n}`).join(', ')}`,
     `  payments         paid ${orders.byStatus.PAID}, closed unpaid ${orders.byStatus.CLOSED}, ` +
-      `refund pending ${payState.get('REFUND_PENDING') ?? 0}, refunded ${payState.get('REFUNDED') ?? 0} ` +
+      // Money owed back: waiting for the refund worker, or with its refund in flight at the provider.
+      `refund pending ${(payState.get('REFUND_PENDING') ?? 0) + (payState.get('REFUNDING') ?? 0)}, ` +
+      `refunded ${payState.get('REFUNDED') ?? 0} ` +
       `(notifications: ${[...payments.outcomes.entries()].map(([o, n]) => `${o} ${n}`).join(', ') || '-'})`,
     `  metrics          ${metrics.join('\n                   ')}`,
     '  checks (queries against PostgreSQL and Redis):',

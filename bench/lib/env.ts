@@ -13,6 +13,7 @@ import type * as KafkaModule from '../../core/kafka.js';
 import type * as Keys from '../../core/keys.js';
 import type * as Reservations from '../../core/reservations.js';
 import type * as Scripts from '../../core/scripts.js';
+import type * as TrafficPolicy from '../../core/traffic-policy.js';
 import { log, mustRun, runCmd } from './util.js';
 
 export const PHASES = [
@@ -25,6 +26,7 @@ export const PHASES = [
   'ceiling',
   'warmup',
   'pipeline',
+  'fairness',
 ] as const;
 export type Phase = (typeof PHASES)[number];
 
@@ -135,6 +137,7 @@ export interface CoreModules {
   scripts: typeof Scripts;
   reservations: typeof Reservations;
   kafka: typeof KafkaModule;
+  policy: typeof TrafficPolicy;
 }
 
 /** The measured build's core modules (not the TypeScript sources), loaded once. */
@@ -148,6 +151,7 @@ export async function loadCore(cfg: BenchConfig): Promise<CoreModules> {
     scripts: await load<typeof Scripts>('core/scripts.js'),
     reservations: await load<typeof Reservations>('core/reservations.js'),
     kafka: await load<typeof KafkaModule>('core/kafka.js'),
+    policy: await load<typeof TrafficPolicy>('core/traffic-policy.js'),
   };
 }
 

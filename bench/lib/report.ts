@@ -1,4 +1,5 @@
 /** Renders the results as docs/benchmarks.md: the summary table first, then the details. */
+import type { FairnessRun } from './fairness.js';
 import type { LoadResult } from './http-load.js';
 import type { MicroResult } from './micro.js';
 import type { PgbenchResult } from './pg-ref.js';
@@ -46,6 +47,8 @@ export interface Results {
   api?: { idleMb: number; peakMb: number };
   profiles: { submit?: ProfileSummary; soldOut?: ProfileSummary };
   micro?: MicroResult[];
+  /** Shaping off, then on (bench/lib/fairness.ts). */
+  fairness?: FairnessRun[];
   failures: Record<string, string>;
 }
 
@@ -134,7 +137,63 @@ export function targets(r: Results): TargetCheck[] {
     defined(r.api?.peakMb) ? r.api!.peakMb < 200 : undefined,
     `${f0(r.api?.peakMb)} MB`,
   );
+  // The least fair of the runs with shaping on (bots flooding early, or starting at the opening).
+  const on = r.fairness
+    ?.filter((x) => x.shaping === 'on')
+    .sort((x, y) => x.ratio - y.ratio || y.bots.worstUse - x.bots.worstUse)[0];
+  push(
+    'fairness: honest share vs fair share, shaping on',
+    '≥ 0.9×',
+    defined(on?.ratio) ? on!.ratio >= 0.9 : undefined,
+    `${f1(on?.ratio)}×`,
+  );
+  push(
+    'fairness: bot requests past the limiter per account and window, shaping on',
+    '≤ per-account limit',
+    defined(on?.bots.worstUse) ? on!.bots.worstUse <= 1 : undefined,
+    `${f0(on?.bots.maxPassedPerAccount)} over ${f0(on?.bots.windows)} window(s) (limit ${f0(on?.bots.limit)} per window)`,
+  );
   return out;
+}
+
+/** The fairness section (also usable alone, e.g. for a report of a `BENCH_ONLY=fairness` run). */
+export function renderFairness(runs: FairnessRun[] | undefined): string[] {
+  if (!runs || runs.length === 0) return [];
+  const codes = (c: Record<string, number>): string =>
+    Object.entries(c)
+      .sort((a, b) => b[1] - a[1])
+      .map(([k, n]) => `${k}: ${f0(n)}`)
+      .join(', ');
+  const first = runs[0]!;
+  const L: string[] = [
+    '### 7. Fairness under bots (shaping off and on, same run)',
+    '',
+    `Stock ${f0(first.stock)} units, limit 1 per buyer. Honest buyers click once in the first second of the sale ` +
+      '(a second click only after an answer that says nothing about stock); 20 bot accounts send 50 requests/s each ' +
+      'from their own addresses; one address drives 200 accounts at 1,000 requests/s; the flood starts before the ' +
+      'opening (a third run: from the opening, bots that keep their budget for it). Stock is smaller than the honest demand. "off" is the api with no limiter and no shedding; "on" ' +
+      'is the per-buyer default (20 per 10 s), a per-address limit of 20 per 10 s set on the activity, and the ' +
+      'default admission control. Client addresses come from X-Forwarded-For (API_TRUST_PROXY=1). ' +
+      'The load generator runs in the benchmark process on the same machine (the flood in a worker thread): "late sends" counts requests ' +
+      'that left more than 100 ms after their planned instant. Honest buyers, bots and the farm each have their own ' +
+      'client connections (1,000, 256, 256).',
+    '',
+    '| Shaping | Honest won | Bots won | Farm won | Honest share | Fair share | Ratio (target ≥ 0.9× on) | Honest p50 / p99 ms | Inside the api p50 / p99 ms (loop delay p99) | Most past limiter, one bot (windows × limit) | Farm past limiter | Late sends |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    ...runs.map(
+      (x) =>
+        `| ${x.shaping}, flood from ${f1(x.leadS ?? 1.5)} s before the opening | ${f0(x.won.honest)} | ${f0(x.won.bots)} | ${f0(x.won.farm)} | ${x.honestShare.toFixed(3)} | ` +
+        `${x.fairShare.toFixed(3)} | ${ratio(x.honestShare, x.fairShare)} | ${f0(x.honest.p50Ms)} / ${f0(x.honest.p99Ms)} | ` +
+        `${f1(x.server?.p50Ms)} / ${f1(x.server?.p99Ms)} (${f0(x.server?.loopDelayP99Ms)}) | ` +
+        `${f0(x.bots.maxPassedPerAccount)} (${x.shaping === 'on' ? `${f0(x.bots.windows)} × ${f0(x.bots.limit)}` : 'no limit'}) | ${f0(x.farm.passed)} | ${f0(x.lateSends)} |`,
+    ),
+    '',
+    ...runs.flatMap((x) => [
+      `- ${x.shaping} (flood from ${f1(x.leadS ?? 1.5)} s before): honest answers ${codes(x.honest.statusCounts)}; bots ${codes(x.bots.statusCounts)}; ` +
+        `farm ${codes(x.farm.statusCounts)}.`,
+    ]),
+  ];
+  return L;
 }
 
 function share(p: ProfileSummary | undefined, name: string): number | undefined {
@@ -296,6 +355,17 @@ export function renderReport(r: Results, analysis: string): string {
     `| 6b | Memory: relay peak RSS under load, MB | ${f0(r.pipeline?.rss.relay.peakMb)} | ${f0(r.pipeline?.rss.relay.idleMb)} MB idle | ${ratio(r.pipeline?.rss.relay.peakMb, r.pipeline?.rss.relay.idleMb)} | — | — |`,
     `| 6c | Memory: consumer peak RSS under load, MB | ${f0(r.pipeline?.rss.consumer.peakMb)} | ${f0(r.pipeline?.rss.consumer.idleMb)} MB idle | ${ratio(r.pipeline?.rss.consumer.peakMb, r.pipeline?.rss.consumer.idleMb)} | — | — |`,
   );
+  const fOff = r.fairness?.find((x) => x.shaping === 'off');
+  const fOn = r.fairness
+    ?.filter((x) => x.shaping === 'on')
+    .sort((x, y) => x.ratio - y.ratio || y.bots.worstUse - x.bots.worstUse)[0];
+  if (fOn || fOff) {
+    L.push(
+      `| 7a | Fairness: honest share of stock vs fair share, shaping on | ${f1(fOn?.honestShare)} | ${f1(fOn?.fairShare)} fair share; ${f1(fOff?.honestShare)} with shaping off | ${ratio(fOn?.honestShare, fOn?.fairShare)} | ≥ 0.9× | ${v('fairness: honest share vs fair share, shaping on')} |`,
+      `| 7b | Fairness: honest p99 latency under the flood, ms | ${f0(fOn?.honest.p99Ms)} | ${f0(fOff?.honest.p99Ms)} ms with shaping off | ${ratio(fOn?.honest.p99Ms, fOff?.honest.p99Ms)} | — | — |`,
+      `| 7c | Fairness: most bot requests past the limiter, one account | ${f0(fOn?.bots.maxPassedPerAccount)} | ${f0(fOn?.bots.limit)} per window × ${f0(fOn?.bots.windows)} window(s) spanned | ${fOn ? `${fOn.bots.worstUse.toFixed(2)}×` : 'n/a'} | ≤ 1× | ${v('fairness: bot requests past the limiter per account and window, shaping on')} |`,
+    );
+  }
   const missed = targets(r).filter((x) => x.verdict === 'MISSED');
   L.push(
     '',
@@ -434,6 +504,8 @@ export function renderReport(r: Results, analysis: string): string {
     'Peak RSS = VmHWM of the role process (/proc/<pid>/status) at the end of its load phase: the api after the submit, ' +
       'sold-out and /healthz runs; relay and consumer after the pipeline and drain run.',
   );
+  const fair = renderFairness(r.fairness);
+  if (fair.length > 0) L.push('', ...fair);
   L.push('', '## Where the time goes (node --cpu-prof of the api)', '');
   if (r.profiles.submit) {
     L.push(

@@ -352,4 +352,69 @@ CREATE TABLE activity_items (
 );
 `,
   },
+  {
+    version: 7,
+    name: 'activity-skus-guard',
+    sql: `
+-- The last guard against overselling (seeds 002 and 003): each SKU's stock and buyer limit as
+-- PostgreSQL knows them, written by the operator before the cache is loaded (or, for an activity
+-- loaded some other way, seeded once from the cache by the consumer). sold = the quantity of the
+-- SKU's live (not CLOSED) orders; the consumer closes what would take it above stock in the same
+-- transaction as the order inserts (core/stock-guard.ts).
+CREATE TABLE activity_skus (
+  activity_id    text          NOT NULL,
+  sku_id         text          NOT NULL,
+  stock          integer       NOT NULL CHECK (stock >= 0),
+  limit_per_user integer       NOT NULL CHECK (limit_per_user >= 1),
+  unit_price     numeric(14,2) NOT NULL CHECK (unit_price >= 0),
+  item_name      text          NOT NULL,
+  sold           integer       NOT NULL DEFAULT 0,
+  seeded_from    text          NOT NULL CHECK (seeded_from IN ('spec', 'cache')),
+  created_at     timestamptz   NOT NULL DEFAULT now(),
+  updated_at     timestamptz   NOT NULL DEFAULT now(),
+  PRIMARY KEY (activity_id, sku_id)
+);
+
+-- sold follows every change of an order's liveness, whichever code path makes it (consumer
+-- inserts, payment-timeout and cancellation closes, gap compensation, a closed order taken back):
+-- one statement-level trigger per verb, aggregated per SKU, rows locked in (activity, sku) order
+-- so two transactions never wait on each other's SKU rows in opposite orders.
+CREATE FUNCTION activity_skus_track_sold() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+  d record;
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    FOR d IN SELECT activity_id, sku_id, sum(quantity)::int AS q FROM new_rows
+              WHERE status <> 'CLOSED' GROUP BY 1, 2 ORDER BY 1, 2 LOOP
+      UPDATE activity_skus SET sold = sold + d.q
+       WHERE activity_id = d.activity_id AND sku_id = d.sku_id;
+    END LOOP;
+  ELSIF TG_OP = 'DELETE' THEN
+    FOR d IN SELECT activity_id, sku_id, sum(quantity)::int AS q FROM old_rows
+              WHERE status <> 'CLOSED' GROUP BY 1, 2 ORDER BY 1, 2 LOOP
+      UPDATE activity_skus SET sold = sold - d.q
+       WHERE activity_id = d.activity_id AND sku_id = d.sku_id;
+    END LOOP;
+  ELSE
+    FOR d IN SELECT activity_id, sku_id, sum(q)::int AS q FROM (
+               SELECT activity_id, sku_id, quantity AS q FROM new_rows WHERE status <> 'CLOSED'
+               UNION ALL
+               SELECT activity_id, sku_id, -quantity FROM old_rows WHERE status <> 'CLOSED') x
+              GROUP BY 1, 2 HAVING sum(q) <> 0 ORDER BY 1, 2 LOOP
+      UPDATE activity_skus SET sold = sold + d.q
+       WHERE activity_id = d.activity_id AND sku_id = d.sku_id;
+    END LOOP;
+  END IF;
+  RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER orders_sold_insert AFTER INSERT ON orders REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION activity_skus_track_sold();
+CREATE TRIGGER orders_sold_update AFTER UPDATE ON orders REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION activity_skus_track_sold();
+CREATE TRIGGER orders_sold_delete AFTER DELETE ON orders REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION activity_skus_track_sold();
+-- (The guard sums a buyer's live quantity per SKU through orders_live_buyer_slot's prefix.)
+`,
+  },
 ];

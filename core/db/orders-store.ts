@@ -474,3 +474,61 @@ export async function settlementCounts(db: Queryable, activityId: string): Promi
     lastUnpaidDeadline: r.last ?? undefined,
   };
 }
+
+/** Quantity of live (not CLOSED) orders per SKU of the activity (seeds `activity_skus.sold`). */
+export async function liveQuantityBySku(
+  db: Queryable,
+  activityId: string,
+  skuIds: string[],
+): Promise<Map<string, number>> {
+  const res = await db.query<{ sku_id: string; q: string }>(
+    `SELECT sku_id, coalesce(sum(quantity), 0)::text AS q FROM orders
+      WHERE activity_id = $1 AND sku_id = ANY($2::text[]) AND status <> 'CLOSED' GROUP BY sku_id`,
+    [activityId, skuIds],
+  );
+  return new Map(res.rows.map((r) => [r.sku_id, Number(r.q)]));
+}
+
+/** Key of a (buyer, sku) pair in `liveQuantityOfBuyers`' answer. */
+export function buyerSkuKey(userId: string, skuId: string): string {
+  return `${userId}\n${skuId}`;
+}
+
+/**
+ * Quantity of live orders each (buyer, sku) pair holds, as this transaction sees it (its own
+ * inserts included). Keyed by `buyerSkuKey`.
+ */
+export async function liveQuantityOfBuyers(
+  db: Queryable,
+  activityId: string,
+  pairs: { userId: string; skuId: string }[],
+): Promise<Map<string, number>> {
+  if (pairs.length === 0) return new Map();
+  const res = await db.query<{ user_id: string; sku_id: string; q: string }>(
+    `SELECT o.user_id, o.sku_id, sum(o.quantity)::text AS q
+       FROM orders o JOIN unnest($2::text[], $3::text[]) AS b(u, s) ON o.user_id = b.u AND o.sku_id = b.s
+      WHERE o.activity_id = $1 AND o.status <> 'CLOSED'
+      GROUP BY o.user_id, o.sku_id`,
+    [activityId, pairs.map((p) => p.userId), pairs.map((p) => p.skuId)],
+  );
+  return new Map(res.rows.map((r) => [buyerSkuKey(r.user_id, r.sku_id), Number(r.q)]));
+}
+
+/**
+ * Closes these orders if they are still UNPAID (conditional, one statement) with a reason per
+ * order; returns the rows closed by this call.
+ */
+export async function closeUnpaidOrders(
+  db: Queryable,
+  closes: { orderId: string; reason: string }[],
+): Promise<LifecycleOrderRow[]> {
+  if (closes.length === 0) return [];
+  const res = await db.query<LifecycleOrderRow>(
+    `UPDATE orders SET status = 'CLOSED', closed_at = now(), close_reason = c.close_as
+       FROM unnest($1::bigint[], $2::text[]) AS c(close_id, close_as)
+      WHERE id = c.close_id AND status = 'UNPAID'
+      RETURNING ${LIFECYCLE_COLUMNS}`,
+    [closes.map((c) => c.orderId), closes.map((c) => c.reason)],
+  );
+  return res.rows;
+}

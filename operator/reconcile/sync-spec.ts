@@ -9,6 +9,8 @@
 import { loadActivity } from '../../core/activity-cache.js';
 import { recordActivityItems } from '../../core/db/activity-items-store.js';
 import { registerActivity } from '../../core/db/activity-registry-store.js';
+import { recordActivitySkus } from '../../core/db/activity-skus-store.js';
+import { liveQuantityBySku } from '../../core/db/orders-store.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { readLoadedDefinition } from '../../core/loaded-definition.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
@@ -16,6 +18,7 @@ import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE } from './context.js';
 import { buildDefinition, diffDefinition } from './definition.js';
 import { resolveItems } from './resolve-items.js';
+import { syncTrafficPolicy } from './traffic-policy.js';
 
 export type SyncOutcome =
   | { kind: 'loaded'; first: boolean; changes: string[] }
@@ -52,6 +55,17 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
   // PostgreSQL first: once an item is in the cache, orders for it can reach the consumer, which
   // refuses orders for items it cannot find (a crash in between just repeats both, idempotently).
   await recordActivityItems(ctx.deps.pool, ctx.activityId, desired.generation, desired.items);
+  // PostgreSQL learns each SKU's stock and limit before Redis can sell it: the consumer's stock
+  // guard (core/stock-guard.ts) holds every order to these rows. Stock only grows here too.
+  const { pool } = ctx.deps;
+  const skuIds = desired.items.map((i) => i.skuId);
+  await recordActivitySkus(
+    pool,
+    ctx.activityId,
+    desired.items,
+    'spec',
+    await liveQuantityBySku(pool, ctx.activityId, skuIds),
+  );
   try {
     await loadActivity(redis, desired);
   } catch (err) {
@@ -85,6 +99,7 @@ export async function recordCache(ctx: ReconcileContext): Promise<void> {
 export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.deleting) return CONTINUE;
   if (ctx.phase !== Phase.Ready && ctx.phase !== Phase.Active) return CONTINUE;
+  await syncTrafficPolicy(ctx);
   if (ctx.status.cache?.syncedGeneration === ctx.generation) return CONTINUE;
   ctx.requireOwnership();
   const outcome = await syncCache(ctx, ctx.phase);

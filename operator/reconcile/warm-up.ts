@@ -10,6 +10,7 @@ import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { recordCache, syncCache } from './sync-spec.js';
+import { syncTrafficPolicy } from './traffic-policy.js';
 
 /**
  * Records the activity's sale window in PostgreSQL (activity_registry), so the platform after-sale
@@ -83,6 +84,8 @@ export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
     };
     await ctx.event('Warning', EventReason.SpecChangeRefused, outcome.message);
   }
+  // Before Ready, so the api replicas find the activity's limits and eligibility rules in place.
+  await syncTrafficPolicy(ctx);
   crashPoint('operator-after-load');
   await recordCache(ctx);
   const c = ctx.status.cache;

@@ -13,8 +13,14 @@ import type { AuthConfig } from './auth.js';
 import { ordersRouter } from './orders-routes.js';
 import type { OrdersDeps } from './orders-routes.js';
 import { problemHandler, sendProblem } from './problem.js';
+import type { AdmissionControl } from './admission.js';
+import { PolicyCache } from './policy-cache.js';
+import { rateLimitStages } from './rate-limit.js';
+import { registrationRouter } from './registration-routes.js';
 
-export interface ApiOptions extends ServiceAppOptions, OrdersDeps {
+export interface ApiOptions extends ServiceAppOptions, Omit<OrdersDeps, 'policies'> {
+  /** Traffic policies per activity; by default read from Redis every second. */
+  policies?: PolicyCache;
   auth: AuthConfig;
   bodyLimit: string;
   logger: Logger;
@@ -22,6 +28,10 @@ export interface ApiOptions extends ServiceAppOptions, OrdersDeps {
   extraRouters?: express.Router[];
   /** Routers mounted without buyer authentication (e.g. signed payment notifications). */
   publicRouters?: express.Router[];
+  /** Load shedding; mounted after the health and metrics routes so they stay answerable. */
+  admission?: AdmissionControl;
+  /** Express `trust proxy`: which proxy hops may name the client address (docs/operator.md). */
+  trustProxy?: boolean | number | string[];
 }
 
 function findOpenApi(): string | undefined {
@@ -38,6 +48,8 @@ function findOpenApi(): string | undefined {
 
 export async function createApiApp(opts: ApiOptions): Promise<Express> {
   const app = createServiceApp(opts);
+  if (opts.trustProxy !== undefined) app.set('trust proxy', opts.trustProxy);
+  if (opts.admission) app.use(opts.admission.middleware());
   const openapiPath = findOpenApi();
   const openapi = openapiPath ? readFileSync(openapiPath, 'utf8') : undefined;
   app.get('/openapi.yaml', (_req, res) => {
@@ -62,9 +74,14 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
     }
     next();
   });
+  const deps = { ...opts, policies: opts.policies ?? new PolicyCache(opts.redis, 1000, opts.logger) };
+  const limits = rateLimitStages(deps);
+  app.use(limits.beforeAuth);
   app.use('/v1', express.json({ limit: opts.bodyLimit, strict: true }));
   app.use('/v1', await bearerAuth(opts.auth));
-  app.use(ordersRouter(opts));
+  app.use(limits.afterAuth);
+  app.use(ordersRouter(deps));
+  app.use(registrationRouter(opts));
   for (const r of opts.extraRouters ?? []) app.use(r);
   app.use((_req, res) => {
     sendProblem(res, 'NOT_FOUND', 'no such route');

@@ -8,6 +8,8 @@ import type { Pool } from '../../core/db/pool.js';
 import { UNKNOWN_ACTIVITY_LABEL } from '../../core/metrics.js';
 import type { Metrics } from '../../core/metrics.js';
 import { answerUnloadedSubmission, lookupOrder } from '../../core/order-view.js';
+import { localAck } from '../../core/durable-ack.js';
+import type { ReservationAck } from '../../core/durable-ack.js';
 import { reservationExists, reservationIdFor, reserve } from '../../core/reservations.js';
 import { crashPoint } from '../../core/crash.js';
 import type { RedisClient } from '../../core/scripts.js';
@@ -21,6 +23,7 @@ import {
 } from './schemas.js';
 import { sendProblem } from './problem.js';
 import type { SoldOutFlags } from './sold-out.js';
+import type { PolicyCache } from './policy-cache.js';
 
 export interface OrdersDeps {
   redis: RedisClient;
@@ -30,6 +33,10 @@ export interface OrdersDeps {
   /** When set, this api serves only this activity. */
   activityId: string | undefined;
   orderCodeTtlSeconds: number;
+  /** When a reservation counts as acknowledged (core/durable-ack.ts); default: on the primary. */
+  reservationAck?: ReservationAck | undefined;
+  /** The activities' traffic policies (rate limits, eligibility; core/traffic-policy.ts). */
+  policies: PolicyCache;
 }
 
 const resultLabel: Partial<Record<ErrorCode, string>> = {
@@ -43,6 +50,10 @@ const resultLabel: Partial<Record<ErrorCode, string>> = {
   CANCELLED: 'cancelled',
   IDEMPOTENCY_CONFLICT: 'idempotency_conflict',
   NOT_FOUND: 'unknown_activity',
+  NOT_LOADED: 'not_started',
+  NOT_REPLICATED: 'not_replicated',
+  BUYER_DENIED: 'denied',
+  NOT_REGISTERED: 'not_registered',
 };
 
 export function ordersRouter(deps: OrdersDeps): Router {
@@ -77,14 +88,21 @@ export function ordersRouter(deps: OrdersDeps): Router {
         orderCode: body.orderCode,
       });
       crashPoint('api-after-reserve');
-      deps.metrics.reservations.inc({
-        activity: activityId,
-        result: outcome.kind === 'reserved' ? 'ok' : 'duplicate',
-      });
       const status =
         outcome.kind === 'reserved' || outcome.state === 'RESERVED' || outcome.state === 'PAID'
           ? 'QUEUED'
           : 'FAILED';
+      if (status === 'QUEUED') {
+        await (deps.reservationAck ?? localAck).confirm(
+          activityId,
+          outcome.reservationId,
+          outcome.kind === 'replayed',
+        );
+      }
+      deps.metrics.reservations.inc({
+        activity: activityId,
+        result: outcome.kind === 'reserved' ? 'ok' : 'duplicate',
+      });
       // Written directly: res.location() / res.json() / res.send() add nothing here (the ids come
       // from safe alphabets, there is no ETag and no content negotiation).
       const payload = JSON.stringify({
@@ -162,12 +180,14 @@ export function ordersRouter(deps: OrdersDeps): Router {
     if (!meta) throw new FlashSaleError('UNKNOWN_ACTIVITY');
     if (!meta.requireOrderCode) throw new FlashSaleError('ORDER_CODES_DISABLED');
     if (!(await skuExists(deps.redis, activityId, body.skuId))) throw new FlashSaleError('UNKNOWN_SKU');
+    const policy = await deps.policies.get(activityId);
     const code = await issueOrderCode(
       deps.redis,
       activityId,
       res.locals.userId as string,
       body.skuId,
       deps.orderCodeTtlSeconds,
+      policy.eligibility.orderCodesPerBuyerPerSku,
     );
     res.status(201).json({ orderCode: code, expiresInSeconds: deps.orderCodeTtlSeconds });
   });

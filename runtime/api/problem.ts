@@ -25,7 +25,7 @@ export function sendProblem(
 }
 
 /** Fields of FlashSaleError.extra a client may see; anything else (script data) stays inside. */
-const PUBLIC_EXTRAS = ['errors'] as const;
+const PUBLIC_EXTRAS = ['errors', 'reservationId'] as const;
 
 /** Body-parser and framework errors carry a `type` / `status`; map them to stable codes. */
 function frameworkCode(err: { type?: string; status?: number }): ErrorCode | undefined {

@@ -39,6 +39,8 @@ import type { Metrics } from '../../core/metrics.js';
 import type { OrderMessage } from '../../core/model.js';
 import { release, reservationIdFor } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
+import { StockGuard } from '../../core/stock-guard.js';
+import type { GuardedOrder } from '../../core/stock-guard.js';
 
 const orderMessage = z.object({
   reservationId: z.string().min(1).max(64),
@@ -114,6 +116,11 @@ export function refusalOf(o: OrderMessage, item: ActivityItem | undefined): [str
   return undefined;
 }
 
+/** What the consumer can do right now (its /readyz reports it). */
+export type ConsumerState = 'starting' | 'joining' | 'consuming' | 'restarting' | 'stopped';
+
+type GuardedOutcome = InsertOutcome & { guarded: GuardedOrder[] };
+
 interface Parsed {
   message: KafkaMessage;
   order?: OrderMessage;
@@ -128,22 +135,43 @@ export class OrderConsumer {
 
   private consumer: Consumer | undefined;
   private stopped = false;
+  private state: ConsumerState = 'starting';
   private restartTimer: NodeJS.Timeout | undefined;
   /** Restarts in a row that failed to get going; resets once a batch was processed. */
   private restarts = 0;
 
-  constructor(private readonly o: ConsumerOptions) {}
+  /** The PostgreSQL stock and buyer-limit guard, applied in every insert transaction. */
+  private readonly guard: StockGuard;
+
+  constructor(private readonly o: ConsumerOptions) {
+    this.guard = new StockGuard(o);
+  }
 
   async start(): Promise<void> {
     await this.o.dlqProducer.connect();
     await this.run();
   }
 
+  /** 'consuming' once the group assigned partitions; 'joining' while (re)joining the group. */
+  status(): ConsumerState {
+    return this.state;
+  }
+
   private async run(): Promise<void> {
     const consumer = this.o.createConsumer();
     this.consumer = consumer;
+    this.state = 'joining';
+    const mine = (): boolean => this.consumer === consumer && !this.stopped;
+    consumer.on(consumer.events.GROUP_JOIN, () => {
+      if (mine()) this.state = 'consuming';
+    });
+    consumer.on(consumer.events.REBALANCING, () => {
+      if (mine()) this.state = 'joining';
+    });
     consumer.on(consumer.events.CRASH, (e) => {
-      if (e.payload.restart || this.stopped || this.consumer !== consumer) return;
+      if (!mine()) return;
+      this.state = 'restarting';
+      if (e.payload.restart) return;
       this.scheduleRestart(e.payload.error);
     });
     await consumer.connect();
@@ -186,6 +214,7 @@ export class OrderConsumer {
   /** kafkajs finishes the batch in flight before disconnecting. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.state = 'stopped';
     if (this.restartTimer) clearTimeout(this.restartTimer);
     await this.consumer?.disconnect();
     await this.o.dlqProducer.disconnect();
@@ -348,7 +377,8 @@ export class OrderConsumer {
     );
   }
 
-  private async insert(orders: OrderMessage[]): Promise<InsertOutcome> {
+  private async insert(orders: OrderMessage[]): Promise<GuardedOutcome> {
+    await this.guard.prepare(orders);
     const client = await this.o.pool.connect();
     try {
       await client.query('BEGIN');
@@ -365,10 +395,11 @@ export class OrderConsumer {
           traceId: byRid.get(rid)?.traceId ?? '',
         })),
       );
+      const guarded = await this.guard.enforce(client, orders, outcome.inserted);
       crashPoint('consumer-before-db-commit');
       await client.query('COMMIT');
       crashPoint('consumer-after-db-commit');
-      return outcome;
+      return { ...outcome, guarded };
     } catch (err) {
       await client.query('ROLLBACK').catch(() => undefined);
       throw err;
@@ -377,18 +408,21 @@ export class OrderConsumer {
     }
   }
 
-  private async afterCommit(orders: OrderMessage[], outcome: InsertOutcome): Promise<void> {
+  private async afterCommit(orders: OrderMessage[], outcome: GuardedOutcome): Promise<void> {
     if (outcome.inserted.size > 0)
       this.o.metrics.orders.inc({ activity: this.o.activityId, status: 'UNPAID' }, outcome.inserted.size);
     const byRid = new Map(orders.map((o) => [o.reservationId, o]));
+    const guarded = new Map(outcome.guarded.map((g) => [g.order.reservationId, g.reason]));
     const results: StoredResult[] = [];
     for (const [rid, orderId] of outcome.inserted) {
+      const reason = guarded.get(rid);
       results.push({
         reservationId: rid,
         userId: byRid.get(rid)!.userId,
-        result: { status: 'CREATED', orderId },
+        result: reason ? { status: 'FAILED', reason } : { status: 'CREATED', orderId },
       });
     }
+    await this.guard.compensate(outcome.guarded);
     for (const [rid, row] of outcome.existing) {
       const result =
         row.status === 'CLOSED'

@@ -3,7 +3,9 @@
 # writes STATE_DIR/env.sh (shell exports) and STATE_DIR/env.json (for the tests).
 # A server the user already runs is used instead when its variable is set:
 #   DATABASE_URL, REDIS_URL, KAFKA_BROKERS, KUBECONFIG (or KUBEBUILDER_ASSETS for binaries).
-# Usage: env-up.sh [STATE_DIR]    FLASHSALE_SERVICES="postgres redis kafka kube" limits the set.
+# Usage: env-up.sh [STATE_DIR]    FLASHSALE_SERVICES="postgres redis kafka kube" limits the set;
+# add redis-sentinel for an HA Redis (primary, replica, three Sentinels; start-redis-sentinel.sh),
+# or give one through REDIS_SENTINELS (+ REDIS_SENTINEL_MASTER).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib.sh
@@ -25,6 +27,8 @@ declare -A given=(
   [redis]="${REDIS_URL:+REDIS_URL=$REDIS_URL}"
   [kafka]="${KAFKA_BROKERS:+KAFKA_BROKERS=$KAFKA_BROKERS}"
   [kube]="${KUBECONFIG:+KUBECONFIG=$KUBECONFIG}"
+  [redis-sentinel]="${REDIS_SENTINELS:+REDIS_SENTINELS=$REDIS_SENTINELS}${REDIS_SENTINELS:+
+REDIS_SENTINEL_MASTER=${REDIS_SENTINEL_MASTER:-flashsale}}"
 )
 declare -A jobs=()
 elapsed() { local d=$(( ($(date +%s%N) - $1) / 100000000 )); echo "$((d / 10)).$((d % 10))"; }

@@ -154,19 +154,25 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
       await p.kill();
       throw err;
     }
-    // The consumer is "ready" before it joined its group; wait for the join so tests are not
-    // racing the group's first rebalance.
+    // A consumer answers 200 only once it is a member of its group (runtime/main.ts), so tests
+    // do not race the group's first rebalance.
   }
   return p;
 }
 
-export async function tokenFor(userId: string, secret = JWT_SECRET): Promise<string> {
-  return new SignJWT({})
+export async function tokenFor(
+  userId: string,
+  secret = JWT_SECRET,
+  claims: { issuer?: string; audience?: string } = {},
+): Promise<string> {
+  const jwt = new SignJWT({})
     .setProtectedHeader({ alg: 'HS256' })
     .setSubject(userId)
     .setIssuedAt()
-    .setExpirationTime('1h')
-    .sign(new TextEncoder().encode(secret));
+    .setExpirationTime('1h');
+  if (claims.issuer) jwt.setIssuer(claims.issuer);
+  if (claims.audience) jwt.setAudience(claims.audience);
+  return jwt.sign(new TextEncoder().encode(secret));
 }
 
 export interface TestActivity {

@@ -44,6 +44,12 @@ const roleStatus = {
   properties: { deployment: str(false), replicas: int(false), readyReplicas: int(false) },
 } as const;
 
+const rateLimit = {
+  type: 'object',
+  required: false,
+  properties: { requests: int(true), perSeconds: int(true) },
+} as const;
+
 export const specMirror: Mirror<FlashSaleActivitySpec> = {
   activityId: str(false),
   schedule: {
@@ -74,6 +80,24 @@ export const specMirror: Mirror<FlashSaleActivitySpec> = {
   requireOrderCode: bool(true),
   reopenOnRelease: bool(true),
   paused: bool(true),
+  trafficShaping: {
+    type: 'object',
+    required: false,
+    properties: { enabled: bool(false), perBuyer: rateLimit, perAddress: rateLimit },
+  },
+  eligibility: {
+    type: 'object',
+    required: false,
+    properties: {
+      preRegistration: bool(false),
+      orderCodesPerBuyerPerSku: int(false),
+      denyListRef: {
+        type: 'object',
+        required: false,
+        properties: { name: str(true), key: str(true) },
+      },
+    },
+  },
   runtime: {
     type: 'object',
     required: true,

@@ -79,6 +79,7 @@ export const Reason = {
   DrainTimedOut: 'DrainTimedOut',
   SpecChangeRefused: 'SpecChangeRefused',
   CleanupBlocked: 'CleanupBlocked',
+  DenyListUnavailable: 'DenyListUnavailable',
   ReconcileError: 'ReconcileError',
   /** spec.runtime.image is not one the operator allows (RUNTIME_IMAGE, RUNTIME_ALLOWED_IMAGES). */
   ImageNotAllowed: 'ImageNotAllowed',
@@ -158,6 +159,25 @@ export interface RuntimeSpec {
 
 export type CleanupPolicy = 'Delete' | 'Retain';
 
+export interface RateLimitSpec {
+  requests: number;
+  perSeconds: number;
+}
+
+/** Fields left out take the operator's defaults (docs/operator.md "Traffic shaping and eligibility"). */
+export interface TrafficShapingSpec {
+  enabled?: boolean;
+  perBuyer?: RateLimitSpec;
+  perAddress?: RateLimitSpec;
+}
+
+export interface EligibilitySpec {
+  preRegistration?: boolean;
+  orderCodesPerBuyerPerSku?: number;
+  /** A ConfigMap (same namespace) listing denied buyer ids under `key`. */
+  denyListRef?: { name: string; key: string };
+}
+
 export interface FlashSaleActivitySpec {
   activityId?: string;
   schedule: Schedule;
@@ -166,6 +186,8 @@ export interface FlashSaleActivitySpec {
   requireOrderCode: boolean;
   reopenOnRelease: boolean;
   paused: boolean;
+  trafficShaping?: TrafficShapingSpec;
+  eligibility?: EligibilitySpec;
   runtime: RuntimeSpec;
   payment: { timeout: string };
   drain: { timeout: string };

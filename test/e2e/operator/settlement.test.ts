@@ -17,6 +17,8 @@ import { Phase } from '../../../operator/api/v1alpha1/types.js';
 import { signNotification } from '../../../runtime/payments/hmac-provider.js';
 import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';
+import { startFakeProvider } from '../../helpers/fake-provider.js';
+import type { FakeProvider } from '../../helpers/fake-provider.js';
 import { JWT_SECRET, startRole, tokenFor } from '../../helpers/runtime.js';
 import type { RoleProcess } from '../../helpers/runtime.js';
 import {
@@ -53,7 +55,10 @@ interface EnvVar {
 }
 
 /** The chart's after-sale container, rendered with this test's connection settings. */
-function renderAfterSale(o: { databaseUrl: string; port: number }): {
+/** The buyer tokens' issuer and audience the chart requires (runtime.jwt.issuer / audience). */
+const TOKEN_CLAIMS = { issuer: 'https://login.shop.example/', audience: 'flashsale-buyers' };
+
+function renderAfterSale(o: { databaseUrl: string; port: number; refundUrl: string }): {
   command: string[];
   env: Record<string, string>;
 } {
@@ -67,7 +72,10 @@ function renderAfterSale(o: { databaseUrl: string; port: number }): {
         `runtime.redis.url=${env.redisUrl}`,
         `runtime.kafka.brokers={${env.kafkaBrokers.join(',')}}`,
         `runtime.jwt.hs256Secret=${JWT_SECRET}`,
+        `runtime.jwt.issuer=${TOKEN_CLAIMS.issuer}`,
+        `runtime.jwt.audience=${TOKEN_CLAIMS.audience}`,
         `runtime.payment.hmacSecret=${PAY_SECRET}`,
+        `runtime.payment.refundUrl=${o.refundUrl}`,
         'runtime.payment.appId=fs-app',
         'runtime.payment.merchantId=fs-merchant',
         `runtime.httpPort=${o.port}`,
@@ -76,6 +84,13 @@ function renderAfterSale(o: { databaseUrl: string; port: number }): {
         'afterSale.stockSettleGraceSeconds=1',
         'afterSale.signatureToleranceSeconds=5',
         'afterSale.logLevel=warn',
+        // The refund worker retries every second or two (the provider is down at first).
+        'afterSale.extraEnv[0].name=REFUND_WORKER_CRON',
+        'afterSale.extraEnv[0].value=* * * * * *',
+        'afterSale.extraEnv[1].name=REFUND_RETRY_BASE_SECONDS',
+        'afterSale.extraEnv[1].value=1',
+        'afterSale.extraEnv[2].name=REFUND_RETRY_MAX_SECONDS',
+        'afterSale.extraEnv[2].value=2',
       ],
     ),
   );
@@ -89,7 +104,7 @@ function renderAfterSale(o: { databaseUrl: string; port: number }): {
   const secretName = container.envFrom[0]!.secretRef.name;
   const secret = objects.find((x) => x.kind === 'Secret' && x.metadata.name === secretName);
   const fromSecret = (secret?.stringData ?? {}) as Record<string, string>;
-  const fromEnv = Object.fromEntries(container.env.map((e) => [e.name, e.value ?? '']));
+  const fromEnv = Object.fromEntries(container.env.map((e) => [e.name, String(e.value ?? '')]));
   return { command: [...container.command, ...container.args], env: { ...fromSecret, ...fromEnv } };
 }
 
@@ -104,6 +119,7 @@ describe('operator + after-sale role: an activity is Completed only once its ord
   let afterSale: ChildProcess | undefined;
   let afterSaleOut = '';
   let recorder: Recorder;
+  let provider: FakeProvider | undefined;
   const activityId = uniqueId('settle');
   const name = 'singles-day';
 
@@ -133,6 +149,7 @@ describe('operator + after-sale role: an activity is Completed only once its ord
 
   afterAll(async () => {
     recorder?.stop();
+    await provider?.close();
     await sale?.stop();
     if (afterSale && afterSale.exitCode === null) {
       afterSale.kill('SIGTERM');
@@ -201,7 +218,10 @@ describe('operator + after-sale role: an activity is Completed only once its ord
       await sale!.stop();
       sale = undefined;
       const port = await freePort();
-      const declaredAfterSale = renderAfterSale({ databaseUrl: db.url, port });
+      // The payment provider, down at first: the duplicate trade's refund is retried until it is up.
+      provider = await startFakeProvider({ secret: PAY_SECRET });
+      provider.mode = 'fail';
+      const declaredAfterSale = renderAfterSale({ databaseUrl: db.url, port, refundUrl: provider.refundUrl });
       expect(declaredAfterSale.command.slice(1)).toEqual(['dist/runtime/main.js', 'after-sale']);
       expect(declaredAfterSale.env).not.toHaveProperty('ACTIVITY_ID');
       afterSale = spawn(process.execPath, declaredAfterSale.command.slice(1), {
@@ -311,19 +331,18 @@ describe('operator + after-sale role: an activity is Completed only once its ord
         expect([role, d.spec?.replicas]).toEqual([role, 1]);
       }
 
-      // Stand-in for the refund worker and its payment states (built separately): the duplicate
-      // trade's money goes back, which is the last thing this activity waits for.
-      await pg.query(`ALTER TABLE payments DROP CONSTRAINT IF EXISTS payments_state_check`);
-      await pg.query(
-        `ALTER TABLE payments DROP CONSTRAINT IF EXISTS payments_check,
-           ADD CONSTRAINT payments_state_check CHECK (state IN ('RECEIVED','APPLIED','REFUND_PENDING','REFUNDED'))`,
+      // The provider is back: the refund worker returns the duplicate trade's money (the last
+      // thing this activity waits for), exactly once.
+      const down = provider;
+      await waitFor('the refund worker tried the provider while it was down', async () =>
+        down.calls.size > 0 ? true : undefined,
       );
-      await pg.query(
-        `UPDATE payments SET state = 'REFUNDED' WHERE trade_no = 'trade-dup-2' AND state = 'REFUND_PENDING'`,
-      );
+      expect(down.executed.size).toBe(0);
+      down.mode = 'ok';
 
       const done = await waitForPhase(a, ns.namespace, name, Phase.Completed, 60_000);
       expect(done.status?.settlement).toMatchObject({ unsettled: 0, paid: 3, closed: 3, refundPending: 0 });
+      expect([...down.executed.values()].map((r) => r.tradeNo)).toEqual(['trade-dup-2']);
       expect(new Date(done.status?.timestamps?.completed ?? 0).getTime()).toBeGreaterThanOrEqual(
         new Date(done.status?.timestamps?.settling ?? 0).getTime(),
       );
@@ -349,7 +368,7 @@ describe('operator + after-sale role: an activity is Completed only once its ord
         const r = await fetch(`${url}${path}`, {
           method,
           headers: {
-            authorization: `Bearer ${await tokenFor(user)}`,
+            authorization: `Bearer ${await tokenFor(user, JWT_SECRET, TOKEN_CLAIMS)}`,
             ...(body ? { 'content-type': 'application/json' } : {}),
           },
           ...(body ? { body: JSON.stringify(body) } : {}),

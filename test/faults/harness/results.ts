@@ -10,6 +10,8 @@ export interface RunRecord {
   ms: number;
   detail?: string;
   violations?: Violation[];
+  /** Measured figures shown in the report (latencies, shares). */
+  figures?: Record<string, number | string>;
 }
 
 export function recordRun(r: RunRecord): void {
@@ -18,16 +20,23 @@ export function recordRun(r: RunRecord): void {
   appendFileSync(file, `${JSON.stringify(r)}\n`);
 }
 
-/** Runs fn, records pass/fail with its duration, and rethrows a failure. */
+/** Runs fn, records pass/fail with its duration (and figures of a pass), and rethrows a failure. */
 export async function recorded<T>(
   scenario: string,
   seed: number | undefined,
   fn: () => Promise<T>,
+  figuresOf?: (v: T) => Record<string, number | string>,
 ): Promise<T> {
   const t0 = Date.now();
   try {
     const v = await fn();
-    recordRun({ scenario, ...(seed !== undefined ? { seed } : {}), outcome: 'pass', ms: Date.now() - t0 });
+    recordRun({
+      scenario,
+      ...(seed !== undefined ? { seed } : {}),
+      outcome: 'pass',
+      ms: Date.now() - t0,
+      ...(figuresOf ? { figures: figuresOf(v) } : {}),
+    });
     return v;
   } catch (err) {
     recordRun({

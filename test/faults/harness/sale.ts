@@ -5,13 +5,15 @@
 import { mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import pg from 'pg';
 import { loadActivity, setGate } from '../../../core/activity-cache.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import type { CatalogItem } from '../../../core/model.js';
 import { activityKeys } from '../../../core/keys.js';
+import { createRedis } from '../../../core/redis.js';
+import type { RedisConnection } from '../../../core/redis.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { httpClient, startRole, tokenFor } from '../../helpers/runtime.js';
 import type { RoleProcess } from '../../helpers/runtime.js';
@@ -26,6 +28,13 @@ export interface Servers {
   databaseUrl: string;
   redisUrl: string;
   kafkaBrokers: string[];
+  /** A Sentinel-managed Redis (window 12): used instead of redisUrl by the roles and the checks. */
+  sentinel?: Required<Pick<RedisConnection, 'sentinels' | 'sentinelMaster'>>;
+}
+
+/** A client of the servers' Redis (through Sentinel when there is one). */
+export function redisOf(servers: Servers, options: { maxRetriesPerRequest?: number } = {}): Redis {
+  return createRedis({ url: servers.redisUrl, ...servers.sentinel }, options);
 }
 
 export function sleep(ms: number): Promise<void> {
@@ -49,7 +58,7 @@ export async function prepareActivity(servers: Servers, id: string, items: Catal
   } finally {
     await sql.end();
   }
-  const redis = new Redis(servers.redisUrl);
+  const redis = redisOf(servers);
   try {
     const now = Date.now();
     await loadActivity(redis, {
@@ -72,6 +81,8 @@ export interface SaleOptions {
   activityId: string;
   /** Extra environment per role (crash points). A restarted role never gets it again. */
   roleEnv?: Partial<Record<RoleName, Record<string, string>>>;
+  /** Extra environment of every role and every incarnation (settings under test). */
+  env?: Record<string, string>;
 }
 
 /** The three roles of one activity, restarted when they die (any signal or exit) until stop(). */
@@ -93,6 +104,12 @@ export class Sale {
     const s = this.options.servers;
     return {
       REDIS_URL: s.redisUrl,
+      ...(s.sentinel
+        ? {
+            REDIS_SENTINELS: s.sentinel.sentinels.map((x) => `${x.host}:${x.port}`).join(','),
+            REDIS_SENTINEL_MASTER: s.sentinel.sentinelMaster,
+          }
+        : {}),
       KAFKA_BROKERS: s.kafkaBrokers.join(','),
       // A stable relay name: a restarted relay picks up its own pending entries at once.
       RELAY_CONSUMER_NAME: 'relay-0',
@@ -101,6 +118,7 @@ export class Sale {
       // The order-gap repair job is a safety net that re-publishes lost half messages; off here so
       // that the primary path alone must be exactly-once (a lost message shows as order gap).
       ORDER_GAP_REPAIR: 'false',
+      ...this.options.env,
       ...extra,
     };
   }
@@ -255,7 +273,7 @@ export async function recoverAndCheck(
   activityId: string,
   timeoutMs = 120_000,
 ): Promise<Recovery> {
-  const redis = new Redis(servers.redisUrl, { maxRetriesPerRequest: 3 });
+  const redis = redisOf(servers, { maxRetriesPerRequest: 3 });
   registerScripts(redis);
   const sql = new pg.Pool({ connectionString: servers.databaseUrl, max: 2 });
   try {

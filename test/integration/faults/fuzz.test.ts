@@ -12,6 +12,7 @@ import pg from 'pg';
 import { parse } from 'yaml';
 import { registerActivity } from '../../../core/db/activity-registry-store.js';
 import { activityKeys } from '../../../core/keys.js';
+import { DEFAULT_TRAFFIC_POLICY, writeTrafficPolicy } from '../../../core/traffic-policy.js';
 import { signNotification } from '../../../runtime/payments/hmac-provider.js';
 import { prepareActivity } from '../../faults/harness/sale.js';
 import { freshDatabase, isApiError, kubeConfigFor, testEnv, uniqueId } from '../../helpers/env.js';
@@ -21,15 +22,19 @@ import type { RoleProcess } from '../../helpers/runtime.js';
 
 const SCALE = Number(process.env.FAULT_FUZZ_RUNS ?? '1');
 
-/** Every key of the activity with its full content, for a before/after comparison. */
+/**
+ * Every key of the activity with its full content, for a before/after comparison; except the rate
+ * limiters' counters, which count requests (refused ones too) and are not state of the sale.
+ */
 async function snapshot(redis: Redis, activityId: string): Promise<string> {
   const k = activityKeys(activityId);
+  const limiters = k.rateLimitPrefix('buyer').replace(/buyer$/, '');
   const keys: string[] = [];
   let cursor = '0';
   do {
     const [next, batch] = await redis.scan(cursor, 'MATCH', k.scanPattern, 'COUNT', 500);
     cursor = next;
-    keys.push(...batch);
+    keys.push(...batch.filter((key) => !key.startsWith(limiters)));
   } while (cursor !== '0');
   const out: Record<string, unknown> = {};
   for (const key of keys.sort()) {
@@ -66,6 +71,10 @@ describe('fuzzing the buyer HTTP API (real api process)', () => {
       activityId,
       databaseUrl: db.url,
       env: {
+        // X-Forwarded-For is believed (one hop), so hostile values of it reach the address limiter.
+        API_TRUST_PROXY: '1',
+        // The traffic policy the last test writes is read again on every request (no 1 s cache).
+        API_POLICY_REFRESH_MS: '0',
         PAYMENT_HMAC_SECRET: 'fuzz-payment-secret-0123456789abcdef',
         PAYMENT_HMAC_APP_ID: 'fuzz-app',
         PAYMENT_HMAC_MERCHANT_ID: 'fuzz-merchant',
@@ -136,12 +145,18 @@ describe('fuzzing the buyer HTTP API (real api process)', () => {
   test('hostile order submissions: 4xx, never 5xx, nothing reserved', async () => {
     const before = await snapshot(redis, activityId);
     const seen = new Map<number, number>();
+    // A buyer per run: one buyer's thousand submissions would mostly meet the per-buyer rate limit
+    // (429, also a 4xx) instead of the validation this property is about.
+    let run = 0;
     await fc.assert(
       fc.asyncProperty(hostileBody, fc.boolean(), async (body, asText) => {
         const r = await http.raw(orders(), {
           method: 'POST',
           body: asText ? String(JSON.stringify(body) ?? '') : JSON.stringify({ wrapped: body }),
-          headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+          headers: {
+            'content-type': 'application/json',
+            authorization: `Bearer ${await tokenFor(`fuzz-buyer-${(run += 1)}`)}`,
+          },
         });
         seen.set(r.status, (seen.get(r.status) ?? 0) + 1);
         return r.status >= 400 && r.status < 500;
@@ -325,6 +340,69 @@ describe('fuzzing the buyer HTTP API (real api process)', () => {
     );
     expect(await state()).toBe(before);
     expect(await snapshot(redis, activityId)).toBe(redisBefore);
+  });
+
+  test('hostile client addresses, registrations and order-code requests: 4xx, never 5xx, no state change', async () => {
+    // The per-address limit on, so every hostile X-Forwarded-For value becomes a limiter key.
+    await writeTrafficPolicy(redis, activityId, {
+      ...DEFAULT_TRAFFIC_POLICY,
+      shaping: { ...DEFAULT_TRAFFIC_POLICY.shaping, perAddress: { requests: 5, perSeconds: 60 } },
+    });
+    const before = await snapshot(redis, activityId);
+    const base = `${api.url}/v1/activities/${activityId}`;
+    const forwarded = fc.oneof(
+      fc.string({ maxLength: 200 }),
+      fc.constant(''),
+      fc.constant(','),
+      fc.constant('fs:{x}:*'),
+      fc.constant('1.2.3.4, {other}, ::1'),
+      fc.ipV4(),
+      fc.ipV6(),
+      fc.array(fc.oneof(fc.ipV4(), fc.string({ maxLength: 20 })), { maxLength: 20 }).map((a) => a.join(', ')),
+    );
+    let run = 0;
+    await fc.assert(
+      fc.asyncProperty(
+        fc.constantFrom('orders', 'order-codes', 'registrations', 'registrations/me'),
+        fc.constantFrom('POST', 'GET', 'PUT'),
+        forwarded,
+        fc.oneof(fc.anything(), fc.record({ skuId: fc.oneof(fc.string(), fc.constant('rice')) })),
+        fc.boolean(),
+        async (route, method, xff, body, withToken) => {
+          // A valid order-code request of a valid buyer is a state change (it issues a code): the
+          // body is wrapped so it never is one.
+          const headers: Record<string, string> = { 'content-type': 'application/json' };
+          // Only what an HTTP client can send in a header value.
+          if (xff) headers['x-forwarded-for'] = xff.replace(/[^\x20-\x7e]/g, ' ');
+          if (withToken) headers.authorization = `Bearer ${await tokenFor(`fuzz-addr-${(run += 1)}`)}`;
+          const r = await http.raw(`${base}/${route}`, {
+            method,
+            ...(method === 'GET' ? {} : { body: JSON.stringify({ wrapped: body }) }),
+            headers,
+          });
+          // GET registrations/me of a real buyer is the one success this can produce.
+          return (r.status >= 400 && r.status < 500) || (r.status === 200 && route === 'registrations/me');
+        },
+      ),
+      { numRuns: 600 * SCALE },
+    );
+    expect(await snapshot(redis, activityId)).toBe(before);
+    // The address limiter was really on: a sixth submission from one address within the window is
+    // refused before authentication.
+    const fromOne = [];
+    for (let i = 0; i < 6; i += 1) {
+      fromOne.push(
+        await http.raw(`${base}/orders`, {
+          method: 'POST',
+          body: '{}',
+          headers: { 'content-type': 'application/json', 'x-forwarded-for': '198.51.100.250' },
+        }),
+      );
+    }
+    expect(fromOne.map((r) => `${r.status} ${String(r.json.code)}`)).toEqual([
+      ...Array<string>(5).fill('401 UNAUTHORIZED'),
+      '429 RATE_LIMITED',
+    ]);
   });
 });
 
@@ -535,6 +613,28 @@ describe('fuzzing the FlashSaleActivity CRD validation (real API server)', () =>
       .anything()
       .map((x) => ({ ...valid(), items: x }))
       .filter((s) => !Array.isArray(s.items) || s.items.length === 0),
+    // Traffic shaping and eligibility (docs/operator.md "Traffic shaping and eligibility").
+    fc
+      .record({
+        requests: fc.oneof(
+          fc.integer({ max: -1 }),
+          fc.integer({ min: 1_000_001 }),
+          fc.string(),
+          fc.double({ noNaN: true, noDefaultInfinity: true }).filter((x) => !Number.isInteger(x)),
+        ),
+        perSeconds: fc.integer({ min: 1, max: 86_400 }),
+      })
+      .map((perBuyer) => ({ ...valid(), trafficShaping: { perBuyer } })),
+    fc
+      .oneof(fc.integer({ max: 0 }), fc.integer({ min: 86_401 }))
+      .map((perSeconds) => ({ ...valid(), trafficShaping: { perAddress: { requests: 1, perSeconds } } })),
+    fc.constant({ ...valid(), trafficShaping: { perBuyer: { requests: 5 } } }),
+    fc
+      .oneof(fc.integer({ max: -1 }), fc.integer({ min: 1001 }))
+      .map((n) => ({ ...valid(), eligibility: { orderCodesPerBuyerPerSku: n } })),
+    fc.constant({ ...valid(), eligibility: { denyListRef: { key: 'denied' } } }),
+    fc.constant({ ...valid(), eligibility: { denyListRef: { name: '' } } }),
+    fc.oneof(fc.string(), fc.integer()).map((x) => ({ ...valid(), eligibility: { preRegistration: x } })),
   );
 
   test('invalid specs are refused with a validation error (422), never stored', async () => {

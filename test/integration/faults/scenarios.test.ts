@@ -4,6 +4,7 @@
 import { Redis } from 'ioredis';
 import { cleanupActivity, loadActivity, readStock } from '../../../core/activity-cache.js';
 import type { CrashPoint } from '../../../core/crash.js';
+import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { readWriteBack, writeBack } from '../../../core/db/stock-store.js';
 import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
@@ -39,6 +40,7 @@ import {
   type PrivateServers,
 } from '../../faults/harness/servers.js';
 import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import { waitFor } from '../../helpers/runtime.js';
 import type { FreshDatabase } from '../../helpers/env.js';
 
 const PAYMENT_TIMEOUT_SECONDS = 900;
@@ -102,7 +104,7 @@ describe('fault scenarios (brief windows 1-11)', () => {
       /** Wait until the crash point was reached (named windows; random runs may never reach it). */
       requireDeath?: boolean;
     },
-  ): Promise<{ violations: string; accepted: number; died: boolean }> {
+  ): Promise<{ violations: string; accepted: number; died: boolean; latency: Record<string, number> }> {
     const activityId = uniqueId(`f-${role}`);
     await prepareActivity(servers, activityId, [item(o.stock, o.limit ?? 1)]);
     const sale = new Sale({
@@ -138,7 +140,21 @@ describe('fault scenarios (brief windows 1-11)', () => {
         detail: `accepted ${accepted}, remaining ${stock.remaining} (stock ${o.stock}, buyers ${o.buyers})`,
       });
     }
-    return { violations: formatViolations(v), accepted, died };
+    // Reservation -> order latency of this sale, for the report (never asserted).
+    const lat = await pool.query<{ p50: number | null; p95: number | null; max: number | null }>(
+      `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d) AS p50,
+              percentile_cont(0.95) WITHIN GROUP (ORDER BY d) AS p95, max(d) AS max
+         FROM (SELECT extract(epoch FROM created_at - reserved_at)::float8 AS d
+                 FROM orders WHERE activity_id = $1) x`,
+      [activityId],
+    );
+    const l = lat.rows[0];
+    const latency = {
+      'p50 s': Number((l?.p50 ?? 0).toFixed(2)),
+      'p95 s': Number((l?.p95 ?? 0).toFixed(2)),
+      'max s': Number((l?.max ?? 0).toFixed(2)),
+    };
+    return { violations: formatViolations(v), accepted, died, latency };
   }
 
   const crashWindows: { window: number; role: RoleName; point: CrashPoint; what: string }[] = [
@@ -435,6 +451,122 @@ describe('fault scenarios (brief windows 1-11)', () => {
     });
   });
 
+  test('window 12 (light): RESERVE_ACK=replica and no replica confirming: no 202 at all, every reservation visible to its buyer', async () => {
+    await recorded('window 12 (light)', undefined, async () => {
+      const activityId = uniqueId('f-ack');
+      await prepareActivity(servers, activityId, [item(10)]);
+      // The suite's Redis has no replica: WAIT never confirms.
+      const sale = new Sale({
+        servers,
+        activityId,
+        env: { RESERVE_ACK: 'replica', RESERVE_ACK_TIMEOUT_MS: '100' },
+      });
+      sales.push(sale);
+      await sale.start();
+      const ids = Array.from({ length: 8 }, (_, i) => `${activityId}-b${i}`);
+      const answers = await buyers(sale, activityId, ids, { skuId: 'rice', maxAttempts: 2 });
+      expect(answers.map((a) => `${a.status} ${a.code ?? ''}`)).toEqual(ids.map(() => '503 NOT_REPLICATED'));
+      // Each reservation exists on the primary and goes on to become its order (the buyer polls it).
+      const rec = await recoverAndCheck(servers, activityId);
+      await sale.stop();
+      expectClean(rec.violations, 'window 12 (light)');
+      const orders = await pool.query<{ n: string }>(
+        'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
+        [activityId],
+      );
+      expect(Number(orders.rows[0]!.n)).toBe(ids.length);
+    });
+  });
+
+  test('window 14 (light): a failover that loses acknowledged reservations (RESERVE_ACK=local): the PostgreSQL guard prevents every oversell', async () => {
+    await recorded('window 14 (light)', undefined, async () => {
+      const activityId = uniqueId('f-guard');
+      const stock = 20;
+      await prepareActivity(servers, activityId, [item(stock)]);
+      // As the operator does before loading the cache.
+      await recordActivitySkus(pool, activityId, [item(stock)], 'spec');
+      const sale = new Sale({ servers, activityId, env: { RESERVE_ACK: 'local' } });
+      sales.push(sale);
+      await sale.start();
+
+      // What a replica that missed the next writes holds: every key of the activity, as of now.
+      const k = activityKeys(activityId);
+      const keysNow = async (): Promise<string[]> => {
+        const out: string[] = [];
+        let cursor = '0';
+        do {
+          const [next, keys] = await redis.scan(cursor, 'MATCH', k.scanPattern, 'COUNT', 500);
+          cursor = next;
+          out.push(...keys);
+        } while (cursor !== '0');
+        return out;
+      };
+      const snapshot = new Map<string, Buffer>();
+      for (const key of await keysNow()) {
+        const dump = await redis.dumpBuffer(key);
+        if (dump) snapshot.set(key, dump);
+      }
+
+      const answered202 = (answers: { status: number }[]): number =>
+        answers.filter((a) => a.status === 202).length;
+      const ordersNow = async (): Promise<number> =>
+        Number(
+          (
+            await pool.query<{ n: string }>('SELECT count(*)::text AS n FROM orders WHERE activity_id = $1', [
+              activityId,
+            ])
+          ).rows[0]!.n,
+        );
+      const wave1 = await buyers(
+        sale,
+        activityId,
+        Array.from({ length: 10 }, (_, i) => `${activityId}-a${i}`),
+        {
+          skuId: 'rice',
+        },
+      );
+      expect(answered202(wave1)).toBe(10);
+      await waitFor('the first wave in PostgreSQL', async () => (await ordersNow()) === 10, 120_000);
+
+      // The failover: Redis comes back as the snapshot, without the first wave (acknowledged
+      // with 202, already orders in PostgreSQL).
+      for (const key of await keysNow()) if (!snapshot.has(key)) await redis.del(key);
+      for (const [key, dump] of snapshot) await redis.restore(key, 0, dump, 'REPLACE');
+
+      const wave2 = await buyers(
+        sale,
+        activityId,
+        Array.from({ length: 30 }, (_, i) => `${activityId}-b${i}`),
+        {
+          skuId: 'rice',
+        },
+      );
+      expect(answered202(wave2)).toBe(stock); // Redis sells its whole stock a second time
+      await waitFor('the second wave in PostgreSQL', async () => (await ordersNow()) === 10 + stock, 120_000);
+
+      const r = await pool.query<{ live: string; prevented: string; first_live: string }>(
+        `SELECT coalesce(sum(quantity) FILTER (WHERE status <> 'CLOSED'), 0)::text AS live,
+                count(*) FILTER (WHERE close_reason = 'OVERSELL_PREVENTED')::text AS prevented,
+                count(*) FILTER (WHERE status <> 'CLOSED' AND user_id LIKE $2)::text AS first_live
+           FROM orders WHERE activity_id = $1`,
+        [activityId, `${activityId}-a%`],
+      );
+      const row = r.rows[0]!;
+      // 0 oversold: 20 live units of 20, the 10 the second sale added beyond them closed; the
+      // first wave's orders (earlier transactions, buyers told CREATED) stand.
+      expect({
+        live: Number(row.live),
+        prevented: Number(row.prevented),
+        firstLive: Number(row.first_live),
+      }).toEqual({
+        live: stock,
+        prevented: 10,
+        firstLive: 10,
+      });
+      await sale.stop();
+    });
+  });
+
   describe('window 11: Kafka, Redis and PostgreSQL SIGKILLed and restarted mid-sale', () => {
     let priv: PrivateServers | undefined;
     let privServers: Servers;
@@ -507,28 +639,34 @@ describe('fault scenarios (brief windows 1-11)', () => {
   ];
 
   test.each(seeds)('randomized run, seed %i (replay: FAULT_SEED=<seed> FAULT_RUNS=1)', async (seed) => {
-    await recorded('randomized', seed, async () => {
-      const rng = prng(seed);
-      const stock = rng.int(10, 40);
-      const n = stock + rng.int(0, stock);
-      const roles: RoleName[] = ['api', 'relay', 'consumer'];
-      const kill = rng.next() < 0.3;
-      const pick = points[rng.int(0, points.length - 1)]!;
-      const role = kill ? roles[rng.int(0, 2)]! : pick.role;
-      const plan = kill
-        ? { role, point: undefined, killAfterMs: rng.int(0, 1500) }
-        : { role, point: pick.point, after: rng.int(1, 4) };
-      process.stdout.write(`fault run seed=${seed} stock=${stock} buyers=${n} ${JSON.stringify(plan)}\n`);
-      const r = await crashRun(plan.role, plan.point, {
-        stock,
-        buyers: n,
-        ...(plan.point ? { after: plan.after } : { killAfterMs: plan.killAfterMs }),
-      });
-      if (r.violations !== '') {
-        throw new Error(
-          `seed ${seed} (replay: FAULT_SEED=${seed} FAULT_RUNS=1) plan ${JSON.stringify(plan)}:\n${r.violations}`,
-        );
-      }
-    });
+    await recorded(
+      'randomized',
+      seed,
+      async () => {
+        const rng = prng(seed);
+        const stock = rng.int(10, 40);
+        const n = stock + rng.int(0, stock);
+        const roles: RoleName[] = ['api', 'relay', 'consumer'];
+        const kill = rng.next() < 0.3;
+        const pick = points[rng.int(0, points.length - 1)]!;
+        const role = kill ? roles[rng.int(0, 2)]! : pick.role;
+        const plan = kill
+          ? { role, point: undefined, killAfterMs: rng.int(0, 1500) }
+          : { role, point: pick.point, after: rng.int(1, 4) };
+        process.stdout.write(`fault run seed=${seed} stock=${stock} buyers=${n} ${JSON.stringify(plan)}\n`);
+        const r = await crashRun(plan.role, plan.point, {
+          stock,
+          buyers: n,
+          ...(plan.point ? { after: plan.after } : { killAfterMs: plan.killAfterMs }),
+        });
+        if (r.violations !== '') {
+          throw new Error(
+            `seed ${seed} (replay: FAULT_SEED=${seed} FAULT_RUNS=1) plan ${JSON.stringify(plan)}:\n${r.violations}`,
+          );
+        }
+        return r;
+      },
+      (r) => r.latency,
+    );
   });
 });

@@ -1,0 +1,126 @@
+/**
+ * The one place that builds Redis clients, for the runtime roles, the operator and the tools. A
+ * client reaches either one node (`REDIS_URL`) or the primary that Redis Sentinel names
+ * (`REDIS_SENTINELS` + `REDIS_SENTINEL_MASTER`; credentials and database still come from
+ * `REDIS_URL` when given). Through Sentinel, ioredis asks the sentinels for the primary on every
+ * (re)connect, checks that the node it reached is a primary, and follows `+switch-master` at once
+ * (failoverDetector), so after a failover every client writes to the promoted replica.
+ */
+import { Redis } from 'ioredis';
+import type { RedisOptions } from 'ioredis';
+import { z } from 'zod';
+
+export interface SentinelAddress {
+  host: string;
+  port: number;
+}
+
+export interface RedisConnection {
+  /** redis://[user:password@]host:port[/db]; with sentinels only user, password and db are used. */
+  url?: string | undefined;
+  sentinels?: SentinelAddress[] | undefined;
+  /** The master name the sentinels monitor. */
+  sentinelMaster?: string | undefined;
+  sentinelPassword?: string | undefined;
+}
+
+/** `host:port,host:port` -> addresses; throws on a malformed entry. */
+export function parseSentinels(list: readonly string[]): SentinelAddress[] {
+  return list.map((entry) => {
+    const m = /^\[?([^\]\s]+?)\]?:(\d{1,5})$/.exec(entry.trim());
+    if (!m || Number(m[2]) < 1 || Number(m[2]) > 65535) {
+      throw new Error(`"${entry}" is not host:port`);
+    }
+    return { host: m[1]!, port: Number(m[2]) };
+  });
+}
+
+/**
+ * The Redis variables every program reads (zod shape, merged into the program's schema):
+ * REDIS_URL, REDIS_SENTINELS, REDIS_SENTINEL_MASTER, REDIS_SENTINEL_PASSWORD.
+ */
+export const redisEnvShape = {
+  REDIS_URL: z.string().url().optional(),
+  REDIS_SENTINELS: z
+    .string()
+    .default('')
+    .transform((v, ctx) => {
+      const list = v
+        .split(',')
+        .map((s) => s.trim())
+        .filter(Boolean);
+      try {
+        return parseSentinels(list);
+      } catch (err) {
+        ctx.addIssue({ code: z.ZodIssueCode.custom, message: (err as Error).message });
+        return z.NEVER;
+      }
+    }),
+  REDIS_SENTINEL_MASTER: z.string().min(1).optional(),
+  REDIS_SENTINEL_PASSWORD: z.string().min(1).optional(),
+};
+
+interface RedisEnv {
+  REDIS_URL?: string | undefined;
+  REDIS_SENTINELS: SentinelAddress[];
+  REDIS_SENTINEL_MASTER?: string | undefined;
+  REDIS_SENTINEL_PASSWORD?: string | undefined;
+}
+
+/** The cross-field rule: a URL or sentinels, and a master name with the sentinels. */
+export function redisEnvIssue(c: RedisEnv): { path: string; message: string } | undefined {
+  if (c.REDIS_SENTINELS.length > 0) {
+    if (!c.REDIS_SENTINEL_MASTER) {
+      return { path: 'REDIS_SENTINEL_MASTER', message: 'required with REDIS_SENTINELS' };
+    }
+    return undefined;
+  }
+  if (!c.REDIS_URL) return { path: 'REDIS_URL', message: 'required (or REDIS_SENTINELS)' };
+  return undefined;
+}
+
+export function redisConnectionOf(c: RedisEnv): RedisConnection {
+  return {
+    url: c.REDIS_URL,
+    sentinels: c.REDIS_SENTINELS,
+    sentinelMaster: c.REDIS_SENTINEL_MASTER,
+    sentinelPassword: c.REDIS_SENTINEL_PASSWORD,
+  };
+}
+
+export function usesSentinel(conn: RedisConnection): boolean {
+  return (conn.sentinels?.length ?? 0) > 0;
+}
+
+/** What to log about a connection (never a password). */
+export function describeRedis(conn: RedisConnection): string {
+  if (usesSentinel(conn)) {
+    return `sentinel ${conn.sentinelMaster ?? ''}@${conn.sentinels!.map((s) => `${s.host}:${s.port}`).join(',')}`;
+  }
+  try {
+    const u = new URL(conn.url ?? '');
+    return `${u.protocol}//${u.host}${u.pathname === '/' ? '' : u.pathname}`;
+  } catch {
+    return '(invalid url)';
+  }
+}
+
+/** A new client for the connection, with the caller's options (pipelining, retries, ...). */
+export function createRedis(conn: RedisConnection, options: RedisOptions = {}): Redis {
+  if (usesSentinel(conn)) {
+    const u = conn.url ? new URL(conn.url) : undefined;
+    return new Redis({
+      sentinels: conn.sentinels!,
+      name: conn.sentinelMaster!,
+      ...(conn.sentinelPassword ? { sentinelPassword: conn.sentinelPassword } : {}),
+      ...(u?.username ? { username: decodeURIComponent(u.username) } : {}),
+      ...(u?.password ? { password: decodeURIComponent(u.password) } : {}),
+      ...(u && u.pathname.length > 1 ? { db: Number(u.pathname.slice(1)) } : {}),
+      ...(u?.protocol === 'rediss:' ? { tls: {} } : {}),
+      failoverDetector: true,
+      ...options,
+    });
+  }
+  if (!conn.url) throw new Error('no Redis URL and no sentinels');
+  return new Redis(conn.url, options);
+}

@@ -1,0 +1,82 @@
+/**
+ * The activity's traffic policy and deny list reaching Redis, where every api replica reads them
+ * (core/traffic-policy.ts). Both are plain overwrites, so every pass may repeat them: the policy may
+ * change at any time (limits are not part of the sale's fenced definition), and the deny list is
+ * re-read from its ConfigMap on every pass, because editing a ConfigMap does not touch the
+ * activity's generation.
+ */
+import { writeTrafficPolicy, syncDenyList } from '../../core/traffic-policy.js';
+import type { TrafficPolicy } from '../../core/traffic-policy.js';
+import type { FlashSaleActivitySpec } from '../api/v1alpha1/types.js';
+import { Reason } from '../api/v1alpha1/types.js';
+import type { ReconcileContext } from './context.js';
+
+/** The spec's fields over the operator's defaults. Pure. */
+export function policyFromSpec(spec: FlashSaleActivitySpec, defaults: TrafficPolicy): TrafficPolicy {
+  const t = spec.trafficShaping ?? {};
+  const e = spec.eligibility ?? {};
+  return {
+    shaping: {
+      enabled: t.enabled ?? defaults.shaping.enabled,
+      perBuyer: t.perBuyer ?? defaults.shaping.perBuyer,
+      perAddress: t.perAddress ?? defaults.shaping.perAddress,
+    },
+    eligibility: {
+      preRegistration: e.preRegistration ?? defaults.eligibility.preRegistration,
+      orderCodesPerBuyerPerSku: e.orderCodesPerBuyerPerSku ?? defaults.eligibility.orderCodesPerBuyerPerSku,
+    },
+  };
+}
+
+/** Buyer ids of a deny list: one per line or comma separated; `#` starts a comment. Pure. */
+export function parseDenyList(text: string): string[] {
+  const ids = new Set<string>();
+  for (const line of text.split('\n')) {
+    for (const part of (line.split('#')[0] ?? '').split(',')) {
+      const id = part.trim();
+      if (id.length > 0 && id.length <= 256) ids.add(id);
+    }
+  }
+  return [...ids].sort();
+}
+
+function statusOf(err: unknown): number | undefined {
+  const e = err as { code?: unknown; statusCode?: unknown };
+  const n = Number(e.code ?? e.statusCode);
+  return Number.isFinite(n) ? n : undefined;
+}
+
+/**
+ * Writes the policy and makes the deny flags equal to the named ConfigMap's list. A missing
+ * ConfigMap or key keeps the flags already in Redis and reports Degraded/DenyListUnavailable: an
+ * accidental deletion must not readmit every denied buyer mid-sale.
+ */
+export async function syncTrafficPolicy(ctx: ReconcileContext): Promise<void> {
+  const { redis, core, config } = ctx.deps;
+  await writeTrafficPolicy(redis, ctx.activityId, policyFromSpec(ctx.fsa.spec, config.trafficPolicy));
+  const ref = ctx.fsa.spec.eligibility?.denyListRef;
+  if (!ref) {
+    await syncDenyList(redis, ctx.activityId, []);
+    return;
+  }
+  const key = ref.key || 'denied';
+  let text: string | undefined;
+  try {
+    const cm = await core.readNamespacedConfigMap({ name: ref.name, namespace: ctx.fsa.metadata.namespace });
+    text = cm.data?.[key];
+  } catch (err) {
+    if (statusOf(err) !== 404) throw err;
+  }
+  if (text === undefined) {
+    ctx.degraded = {
+      reason: Reason.DenyListUnavailable,
+      message: `deny list ConfigMap ${ref.name} (key ${key}) not found; keeping the buyers denied so far`,
+    };
+    ctx.requeueAfter(config.cleanupRetryMs);
+    return;
+  }
+  const outcome = await syncDenyList(redis, ctx.activityId, parseDenyList(text));
+  if (outcome.added + outcome.removed > 0) {
+    ctx.log.info({ ...outcome, configMap: ref.name }, 'deny list applied');
+  }
+}

@@ -1,0 +1,106 @@
+/**
+ * Admission control for one api process: a cap on requests in flight and on event-loop delay
+ * (perf_hooks.monitorEventLoopDelay). Above either, a request is answered at once with
+ * 503 OVERLOADED and Retry-After instead of joining a queue whose wait grows with the load: a
+ * fast refusal lets the buyer's client (or the gateway) retry another replica, while a slow
+ * answer holds a connection and still ends in a timeout. Mounted after /healthz, /readyz and
+ * /metrics, which stay answerable; readiness reports shedding (docs/operator.md).
+ */
+import type { ELDHistogram } from 'node:perf_hooks';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+import type { RequestHandler } from 'express';
+import type { Metrics } from '../../core/metrics.js';
+import { sendProblem } from './problem.js';
+
+export interface AdmissionOptions {
+  metrics: Metrics;
+  /** Most requests this process works on at once; 0 = no cap. */
+  maxInFlight: number;
+  /** Shed while the p99 event-loop delay of the last sampling window is above this; 0 = off. */
+  maxEventLoopDelayMs: number;
+  /** Length of one sampling window. */
+  sampleIntervalMs: number;
+  /** Retry-After of a shed request. */
+  retryAfterSeconds: number;
+}
+
+export type ShedReason = 'in_flight' | 'event_loop_delay';
+
+export class AdmissionControl {
+  private inFlight = 0;
+  private loopDelayHigh = false;
+  private lastDelayMs = 0;
+  private readonly histogram: ELDHistogram;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly opts: AdmissionOptions) {
+    this.histogram = monitorEventLoopDelay({ resolution: 10 });
+  }
+
+  start(): this {
+    this.histogram.enable();
+    this.timer = setInterval(() => {
+      this.sample();
+    }, this.opts.sampleIntervalMs);
+    this.timer.unref();
+    return this;
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.histogram.disable();
+  }
+
+  /** Reads the window's p99 (nanoseconds in the histogram) and starts a new window. */
+  private sample(): void {
+    if (this.histogram.count === 0) return;
+    this.lastDelayMs = this.histogram.percentile(99) / 1e6;
+    this.histogram.reset();
+    this.opts.metrics.eventLoopDelay.observe(this.lastDelayMs / 1000);
+    this.loopDelayHigh =
+      this.opts.maxEventLoopDelayMs > 0 && this.lastDelayMs > this.opts.maxEventLoopDelayMs;
+    this.opts.metrics.shedding.set(this.shedding() ? 1 : 0);
+  }
+
+  /** Why this process sheds right now, or undefined when it admits requests. */
+  shedding(): ShedReason | undefined {
+    if (this.loopDelayHigh) return 'event_loop_delay';
+    if (this.opts.maxInFlight > 0 && this.inFlight >= this.opts.maxInFlight) return 'in_flight';
+    return undefined;
+  }
+
+  get requestsInFlight(): number {
+    return this.inFlight;
+  }
+
+  get eventLoopDelayMs(): number {
+    return this.lastDelayMs;
+  }
+
+  middleware(): RequestHandler {
+    return (_req, res, next) => {
+      const reason = this.shedding();
+      if (reason) {
+        this.opts.metrics.shed.inc({ reason });
+        res.setHeader('retry-after', String(this.opts.retryAfterSeconds));
+        sendProblem(
+          res,
+          'OVERLOADED',
+          reason === 'in_flight' ? 'too many requests in progress; retry' : 'the server is saturated; retry',
+        );
+        return;
+      }
+      this.inFlight += 1;
+      this.opts.metrics.requestsInFlight.set(this.inFlight);
+      let done = false;
+      // 'close' fires for every response, finished or aborted; the flag guards against both.
+      res.once('close', () => {
+        if (done) return;
+        done = true;
+        this.inFlight -= 1;
+        this.opts.metrics.requestsInFlight.set(this.inFlight);
+      });
+      next();
+    };
+  }
+}

@@ -1,0 +1,62 @@
+/**
+ * The activities' traffic policies as this api process knows them: read from Redis (written by the
+ * operator, core/traffic-policy.ts) at most once per refresh interval per activity, so a flood of
+ * requests costs one GET per interval. An activity with no policy in Redis gets the defaults.
+ */
+import type { Logger } from '../../core/logger.js';
+import type { RedisClient } from '../../core/scripts.js';
+import { DEFAULT_TRAFFIC_POLICY, readTrafficPolicy } from '../../core/traffic-policy.js';
+import type { TrafficPolicy } from '../../core/traffic-policy.js';
+
+interface Entry {
+  policy: TrafficPolicy;
+  /** When the entry should be read again (Date.now() ms). */
+  staleAt: number;
+  refreshing?: Promise<TrafficPolicy> | undefined;
+}
+
+/** Bounds memory when clients name many (unknown) activities. */
+const MAX_ENTRIES = 10_000;
+
+export class PolicyCache {
+  private readonly entries = new Map<string, Entry>();
+
+  constructor(
+    private readonly redis: RedisClient,
+    private readonly refreshMs: number,
+    private readonly logger: Logger,
+    private readonly fallback: TrafficPolicy = DEFAULT_TRAFFIC_POLICY,
+  ) {}
+
+  async get(activityId: string): Promise<TrafficPolicy> {
+    const now = Date.now();
+    const entry = this.entries.get(activityId);
+    if (entry && entry.staleAt > now) return entry.policy;
+    if (entry?.refreshing) return entry.policy;
+    const refreshing = this.read(activityId, now);
+    if (entry) {
+      // Serve the known policy while one read refreshes it.
+      entry.refreshing = refreshing;
+      return entry.policy;
+    }
+    return refreshing;
+  }
+
+  private async read(activityId: string, now: number): Promise<TrafficPolicy> {
+    let policy: TrafficPolicy;
+    try {
+      policy = (await readTrafficPolicy(this.redis, activityId)) ?? this.fallback;
+    } catch (err) {
+      // Redis unreachable: keep what we had (or the defaults); the reservation itself will fail
+      // with UNAVAILABLE anyway, and the limiters fall back to their in-memory insurance.
+      this.logger.warn({ err, activityId }, 'traffic policy not readable; using the last known one');
+      policy = this.entries.get(activityId)?.policy ?? this.fallback;
+    }
+    if (this.entries.size >= MAX_ENTRIES && !this.entries.has(activityId)) {
+      const oldest = this.entries.keys().next().value;
+      if (oldest !== undefined) this.entries.delete(oldest);
+    }
+    this.entries.set(activityId, { policy, staleAt: now + this.refreshMs });
+    return policy;
+  }
+}

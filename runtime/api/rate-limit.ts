@@ -1,0 +1,228 @@
+/**
+ * Rate limits per buyer and per client address, before the reservation script (docs/operator.md
+ * "Traffic shaping and eligibility"). Counters are shared by every api replica through Redis
+ * (rate-limiter-flexible, fixed windows of `perSeconds`); once a subject has used its window in
+ * Redis, this process blocks it in memory until the window ends, so a flood from one buyer or
+ * address costs Redis nothing after its first refusal. If Redis is unreachable an in-memory
+ * insurance limiter with the same figures keeps limiting per process.
+ *
+ * Only submissions are limited (new orders, order codes, registrations): polling a result is
+ * cheap and an honest buyer polls more than they click. A submission answered with a 5xx gives its
+ * point back.
+ */
+import type { Request, RequestHandler, Response } from 'express';
+import { Router } from 'express';
+import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
+import type { RateLimiterAbstract } from 'rate-limiter-flexible';
+import { activityKeys } from '../../core/keys.js';
+import type { Logger } from '../../core/logger.js';
+import type { Metrics } from '../../core/metrics.js';
+import type { RedisClient } from '../../core/scripts.js';
+import type { RateLimit, TrafficPolicy } from '../../core/traffic-policy.js';
+import type { PolicyCache } from './policy-cache.js';
+import { sendProblem } from './problem.js';
+import { servedActivity } from './schemas.js';
+
+export interface RateLimitDeps {
+  redis: RedisClient;
+  metrics: Metrics;
+  policies: PolicyCache;
+  logger: Logger;
+  /** When set, this api serves only this activity. */
+  activityId: string | undefined;
+}
+
+/** The routes whose requests count against the limits. */
+export const LIMITED_ROUTES = [
+  '/v1/activities/:activityId/orders',
+  '/v1/activities/:activityId/order-codes',
+  '/v1/activities/:activityId/registrations',
+];
+
+type Reason = 'buyer' | 'address';
+
+interface ActivityLimiters {
+  signature: string;
+  buyer: RateLimiterAbstract | undefined;
+  address: RateLimiterAbstract | undefined;
+}
+
+function limiter(redis: RedisClient, keyPrefix: string, limit: RateLimit): RateLimiterAbstract | undefined {
+  if (limit.requests === 0) return undefined;
+  const figures = { points: limit.requests, duration: limit.perSeconds };
+  return new RateLimiterRedis({
+    storeClient: redis,
+    keyPrefix,
+    ...figures,
+    // Blocked in this process for the rest of the window once Redis says the window is used up.
+    inMemoryBlockOnConsumed: limit.requests,
+    rejectIfRedisNotReady: true,
+    insuranceLimiter: new RateLimiterMemory({ keyPrefix, ...figures }),
+  });
+}
+
+/** Seconds a refused client should wait: the rest of the window, at least one. */
+export function retryAfterSeconds(res: RateLimiterRes): number {
+  return Math.max(1, Math.ceil(res.msBeforeNext / 1000));
+}
+
+/**
+ * The claimed buyer id of a bearer token, read without verifying it (no crypto: a base64url decode
+ * and a small JSON.parse), or undefined. Used for one thing only: to refuse at once a buyer this
+ * process already knows to be over their limit. A forged token naming such a buyer gets the 429
+ * its owner would get instead of a 401; it can neither create nor lift a block.
+ */
+export function claimedBuyer(authorization: string | undefined): string | undefined {
+  if (!authorization?.startsWith('Bearer ')) return undefined;
+  const payload = authorization.slice(7).split('.')[1];
+  if (!payload || payload.length > 4096) return undefined;
+  try {
+    const sub = (JSON.parse(Buffer.from(payload, 'base64url').toString('utf8')) as { sub?: unknown }).sub;
+    return typeof sub === 'string' ? sub : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Buyers this process refused, until their window ends (absolute ms). Bounded by sweeping. */
+class BlockedBuyers {
+  private readonly until = new Map<string, number>();
+
+  block(activityId: string, buyer: string, untilMs: number): void {
+    if (this.until.size >= 100_000) this.sweep(Date.now());
+    this.until.set(`${activityId}\n${buyer}`, untilMs);
+  }
+
+  /** Milliseconds the buyer stays blocked, or 0. */
+  remainingMs(activityId: string, buyer: string, now = Date.now()): number {
+    const key = `${activityId}\n${buyer}`;
+    const until = this.until.get(key);
+    if (until === undefined) return 0;
+    if (until > now) return until - now;
+    this.until.delete(key);
+    return 0;
+  }
+
+  private sweep(now: number): void {
+    for (const [k, until] of this.until) if (until <= now) this.until.delete(k);
+  }
+}
+
+export interface RateLimitStages {
+  /**
+   * Before the body is read and the token verified: the per-address limit, and buyers this process
+   * already refused in their current window (by the token's claimed id). A flood from one address
+   * or one known bot is refused at the least cost.
+   */
+  beforeAuth: Router;
+  /** After authentication: the per-buyer limit, by the verified buyer id. */
+  afterAuth: Router;
+}
+
+export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
+  const byActivity = new Map<string, ActivityLimiters>();
+  const blocked = new BlockedBuyers();
+
+  const limitersFor = (activityId: string, policy: TrafficPolicy): ActivityLimiters => {
+    const signature = JSON.stringify([policy.shaping.perBuyer, policy.shaping.perAddress]);
+    const known = byActivity.get(activityId);
+    if (known?.signature === signature) return known;
+    const k = activityKeys(activityId);
+    const built: ActivityLimiters = {
+      signature,
+      buyer: limiter(deps.redis, k.rateLimitPrefix('buyer'), policy.shaping.perBuyer),
+      address: limiter(deps.redis, k.rateLimitPrefix('address'), policy.shaping.perAddress),
+    };
+    byActivity.set(activityId, built);
+    return built;
+  };
+
+  const refuse = (res: Response, activityId: string, reason: Reason, retryAfter: number): void => {
+    deps.metrics.rateLimited.inc({ activity: activityId, reason });
+    res.setHeader('retry-after', String(retryAfter));
+    sendProblem(
+      res,
+      'RATE_LIMITED',
+      reason === 'buyer' ? 'too many requests from this buyer' : 'too many requests from this address',
+    );
+  };
+
+  /** Consumes a point; answers 429 and returns false when the subject is over its limit. */
+  const consume = async (
+    res: Response,
+    activityId: string,
+    reason: Reason,
+    l: RateLimiterAbstract,
+    subject: string,
+  ): Promise<boolean> => {
+    try {
+      await l.consume(subject);
+    } catch (err) {
+      if (!(err instanceof RateLimiterRes)) {
+        // Both Redis and the insurance failed: not a reason to refuse a buyer.
+        deps.logger.warn({ err, activityId, reason }, 'rate limiter failed; request let through');
+        return true;
+      }
+      if (reason === 'buyer') blocked.block(activityId, subject, Date.now() + err.msBeforeNext);
+      refuse(res, activityId, reason, retryAfterSeconds(err));
+      return false;
+    }
+    // A request we failed (5xx: a dependency down, a crash point) gives its point back: a buyer
+    // retrying through an outage is not rate-limited for our failure.
+    res.once('finish', () => {
+      if (res.statusCode >= 500) l.reward(subject, 1).catch(() => undefined);
+    });
+    return true;
+  };
+
+  /** The activity's limiters, or undefined when shaping is off or the activity id is not valid. */
+  const activeLimiters = async (
+    req: Request,
+  ): Promise<{ activityId: string; limiters: ActivityLimiters } | undefined> => {
+    let activityId: string;
+    try {
+      activityId = servedActivity(req, deps.activityId);
+    } catch {
+      // A bad or foreign activity id is left to the routes, so the answer (401 first, then
+      // 400/404) is the same with or without the limiter.
+      return undefined;
+    }
+    const policy = await deps.policies.get(activityId);
+    return policy.shaping.enabled ? { activityId, limiters: limitersFor(activityId, policy) } : undefined;
+  };
+
+  const beforeAuth: RequestHandler = async (req, res, next) => {
+    const active = await activeLimiters(req);
+    if (!active) {
+      next();
+      return;
+    }
+    const { activityId, limiters } = active;
+    const claimed = claimedBuyer(req.headers.authorization);
+    const ms = claimed === undefined ? 0 : blocked.remainingMs(activityId, claimed);
+    if (ms > 0) {
+      refuse(res, activityId, 'buyer', Math.max(1, Math.ceil(ms / 1000)));
+      return;
+    }
+    const address = req.ip ?? req.socket.remoteAddress ?? 'unknown';
+    if (limiters.address && !(await consume(res, activityId, 'address', limiters.address, address))) return;
+    next();
+  };
+
+  const afterAuth: RequestHandler = async (req, res, next) => {
+    const active = await activeLimiters(req);
+    if (!active?.limiters.buyer) {
+      next();
+      return;
+    }
+    const buyer = String(res.locals.userId);
+    if (!(await consume(res, active.activityId, 'buyer', active.limiters.buyer, buyer))) return;
+    next();
+  };
+
+  const before = Router();
+  before.post(LIMITED_ROUTES, beforeAuth);
+  const after = Router();
+  after.post(LIMITED_ROUTES, afterAuth);
+  return { beforeAuth: before, afterAuth: after };
+}

@@ -1,0 +1,237 @@
+// The last guard in PostgreSQL: with Redis deliberately oversold (stock raised behind the guard's
+// back, duplicate reservations injected into Kafka), the real consumer never lets PostgreSQL hold
+// more live units than a SKU's stock or a buyer more than the limit; the excess is stored CLOSED
+// with its reason, its reservation compensated, and counted in flashsale_oversell_prevented_total.
+import type { Admin, Kafka, Producer } from 'kafkajs';
+import { readActivitySkus, recordActivitySkus } from '../../../core/db/activity-skus-store.js';
+import { journalFor } from '../../../core/db/journal-store.js';
+import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
+import { readResult } from '../../../core/activity-cache.js';
+import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
+import type { TopicNames } from '../../../core/kafka.js';
+import { activityKeys } from '../../../core/keys.js';
+import type { OrderMessage } from '../../../core/model.js';
+import { closeOrder } from '../../../core/order-lifecycle.js';
+import { orderMessageOf, readReservation } from '../../../core/reservations.js';
+import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
+import { testEnv, uniqueId } from '../../helpers/env.js';
+import {
+  TIMEOUT_MS,
+  countRows,
+  openActivity,
+  orderConsumerFor,
+  reserveFor,
+  setUp,
+  until,
+  type Fixture,
+} from './fixture.js';
+
+describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis)', () => {
+  let f: Fixture;
+  let kafka: Kafka;
+  let admin: Admin;
+  let producer: Producer;
+  const consumers: OrderConsumer[] = [];
+  const prefix = uniqueId('guard');
+
+  beforeAll(async () => {
+    f = await setUp();
+    kafka = createKafka(testEnv().kafkaBrokers, uniqueId('guard-test'));
+    admin = kafka.admin();
+    await admin.connect();
+    producer = idempotentProducer(kafka);
+    await producer.connect();
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    for (const c of consumers) await c.stop();
+    await producer?.disconnect();
+    await admin?.disconnect();
+    await f?.close();
+  }, TIMEOUT_MS);
+
+  const startConsumer = async (activityId: string, topics: TopicNames): Promise<void> => {
+    const c = orderConsumerFor(f, kafka, activityId, topics, () =>
+      kafka.consumer({ groupId: topics.consumerGroup, maxWaitTimeInMs: 200 }),
+    );
+    consumers.push(c);
+    await c.start();
+  };
+
+  const messagesOf = async (activityId: string, rids: string[]): Promise<OrderMessage[]> =>
+    Promise.all(
+      rids.map(async (rid) => orderMessageOf(activityId, (await readReservation(f.redis, activityId, rid))!)),
+    );
+
+  const send = async (topics: TopicNames, messages: OrderMessage[]): Promise<void> => {
+    await producer.send({
+      topic: topics.orders,
+      acks: -1,
+      messages: messages.map((m) => ({ key: m.userId, value: JSON.stringify(m) })),
+    });
+  };
+
+  const ordersOf = (activityId: string, n: number): Promise<true> =>
+    until(`${n} orders`, async () =>
+      (await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = $1', [activityId])) >= n
+        ? true
+        : undefined,
+    );
+
+  const liveUnits = (activityId: string): Promise<number> =>
+    countRows(
+      f.pool,
+      `SELECT coalesce(sum(quantity), 0) AS n FROM orders WHERE activity_id = $1 AND status <> 'CLOSED'`,
+      [activityId],
+    );
+
+  const closedBy = (activityId: string, reason: string): Promise<number> =>
+    countRows(f.pool, `SELECT count(*) AS n FROM orders WHERE activity_id = $1 AND close_reason = $2`, [
+      activityId,
+      reason,
+    ]);
+
+  const prevented = async (activityId: string): Promise<number> =>
+    (await f.metrics.oversellPrevented.get()).values
+      .filter((v) => v.labels.activity === activityId)
+      .reduce((n, v) => n + v.value, 0);
+
+  it(
+    'Redis stock raised behind its back: PostgreSQL keeps the stock, the excess is CLOSED, compensated and counted',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 });
+      // As the operator does before loading the cache (operator/reconcile/sync-spec.ts).
+      await recordActivitySkus(
+        f.pool,
+        activityId,
+        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 5, limitPerUser: 1 }],
+        'spec',
+      );
+      await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 7);
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const buyers = Array.from({ length: 12 }, (_, i) => `buyer-${i}`);
+      const rids = await reserveFor(f.redis, activityId, skuId, buyers);
+      expect(rids).toHaveLength(12); // Redis sold 12 of a stock of 5
+      const messages = await messagesOf(activityId, rids);
+      await startConsumer(activityId, topics);
+
+      // Two transactions: 4 orders, then 8 more and a redelivery of the first.
+      await send(topics, messages.slice(0, 4));
+      await ordersOf(activityId, 4);
+      await send(topics, [...messages.slice(4), messages[0]!]);
+      await ordersOf(activityId, 12);
+
+      expect(await liveUnits(activityId)).toBe(5);
+      expect(await closedBy(activityId, 'OVERSELL_PREVENTED')).toBe(7);
+      expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ stock: 5, sold: 5 });
+      expect(await prevented(activityId)).toBe(7);
+      // The first four (an earlier transaction) all stand; of the second, only the oldest fits.
+      const statuses = await Promise.all(
+        rids.map(async (rid) => (await findLifecycleByReservationId(f.pool, rid))?.status),
+      );
+      expect(statuses.slice(0, 4)).toEqual(['UNPAID', 'UNPAID', 'UNPAID', 'UNPAID']);
+      expect(statuses.slice(4).filter((s) => s === 'UNPAID')).toHaveLength(1);
+      const closedRids = rids.filter((_, i) => statuses[i] === 'CLOSED');
+      expect(closedRids).toHaveLength(7);
+      for (const rid of closedRids) {
+        const o = await until('the closed order settled', async () => {
+          const row = await findLifecycleByReservationId(f.pool, rid);
+          return row?.stockReturnVia ? row : undefined;
+        });
+        expect(o).toMatchObject({
+          status: 'CLOSED',
+          closeReason: 'OVERSELL_PREVENTED',
+          stockReturnVia: 'redis',
+        });
+        expect((await readReservation(f.redis, activityId, rid))?.state).toBe('RELEASED');
+        const result = await until('the buyer result', () => readResult(f.redis, activityId, rid));
+        expect(result.result).toEqual({ status: 'FAILED', reason: 'OVERSELL_PREVENTED' });
+        const journal = await journalFor(f.pool, rid);
+        expect(journal.map((j) => j.event)).toEqual(
+          expect.arrayContaining(['ORDER_CREATED', 'ORDER_CLOSED', 'STOCK_RETURNED']),
+        );
+      }
+
+      // A closed order's units leave `sold`: a buyer cancels, and the next order fits again.
+      const first = (await findLifecycleByReservationId(f.pool, rids[0]!))!;
+      await closeOrder(f.deps, first.id, 'CANCELLED', 'trace-cancel');
+      expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ sold: 4 });
+      const [late] = await reserveFor(f.redis, activityId, skuId, ['late-buyer']);
+      await send(topics, await messagesOf(activityId, [late!]));
+      await ordersOf(activityId, 13);
+      expect((await findLifecycleByReservationId(f.pool, late!))?.status).toBe('UNPAID');
+      expect(await liveUnits(activityId)).toBe(5);
+      expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ sold: 5 });
+      expect(await prevented(activityId)).toBe(7);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'duplicate reservations injected into Kafka: a buyer is limited by quantity, not by slots',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10, limitPerUser: 2 });
+      await recordActivitySkus(
+        f.pool,
+        activityId,
+        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 10, limitPerUser: 2 }],
+        'spec',
+      );
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const [rid] = await reserveFor(f.redis, activityId, skuId, ['greedy'], 2);
+      const [other] = await reserveFor(f.redis, activityId, skuId, ['modest']);
+      const [real, modest] = await messagesOf(activityId, [rid!, other!]);
+      // A second reservation of the same buyer that Redis no longer knows (as after a failover),
+      // in the buyer's other slot: the slot key alone would let it become a second order.
+      const forged: OrderMessage = {
+        ...real!,
+        reservationId: 'forged-0000000000000001',
+        slot: 2,
+        reservedAt: real!.reservedAt + 1,
+      };
+      await startConsumer(activityId, topics);
+      await send(topics, [real!, forged, modest!]);
+      await ordersOf(activityId, 3);
+
+      expect((await findLifecycleByReservationId(f.pool, rid!))?.status).toBe('UNPAID');
+      expect((await findLifecycleByReservationId(f.pool, other!))?.status).toBe('UNPAID');
+      const closed = await until('the forged order settled', async () => {
+        const row = await findLifecycleByReservationId(f.pool, forged.reservationId);
+        return row?.stockReturnVia ? row : undefined;
+      });
+      // Redis never held this reservation: nothing to return there, and it is flagged, not guessed.
+      expect(closed).toMatchObject({
+        status: 'CLOSED',
+        closeReason: 'BUYER_LIMIT_EXCEEDED',
+        stockReturnVia: 'unresolved',
+      });
+      expect(await liveUnits(activityId)).toBe(3);
+      expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ sold: 3 });
+      expect(await prevented(activityId)).toBe(1);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'an activity the operator did not record is guarded from the stock the cache was loaded with',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 3 });
+      await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 2);
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const rids = await reserveFor(f.redis, activityId, skuId, ['c0', 'c1', 'c2', 'c3', 'c4']);
+      await startConsumer(activityId, topics);
+      await send(topics, await messagesOf(activityId, rids));
+      await ordersOf(activityId, 5);
+
+      expect(await readActivitySkus(f.pool, activityId)).toEqual([
+        expect.objectContaining({ skuId, stock: 3, sold: 3, limitPerUser: 1, seededFrom: 'cache' }),
+      ]);
+      expect(await liveUnits(activityId)).toBe(3);
+      expect(await closedBy(activityId, 'OVERSELL_PREVENTED')).toBe(2);
+    },
+    TIMEOUT_MS,
+  );
+});

@@ -1,0 +1,368 @@
+// Traffic shaping, admission control and eligibility through real api processes on real Redis
+// (docs/operator.md "Traffic shaping and eligibility"): limits shared by two api processes, refusals
+// that change no state, shedding that answers at once, deny list and pre-registration.
+import { Redis } from 'ioredis';
+import pg from 'pg';
+import { request } from 'undici';
+import { loadActivity, setGate } from '../../../core/activity-cache.js';
+import { activityKeys } from '../../../core/keys.js';
+import { syncDenyList, writeTrafficPolicy, DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
+import type { TrafficPolicy } from '../../../core/traffic-policy.js';
+import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+import { JWT_SECRET, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../helpers/runtime.js';
+import type { RoleProcess } from '../../helpers/runtime.js';
+
+interface Answer {
+  status: number;
+  code: string | undefined;
+  retryAfter: string | undefined;
+  contentType: string;
+}
+
+async function send(
+  url: string,
+  opts: { method?: 'GET' | 'POST'; token?: string; body?: unknown; headers?: Record<string, string> } = {},
+): Promise<Answer> {
+  const r = await request(url, {
+    method: opts.method ?? 'POST',
+    headers: {
+      ...(opts.body !== undefined ? { 'content-type': 'application/json' } : {}),
+      ...(opts.token ? { authorization: `Bearer ${opts.token}` } : {}),
+      ...opts.headers,
+    },
+    ...(opts.body !== undefined ? { body: JSON.stringify(opts.body) } : {}),
+  });
+  const text = await r.body.text();
+  let code: string | undefined;
+  try {
+    code = (JSON.parse(text) as { code?: string }).code;
+  } catch {
+    code = undefined;
+  }
+  const retry = r.headers['retry-after'];
+  return {
+    status: r.statusCode,
+    code,
+    retryAfter: typeof retry === 'string' ? retry : undefined,
+    contentType: String(r.headers['content-type'] ?? ''),
+  };
+}
+
+const policy = (p: Partial<TrafficPolicy['shaping']>, e: Partial<TrafficPolicy['eligibility']> = {}) => ({
+  shaping: { ...DEFAULT_TRAFFIC_POLICY.shaping, ...p },
+  eligibility: { ...DEFAULT_TRAFFIC_POLICY.eligibility, ...e },
+});
+
+const item = (stock: number) => ({
+  skuId: 'tea',
+  name: '西湖龙井 明前特级 250g',
+  price: '398.00',
+  stock,
+  limitPerUser: 1,
+});
+
+describe('traffic shaping and eligibility', () => {
+  let db: FreshDatabase;
+  let sql: pg.Pool;
+  let redis: Redis;
+  const roles: RoleProcess[] = [];
+
+  /**
+   * Every key of the activity, byte for byte (DUMP), except the rate limiters' own counters, and
+   * the orders and journal tables: what a refused request must leave unchanged.
+   */
+  const snapshot = async (activityId: string): Promise<string> => {
+    const k = activityKeys(activityId);
+    const keys: string[] = [];
+    let cursor = '0';
+    do {
+      const [next, batch] = await redis.scan(cursor, 'MATCH', k.scanPattern, 'COUNT', 500);
+      cursor = next;
+      keys.push(...batch);
+    } while (cursor !== '0');
+    const limiterPrefix = k.rateLimitPrefix('buyer').slice(0, -'buyer'.length);
+    const state = keys.filter((key) => !key.startsWith(limiterPrefix)).sort();
+    const dumps = await Promise.all(state.map(async (key) => (await redis.dumpBuffer(key))?.toString('hex')));
+    const orders = await sql.query('SELECT * FROM orders ORDER BY reservation_id');
+    const journal = await sql.query('SELECT count(*)::int AS n FROM order_journal');
+    return JSON.stringify({ keys: state, dumps, orders: orders.rows, journal: journal.rows });
+  };
+
+  beforeAll(async () => {
+    db = await freshDatabase();
+    sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    redis = new Redis(testEnv().redisUrl);
+  });
+
+  afterAll(async () => {
+    await Promise.all(roles.map((r) => r.stop()));
+    await sql.end();
+    redis.disconnect();
+    await db.drop();
+  });
+
+  test('limits per buyer and per address hold across two api processes; a refusal changes nothing', async () => {
+    const activityId = uniqueId('shape');
+    await setUpActivity(activityId, [item(100)]);
+    await writeTrafficPolicy(
+      redis,
+      activityId,
+      policy({ perBuyer: { requests: 3, perSeconds: 600 }, perAddress: { requests: 5, perSeconds: 600 } }),
+    );
+    // Served by one api of all activities on one side, bound to the activity on the other; both
+    // believe one proxy hop, so X-Forwarded-For names the client address.
+    const env = { API_TRUST_PROXY: '1' };
+    const a = await startRole('api', { databaseUrl: db.url, env });
+    roles.push(a);
+    const b = await startRole('api', { activityId, databaseUrl: db.url, env });
+    roles.push(b);
+    const path = `/v1/activities/${activityId}/orders`;
+    const token = await tokenFor('bot-1');
+
+    // Per buyer: 3 submissions in the window, whichever process takes them; each answered by the
+    // reservation path (202, or 409 once the buyer's limit of one unit is held).
+    const answers: Answer[] = [];
+    for (let i = 0; i < 3; i += 1) {
+      answers.push(
+        await send(`${(i % 2 === 0 ? a : b).url}${path}`, {
+          token,
+          body: { skuId: 'tea', quantity: 1, requestId: `r${i}` },
+          headers: { 'x-forwarded-for': `198.51.100.${i}` },
+        }),
+      );
+    }
+    expect(answers.map((x) => x.status)).toEqual([202, 409, 409]);
+    const before = await snapshot(activityId);
+    for (const api of [a, b, a, b]) {
+      const refused = await send(`${api.url}${path}`, {
+        token,
+        body: { skuId: 'tea', quantity: 1, requestId: 'r9' },
+        headers: { 'x-forwarded-for': '198.51.100.9' },
+      });
+      expect(refused).toEqual({
+        status: 429,
+        code: 'RATE_LIMITED',
+        retryAfter: expect.stringMatching(/^[1-9]\d*$/),
+        contentType: expect.stringMatching(/^application\/problem\+json/),
+      });
+      expect(Number(refused.retryAfter)).toBeLessThanOrEqual(600);
+    }
+    expect(await snapshot(activityId)).toBe(before);
+    // Once refused, the buyer is refused before the token is verified: a token naming the buyer
+    // with a wrong signature gets the same 429 (never a reservation), another buyer's forged token
+    // a 401.
+    const forged = await tokenFor('bot-1', `${JWT_SECRET}-forged`);
+    const early = await send(`${b.url}${path}`, {
+      token: forged,
+      body: { skuId: 'tea', quantity: 1, requestId: 'r10' },
+      headers: { 'x-forwarded-for': '198.51.100.10' },
+    });
+    expect([early.status, early.code]).toEqual([429, 'RATE_LIMITED']);
+    const other = await send(`${b.url}${path}`, {
+      token: await tokenFor('bot-2', `${JWT_SECRET}-forged`),
+      body: { skuId: 'tea', quantity: 1, requestId: 'r10' },
+      headers: { 'x-forwarded-for': '198.51.100.10' },
+    });
+    expect([other.status, other.code]).toEqual([401, 'UNAUTHORIZED']);
+    expect(await snapshot(activityId)).toBe(before);
+
+    // Per address: 5 submissions from one address however many buyers, on either process.
+    const fromOne = await pool(
+      1,
+      Array.from(
+        { length: 8 },
+        (_, i) => async () =>
+          send(`${(i % 2 === 0 ? a : b).url}${path}`, {
+            token: await tokenFor(`nat-${i}`),
+            body: { skuId: 'tea', quantity: 1, requestId: 'x' },
+            headers: { 'x-forwarded-for': '203.0.113.7' },
+          }),
+      ),
+    );
+    expect(fromOne.map((x) => x.status)).toEqual([202, 202, 202, 202, 202, 429, 429, 429]);
+    expect(new Set(fromOne.slice(5).map((x) => x.code))).toEqual(new Set(['RATE_LIMITED']));
+    // Another address is not affected.
+    const otherAddress = await send(`${b.url}${path}`, {
+      token: await tokenFor('nat-9'),
+      body: { skuId: 'tea', quantity: 1, requestId: 'x' },
+      headers: { 'x-forwarded-for': '203.0.113.8' },
+    });
+    expect(otherAddress.status).toBe(202);
+
+    // Polling is not limited: the limited buyer still reads their result.
+    const poll = await send(`${a.url}${path}?requestId=r0`, { method: 'GET', token });
+    expect(poll.status).toBe(200);
+
+    // The counters live under the activity's hash tag (cleanup's scan removes them).
+    const limiterKeys = await redis.keys(`${activityKeys(activityId).prefix}rl:*`);
+    expect(limiterKeys.length).toBeGreaterThan(0);
+
+    const metrics = await (await request(`${a.url}/metrics`)).body.text();
+    expect(metrics).toMatch(
+      new RegExp(`flashsale_rate_limited_total\\{[^}]*activity="${activityId}"[^}]*reason="buyer"`),
+    );
+    expect(metrics).toMatch(
+      new RegExp(`flashsale_rate_limited_total\\{[^}]*activity="${activityId}"[^}]*reason="address"`),
+    );
+
+    // Shaping off: the same buyer is no longer refused by the limiter.
+    await writeTrafficPolicy(redis, activityId, policy({ enabled: false }));
+    await waitFor(
+      'the policy reaching both processes',
+      async () => {
+        const r = await Promise.all(
+          [a, b].map((api) =>
+            send(`${api.url}${path}`, { token, body: { skuId: 'tea', quantity: 1, requestId: 'r0' } }),
+          ),
+        );
+        return r.every((x) => x.status === 202);
+      },
+      30_000,
+      250,
+    );
+  }, 180_000);
+
+  test('deny list and pre-registration refuse with stable codes and change nothing', async () => {
+    const activityId = uniqueId('elig');
+    const activity = await setUpActivity(activityId, [item(10)], { open: false, startInMs: 3_600_000 });
+    await writeTrafficPolicy(redis, activityId, policy({}, { preRegistration: true }));
+    const api = await startRole('api', { activityId, databaseUrl: db.url });
+    roles.push(api);
+    const base = `${api.url}/v1/activities/${activityId}`;
+    const tokens = Object.fromEntries(
+      await Promise.all(['reg', 'late', 'denied'].map(async (u) => [u, await tokenFor(u)] as const)),
+    );
+
+    // Registration is open during warm-up (gate pending, before startAt).
+    expect((await send(`${base}/registrations`, { token: tokens.reg })).status).toBe(201);
+    expect((await send(`${base}/registrations`, { token: tokens.reg })).status).toBe(200);
+    expect((await send(`${base}/registrations`, { token: tokens.denied })).status).toBe(201);
+    const me = await request(`${base}/registrations/me`, {
+      headers: { authorization: `Bearer ${tokens.reg}` },
+    });
+    expect(await me.body.json()).toEqual({ registered: true });
+
+    // The sale opens: a later generation moves startAt into the past, then the gate opens.
+    await loadActivity(redis, {
+      ...activity.definition,
+      generation: 2,
+      startAt: new Date(Date.now() - 1000),
+    });
+    await setGate(redis, activityId, 'open');
+    await syncDenyList(redis, activityId, ['denied']);
+
+    const order = (requestId: string) => ({ skuId: 'tea', quantity: 1, requestId });
+    const before = await snapshot(activityId);
+    const late = await send(`${base}/orders`, { token: tokens.late, body: order('l1') });
+    expect([late.status, late.code]).toEqual([403, 'NOT_REGISTERED']);
+    const denied = await send(`${base}/orders`, { token: tokens.denied, body: order('d1') });
+    expect([denied.status, denied.code]).toEqual([403, 'BUYER_DENIED']);
+    const closed = await send(`${base}/registrations`, { token: tokens.late });
+    expect([closed.status, closed.code]).toEqual([409, 'REGISTRATION_CLOSED']);
+    expect(await snapshot(activityId)).toBe(before);
+
+    expect((await send(`${base}/orders`, { token: tokens.reg, body: order('r1') })).status).toBe(202);
+    // Lifting the deny list readmits the buyer (they registered in time).
+    await syncDenyList(redis, activityId, []);
+    expect((await send(`${base}/orders`, { token: tokens.denied, body: order('d2') })).status).toBe(202);
+  }, 120_000);
+
+  test('order codes only inside the sale window and at most N per buyer and sku', async () => {
+    const activityId = uniqueId('codes');
+    const activity = await setUpActivity(activityId, [item(10)], {
+      open: false,
+      startInMs: 3_600_000,
+      requireOrderCode: true,
+    });
+    await writeTrafficPolicy(redis, activityId, policy({}, { orderCodesPerBuyerPerSku: 2 }));
+    const api = await startRole('api', {
+      activityId,
+      databaseUrl: db.url,
+      env: { API_POLICY_REFRESH_MS: '0' },
+    });
+    roles.push(api);
+    const url = `${api.url}/v1/activities/${activityId}/order-codes`;
+    const token = await tokenFor('coder');
+    const early = await send(url, { token, body: { skuId: 'tea' } });
+    expect([early.status, early.code]).toEqual([409, 'NOT_STARTED']);
+    await loadActivity(redis, {
+      ...activity.definition,
+      generation: 2,
+      startAt: new Date(Date.now() - 1000),
+    });
+    await setGate(redis, activityId, 'open');
+    expect((await send(url, { token, body: { skuId: 'tea' } })).status).toBe(201);
+    expect((await send(url, { token, body: { skuId: 'tea' } })).status).toBe(201);
+    const third = await send(url, { token, body: { skuId: 'tea' } });
+    expect([third.status, third.code]).toEqual([409, 'ORDER_CODE_LIMIT']);
+    await setGate(redis, activityId, 'closed');
+    const after = await send(url, { token: await tokenFor('coder-2'), body: { skuId: 'tea' } });
+    expect([after.status, after.code]).toEqual([409, 'ENDED']);
+  }, 120_000);
+
+  test('shedding answers at once with 503 OVERLOADED; health stays answerable; no other 5xx', async () => {
+    const activityId = uniqueId('shed');
+    await setUpActivity(activityId, [item(50)]);
+    await writeTrafficPolicy(redis, activityId, policy({ enabled: false }));
+    const api = await startRole('api', { activityId, databaseUrl: db.url, env: { API_MAX_IN_FLIGHT: '2' } });
+    roles.push(api);
+    const path = `/v1/activities/${activityId}/orders`;
+
+    // Two requests whose bodies never finish hold both admission slots, deterministically.
+    const { connect } = await import('node:net');
+    const holders = await Promise.all(
+      [0, 1].map(async () => {
+        const token = await tokenFor('slow');
+        const s = connect(api.port, '127.0.0.1');
+        await new Promise((r) => s.once('connect', r));
+        s.write(
+          `POST ${path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+            `authorization: Bearer ${token}\r\ncontent-length: 100\r\n\r\n{"skuId":`,
+        );
+        return s;
+      }),
+    );
+    await waitFor(
+      'both slots taken',
+      async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 503,
+    );
+    const ready = await request(`${api.url}/readyz`);
+    expect([ready.statusCode, await ready.body.json()]).toEqual([
+      503,
+      { status: 'shedding', reason: 'in_flight' },
+    ]);
+    expect((await send(`${api.url}/healthz`, { method: 'GET' })).status).toBe(200);
+    const shed = await send(`${api.url}${path}`, {
+      token: await tokenFor('b0'),
+      body: { skuId: 'tea', quantity: 1, requestId: 'x' },
+    });
+    expect(shed).toEqual({
+      status: 503,
+      code: 'OVERLOADED',
+      retryAfter: '1',
+      contentType: expect.stringMatching(/^application\/problem\+json/),
+    });
+    for (const s of holders) s.destroy();
+    await waitFor(
+      'slots released',
+      async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 200,
+    );
+
+    // A flood far above the cap: every answer is a reservation outcome or a fast OVERLOADED.
+    const tokens = await Promise.all(Array.from({ length: 300 }, (_, i) => tokenFor(`flood-${i}`)));
+    const flood = await pool(
+      100,
+      tokens.map(
+        (token, i) => () =>
+          send(`${api.url}${path}`, { token, body: { skuId: 'tea', quantity: 1, requestId: `f${i}` } }),
+      ),
+    );
+    const kinds = new Set(flood.map((x) => `${x.status} ${x.code ?? ''}`.trim()));
+    for (const k of kinds) expect(['202', '409 SOLD_OUT', '503 OVERLOADED']).toContain(k);
+    expect(flood.filter((x) => x.status === 503).every((x) => x.retryAfter === '1')).toBe(true);
+    const metrics = await (await request(`${api.url}/metrics`)).body.text();
+    expect(metrics).toMatch(/flashsale_shed_total\{[^}]*reason="in_flight"[^}]*\} [1-9]/);
+    expect(metrics).toMatch(/flashsale_event_loop_delay_seconds_count/);
+  }, 120_000);
+});
