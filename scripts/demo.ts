@@ -34,6 +34,8 @@ import {
 import type { Admin, OperatorProcess } from '../test/e2e/operator/harness.js';
 import { uniqueId } from '../test/helpers/env.js';
 import { signNotification } from '../runtime/payments/hmac-provider.js';
+import { startFakeProvider } from '../test/helpers/fake-provider.js';
+import type { FakeProvider } from '../test/helpers/fake-provider.js';
 import { ROOT, httpClient, startRole, tokenFor, waitFor } from '../test/helpers/runtime.js';
 import type { RoleProcess } from '../test/helpers/runtime.js';
 
@@ -129,6 +131,8 @@ const ENV_DIR = join(ROOT, 'test', 'env');
 let ownedState: string | undefined;
 let envUp: ChildProcess | undefined;
 const roles: RoleProcess[] = [];
+/** The payment provider stand-in (refunds), for the summary's refund check. */
+let payProvider: FakeProvider | undefined;
 let operator: OperatorProcess | undefined;
 const closers: (() => Promise<void> | void)[] = [];
 let stopping = false;
@@ -557,8 +561,6 @@ async function summary(
   const remaining = rows.reduce((n, r) => n + r.remaining, 0);
   const phase = fsa?.status?.phase;
   const settlement = fsa?.status?.settlement;
-  const refundsOnly =
-    phase === 'Settling' && (settlement?.unsettled ?? 0) === (settlement?.refundPending ?? -1);
   const [payRows, returned] = await Promise.all([
     pg.query<{ state: string; n: string }>(
       `SELECT state, count(*)::text AS n FROM payments WHERE activity_id = $1 GROUP BY state`,
@@ -575,9 +577,9 @@ async function summary(
   const checks: Check[] = [
     {
       name: 'lifecycle settled',
-      // Completed needs every payment applied or refunded; the duplicate trade waits for the
-      // refund worker (docs/after-sale.md), so Settling with only refunds left is accepted.
-      ok: phase === 'Completed' || refundsOnly,
+      // Completed needs every payment applied or refunded: the duplicate trade's money went back
+      // through the provider (the refund worker of the after-sale role, docs/after-sale.md).
+      ok: phase === 'Completed',
       detail:
         `phase ${phase ?? 'none'}` +
         (settlement
@@ -603,6 +605,18 @@ async function summary(
         `duplicate trade → ${payments.duplicate?.outcome ?? 'not sent'}; ` +
         `late notification of an in-time payment → ${payments.late?.outcome ?? 'not sent'}` +
         (payments.late?.outcome === 'PAID' ? ' (unit taken back from PostgreSQL)' : ''),
+    },
+    {
+      name: 'refunds once',
+      // Every payment that could not be kept went back through the provider, exactly once each.
+      ok:
+        (payState.get('REFUNDED') ?? 0) > 0 &&
+        (payState.get('REFUND_PENDING') ?? 0) + (payState.get('REFUNDING') ?? 0) === 0 &&
+        payProvider?.executed.size === payState.get('REFUNDED'),
+      detail:
+        `${payState.get('REFUNDED') ?? 0} payment(s) refunded, ` +
+        `${payProvider?.executed.size ?? 0} refund(s) executed by the provider ` +
+        `(${[...(payProvider?.calls.values() ?? [])].reduce((n, c) => n + c, 0)} call(s))`,
     },
     {
       name: 'stock written back',
@@ -720,6 +734,11 @@ async function main(): Promise<number> {
   };
   // A short payment window (spec.payment.timeout, the same PAYMENT_TIMEOUT_SECONDS the operator
   // gives its Deployments) and a sweeper every 2 s, so that the orders outlive the sale by seconds.
+  // The payment provider's refund endpoint: a local stand-in that signs its answers and refunds
+  // each refund id once, like a real provider; the after-sale role's refund worker calls it.
+  const provider = await startFakeProvider({ secret: PAY_SECRET });
+  payProvider = provider;
+  closers.push(() => provider.close());
   const afterSaleEnv = {
     PAYMENT_TIMEOUT_SECONDS: String(Math.max(10, k.paywindow)),
     PAYMENT_SWEEP_CRON: '*/2 * * * * *',
@@ -738,6 +757,8 @@ async function main(): Promise<number> {
                 PAYMENT_HMAC_SECRET: PAY_SECRET,
                 PAYMENT_HMAC_APP_ID: PAY_APP,
                 PAYMENT_HMAC_MERCHANT_ID: PAY_MERCHANT,
+                PAYMENT_HMAC_REFUND_URL: provider.refundUrl,
+                REFUND_WORKER_CRON: '* * * * * *',
               }
             : {}),
         },
@@ -805,7 +826,6 @@ async function main(): Promise<number> {
   let phase: string | undefined;
   let buyers: Promise<void> | undefined;
   let done = false;
-  let onlyRefundsLeft = false;
   const deadline = endMs + 120_000;
   while (!done) {
     const seen = await progress(a, redis, pg, namespace, name, activityId, tally, startMs, endMs).catch(
@@ -826,16 +846,7 @@ async function main(): Promise<number> {
         say(`payments: ${String(err)}`),
       );
     }
-    // The refund worker drives REFUND_PENDING to REFUNDED; without it, an activity whose orders are
-    // all settled but whose duplicate trade is still to be refunded stays in Settling.
-    const settlement =
-      phase === 'Settling' ? (await getActivity(a, namespace, name))?.status?.settlement : undefined;
-    onlyRefundsLeft =
-      settlement !== undefined &&
-      (settlement.unsettled ?? 0) > 0 &&
-      settlement.unsettled === (settlement.refundPending ?? 0) &&
-      payments.late?.outcome !== undefined;
-    if (phase === 'Completed' || phase === 'Failed' || onlyRefundsLeft) done = true;
+    if (phase === 'Completed' || phase === 'Failed') done = true;
     else if (Date.now() > deadline) {
       say('the activity did not complete within 2 minutes after its end');
       done = true;

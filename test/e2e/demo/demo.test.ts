@@ -95,6 +95,7 @@ describe('make demo (small configuration)', () => {
         'lifecycle settled',
         'orders settled',
         'payments decided',
+        'refunds once',
         'stock written back',
         'no oversell',
         'stock conserved',
@@ -107,7 +108,8 @@ describe('make demo (small configuration)', () => {
       // Progress lines (plain, not a terminal) show the phases; short ones may fall between two updates.
       // Settling, then Completed once the refund of the duplicate trade is done (the refund worker).
       for (const phase of ['Active', 'Settling']) expect(run.out).toContain(`phase         ${phase}`);
-      expect(run.out).toMatch(/payments {9}paid \d+, closed unpaid \d+, refund pending [1-9]/);
+      expect(run.out).toMatch(/phase \w+ → Completed/);
+      expect(run.out).toMatch(/payments {9}paid \d+, closed unpaid \d+, refund pending 0, refunded [1-9]/);
       expect(run.out).toMatch(/half messages \d+/);
       expect(run.out).toMatch(/order gap \(>30s\) \d+/);
 
