@@ -13,10 +13,24 @@ import { redisEnvIssue, redisEnvShape } from '../core/redis.js';
 export const roles = ['api', 'relay', 'consumer', 'jobs', 'all', 'after-sale'] as const;
 export type Role = (typeof roles)[number];
 
+/**
+ * What each role connects to. A role's Secret holds only these (least privilege: the relay never
+ * sees the database URL, the api never the Kafka credentials; docs/install.md "Security"), and
+ * the configuration requires exactly these.
+ */
+export const ROLE_NEEDS: Readonly<Record<Role, { database: boolean; kafka: boolean }>> = {
+  api: { database: true, kafka: false },
+  relay: { database: false, kafka: true },
+  consumer: { database: true, kafka: true },
+  jobs: { database: true, kafka: true },
+  all: { database: true, kafka: true },
+  'after-sale': { database: true, kafka: true },
+};
+
 const schema = z
   .object({
-    /** PostgreSQL connection URL. */
-    DATABASE_URL: z.string().url(),
+    /** PostgreSQL connection URL (every role but the relay; ROLE_NEEDS). */
+    DATABASE_URL: z.string().url().optional(),
     /**
      * Redis: REDIS_URL (redis://host:port), or REDIS_SENTINELS (host:port,...) with
      * REDIS_SENTINEL_MASTER (and REDIS_SENTINEL_PASSWORD); see core/redis.ts.
@@ -31,8 +45,8 @@ const schema = z
     RESERVE_ACK_REPLICAS: env.int(1, 1),
     /** How long the api waits for the replicas before answering 503 NOT_REPLICATED (retry with the same requestId). */
     RESERVE_ACK_TIMEOUT_MS: env.int(500, 1),
-    /** Kafka bootstrap brokers, comma separated host:port. */
-    KAFKA_BROKERS: env.list().refine((l) => l.length > 0, 'at least one broker'),
+    /** Kafka bootstrap brokers, comma separated host:port (every role but the api; ROLE_NEEDS). */
+    KAFKA_BROKERS: env.list(),
     /** The activity this process serves (required for relay, consumer and jobs). */
     ACTIVITY_ID: z
       .string()
@@ -240,6 +254,13 @@ export function loadRuntimeConfig(role: Role, source: NodeJS.ProcessEnv = proces
     throw new Error(
       'invalid configuration:\n  ACTIVITY_ID: the after-sale role serves every activity; unset it',
     );
+  }
+  const needs = ROLE_NEEDS[role];
+  if (needs.database && !cfg.DATABASE_URL) {
+    throw new Error(`invalid configuration:\n  DATABASE_URL: required for the ${role} role`);
+  }
+  if (needs.kafka && cfg.KAFKA_BROKERS.length === 0) {
+    throw new Error(`invalid configuration:\n  KAFKA_BROKERS: at least one broker, for the ${role} role`);
   }
   if (role !== 'api' && role !== 'after-sale' && !cfg.ACTIVITY_ID) {
     throw new Error(`invalid configuration:\n  ACTIVITY_ID: required for the ${role} role`);

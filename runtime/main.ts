@@ -7,6 +7,7 @@
 import type { Server } from 'node:http';
 import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
+import type { Kafka } from 'kafkajs';
 import cron from 'node-cron';
 import { activityOfRestockChannel, activityKeys, RESTOCK_CHANNEL_PATTERN } from '../core/keys.js';
 import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
@@ -14,6 +15,7 @@ import { createLogger, redactUrl } from '../core/logger.js';
 import { createMetrics } from '../core/metrics.js';
 import { migrate } from '../core/db/migrate.js';
 import { createPool } from '../core/db/pool.js';
+import type { Pool } from '../core/db/pool.js';
 import { createRedis, describeRedis, redisConnectionOf, usesSentinel } from '../core/redis.js';
 import { connectedReplicas, localAck, ReplicaAck } from '../core/durable-ack.js';
 import { registerScripts } from '../core/scripts.js';
@@ -65,7 +67,7 @@ async function main(): Promise<void> {
     {
       role,
       activity: cfg.ACTIVITY_ID,
-      db: redactUrl(cfg.DATABASE_URL),
+      db: cfg.DATABASE_URL ? redactUrl(cfg.DATABASE_URL) : undefined,
       redis: describeRedis(redisConnectionOf(cfg)),
       brokers: cfg.KAFKA_BROKERS,
     },
@@ -87,8 +89,23 @@ async function main(): Promise<void> {
   };
   logRedisErrors(redis, 'commands');
   registerScripts(redis);
-  const pool = createPool(cfg.DATABASE_URL, cfg.DB_POOL_SIZE, `flashsale-${role}`);
-  const kafka = createKafka(cfg.KAFKA_BROKERS, `flashsale-${role}-${process.pid}`);
+  // Only the connections this role uses (ROLE_NEEDS in config.ts): the relay is given no database
+  // URL and the api no Kafka brokers, so neither is created for them.
+  const pool = cfg.DATABASE_URL
+    ? createPool(cfg.DATABASE_URL, cfg.DB_POOL_SIZE, `flashsale-${role}`)
+    : undefined;
+  const kafka =
+    cfg.KAFKA_BROKERS.length > 0
+      ? createKafka(cfg.KAFKA_BROKERS, `flashsale-${role}-${process.pid}`)
+      : undefined;
+  const db = (): Pool => {
+    if (!pool) throw new Error(`the ${role} role has no DATABASE_URL`);
+    return pool;
+  };
+  const bus = (): Kafka => {
+    if (!kafka) throw new Error(`the ${role} role has no KAFKA_BROKERS`);
+    return kafka;
+  };
   const activityId = cfg.ACTIVITY_ID;
   const topics = activityId ? topicsFor(activityId, cfg.KAFKA_TOPIC_PREFIX) : undefined;
   let stopping = false;
@@ -109,7 +126,7 @@ async function main(): Promise<void> {
     await Promise.all([
       probe('redis', () => redis.ping()),
       ...(has('consumer') || has('jobs') || role === 'after-sale'
-        ? [probe('postgres', () => pool.query('SELECT 1'))]
+        ? [probe('postgres', () => db().query('SELECT 1'))]
         : []),
     ]);
     if (has('consumer') && activityId) checks.consumer = consumer?.status() ?? 'starting';
@@ -163,7 +180,7 @@ async function main(): Promise<void> {
       trustProxy: trustProxySetting(cfg.API_TRUST_PROXY),
       policies: new PolicyCache(redis, cfg.API_POLICY_REFRESH_MS, logger),
       redis,
-      pool,
+      pool: db(),
       soldOut,
       activityId,
       orderCodeTtlSeconds: cfg.ORDER_CODE_TTL_SECONDS,
@@ -172,7 +189,7 @@ async function main(): Promise<void> {
       logger,
       extraRouters: [
         cancelRouter({
-          pool,
+          pool: db(),
           redis,
           logger,
           metrics,
@@ -183,19 +200,19 @@ async function main(): Promise<void> {
             maxPerBuyer: cfg.CANCEL_MARKERS_PER_BUYER,
           },
         }),
-        refundRouter({ pool, logger, metrics, activityId }),
+        refundRouter({ pool: db(), logger, metrics, activityId }),
       ],
       publicRouters: providers.length
         ? [
             paymentsRouter({
-              pool,
+              pool: db(),
               redis,
               logger,
               metrics,
               providers,
               paidTimeToleranceSeconds: cfg.PAYMENT_SIGNATURE_TOLERANCE_SECONDS,
             }),
-            refundNotificationsRouter({ pool, logger, metrics, providers }),
+            refundNotificationsRouter({ pool: db(), logger, metrics, providers }),
           ]
         : [],
     });
@@ -227,7 +244,7 @@ async function main(): Promise<void> {
         topic: topics.orders,
         redis,
         blockingRedis: blocking,
-        createProducer: () => idempotentProducer(kafka),
+        createProducer: () => idempotentProducer(bus()),
         metrics,
         logger,
         batchSize: cfg.RELAY_BATCH_SIZE,
@@ -253,7 +270,7 @@ async function main(): Promise<void> {
       topic: topics.orders,
       dlqTopic: topics.dlq,
       createConsumer: () =>
-        kafka.consumer({
+        bus().consumer({
           groupId: topics.consumerGroup,
           allowAutoTopicCreation: false,
           maxBytesPerPartition: 4 << 20,
@@ -261,8 +278,8 @@ async function main(): Promise<void> {
           heartbeatInterval: cfg.CONSUMER_HEARTBEAT_INTERVAL_MS,
           rebalanceTimeout: cfg.CONSUMER_REBALANCE_TIMEOUT_MS,
         }),
-      dlqProducer: idempotentProducer(kafka),
-      pool,
+      dlqProducer: idempotentProducer(bus()),
+      pool: db(),
       redis,
       metrics,
       logger,
@@ -279,7 +296,7 @@ async function main(): Promise<void> {
   }
 
   if ((has('jobs') || (role === 'consumer' && cfg.JOBS_IN_CONSUMER)) && activityId && topics) {
-    const admin = kafka.admin();
+    const admin = bus().admin();
     await admin.connect();
     const task = cron.schedule(
       cfg.JOBS_GAUGE_CRON,
@@ -288,7 +305,7 @@ async function main(): Promise<void> {
           await sampleGauges({
             activityId,
             redis,
-            pool,
+            pool: db(),
             admin,
             topics,
             metrics,
@@ -302,19 +319,27 @@ async function main(): Promise<void> {
       },
       { name: `gauges-${activityId}`, noOverlap: true },
     );
-    const gapProducer = idempotentProducer(kafka);
+    const gapProducer = idempotentProducer(bus());
     await gapProducer.connect();
     const afterSale = scheduleAfterSaleJobs({
       cfg,
       activityId,
       topic: topics.orders,
       redis,
-      pool,
+      pool: db(),
       logger,
       metrics,
       producer: gapProducer,
     });
-    const money = await startMoneyJobs({ cfg, activityId, pool, logger, metrics, kafka, providers });
+    const money = await startMoneyJobs({
+      cfg,
+      activityId,
+      pool: db(),
+      logger,
+      metrics,
+      kafka: bus(),
+      providers,
+    });
     closers.unshift(async () => {
       await money.stop();
       await task.stop();
@@ -329,16 +354,16 @@ async function main(): Promise<void> {
   }
 
   if (role === 'after-sale') {
-    const sweeper = scheduleSettlementSweeper({ cfg, redis, pool, logger, metrics });
+    const sweeper = scheduleSettlementSweeper({ cfg, redis, pool: db(), logger, metrics });
     // Refunds and order events of every activity, for as long as orders live: an activity's own
     // jobs stop when its runtime is scaled to zero at Completed.
     const money = await startMoneyJobs({
       cfg,
       activityId: undefined,
-      pool,
+      pool: db(),
       logger,
       metrics,
-      kafka,
+      kafka: bus(),
       providers,
     });
     closers.unshift(async () => {
@@ -369,7 +394,7 @@ async function main(): Promise<void> {
     for (const close of closers) {
       await close().catch((err: Error) => logger.warn({ err: err.message }, 'close failed'));
     }
-    await pool.end();
+    await pool?.end();
     await redis.quit();
     logger.info('stopped');
     process.exit(0);

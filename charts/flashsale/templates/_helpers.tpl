@@ -148,3 +148,17 @@ runtime NetworkPolicies. */}}
 {{- if not $namespaces }}{{ $namespaces = list .Release.Namespace }}{{ end -}}
 {{- concat $namespaces .Values.runtime.secretNamespaces | uniq | toJson -}}
 {{- end -}}
+
+{{/*
+The shared connection keys a runtime role reads (runtime/config.ts ROLE_NEEDS): the relay gets no
+database URL, the api no Kafka brokers or Kafka credentials. Args: dict "shared" (all keys) "role".
+*/}}
+{{- define "flashsale.roleConnection" -}}
+{{- $out := dict -}}
+{{- range $k, $v := .shared -}}
+{{- if and (eq $.role "relay") (eq $k "DATABASE_URL") -}}
+{{- else if and (eq $.role "api") (hasPrefix "KAFKA_" $k) -}}
+{{- else -}}{{- $_ := set $out $k $v -}}{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}

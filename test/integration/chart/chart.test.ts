@@ -294,10 +294,13 @@ describe('least privilege', () => {
     expect(where('flashsale-runtime')).toEqual([]);
     const byName = (name: string): K8sObject => secrets.find((s) => s.metadata.name === name) as K8sObject;
     const shared = ['DATABASE_URL', 'KAFKA_BROKERS', 'REDIS_URL'];
-    // The buyer token key and the payment key only where the api runs.
+    // The buyer token key and the payment key only where the api runs; each role only the
+    // connections it uses (runtime/config.ts ROLE_NEEDS): no Kafka for the api, no database for
+    // the relay.
     expect(keysOf(byName('flashsale-runtime-api'))).toEqual(
       [
-        ...shared,
+        'DATABASE_URL',
+        'REDIS_URL',
         'JWT_AUDIENCE',
         'JWT_HS256_SECRET',
         'JWT_ISSUER',
@@ -305,11 +308,11 @@ describe('least privilege', () => {
         'PAYMENT_HMAC_SECRET',
       ].sort(),
     );
-    expect(keysOf(byName('flashsale-runtime-relay'))).toEqual(shared);
+    expect(keysOf(byName('flashsale-runtime-relay'))).toEqual(['KAFKA_BROKERS', 'REDIS_URL']);
     expect(keysOf(byName('flashsale-runtime-consumer'))).toEqual(shared);
     expect(keysOf(byName('flashsale-runtime-operator'))).toEqual(shared);
     // The runtime and the operator get the data-only account; only migrations get the owner's.
-    for (const name of ['api', 'relay', 'consumer', 'operator']) {
+    for (const name of ['api', 'consumer', 'operator']) {
       expect(at(byName(`flashsale-runtime-${name}`), 'stringData.DATABASE_URL')).toMatch(/flashsale_app/);
     }
     expect(at(byName('flashsale-runtime-migrations'), 'stringData')).toEqual({

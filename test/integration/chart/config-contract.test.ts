@@ -126,7 +126,6 @@ describe.each(Object.keys(valuesSets))('configuration contract with %s values', 
 
   it('creates a runtime Secret that, with what the operator adds, the runtime accepts', () => {
     const operator = loadOperatorConfig(resolveEnv(container.env, objects, namespace));
-    const secret = roleSecretData(objects, operator.runtime.secretName, 'api');
     // The variables the operator sets on the runtime containers (operator/reconcile/runtime-objects.ts).
     const added = {
       ACTIVITY_ID: 'double11-2030',
@@ -135,7 +134,14 @@ describe.each(Object.keys(valuesSets))('configuration contract with %s values', 
       PAYMENT_TIMEOUT_SECONDS: '900',
       KAFKA_TOPIC_PREFIX: operator.kafka.topicPrefix,
     };
-    for (const role of ['api', 'relay', 'consumer', 'jobs'] as const) {
+    // Each role with its own Secret (the jobs role runs with the consumer's).
+    for (const [role, secretOf] of [
+      ['api', 'api'],
+      ['relay', 'relay'],
+      ['consumer', 'consumer'],
+      ['jobs', 'consumer'],
+    ] as const) {
+      const secret = roleSecretData(objects, operator.runtime.secretName, secretOf);
       expect(() => loadRuntimeConfig(role, { ...secret, ...added })).not.toThrow();
     }
   });
@@ -177,9 +183,16 @@ it('carries token checks and Kafka authentication to the runtime and the operato
     JWT_ISSUER: 'https://login.shop.example/',
     JWT_AUDIENCE: 'flashsale-buyers',
     JWT_MAX_TOKEN_AGE_SECONDS: 900,
-    KAFKA_SASL_MECHANISM: 'scram-sha-512',
-    KAFKA_TLS: 'true',
   });
+  // Kafka's credentials go to the roles that talk to Kafka, never to the api.
+  expect(runtime).not.toHaveProperty('KAFKA_SASL_MECHANISM');
+  for (const role of ['relay', 'consumer'] as const) {
+    const cfg = loadRuntimeConfig(role, {
+      ...roleSecretData(objects, operator.runtime.secretName, role),
+      ACTIVITY_ID: 'a1',
+    });
+    expect(cfg).toMatchObject({ KAFKA_SASL_MECHANISM: 'scram-sha-512', KAFKA_TLS: 'true' });
+  }
 });
 
 it('scrapes the runtime on its metrics port, the one the operator gives the runtime pods', () => {

@@ -27,6 +27,25 @@ describe('runtime configuration', () => {
     );
   });
 
+  test('each role requires exactly the connections it uses (ROLE_NEEDS)', () => {
+    const { DATABASE_URL: _d, ...noDatabase } = { ...base, ACTIVITY_ID: 'a1' };
+    const { KAFKA_BROKERS: _b, ...noKafka } = { ...base, ACTIVITY_ID: 'a1' };
+    // The relay never reads the database; the api never talks to Kafka.
+    expect(loadRuntimeConfig('relay', noDatabase).DATABASE_URL).toBeUndefined();
+    expect(loadRuntimeConfig('api', noKafka).KAFKA_BROKERS).toEqual([]);
+    for (const role of ['api', 'consumer', 'jobs', 'all'] as const)
+      expect(() => loadRuntimeConfig(role, noDatabase)).toThrow(
+        `DATABASE_URL: required for the ${role} role`,
+      );
+    expect(() => loadRuntimeConfig('after-sale', { ...noDatabase, ACTIVITY_ID: undefined })).toThrow(
+      /DATABASE_URL: required for the after-sale role/,
+    );
+    for (const role of ['relay', 'consumer', 'jobs', 'all'] as const)
+      expect(() => loadRuntimeConfig(role, noKafka)).toThrow(
+        `KAFKA_BROKERS: at least one broker, for the ${role} role`,
+      );
+  });
+
   test('roles that serve one activity require it; the api requires a token key', () => {
     expect(() => loadRuntimeConfig('relay', base)).toThrow(/ACTIVITY_ID: required for the relay role/);
     expect(() => loadRuntimeConfig('consumer', { ...base, ACTIVITY_ID: 'bad id' })).toThrow(/ACTIVITY_ID/);
