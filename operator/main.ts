@@ -6,6 +6,7 @@
  */
 import {
   AppsV1Api,
+  PolicyV1Api,
   CoordinationV1Api,
   CoreV1Api,
   CustomObjectsApi,
@@ -45,6 +46,7 @@ async function main(): Promise<void> {
   kc.loadFromDefault();
   const activities = new ActivityClient(kc.makeApiClient(CustomObjectsApi));
   const apps = kc.makeApiClient(AppsV1Api);
+  const policy = kc.makeApiClient(PolicyV1Api);
   const core = kc.makeApiClient(CoreV1Api);
   const metrics = createOperatorMetrics();
   const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 3, lazyConnect: false });
@@ -67,6 +69,7 @@ async function main(): Promise<void> {
     activities,
     apps,
     core,
+    policy,
     events: new EventRecorder(core, config.identity, log),
     deployment: (ns, name) => ref.controller?.deployment(ns, name),
     redis,

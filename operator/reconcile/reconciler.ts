@@ -12,7 +12,9 @@ import { ReconcileContext } from './context.js';
 import { detectFailure } from './detect-failure.js';
 import { drain } from './drain.js';
 import { ensureFinalizer } from './ensure-finalizer.js';
+import { observeRuntime } from './observe-runtime.js';
 import { openGate } from './open-gate.js';
+import { protectApi } from './protect-api.js';
 import { removeFinalizer } from './remove-finalizer.js';
 import { scaleRuntime } from './scale-runtime.js';
 import { syncSpec } from './sync-spec.js';
@@ -25,6 +27,8 @@ export const STEPS: readonly (readonly [string, Step])[] = [
   ['ensure-finalizer', ensureFinalizer],
   ['detect-failure', detectFailure],
   ['scale-runtime', scaleRuntime],
+  ['observe-runtime', observeRuntime],
+  ['protect-api', protectApi],
   ['warm-up', warmUp],
   ['sync-spec', syncSpec],
   ['open-gate', openGate],
