@@ -84,6 +84,9 @@ node_ready() {
     -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
 }
 wait_up "kwok node $node" 60 "$(cat "$state/kwok.pid")" "$state/kwok.log" node_ready
+# The API server taints every new Node not-ready (TaintNodesByCondition); the node lifecycle
+# controller, which would lift it once the Node is Ready, is not run (it only evicts and taints).
+"$KUBECTL" --kubeconfig "$KUBECONFIG" patch node "$node" --type merge -p '{"spec":{"taints":null}}' >/dev/null
 
 cat >>"$state/kube.env" <<ENV
 KUBE_CONTROL_PLANE=kube-controller-manager,kube-scheduler,kwok
