@@ -8,7 +8,7 @@ const transform = {
     {
       useESM: true,
       diagnostics: true,
-      tsconfig: { isolatedModules: false, module: 'ESNext', moduleResolution: 'Bundler' },
+      tsconfig: { isolatedModules: false, module: 'ESNext', moduleResolution: 'Bundler', verbatimModuleSyntax: false },
     },
   ],
 };

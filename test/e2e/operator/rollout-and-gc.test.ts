@@ -138,17 +138,16 @@ describe('operator: rollout state and garbage collection on the fuller control p
       await waitForReadyPods(a, ns.namespace, NAME, 'api', 3);
       await waitForReadyPods(a, ns.namespace, NAME, 'relay', 1);
       await waitForReadyPods(a, ns.namespace, NAME, 'consumer', 1);
-      const healthy = await waitFor('RuntimeReady and not Degraded while Active', async () => {
+      // At the active size (the pass that opened the gate still judged the warm-up size).
+      await waitFor('RuntimeReady at the active size and not Degraded', async () => {
         const fsa = await getActivity(a, ns.namespace, NAME);
         const c = fsa?.status?.conditions;
-        return findCondition(c, 'RuntimeReady')?.status === 'True' &&
+        return (
+          findCondition(c, 'RuntimeReady')?.message === 'available: api 3/3, relay 1/1, consumer 1/1' &&
+          findCondition(c, 'RuntimeReady')?.status === 'True' &&
           findCondition(c, 'Degraded')?.status === 'False'
-          ? fsa
-          : undefined;
+        );
       });
-      expect(findCondition(healthy.status?.conditions, 'RuntimeReady')?.message).toBe(
-        'available: api 3/3, relay 1/1, consumer 1/1',
-      );
       expect(printerRow().split('\n')[1]).toMatch(
         new RegExp(`^${NAME}\\s+Active\\s+\\S+\\s+\\S+\\s+5\\s+True\\s`),
       );
