@@ -111,6 +111,7 @@ async function main(): Promise<void> {
             process.exit(1);
           });
         },
+        onBlocked: (reason) => metrics.leaderElectionBlocked.set(reason ? 1 : 0),
         onStoppedLeading: () => {
           // As controller-runtime does: a replica that lost the Lease exits and starts afresh.
           metrics.leader.set(0);
@@ -123,6 +124,9 @@ async function main(): Promise<void> {
   const server = await startHealthServer(config.httpPort, metrics.registry, {
     notReady: async () => {
       if (redis.status !== 'ready') return `redis ${redis.status}`;
+      // A standby is ready; a replica that can never lead is not (docs/operator.md "Operations").
+      const blocked = elector?.blockedReason;
+      if (blocked) return `cannot lead: ${blocked}`;
       if (ctl.isRunning && !ctl.synced) return 'informers not synced';
       return undefined;
     },
