@@ -8,7 +8,7 @@ import { hostname } from 'node:os';
 import { Redis } from 'ioredis';
 import cron from 'node-cron';
 import { activityOfRestockChannel, activityKeys, RESTOCK_CHANNEL_PATTERN } from '../core/keys.js';
-import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
+import { createKafka, idempotentProducer, topicsFor, waitForTopics } from '../core/kafka.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import { createMetrics } from '../core/metrics.js';
 import { migrate } from '../core/db/migrate.js';
@@ -80,8 +80,9 @@ async function main(): Promise<void> {
   let stopping = false;
   const closers: (() => Promise<unknown>)[] = [];
 
+  let waitingForTopics = false;
   const ready = async (): Promise<boolean> => {
-    if (stopping) return false;
+    if (stopping || waitingForTopics) return false;
     await redis.ping();
     if (has('consumer') || has('jobs')) await pool.query('SELECT 1');
     return true;
@@ -156,6 +157,28 @@ async function main(): Promise<void> {
     server.once('error', reject);
   });
   logger.info({ port: cfg.HTTP_PORT }, 'http listening');
+
+  // The relay publishes to the activity's topic and the consumer subscribes to it (and produces to
+  // its DLQ); the operator creates both at warm-up. Started earlier, they wait (not ready) rather
+  // than fail.
+  if ((has('relay') || has('consumer')) && activityId && topics) {
+    const admin = kafka.admin();
+    await admin.connect();
+    waitingForTopics = true;
+    let waited = false;
+    await waitForTopics(admin, [topics.orders, ...(has('consumer') ? [topics.dlq] : [])], {
+      onWaiting: (missing) => {
+        waited = true;
+        logger.info(
+          { missing },
+          "waiting for the activity's Kafka topics (the operator creates them at warm-up)",
+        );
+      },
+    });
+    waitingForTopics = false;
+    if (waited) logger.info("the activity's Kafka topics exist; starting");
+    await admin.disconnect();
+  }
 
   const relays: Relay[] = [];
   if (has('relay') && activityId && topics) {
