@@ -8,7 +8,13 @@ const transform = {
     {
       useESM: true,
       diagnostics: true,
-      tsconfig: { isolatedModules: false, module: 'ESNext', moduleResolution: 'Bundler', verbatimModuleSyntax: false },
+      tsconfig: {
+        isolatedModules: false,
+        module: 'ESNext',
+        moduleResolution: 'Bundler',
+        // Jest loads the global setup/teardown as CommonJS, which verbatimModuleSyntax refuses.
+        verbatimModuleSyntax: false,
+      },
     },
   ],
 };
