@@ -45,7 +45,7 @@ describe('docs/local-sale.md', () => {
     'runs step by step: the sale opens, two of three buyers get an order, and everything stops',
     async () => {
       const blocks = shellBlocks(readFileSync(path.join(ROOT, 'docs', 'local-sale.md'), 'utf8'));
-      expect(blocks.length).toBeGreaterThanOrEqual(8);
+      expect(blocks.length).toBeGreaterThanOrEqual(10);
       const activity = uniqueId('local');
       const env: NodeJS.ProcessEnv = {
         ...process.env,
@@ -80,6 +80,7 @@ describe('docs/local-sale.md', () => {
       const answers = readFileSync(path.join(work, 'answers'), 'utf8').trim().split('\n');
       expect(answers.map((l) => l.split(' ')[1]).sort()).toEqual(['202', '202', '409']);
       expect(out).toMatch(/kwok-node-0\s+Ready/);
+      expect(out).toContain('flashsaleactivity.flashsale.io/double11-2030 created (server dry run)');
       expect(out).toMatch(new RegExp(`${activity}\\s+Active\\s`));
       expect(out).toMatch(/"remaining":0/);
       expect(out.match(/\|\s*tea\s*\|\s*UNPAID/g)).toHaveLength(2);
