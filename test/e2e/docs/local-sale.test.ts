@@ -3,7 +3,7 @@
 // this test. `make env-up` then finds the test servers in DATABASE_URL, REDIS_URL, KAFKA_BROKERS
 // and KUBECONFIG and starts none (and `make env-down` stops none); everything else is the page's.
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { countOrders } from '../../../core/db/orders-store.js';
@@ -39,6 +39,8 @@ describe('docs/local-sale.md', () => {
       }
     }
     await db?.drop();
+    // A failure has already shown the ends of the logs kept there.
+    if (work) rmSync(work, { recursive: true, force: true });
   }, TIMEOUT_MS);
 
   it(
