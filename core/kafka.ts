@@ -172,6 +172,29 @@ export async function ensureTopics(
   return wanted;
 }
 
+/**
+ * Resolves once the brokers list every topic of `names`, polling with a delay growing to
+ * `maxDelayMs`: a role started before the operator created its activity's topics (at warm-up)
+ * waits here instead of failing. `onWaiting` is called once, with what is missing, the first time
+ * something is; a failed listing (brokers still away) counts as missing. Returns false when
+ * `stopped()` became true first.
+ */
+export async function waitForTopics(
+  admin: Admin,
+  names: readonly string[],
+  opts: { onWaiting?: (missing: string[]) => void; stopped?: () => boolean; maxDelayMs?: number } = {},
+): Promise<boolean> {
+  for (let attempt = 0; ; attempt += 1) {
+    if (opts.stopped?.()) return false;
+    const listed = await admin.listTopics().catch((): string[] => []);
+    const missing = names.filter((n) => !listed.includes(n));
+    if (missing.length === 0) return true;
+    if (attempt === 0) opts.onWaiting?.(missing);
+    const delay = Math.min(250 * 2 ** attempt, opts.maxDelayMs ?? 5_000);
+    await new Promise((resolve) => setTimeout(resolve, delay));
+  }
+}
+
 /** Messages in `topic` not yet committed by `groupId` (high watermark minus committed offset). */
 export async function consumerLag(admin: Admin, groupId: string, topic: string): Promise<number> {
   const [ends, committed] = await Promise.all([

@@ -262,6 +262,11 @@ export function createOperatorMetrics() {
       help: '1 while this replica holds the leader Lease',
       registers: r,
     }),
+    leaderElectionBlocked: new client.Gauge({
+      name: 'flashsale_leader_election_blocked',
+      help: '1 while this replica cannot lead: the Lease can be neither read nor created (missing namespace, RBAC)',
+      registers: r,
+    }),
     activityHalfMessages: new client.Gauge({
       name: 'flashsale_activity_half_messages',
       help: 'Half messages of each activity as last seen by the operator',

@@ -6,6 +6,7 @@
  */
 import {
   AppsV1Api,
+  PolicyV1Api,
   CoordinationV1Api,
   CoreV1Api,
   CustomObjectsApi,
@@ -45,6 +46,7 @@ async function main(): Promise<void> {
   kc.loadFromDefault();
   const activities = new ActivityClient(kc.makeApiClient(CustomObjectsApi));
   const apps = kc.makeApiClient(AppsV1Api);
+  const policy = kc.makeApiClient(PolicyV1Api);
   const core = kc.makeApiClient(CoreV1Api);
   const metrics = createOperatorMetrics();
   const redis = createRedis(config.redis, { maxRetriesPerRequest: 3, lazyConnect: false });
@@ -67,6 +69,7 @@ async function main(): Promise<void> {
     activities,
     apps,
     core,
+    policy,
     events: new EventRecorder(core, config.identity, log),
     deployment: (ns, name) => ref.controller?.deployment(ns, name),
     redis,
@@ -108,6 +111,7 @@ async function main(): Promise<void> {
             process.exit(1);
           });
         },
+        onBlocked: (reason) => metrics.leaderElectionBlocked.set(reason ? 1 : 0),
         onStoppedLeading: () => {
           // As controller-runtime does: a replica that lost the Lease exits and starts afresh.
           metrics.leader.set(0);
@@ -120,6 +124,9 @@ async function main(): Promise<void> {
   const server = await startHealthServer(config.httpPort, metrics.registry, {
     notReady: async () => {
       if (redis.status !== 'ready') return `redis ${redis.status}`;
+      // A standby is ready; a replica that can never lead is not (docs/operator.md "Operations").
+      const blocked = elector?.blockedReason;
+      if (blocked) return `cannot lead: ${blocked}`;
       if (ctl.isRunning && !ctl.synced) return 'informers not synced';
       return undefined;
     },

@@ -10,7 +10,7 @@ import type { Redis } from 'ioredis';
 import type { Kafka } from 'kafkajs';
 import cron from 'node-cron';
 import { activityOfRestockChannel, activityKeys, RESTOCK_CHANNEL_PATTERN } from '../core/keys.js';
-import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
+import { createKafka, idempotentProducer, topicsFor, waitForTopics } from '../core/kafka.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import { createMetrics } from '../core/metrics.js';
 import { migrate } from '../core/db/migrate.js';
@@ -114,9 +114,12 @@ async function main(): Promise<void> {
   let consumer: OrderConsumer | undefined;
   // What this process can actually do: reachable stores, and for the consumer whether it is a
   // member of its group with partitions (while it joins, it writes no orders).
+  // Relay and consumer started before the operator created their topics wait for them, not ready.
+  let waitingForTopics = false;
   const ready = async (): Promise<Readiness> => {
     if (stopping) return { ready: false, checks: { process: 'stopping' } };
     const checks: Record<string, string> = {};
+    if (waitingForTopics) checks.topics = "waiting for the activity's Kafka topics";
     const probe = async (name: string, fn: () => Promise<unknown>): Promise<void> => {
       checks[name] = await fn().then(
         () => 'ok',
@@ -232,6 +235,28 @@ async function main(): Promise<void> {
     ),
   );
   logger.info({ port: cfg.HTTP_PORT, metricsPort: cfg.METRICS_PORT }, 'http listening');
+
+  // The relay publishes to the activity's topic and the consumer subscribes to it (and produces to
+  // its DLQ); the operator creates both at warm-up. Started earlier, they wait (not ready) rather
+  // than fail.
+  if ((has('relay') || has('consumer')) && activityId && topics) {
+    const admin = bus().admin();
+    await admin.connect();
+    waitingForTopics = true;
+    let waited = false;
+    await waitForTopics(admin, [topics.orders, ...(has('consumer') ? [topics.dlq] : [])], {
+      onWaiting: (missing) => {
+        waited = true;
+        logger.info(
+          { missing },
+          "waiting for the activity's Kafka topics (the operator creates them at warm-up)",
+        );
+      },
+    });
+    waitingForTopics = false;
+    if (waited) logger.info("the activity's Kafka topics exist; starting");
+    await admin.disconnect();
+  }
 
   const relays: Relay[] = [];
   if (has('relay') && activityId && topics) {

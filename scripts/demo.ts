@@ -9,7 +9,7 @@
 // Ctrl-C.
 import { spawn, spawnSync } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { countUnconfirmed, readOutbox, readStock } from '../core/activity-cache.js';
@@ -56,6 +56,7 @@ const KNOBS = {
   paywindow: ['DEMO_PAYMENT_WINDOW', 30, 'seconds a buyer has to pay (spec.payment.timeout, >= 10)'],
   paypercent: ['DEMO_PAY_PERCENT', 60, '% of orders paid with a signed notification'],
   interval: ['DEMO_INTERVAL', 1, 'seconds between two progress updates'],
+  prometheus: ['DEMO_PROMETHEUS', 0, '1: run Prometheus scraping the operator and roles, print its URL'],
 } as const;
 type Knob = keyof typeof KNOBS;
 
@@ -687,6 +688,44 @@ async function summary(
   return ok;
 }
 
+/**
+ * DEMO_PROMETHEUS=1: Prometheus (Debian's package, test/env/start-prometheus.sh) scraping the
+ * operator and the roles every second, as in test/e2e/prometheus/; stopped with the demo.
+ * Returns its URL.
+ */
+function startPrometheus(namespace: string, targets: { pod: string; port: number }[]): string {
+  const state = `/tmp/flashsale-demo-prometheus-${process.pid}`;
+  const started = spawnSync('bash', [join(ENV_DIR, 'start-prometheus.sh'), state], { encoding: 'utf8' });
+  closers.push(() => {
+    spawnSync('bash', [join(ENV_DIR, 'env-down.sh'), state], { stdio: 'ignore', timeout: 30_000 });
+  });
+  if (started.status !== 0) throw new Error(`start-prometheus.sh failed: ${started.stderr}`);
+  const vars = Object.fromEntries(
+    readFileSync(join(state, 'prometheus.env'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]),
+  ) as Record<string, string>;
+  writeFileSync(
+    join(vars.PROMETHEUS_TARGETS_DIR ?? '', 'demo.json'),
+    JSON.stringify(
+      targets.map((t) => ({ targets: [`127.0.0.1:${t.port}`], labels: { namespace, pod: t.pod } })),
+    ),
+  );
+  return vars.PROMETHEUS_URL ?? '';
+}
+
+/** How many of the demo's targets Prometheus scraped successfully last time. */
+async function prometheusTargets(url: string): Promise<string> {
+  try {
+    const r = await fetch(`${url}/api/v1/query?query=${encodeURIComponent('count(up == 1) or vector(0)')}`);
+    const body = (await r.json()) as { data?: { result?: { value?: [number, string] }[] } };
+    return `${url}/graph (${body.data?.result?.[0]?.value?.[1] ?? '0'} targets up)`;
+  } catch (err) {
+    return `${url}/graph (unreachable: ${String(err)})`;
+  }
+}
+
 async function scrapeMetrics(name: string, url: string): Promise<string> {
   try {
     const r = await fetch(`${url}/metrics`);
@@ -789,6 +828,14 @@ async function main(): Promise<number> {
     `operator leading (metrics http://127.0.0.1:${operator.port}/metrics); ` +
       roles.map((r) => `${r.role} ${r.url}`).join(', '),
   );
+  let prometheus: string | undefined;
+  if (k.prometheus > 0) {
+    prometheus = startPrometheus(namespace, [
+      { pod: op.identity, port: op.port },
+      ...roles.map((r) => ({ pod: `demo-${r.role}`, port: r.port })),
+    ]);
+    say(`prometheus ${prometheus}/graph scrapes the operator and the roles every second (until the end)`);
+  }
 
   const redis = new Redis(process.env.REDIS_URL ?? '');
   closers.push(() => redis.disconnect());
@@ -857,6 +904,7 @@ async function main(): Promise<number> {
     scrapeMetrics('operator', `http://127.0.0.1:${operator.port}`),
     ...roles.map((r) => scrapeMetrics(r.role, r.metricsUrl)),
   ]);
+  if (prometheus) metrics.push(`prometheus ${await prometheusTargets(prometheus)}`);
   const fsa = await getActivity(a, namespace, name);
   const ok = await summary(redis, pg, fsa, activityId, items, tally, metrics, payments);
   return ok ? 0 : 1;

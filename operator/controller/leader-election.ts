@@ -25,6 +25,11 @@ export interface LeaderElectionOptions {
   onStartedLeading: () => void;
   /** Leadership lost (not released): the process should stop reconciling at once. */
   onStoppedLeading: () => void;
+  /**
+   * Called when the reason this process cannot lead changes: the Lease can be neither read nor
+   * created (its namespace is missing, RBAC forbids it), or undefined once an attempt got through.
+   */
+  onBlocked?: (reason: string | undefined) => void;
   now?: () => number;
 }
 
@@ -43,6 +48,19 @@ function isStatus(err: unknown, code: number): boolean {
   return typeof err === 'object' && err !== null && (err as { code?: unknown }).code === code;
 }
 
+/**
+ * Why an acquire attempt that failed with `err` means this process cannot lead until someone
+ * changes the cluster (undefined: a transient failure, retried quietly).
+ */
+export function blockingReason(err: unknown, namespace: string, name: string): string | undefined {
+  if (isStatus(err, 403)) {
+    return `forbidden to read or create the Lease ${namespace}/${name} (RBAC: bind the leader-election Role in ${namespace}, which must exist)`;
+  }
+  if (isStatus(err, 404))
+    return `the Lease namespace ${namespace} does not exist (create it, or set LEASE_NAMESPACE)`;
+  return undefined;
+}
+
 const sleep = (ms: number): Promise<void> =>
   new Promise((resolve) => {
     setTimeout(resolve, ms).unref?.();
@@ -57,6 +75,7 @@ export class LeaderElector {
   /** Set when the Lease shows another holder while this process believed it led. */
   private takenOver = false;
   private readonly now: () => number;
+  private blocked: string | undefined;
 
   constructor(private readonly options: LeaderElectionOptions) {
     this.now = options.now ?? Date.now;
@@ -66,14 +85,36 @@ export class LeaderElector {
     return this.leading;
   }
 
+  /** Why this process cannot lead (undefined when it leads, or may lead once the Lease is free). */
+  get blockedReason(): string | undefined {
+    return this.blocked;
+  }
+
+  private setBlocked(reason: string | undefined): void {
+    if (reason === this.blocked) return;
+    this.blocked = reason;
+    if (reason)
+      this.options.log.error(
+        { lease: `${this.options.namespace}/${this.options.name}`, reason },
+        'cannot lead',
+      );
+    this.options.onBlocked?.(reason);
+  }
+
   /** Runs until stop(): acquire, then renew; calls the callbacks on changes. */
   async run(): Promise<void> {
     while (!this.stopped) {
       if (!this.leading) {
+        let failed = false;
         const won = await this.tryAcquireOrRenew().catch((err: unknown) => {
-          this.options.log.warn({ err: String(err) }, 'lease acquire attempt failed');
+          failed = true;
+          const reason = blockingReason(err, this.options.namespace, this.options.name);
+          // A blocking reason is logged once as an error (setBlocked), not as a warning per retry.
+          if (!reason) this.options.log.warn({ err: String(err) }, 'lease acquire attempt failed');
+          this.setBlocked(reason ?? this.blocked);
           return false;
         });
+        if (!failed) this.setBlocked(undefined);
         if (won && !this.stopped) {
           this.leading = true;
           this.lastRenewAt = this.now();

@@ -4,7 +4,7 @@
  * A step that moves the lifecycle calls `transition()` and ends the pass, so every phase is
  * recorded in the API server before any side effect of the next phase happens.
  */
-import type { AppsV1Api, CoreV1Api, V1Deployment } from '@kubernetes/client-node';
+import type { AppsV1Api, CoreV1Api, PolicyV1Api, V1Deployment } from '@kubernetes/client-node';
 import type { Redis } from 'ioredis';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
@@ -29,6 +29,8 @@ export interface ReconcileDeps {
   activities: ActivityClient;
   apps: AppsV1Api;
   core: CoreV1Api;
+  /** The api's PodDisruptionBudget (protect-api.ts). */
+  policy: PolicyV1Api;
   events: EventSink;
   /** The Deployment informer's cache. */
   deployment: (namespace: string, name: string) => V1Deployment | undefined;

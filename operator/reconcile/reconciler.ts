@@ -13,7 +13,9 @@ import { ReconcileContext } from './context.js';
 import { detectFailure } from './detect-failure.js';
 import { drain } from './drain.js';
 import { ensureFinalizer } from './ensure-finalizer.js';
+import { observeRuntime } from './observe-runtime.js';
 import { openGate } from './open-gate.js';
+import { protectApi } from './protect-api.js';
 import { removeFinalizer } from './remove-finalizer.js';
 import { scaleRuntime } from './scale-runtime.js';
 import { settle } from './settle.js';
@@ -28,6 +30,8 @@ export const STEPS: readonly (readonly [string, Step])[] = [
   ['claim-id', claimId],
   ['detect-failure', detectFailure],
   ['scale-runtime', scaleRuntime],
+  ['observe-runtime', observeRuntime],
+  ['protect-api', protectApi],
   ['warm-up', warmUp],
   ['sync-spec', syncSpec],
   ['open-gate', openGate],

@@ -153,13 +153,14 @@ export async function updateStatus(ctx: ReconcileContext): Promise<void> {
   }
   let conditions = setCondition(status.conditions, degradedCondition(ctx, status), ctx.generation, now);
   conditions = setCondition(conditions, pausedCondition(ctx, phase), ctx.generation, now);
-  // Keep a stable order: lifecycle conditions first, then Degraded and Paused.
+  // Keep a stable order: lifecycle conditions first, then Degraded, Paused and RuntimeReady.
   const order: string[] = [
     ConditionType.Ready,
     ConditionType.Progressing,
     ConditionType.Succeeded,
     ConditionType.Degraded,
     ConditionType.Paused,
+    ConditionType.RuntimeReady,
   ];
   status.conditions = conditions.sort((a, b) => order.indexOf(a.type) - order.indexOf(b.type));
   status.phase = phase;

@@ -1,7 +1,7 @@
 /**
  * Step 4: Pending -> WarmingUp at warm-up time; then Kafka topics (created if missing) and cache
  * loading (once per generation: the load script's fence makes a repeat after a crash a no-op,
- * so live stock is never reset), then -> Ready.
+ * so live stock is never reset), then -> Ready once the runtime is available (observe-runtime.ts).
  */
 import { claimCacheOwner } from '../../core/activity-cache.js';
 import { registerActivity } from '../../core/db/activity-registry-store.js';
@@ -9,6 +9,7 @@ import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
+import { waitForRuntime } from './observe-runtime.js';
 import { recordCache, syncCache } from './sync-spec.js';
 import { syncTrafficPolicy } from './traffic-policy.js';
 
@@ -87,12 +88,18 @@ export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
   // Before Ready, so the api replicas find the activity's limits and eligibility rules in place.
   await syncTrafficPolicy(ctx);
   crashPoint('operator-after-load');
+  const recorded = ctx.status.cache?.loadedGeneration;
   await recordCache(ctx);
   const c = ctx.status.cache;
-  await ctx.event(
-    'Normal',
-    EventReason.CacheLoaded,
-    `loaded ${c?.skus ?? 0} sku(s) of generation ${c?.loadedGeneration ?? ctx.generation} into the cache`,
-  );
-  return ctx.transition(Phase.Ready, 'cache loaded; waiting for the sale to start');
+  // Once per load, also when the passes that wait for the runtime below repeat this step.
+  if (c?.loadedGeneration === undefined || c.loadedGeneration !== recorded) {
+    await ctx.event(
+      'Normal',
+      EventReason.CacheLoaded,
+      `loaded ${c?.skus ?? 0} sku(s) of generation ${c?.loadedGeneration ?? ctx.generation} into the cache`,
+    );
+  }
+  const waiting = waitForRuntime(ctx);
+  if (waiting) return waiting;
+  return ctx.transition(Phase.Ready, 'cache loaded, runtime available; waiting for the sale to start');
 }

@@ -48,6 +48,8 @@ export class Relay {
   private readonly name: string;
   private lastReclaim = 0;
   private producer: Producer | undefined;
+  /** The outbox stream (and its group) is gone: the activity was cleaned up. */
+  private idle = false;
 
   constructor(private readonly o: RelayOptions) {
     this.keys = activityKeys(o.activityId);
@@ -104,6 +106,11 @@ export class Relay {
         if (fresh.length > 0) await this.publish(fresh, false);
       } catch (err) {
         if (!this.running) break;
+        // NOGROUP: the stream (and its group) is gone; UNBLOCKED: it was deleted under a blocked read.
+        if (/^(NOGROUP|UNBLOCKED)/.test((err as Error).message)) {
+          await this.idleWhileGone();
+          continue;
+        }
         this.o.logger.warn({ err }, 'relay batch failed; retrying');
         await new Promise((r) => setTimeout(r, 500));
         if (this.producer === undefined) {
@@ -113,6 +120,27 @@ export class Relay {
         }
       }
     }
+  }
+
+  /**
+   * The outbox stream is gone (cleanup deleted the activity's keys): nothing can be relayed any
+   * more. Said once, then a quiet check every second (never re-creating the stream, which would
+   * leave a key behind the cleanup); should the stream come back, its group is created again.
+   */
+  private async idleWhileGone(): Promise<void> {
+    if (!this.idle) {
+      this.idle = true;
+      this.o.logger.info("the activity's outbox is gone (cleaned up): the relay idles");
+    }
+    await new Promise((r) => setTimeout(r, 1_000));
+    if ((await this.o.redis.exists(this.keys.outbox).catch(() => 0)) === 0) return;
+    try {
+      await this.o.redis.xgroup('CREATE', this.keys.outbox, RELAY_GROUP, '0');
+    } catch (err) {
+      if (!/BUSYGROUP/.test((err as Error).message)) return;
+    }
+    this.idle = false;
+    this.o.logger.info("the activity's outbox is back: the relay resumes");
   }
 
   private async read(cursor: string, block: boolean): Promise<StreamEntry[]> {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kubectl, etcd and helm from their Go modules into the cache
-# (what envtest would download as prebuilt binaries). Idempotent: a second run is a no-op.
+# (what envtest would download as prebuilt binaries), and the control plane around the API server:
+# kube-controller-manager and kube-scheduler from the same k8s.io/kubernetes version, and kwok
+# (fake Nodes and Pods without a kubelet). Idempotent: a second run is a no-op.
 # Prints the directory holding the binaries (usable as KUBEBUILDER_ASSETS).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -10,8 +12,14 @@ here="$(cd "$(dirname "$0")" && pwd)"
 bin="$FLASHSALE_CACHE/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
 mkdir -p "$bin"
 
+# The binaries of k8s.io/kubernetes that the tests run, each built only when missing, all from one
+# wrapper module: the controller-manager and the scheduler reuse the API server's compiled packages.
+kube_cmds=(kube-apiserver kubectl kube-controller-manager kube-scheduler)
+
 build_kubernetes() {
-  if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ]; then return 0; fi
+  local missing=() c
+  for c in "${kube_cmds[@]}"; do [ -x "$bin/$c" ] || missing+=("$c"); done
+  [ ${#missing[@]} -gt 0 ] || return 0
   local mod="$FLASHSALE_CACHE/src/kubernetes-$KUBE_VERSION"
   mkdir -p "$mod"
   cd "$mod"
@@ -39,6 +47,8 @@ package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 EOF
@@ -48,11 +58,39 @@ EOF
   local pkg=k8s.io/component-base/version
   local ldflags
   ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$(echo "$KUBE_VERSION" | cut -d. -f2)"
-  log "building kube-apiserver and kubectl $KUBE_VERSION (several minutes on 2 cores)"
-  go build -trimpath -ldflags "$ldflags" -o "$bin/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-  go build -trimpath -ldflags "$ldflags" -o "$bin/kubectl.tmp" k8s.io/kubernetes/cmd/kubectl
-  mv "$bin/kube-apiserver.tmp" "$bin/kube-apiserver"
-  mv "$bin/kubectl.tmp" "$bin/kubectl"
+  for c in "${missing[@]}"; do
+    log "building $c $KUBE_VERSION (minutes on 2 cores; shares compiled packages with the others)"
+    go build -trimpath -ldflags "$ldflags" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+    mv "$bin/$c.tmp" "$bin/$c"
+  done
+}
+
+# kwok's controller plays the kubelet: it keeps fake Nodes Ready and moves the Pods bound to them
+# to Running and Ready. Built with the k8s.io libraries kwok itself requires (v0.7.0 uses an
+# apimachinery API that 0.34 removed; kwok talks to older and newer API servers alike).
+build_kwok() {
+  if [ -x "$bin/kwok" ]; then return 0; fi
+  local mod="$FLASHSALE_CACHE/src/kwok-$KWOK_VERSION"
+  mkdir -p "$mod"
+  cd "$mod"
+  cat >go.mod <<EOF
+module flashsale.local/kwokbuild
+
+go 1.24
+EOF
+  cat >tools.go <<'EOF'
+//go:build tools
+
+package tools
+
+import _ "sigs.k8s.io/kwok/cmd/kwok"
+EOF
+  go mod edit "-require=sigs.k8s.io/kwok@$KWOK_VERSION"
+  log "resolving sigs.k8s.io/kwok $KWOK_VERSION"
+  go mod tidy -e >/dev/null 2>&1 || true
+  log "building kwok $KWOK_VERSION"
+  go build -trimpath -ldflags "-s -w" -o "$bin/kwok.tmp" sigs.k8s.io/kwok/cmd/kwok
+  mv "$bin/kwok.tmp" "$bin/kwok"
 }
 
 build_etcd() {
@@ -97,6 +135,10 @@ case "$what" in
   path) ;; # only print where the binaries are (or will be)
   kube) with_lock kubernetes build_kubernetes ;;
   etcd) with_lock etcd build_etcd ;;
+  control-plane)
+    with_lock kubernetes build_kubernetes
+    with_lock kwok build_kwok
+    ;;
   helm)
     with_lock helm build_helm
     echo "$FLASHSALE_CACHE/bin/helm-$HELM_VERSION"
@@ -105,7 +147,8 @@ case "$what" in
   all)
     with_lock etcd build_etcd
     with_lock kubernetes build_kubernetes
+    with_lock kwok build_kwok
     ;;
-  *) die "usage: build-kube.sh [all|kube|etcd|helm|path]" ;;
+  *) die "usage: build-kube.sh [all|kube|etcd|control-plane|helm|path]" ;;
 esac
 echo "$bin"

@@ -21,6 +21,8 @@ system() {
   command -v java >/dev/null || need+=(default-jre-headless)
   command -v flock >/dev/null || need+=(util-linux)
   command -v pgrep >/dev/null || need+=(procps)
+  # Prometheus scrapes the roles in test/e2e/prometheus/ (test/env/start-prometheus.sh).
+  command -v prometheus >/dev/null || need+=(prometheus)
   if [ ${#need[@]} -gt 0 ]; then
     [ "$(id -u)" = 0 ] || die "missing packages: ${need[*]} (run as root, or install them)"
     log "installing ${need[*]}"

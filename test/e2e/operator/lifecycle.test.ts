@@ -31,6 +31,7 @@ import {
   startOperator,
   waitFor,
   waitForPhase,
+  waitForReadyPods,
 } from './harness.js';
 import type { OperatorNamespace, OperatorProcess } from './harness.js';
 
@@ -125,8 +126,10 @@ describe('operator: the whole lifecycle of one activity', () => {
       expect(pending.status?.activityId).toBe(activityId);
       expect(pending.status?.nextCheckAt).toBe(warmUpAt.toISOString());
 
-      // Ready: topics exist, the cache is loaded once and the gate is still shut.
+      // Ready: topics exist, the cache is loaded once, the warm-up Pods run (kwok plays their
+      // kubelet) and the gate is still shut.
       const ready = await waitForPhase(a, ns.namespace, name, [Phase.Ready, Phase.Active], 60_000);
+      expect(findCondition(ready.status?.conditions, 'RuntimeReady')?.status).toBe('True');
       expect(ready.status?.cache?.loads).toBe(1);
       const metaReady = await readMeta(redis, activityId);
       expect(metaReady).toMatchObject({ loads: 1, generation: 1 });
@@ -146,6 +149,15 @@ describe('operator: the whole lifecycle of one activity', () => {
       await waitFor('active replicas', async () => {
         const r = await a.apps.readNamespacedDeployment({ name: `${name}-api`, namespace: ns.namespace });
         return r.spec?.replicas === 3;
+      });
+      // The Deployments rolled out to the active size: Pods scheduled, Running and Ready.
+      await waitForReadyPods(a, ns.namespace, name, 'api', 3);
+      await waitForReadyPods(a, ns.namespace, name, 'relay', 2);
+      await waitForReadyPods(a, ns.namespace, name, 'consumer', 2);
+      await waitFor('RuntimeReady at the active size', async () => {
+        const fsa = await getActivity(a, ns.namespace, name);
+        const c = findCondition(fsa?.status?.conditions, 'RuntimeReady');
+        return c?.status === 'True' && c.message === 'available: api 3/3, relay 2/2, consumer 2/2';
       });
 
       // Buyers: more demand than stock.
@@ -198,6 +210,18 @@ describe('operator: the whole lifecycle of one activity', () => {
         return list.items.length === 3 && list.items.every((d) => d.spec?.replicas === 0);
       });
       expect(recorder.replicas.get(`${name}-api`)).toEqual([0, 1, 3, 0]);
+      // Ready never without an available runtime: every status the watch saw in Ready says so.
+      const readyStatuses = (recorder.statuses.get(name) ?? []).filter(
+        (f) => f.status?.phase === Phase.Ready,
+      );
+      expect(readyStatuses.length).toBeGreaterThan(0);
+      for (const f of readyStatuses) {
+        expect(findCondition(f.status?.conditions, 'RuntimeReady')?.status).toBe('True');
+      }
+      // Scaled to zero, the Pods are gone too.
+      for (const role of ['api', 'relay', 'consumer'] as const) {
+        await waitForReadyPods(a, ns.namespace, name, role, 0);
+      }
       expect(recorder.replicas.get(`${name}-relay`)).toEqual([0, 1, 2, 1, 0]);
       expect(recorder.replicas.get(`${name}-consumer`)).toEqual([0, 1, 2, 1, 0]);
       const dep = await a.apps.readNamespacedDeployment({
@@ -320,9 +344,11 @@ describe('operator: the whole lifecycle of one activity', () => {
           env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
         });
         expect(out.stdout.split('\n')[0]).toMatch(
-          /NAME\s+PHASE\s+START\s+END\s+REMAINING\s+ORDER-GAP\s+UNSETTLED\s+AGE/,
+          /NAME\s+PHASE\s+START\s+END\s+REMAINING\s+RUNTIME\s+ORDER-GAP\s+UNSETTLED\s+AGE/,
         );
-        expect(out.stdout).toMatch(new RegExp(`${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+21\\s+0\\s+0\\s`));
+        expect(out.stdout).toMatch(
+          new RegExp(`${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+21\\s+False\\s+0\\s+0\\s`),
+        );
       }
 
       // The operator's own endpoints.

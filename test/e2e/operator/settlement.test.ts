@@ -321,9 +321,11 @@ describe('operator + after-sale role: an activity is Completed only once its ord
           env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
         });
         expect(out.stdout.split('\n')[0]).toMatch(
-          /PHASE\s+START\s+END\s+REMAINING\s+ORDER-GAP\s+UNSETTLED\s+AGE/,
+          /PHASE\s+START\s+END\s+REMAINING\s+RUNTIME\s+ORDER-GAP\s+UNSETTLED\s+AGE/,
         );
-        expect(out.stdout).toMatch(new RegExp(`${name}\\s+Settling\\s+\\S+\\s+\\S+\\s+7\\s+0\\s+1\\s`));
+        expect(out.stdout).toMatch(
+          new RegExp(`${name}\\s+Settling\\s+\\S+\\s+\\S+\\s+7\\s+\\S+\\s+0\\s+1\\s`),
+        );
       }
       // Nothing is scaled down while something is left to settle.
       for (const role of ['api', 'relay', 'consumer']) {

@@ -15,7 +15,7 @@ import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reserve } from '../../../core/reservations.js';
 import { GROUP, PHASE_ORDER, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import { freshDatabase, isApiError, testEnv, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';
 import { startRole } from '../../helpers/runtime.js';
 import type { RoleProcess } from '../../helpers/runtime.js';
@@ -153,6 +153,24 @@ describe('operator: two replicas, two activities', () => {
         });
       }
 
+      // Each activity's Deployments belong to it and serve it (checked while both are live: the
+      // garbage collector removes them with their activity).
+      for (const [name, id] of [
+        ['x', idX],
+        ['y', idY],
+      ] as const) {
+        for (const role of ['api', 'relay', 'consumer']) {
+          const d = await a.apps.readNamespacedDeployment({
+            name: `${name}-${role}`,
+            namespace: ns.namespace,
+          });
+          expect(d.metadata?.ownerReferences?.map((o) => o.name)).toEqual([name]);
+          expect(d.metadata?.labels?.['flashsale.io/activity']).toBe(id);
+          const env = d.spec?.template.spec?.containers[0]?.env?.find((e) => e.name === 'ACTIVITY_ID');
+          expect(env?.value).toBe(id);
+        }
+      }
+
       // The standby has done nothing so far.
       expect(becameLeader(opB)).toBe(false);
       expect(transitions(opB)).toBe(0);
@@ -192,8 +210,16 @@ describe('operator: two replicas, two activities', () => {
       expect(xDone?.status?.cache?.loads).toBe(1);
       const y = await a.apps.readNamespacedDeployment({ name: 'y-api', namespace: ns.namespace });
       expect(y.spec?.replicas).toBe(2);
-      const xRelay = await a.apps.readNamespacedDeployment({ name: 'x-relay', namespace: ns.namespace });
-      expect(xRelay.spec?.replicas).toBe(0);
+      // X's runtime went with X (owner references, garbage collector), after being scaled to zero.
+      expect(recorder.replicas.get('x-relay')?.at(-1)).toBe(0);
+      await waitFor('x-relay garbage-collected', async () => {
+        try {
+          await a.apps.readNamespacedDeployment({ name: 'x-relay', namespace: ns.namespace });
+          return false;
+        } catch (err) {
+          return isApiError(err, 404);
+        }
+      });
 
       // A standby comes back; SIGTERM on B releases the Lease, so A leads again without waiting
       // for it to expire.
@@ -230,21 +256,7 @@ describe('operator: two replicas, two activities', () => {
       expect((await countOrders(pg, idX)).orders).toBe(0);
       expect(await scanKeys(redis, ky.scanPattern)).toEqual([ky.results]);
 
-      // Each activity's Deployments belong to it and serve it.
-      for (const [name, id] of [
-        ['x', idX],
-        ['y', idY],
-      ] as const) {
-        for (const role of ['api', 'relay', 'consumer']) {
-          const d = await a.apps.readNamespacedDeployment({
-            name: `${name}-${role}`,
-            namespace: ns.namespace,
-          });
-          expect(d.metadata?.ownerReferences?.map((o) => o.name)).toEqual([name]);
-          expect(d.metadata?.labels?.['flashsale.io/activity']).toBe(id);
-          const env = d.spec?.template.spec?.containers[0]?.env?.find((e) => e.name === 'ACTIVITY_ID');
-          expect(env?.value).toBe(id);
-        }
+      for (const name of ['x', 'y']) {
         const reasons = (await eventsOf(a, ns.namespace, name)).map((e) => e.reason);
         expect(reasons.filter((r) => r === 'WroteBack')).toHaveLength(1);
       }

@@ -1,0 +1,78 @@
+// A relay whose activity was cleaned up (the outbox stream deleted with the activity's keys) goes
+// quiet: one info line, no warning per retry, and no stray key re-created behind the cleanup; it
+// resumes should the outbox come back.
+import { Redis } from 'ioredis';
+import { activityKeys } from '../../../core/keys.js';
+import { reserve } from '../../../core/reservations.js';
+import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+import { setUpActivity, startRole, waitFor } from '../../helpers/runtime.js';
+import type { RoleProcess } from '../../helpers/runtime.js';
+
+const TIMEOUT_MS = 120_000;
+
+describe('a relay after its activity was cleaned up', () => {
+  let db: FreshDatabase;
+  let redis: Redis;
+  let relay: RoleProcess | undefined;
+
+  beforeAll(async () => {
+    db = await freshDatabase();
+    redis = new Redis(testEnv().redisUrl);
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    await relay?.kill();
+    redis?.disconnect();
+    await db?.drop();
+  }, TIMEOUT_MS);
+
+  it(
+    'idles quietly without re-creating the outbox, and resumes if it comes back',
+    async () => {
+      const id = uniqueId('gone');
+      const items = [{ skuId: 'pen', name: '钢笔', price: '12.00', stock: 5, limitPerUser: 2 }];
+      await setUpActivity(id, items);
+      relay = await startRole('relay', {
+        activityId: id,
+        databaseUrl: db.url,
+        env: { LOG_LEVEL: 'info', RELAY_CONCURRENCY: '4' },
+      });
+      const keys = activityKeys(id);
+
+      // What cleanup does: every key of the activity goes (the stream and its relay group too).
+      const found: string[] = [];
+      let cursor = '0';
+      do {
+        const [next, batch] = await redis.scan(cursor, 'MATCH', keys.scanPattern, 'COUNT', 1000);
+        cursor = next;
+        found.push(...batch);
+      } while (cursor !== '0');
+      expect(found).toContain(keys.outbox);
+      await redis.unlink(...found);
+
+      await waitFor('the relay idles', async () => relay?.output().includes("the activity's outbox is gone"));
+      expect(await redis.exists(keys.outbox)).toBe(0);
+
+      // The outbox comes back (the activity loaded again and a reservation made): it resumes.
+      await setUpActivity(id, items);
+      await reserve(redis, {
+        activityId: id,
+        userId: 'u1',
+        skuId: 'pen',
+        quantity: 1,
+        requestId: 'r1',
+        traceId: 't1',
+      });
+      await waitFor('the relay resumes', async () =>
+        relay?.output().includes("the activity's outbox is back"),
+      );
+      const out = relay.output();
+      // One line per relay loop (RELAY_CONCURRENCY, 4 by default), however long it idled.
+      expect(out.match(/outbox is gone/g)).toHaveLength(4);
+      expect(out).not.toContain('relay batch failed');
+      expect(relay.proc.exitCode).toBeNull();
+    },
+    TIMEOUT_MS,
+  );
+});

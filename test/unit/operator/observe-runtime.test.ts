@@ -1,0 +1,115 @@
+import type { V1Deployment } from '@kubernetes/client-node';
+import { loadOperatorConfig } from '../../../operator/config.js';
+import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
+import { roleRollout, runtimeCondition } from '../../../operator/reconcile/observe-runtime.js';
+import { apiMinAvailable, desiredApiBudget } from '../../../operator/reconcile/protect-api.js';
+import { desiredDeployment } from '../../../operator/reconcile/runtime-objects.js';
+
+const config = loadOperatorConfig({
+  DATABASE_URL: 'postgres://u:secret@db/flashsale',
+  REDIS_URL: 'redis://redis:6379',
+  KAFKA_BROKERS: 'k1:9092',
+});
+
+const fsa: FlashSaleActivity = {
+  apiVersion: 'flashsale.io/v1alpha1',
+  kind: 'FlashSaleActivity',
+  metadata: { name: 'spring', namespace: 'shop', uid: 'uid-1', generation: 3, resourceVersion: '9' },
+  spec: {
+    schedule: { startAt: '2030-01-01T10:00:00Z', endAt: '2030-01-01T11:00:00Z' },
+    items: [{ skuId: 'a', name: 'A', price: '1.00', stock: 1, limitPerUser: 1 }],
+    requireOrderCode: false,
+    reopenOnRelease: true,
+    paused: false,
+    runtime: {
+      replicas: {
+        warmUp: { api: 1, relay: 1, consumer: 1 },
+        active: { api: 3, relay: 1, consumer: 1 },
+        draining: { api: 0, relay: 1, consumer: 1 },
+      },
+    },
+    payment: { timeout: '10m' },
+    drain: { timeout: '5m' },
+    cleanup: { policy: 'Delete', resultRetention: '24h' },
+  },
+};
+
+/** What the Deployment controller would report for `desired` after `available` Pods became ready. */
+function live(desired: V1Deployment, available: number, observed = true): V1Deployment {
+  return {
+    ...desired,
+    metadata: { ...desired.metadata, generation: 4 },
+    status: {
+      observedGeneration: observed ? 4 : 3,
+      replicas: desired.spec?.replicas,
+      updatedReplicas: desired.spec?.replicas,
+      availableReplicas: available,
+    },
+  };
+}
+
+describe('RuntimeReady', () => {
+  const api = desiredDeployment(fsa, 'api', 3, 'act-1', config);
+  const relay = desiredDeployment(fsa, 'relay', 1, 'act-1', config);
+  const none = desiredDeployment(fsa, 'consumer', 0, 'act-1', config);
+
+  it('is True only when every role the phase runs has all its replicas available', () => {
+    const ok = runtimeCondition([
+      roleRollout('api', api, live(api, 3)),
+      roleRollout('relay', relay, live(relay, 1)),
+      roleRollout('consumer', none, undefined),
+    ]);
+    expect(ok).toMatchObject({
+      status: 'True',
+      reason: 'RuntimeAvailable',
+      message: 'available: api 3/3, relay 1/1',
+    });
+    const partial = runtimeCondition([
+      roleRollout('api', api, live(api, 2)),
+      roleRollout('relay', relay, live(relay, 1)),
+    ]);
+    expect(partial).toMatchObject({
+      status: 'False',
+      reason: 'RuntimeUnavailable',
+      message: 'available: api 2/3, relay 1/1',
+    });
+  });
+
+  it('is False while a Deployment is missing, stale in the cache, or not yet observed by its controller', () => {
+    expect(runtimeCondition([roleRollout('api', api, undefined)])).toMatchObject({
+      status: 'False',
+      message: 'available: api 0/3 (rolling out: api)',
+    });
+    // The cache still holds the previous replicas (the apply of this pass is not seen yet).
+    const previous = desiredDeployment(fsa, 'api', 1, 'act-1', config);
+    expect(runtimeCondition([roleRollout('api', api, live(previous, 1))]).status).toBe('False');
+    expect(runtimeCondition([roleRollout('api', api, live(api, 3, false))])).toMatchObject({
+      status: 'False',
+      reason: 'RuntimeUnavailable',
+    });
+  });
+
+  it('says NoRuntime when the phase runs no replicas', () => {
+    expect(runtimeCondition([roleRollout('consumer', none, undefined)])).toMatchObject({
+      status: 'False',
+      reason: 'NoRuntime',
+    });
+  });
+});
+
+describe('the api disruption budget', () => {
+  it('keeps every api replica but one, and never fewer than one', () => {
+    expect([1, 2, 3, 10].map(apiMinAvailable)).toEqual([1, 1, 2, 9]);
+  });
+
+  it('selects the api Pods and is owned by the activity', () => {
+    const pdb = desiredApiBudget(fsa, 'act-1', 2);
+    expect(pdb.spec).toEqual({
+      minAvailable: 2,
+      selector: { matchLabels: desiredDeployment(fsa, 'api', 3, 'act-1', config).spec?.selector.matchLabels },
+    });
+    expect(pdb.metadata?.ownerReferences).toEqual([
+      expect.objectContaining({ kind: 'FlashSaleActivity', uid: 'uid-1', controller: true }),
+    ]);
+  });
+});
