@@ -99,7 +99,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'Redis stock raised behind its back: PostgreSQL keeps the stock, the excess is CLOSED, compensated and counted',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 });
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
       // As the operator does before loading the cache (operator/reconcile/sync-spec.ts).
       await recordActivitySkus(
         f.pool,
@@ -171,7 +171,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'duplicate reservations injected into Kafka: a buyer is limited by quantity, not by slots',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 10, limitPerUser: 2 });
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10, limitPerUser: 2 }, f.pool);
       await recordActivitySkus(
         f.pool,
         activityId,
@@ -215,9 +215,9 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   );
 
   it(
-    'an activity the operator did not record is guarded from the stock the cache was loaded with',
+    'an activity whose stock the operator did not record is guarded from the stock the cache was loaded with',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 3 });
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 3 }, f.pool);
       await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 2);
       const topics = topicsFor(activityId, prefix);
       await ensureTopics(admin, topics, 1, 1);

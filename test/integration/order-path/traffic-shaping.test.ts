@@ -198,7 +198,7 @@ describe('traffic shaping and eligibility', () => {
     const limiterKeys = await redis.keys(`${activityKeys(activityId).prefix}rl:*`);
     expect(limiterKeys.length).toBeGreaterThan(0);
 
-    const metrics = await (await request(`${a.url}/metrics`)).body.text();
+    const metrics = await (await request(`${a.metricsUrl}/metrics`)).body.text();
     expect(metrics).toMatch(
       new RegExp(`flashsale_rate_limited_total\\{[^}]*activity="${activityId}"[^}]*reason="buyer"`),
     );
@@ -361,7 +361,7 @@ describe('traffic shaping and eligibility', () => {
     const kinds = new Set(flood.map((x) => `${x.status} ${x.code ?? ''}`.trim()));
     for (const k of kinds) expect(['202', '409 SOLD_OUT', '503 OVERLOADED']).toContain(k);
     expect(flood.filter((x) => x.status === 503).every((x) => x.retryAfter === '1')).toBe(true);
-    const metrics = await (await request(`${api.url}/metrics`)).body.text();
+    const metrics = await (await request(`${api.metricsUrl}/metrics`)).body.text();
     expect(metrics).toMatch(/flashsale_shed_total\{[^}]*reason="in_flight"[^}]*\} [1-9]/);
     expect(metrics).toMatch(/flashsale_event_loop_delay_seconds_count/);
   }, 120_000);
