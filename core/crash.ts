@@ -13,7 +13,7 @@ export type CrashPoint =
   | 'consumer-before-db-commit'
   | 'consumer-after-db-commit'
   | 'consumer-before-results'
-  // Fault suite (issue 7): relay read its batch, before producing it to Kafka.
+  // Fault suite (docs/faults.md): relay read its batch, before producing it to Kafka.
   | 'relay-before-kafka-send'
   // Refund worker: the provider answered (the money moved), before the database records it.
   | 'refund-after-provider-answer'

@@ -343,7 +343,7 @@ export function cancelTargetId(input: Pick<CancelInput, 'activityId' | 'userId' 
 }
 
 /**
- * Buyer cancellation of a reservation or its order (source 004): the same close and release path
+ * Buyer cancellation of a reservation or its order (docs/sources seed 004): the same close and release path
  * as the payment timeout. A cancellation by requestId that arrives before its reservation leaves a
  * cancel marker (cancelBeforeReserve-3.lua: owned by the buyer, expiring after the sale, a bounded
  * number per buyer) so the late reservation is refused; cancelling twice is idempotent; a paid

@@ -2,7 +2,7 @@
  * PostgreSQL references, driven by pgbench against the project's own schema (the `orders` table
  * with all its indexes, and `activity_stock`):
  *
- * - the database-only approach of source 004: in one transaction, a conditional UPDATE of one hot
+ * - the database-only approach of seed 004 (docs/sources): in one transaction, a conditional UPDATE of one hot
  *   stock row (`remaining >= 1`) and the order insert, at the same concurrency as the api load;
  * - the consumer's ceiling: one 500-row `INSERT ... ON CONFLICT DO NOTHING` per transaction.
  */

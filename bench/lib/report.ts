@@ -340,7 +340,7 @@ export function renderReport(r: Results, analysis: string): string {
   L.push(
     `| 1a | Submit: POST orders, 202/s (api role) | ${f0(sub?.okRps)} | ${f0(ref?.rps)} EVALSHA reserve/s, redis-benchmark -c ${m.connections} | ${ratio(sub?.okRps, ref?.rps)} | ≥ 0.5× | ${v('submit vs unpipelined EVALSHA')} |`,
     `| 1b | Submit vs pipelined EVALSHA | ${f0(sub?.okRps)} | ${f0(r.redisPipelined?.rps)} EVALSHA/s, -c ${m.connections} -P 16 | ${ratio(sub?.okRps, r.redisPipelined?.rps)} | — | — |`,
-    `| 1c | Submit vs database-only (source 004) | ${f0(sub?.okRps)} | ${f0(r.dbOnly?.tps)} tx/s, pgbench -c ${m.connections} | ${ratio(sub?.okRps, r.dbOnly?.tps)} | ≥ 20× | ${v('submit vs database-only')} |`,
+    `| 1c | Submit vs database-only (docs/sources seed 004) | ${f0(sub?.okRps)} | ${f0(r.dbOnly?.tps)} tx/s, pgbench -c ${m.connections} | ${ratio(sub?.okRps, r.dbOnly?.tps)} | ≥ 20× | ${v('submit vs database-only')} |`,
     `| 1d | Submit latency p50 / p99 (ms) | ${f1(sub?.p50Ms)} / ${f1(sub?.p99Ms)} | EVALSHA ${f1(ref?.p50Ms)} / ${f1(ref?.p99Ms)}; database-only ${f1(r.dbOnly?.p50Ms)} / ${f1(r.dbOnly?.p99Ms)} | ${ratio(sub?.p50Ms, ref?.p50Ms)} (p50 vs EVALSHA) | — | — |`,
     `| 2a | Sold-out: POST orders once stock is gone, req/s | ${f0(r.soldOut?.rps)} | ${f0(r.healthz?.rps)} GET /healthz req/s | ${ratio(r.soldOut?.rps, r.healthz?.rps)} | — | — |`,
     `| 2b | Sold-out vs submit | ${f0(r.soldOut?.rps)} | ${f0(sub?.okRps)} submit 202/s | ${ratio(r.soldOut?.rps, sub?.okRps)} | ≥ 2× | ${v('sold-out vs submit')} |`,

@@ -1,4 +1,4 @@
-/** Every query on the `order_journal` table (source 003's flow table). */
+/** Every query on the `order_journal` table (docs/sources seed 003's flow table). */
 import type { Queryable } from './pool.js';
 
 export interface JournalEntry {

@@ -123,7 +123,7 @@ export async function countOrders(db: Queryable, activityId: string): Promise<Ac
 }
 
 // ---------------------------------------------------------------------------------------------
-// The order state machine (source 004 / 003): every transition is one conditional UPDATE on the
+// The order state machine (docs/sources seeds 004 and 003): every transition is one conditional UPDATE on the
 // expected current status, and reports what happened instead of overwriting a state somebody
 // else reached first.
 //
@@ -222,7 +222,7 @@ export async function findOrderById(db: Queryable, orderId: string): Promise<Lif
   return res.rows[0];
 }
 
-/** Locks the order row (source 004: the order row is always locked before its payment rows). */
+/** Locks the order row (docs/sources seed 004: the order row is always locked before its payment rows). */
 export async function lockOrder(db: Queryable, orderId: string): Promise<LifecycleOrderRow | undefined> {
   const res = await db.query<LifecycleOrderRow>(
     `SELECT ${LIFECYCLE_COLUMNS} FROM orders WHERE id = $1 FOR UPDATE`,

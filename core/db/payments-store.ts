@@ -1,5 +1,5 @@
 /**
- * Every query on `payments` (source 004): one row per real payment, keyed by (provider, trade_no),
+ * Every query on `payments` (docs/sources seed 004): one row per real payment, keyed by (provider, trade_no),
  * so a payment is applied to an order at most once however often its notification arrives.
  * Callers lock the order row first (orders-store `lockOrder`), then the payment row.
  */

@@ -1,5 +1,5 @@
 /**
- * Order-gap repair (source 000): a reservation still without an order after the threshold
+ * Order-gap repair (docs/sources seed 000): a reservation still without an order after the threshold
  * (checkOrderGap's `missing`) is
  *   - re-published from its ledger entry to the activity topic with the idempotent producer (the
  *     consumer's unique keys make a duplicate harmless), at most ORDER_GAP_MAX_REPUBLISH times,

@@ -1,5 +1,5 @@
 /**
- * The payment-timeout sweeper (source 003/004): closes UNPAID orders past expires_at in batches
+ * The payment-timeout sweeper (docs/sources seeds 003 and 004): closes UNPAID orders past expires_at in batches
  * and returns their stock through the idempotent settlement path (core/order-lifecycle.ts).
  *
  * Each batch is one statement `... FOR UPDATE SKIP LOCKED` + conditional UPDATE, committed with

@@ -1,5 +1,5 @@
 /**
- * Reconciliation (source 003): compares the Redis counters, the reservation ledger and PostgreSQL
+ * Reconciliation (docs/sources seed 003): compares the Redis counters, the reservation ledger and PostgreSQL
  * for one activity, writes a report row, sets flashsale_reconciliation_mismatch{activity} (failed
  * checks) and flashsale_reconciliation_stock_delta{activity}, and logs one clear error line per
  * mismatching run.

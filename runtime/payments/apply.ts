@@ -1,5 +1,5 @@
 /**
- * Applying a verified payment notification (source 004 "acceptAlipay"), in one transaction:
+ * Applying a verified payment notification (docs/sources seed 004 "acceptAlipay"), in one transaction:
  *
  *   1. lock the order row (SELECT ... FOR UPDATE): notifications for one order, the timeout
  *      sweeper and cancellations queue here; always the order first, then the payment
@@ -9,7 +9,7 @@
  *   4. a wrong amount -> REFUND_PENDING (the order is untouched)
  *   5. conditional UNPAID -> PAID; success -> APPLIED, otherwise (closed, or paid by another
  *      trade) -> REFUND_PENDING and the order keeps its state, with one exception decided by
- *      payment time (source 004): an order the timeout closed, paid within its window (plus the
+ *      payment time (docs/sources seed 004): an order the timeout closed, paid within its window (plus the
  *      signature tolerance), is paid after all when its unit can be taken back atomically
  *      (core/order-lifecycle.ts reclaimClosedOrder); otherwise REFUND_PENDING
  *

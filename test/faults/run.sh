@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make faults`: the whole fault-injection suite (issue 7) with many randomized runs, and
+# `make faults`: the whole fault-injection suite (docs/faults.md) with many randomized runs, and
 # docs/faults-report.md (scenario x runs x outcome, seeds) from the recorded outcomes.
 #   FAULT_RUNS   randomized runs (default 50)      FAULT_SEED   first seed (default: time-based)
 #   FAULT_FUZZ_RUNS  multiplier of the fuzzing run counts (default 1)

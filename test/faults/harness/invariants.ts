@@ -1,4 +1,4 @@
-// The fault suite's invariant checker (issue 7). It looks only at final state, Jepsen-style:
+// The fault suite's invariant checker (docs/faults.md). It looks only at final state, Jepsen-style:
 // PostgreSQL (orders, order_journal) and Redis (SKU stock, counters, reservation ledger entries,
 // outbox, unconfirmed ledger). `checkInvariants` is pure (unit-tested in test/unit/faults/);
 // `readFinalState` gathers its input from the real servers.
@@ -122,7 +122,7 @@ export function checkInvariants(s: FinalState): Violation[] {
     liveTotal += live;
     releasedTotal += released;
     if (sku.remaining < 0) v('negative-stock', `sku ${sku.skuId}: remaining ${sku.remaining}`);
-    // A release returns its units to the SKU's stock (release-6.lua), so the brief's
+    // A release returns its units to the SKU's stock (release-6.lua), so the
     // "initial = remaining + live + released" reads here as: what was ever reserved is live or
     // released, and what is not live is on sale again.
     if (sku.initial !== sku.remaining + live) {

@@ -1,4 +1,4 @@
-// Buyer cancellation through the real api (failure window 9 and source 004's release rules):
+// Buyer cancellation through the real api (failure window 9 and docs/sources seed 004's release rules):
 // cancel before the reservation (tombstone: the late reservation is refused), cancel twice
 // (idempotent), cancel an in-flight reservation (never a live order afterwards, even racing the
 // consumer's insert), cancel after payment (ALREADY_PAID), somebody else's reservation (404).

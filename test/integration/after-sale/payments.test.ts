@@ -26,7 +26,7 @@ import {
   type Fixture,
 } from './fixture.js';
 
-describe('payment notifications (source 004 outcome table)', () => {
+describe('payment notifications (docs/sources seed 004 outcome table)', () => {
   let f: Fixture;
   let api: Api;
   let activityId: string;

@@ -116,7 +116,7 @@ describe('metrics contract: dashboards and alerts use only metrics the code expo
     expect(contractViolations(alertQueries, exported)).toEqual([]);
   });
 
-  it('covers the metrics of the brief (each is used by a dashboard or an alert)', () => {
+  it('covers the metric names of the contract (each is used by a dashboard or an alert)', () => {
     const used = new Set(
       [...dashboards.flatMap(dashboardQueries), ...alertQueries].flatMap((q) =>
         selectors(q.expr).map((s) => s.metric),

@@ -1,4 +1,4 @@
-// Issue 7: property-based fuzzing (fast-check) of the buyer HTTP API (the real api process) and of
+// docs/faults.md: property-based fuzzing (fast-check) of the buyer HTTP API (the real api process) and of
 // the FlashSaleActivity CRD's validation (the real API server). Hostile input gets a 4xx (or a
 // validation error), never a 5xx, and changes no state. FAULT_FUZZ_RUNS scales the run counts.
 import { execFileSync } from 'node:child_process';

@@ -1,4 +1,4 @@
-// Issue 7: one named scenario per failure window of the brief (1-11), each ending with the
+// docs/faults.md: one named scenario per failure window (1-11), each ending with the
 // invariant checker (test/faults/harness/invariants.ts) on the final state, plus seeded
 // randomized runs (FAULT_RUNS, default 2; FAULT_SEED replays a run exactly).
 import { Redis } from 'ioredis';
@@ -61,7 +61,7 @@ function expectClean(violations: Violation[], context: string): void {
   }
 }
 
-describe('fault scenarios (brief windows 1-11)', () => {
+describe('fault scenarios (windows 1-11 of docs/faults.md)', () => {
   let db: FreshDatabase;
   let servers: Servers;
   let pool: Pool;

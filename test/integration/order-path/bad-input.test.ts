@@ -1,4 +1,4 @@
-// Issue 3 acceptance: bad input gets a 4xx problem+json with a stable code, and writes nothing.
+// Bad input gets a 4xx problem+json with a stable code, and writes nothing.
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { readOutbox, readStock } from '../../../core/activity-cache.js';

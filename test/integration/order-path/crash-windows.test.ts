@@ -1,4 +1,4 @@
-// Issue 3 acceptance (brief windows 1-5 at this level): a role is killed with SIGKILL at a precise
+// Failure windows 1-5 of docs/faults.md at this level: a role is killed with SIGKILL at a precise
 // line (FLASHSALE_CRASH_POINT) while orders flow, restarted, and every reservation still becomes
 // exactly one order.
 import { Redis } from 'ioredis';

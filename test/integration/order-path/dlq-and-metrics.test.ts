@@ -1,5 +1,5 @@
-// Issue 3 acceptance: a poison message ends in the DLQ with its retries counted, and /metrics
-// shows the brief's metric names.
+// A poison message ends in the DLQ with its retries counted, and /metrics
+// shows the metric names of README's metrics list.
 import pg from 'pg';
 import { createKafka, idempotentProducer } from '../../../core/kafka.js';
 import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';

@@ -1,4 +1,4 @@
-// Issue 3 acceptance: one buyer, one requestId, ten concurrent submissions -> one reservation, one order.
+// One buyer, one requestId, ten concurrent submissions -> one reservation, one order.
 import pg from 'pg';
 import { freshDatabase, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';

@@ -1,4 +1,4 @@
-// Issue 3 acceptance: an oversubscribed sale through the real api, relay and consumer processes.
+// An oversubscribed sale through the real api, relay and consumer processes.
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { readOutbox, readStock } from '../../../core/activity-cache.js';
