@@ -832,7 +832,8 @@ async function main(): Promise<number> {
   if (k.prometheus > 0) {
     prometheus = startPrometheus(namespace, [
       { pod: op.identity, port: op.port },
-      ...roles.map((r) => ({ pod: `demo-${r.role}`, port: r.port })),
+      // The roles serve /metrics on their metrics port only (never the buyer port).
+      ...roles.map((r) => ({ pod: `demo-${r.role}`, port: Number(new URL(r.metricsUrl).port) })),
     ]);
     say(`prometheus ${prometheus}/graph scrapes the operator and the roles every second (until the end)`);
   }

@@ -135,7 +135,7 @@ describe('make demo (small configuration)', () => {
       const urls = urlsIn(run.out);
       expect(run.out).toMatch(/api\s+http:\/\/127\.0\.0\.1:\d+\/metrics \(200,/);
       // Prometheus scraped the operator and the three roles.
-      expect(run.out).toMatch(/prometheus http:\/\/127\.0\.0\.1:\d+\/graph \(4 targets up\)/);
+      expect(run.out).toMatch(/prometheus http:\/\/127\.0\.0\.1:\d+\/graph \(5 targets up\)/);
       expect(urls.length).toBeGreaterThanOrEqual(4);
       for (const url of urls) expect(await listening(url)).toBe(false);
     },

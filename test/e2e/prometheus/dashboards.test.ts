@@ -144,7 +144,8 @@ describe('a real Prometheus during an end-to-end sale', () => {
   const writeTargets = (): void => {
     const targets = [
       ...(operator ? [{ port: operator.port, pod: operator.identity }] : []),
-      ...roles.map((r) => ({ port: r.port, pod: `${activity}-${r.role}` })),
+      // The roles serve /metrics on their metrics port only (never the buyer port).
+      ...roles.map((r) => ({ port: Number(new URL(r.metricsUrl).port), pod: `${activity}-${r.role}` })),
     ];
     writeFileSync(
       path.join(targetsDir, 'flashsale.json'),

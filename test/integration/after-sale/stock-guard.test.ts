@@ -4,6 +4,7 @@
 // with its reason, its reservation compensated, and counted in flashsale_oversell_prevented_total.
 import type { Admin, Kafka, Producer } from 'kafkajs';
 import { readActivitySkus, recordActivitySkus } from '../../../core/db/activity-skus-store.js';
+import { reservationIdFor } from '../../../core/reservations.js';
 import { journalFor } from '../../../core/db/journal-store.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
 import { readResult } from '../../../core/activity-cache.js';
@@ -185,9 +186,13 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       const [real, modest] = await messagesOf(activityId, [rid!, other!]);
       // A second reservation of the same buyer that Redis no longer knows (as after a failover),
       // in the buyer's other slot: the slot key alone would let it become a second order.
+      // A real submission of the buyer (its id derived from the buyer and a new requestId, as the
+      // consumer's checks demand), not a made-up message.
+      const again = `${real!.requestId}-again`;
       const forged: OrderMessage = {
         ...real!,
-        reservationId: 'forged-0000000000000001',
+        requestId: again,
+        reservationId: reservationIdFor(activityId, real!.userId, again),
         slot: 2,
         reservedAt: real!.reservedAt + 1,
       };

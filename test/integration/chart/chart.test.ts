@@ -555,7 +555,8 @@ describe('helm install, upgrade and uninstall against the API server', () => {
       expect(Buffer.from(secret.data.KAFKA_BROKERS ?? '', 'base64').toString()).toBe(
         'kafka-0.kafka.svc:9092,kafka-1.kafka.svc:9092',
       );
-      expect(Object.keys(secret.data).sort()).toEqual(['DATABASE_URL', 'KAFKA_BROKERS', 'REDIS_URL']);
+      // The relay's own Secret: only what the relay connects to (no database URL).
+      expect(Object.keys(secret.data).sort()).toEqual(['KAFKA_BROKERS', 'REDIS_URL']);
       expect(k(['get', 'deployment', '-n', namespace, '-o', 'name'])).toMatch(/-operator/);
       // The platform after-sale role: one Deployment and Service for every activity.
       expect(k(['get', 'deployment', '-n', namespace, '-o', 'name'])).toMatch(/-after-sale/);

@@ -303,7 +303,7 @@ describe('image layout, staged as the Dockerfile lays it out', () => {
     const api = node('runtime', ['dist/runtime/main.js', 'api']);
     expect(api.status).not.toBe(0);
     expect(`${api.stdout}${api.stderr}`).not.toMatch(/ERR_MODULE_NOT_FOUND|Cannot find (module|package)/);
-    expect(`${api.stdout}${api.stderr}`).toMatch(/invalid configuration[\s\S]*DATABASE_URL/);
+    expect(`${api.stdout}${api.stderr}`).toMatch(/invalid configuration[\s\S]*REDIS_URL/);
     expect(existsSync(path.join(appOf('runtime'), 'runtime', 'api', 'openapi.yaml'))).toBe(true);
   });
 
