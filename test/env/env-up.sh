@@ -68,7 +68,7 @@ mv "$state/env.sh.tmp" "$state/env.sh"
 trap - EXIT
 
 total="$(elapsed "$start")"
-log "all servers up in ${total}s ($(tr '\n' ' ' <"$state/timings" 2>/dev/null || true))"
+log "all servers up in ${total}s ($(cat "$state/timings" 2>/dev/null | tr '\n' ' ' || true))"
 . "$state/env.sh"
 cat <<INFO
 Connect with:

@@ -85,7 +85,7 @@ describe('docs/local-sale.md', () => {
       expect(out).toContain('flashsaleactivity.flashsale.io/double11-2030 created (server dry run)');
       expect(out).toMatch(new RegExp(`${activity}\\s+Active\\s`));
       expect(out).toMatch(/"remaining":0/);
-      expect(out.match(/\|\s*tea\s*\|\s*UNPAID/g)).toHaveLength(2);
+      expect(out.match(/\|\s*tea\s*\|\s*CLOSED/g)).toHaveLength(2);
       const pg = createPool(db.url, 1);
       expect(await countOrders(pg, activity)).toMatchObject({ orders: 2, quantity: 2 });
       await pg.end();
