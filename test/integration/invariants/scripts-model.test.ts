@@ -542,7 +542,7 @@ describe('the Lua scripts against a reference model (real Redis)', () => {
           ...(seed !== undefined ? { seed } : {}),
           ...(path ? { path } : {}),
           // The shrunk counterexample and the seed/path to replay it are in the failure message.
-          verbose: 1,
+          verbose: 0,
         },
       );
       // The generator must keep reaching every rule, or a passing run proves little.
