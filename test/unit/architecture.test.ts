@@ -100,6 +100,30 @@ describe('architecture invariants (ARCHITECTURE.md)', () => {
     expect(lua).toEqual([]);
   });
 
+  test('a script only touches the keys it is given: every redis.call names one of its KEYS', () => {
+    const bad: string[] = [];
+    let checked = 0;
+    const dir = join(ROOT, 'lua');
+    const files = [
+      ...readdirSync(dir).filter((f) => f.endsWith('.lua')),
+      ...readdirSync(join(dir, 'includes')).map((f) => `includes/${f}`),
+    ];
+    expect(files).toEqual(expect.arrayContaining(['reserve-8.lua', 'release-6.lua']));
+    for (const f of files) {
+      const lua = readFileSync(join(dir, f), 'utf8').replace(/--\[\[[\s\S]*?\]\]/g, '');
+      const aliases = new Set([...lua.matchAll(/local\s+(\w+)\s*=\s*KEYS\[/g)].map((m) => m[1]!));
+      for (const m of lua.matchAll(/redis\.call\(\s*'(\w+)'\s*(?:,\s*([^,)]+))?/g)) {
+        const [, cmd, key] = m;
+        if (cmd === 'TIME' || cmd === 'PUBLISH') continue;
+        const k = (key ?? '').trim();
+        checked += 1;
+        if (!/^KEYS\[[^\]]+\]$/.test(k) && !aliases.has(k)) bad.push(`${f}: redis.call('${cmd}', ${k})`);
+      }
+    }
+    expect(bad).toEqual([]);
+    expect(checked).toBeGreaterThan(30);
+  });
+
   test("each table's SQL lives in that table's store: no SQL outside core/db/, and only the store writes its table", () => {
     const STORE: Record<string, string> = {
       orders: 'core/db/orders-store.ts',
