@@ -5,7 +5,7 @@
 //
 // It is deliberately small and written the way the scripts read, one method per script, so that a
 // change of semantics is a change of one method. Parts that other work is expected to change are
-// marked "SEMANTICS:" (see docs/mutants-report.md, "Adapting the model").
+// marked "SEMANTICS:" (see docs/faults.md, "Adapting the model").
 //
 // Every method returns the answer as a string, normalised the same way as the real answers in
 // scripts-model.test.ts (`answerOf`): `reserved left=3`, `replayed RESERVED`, `ERR SOLD_OUT 0`, ...
