@@ -6,7 +6,7 @@
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { loadActivity, readMeta, setGate } from '../../../core/activity-cache.js';
-import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
+import { readStockRows, readWriteBack, writeBack as writeBackStock } from '../../../core/db/stock-store.js';
 import { createLogger } from '../../../core/logger.js';
 import { reserve } from '../../../core/reservations.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
@@ -74,7 +74,7 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
   }
 
   test(
-    'the gate is frozen before the stock snapshot is read; the snapshot is the frozen stock; a repeat writes nothing',
+    'the gate is frozen before the stock snapshot is read; the snapshot is the frozen stock; a repeat or a second writer writes nothing',
     async () => {
       const id = uniqueId('wb');
       await loadActivity(redis, {
@@ -112,6 +112,19 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       await writeBack(await context(id, again.redis));
       expect(again.calls).not.toContain('fs_setGate');
       expect(await readStockRows(sql, id)).toEqual([{ skuId: 's', initial: 10, remaining: 7 }]);
+      // The fence itself: a second write (a concurrent operator that read no fence) writes nothing.
+      const second = await writeBackStock(sql, {
+        activityId: id,
+        generation: 1,
+        skus: [{ skuId: 's', initial: 10, remaining: 10 }],
+        reserved: 0,
+        released: 0,
+        orders: 0,
+        writtenBy: 'another-operator',
+      });
+      expect(second).toEqual({ written: false });
+      expect(await readStockRows(sql, id)).toEqual([{ skuId: 's', initial: 10, remaining: 7 }]);
+      expect(await readWriteBack(sql, id)).toMatchObject({ remainingTotal: 7 });
     },
     TIMEOUT_MS,
   );
