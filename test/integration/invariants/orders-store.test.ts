@@ -3,7 +3,8 @@
 // the activity's unit price and the quantity, never taken from a message. Named by mutants in
 // test/faults/mutants/.
 import pg from 'pg';
-import { insertOrders, transitionOrder } from '../../../core/db/orders-store.js';
+import { insertOrders, ORDER_TRANSITIONS, transitionOrder } from '../../../core/db/orders-store.js';
+import type { OrderStatus, OrderTransition } from '../../../core/db/orders-store.js';
 import type { OrderMessage } from '../../../core/model.js';
 import { freshDatabase, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';
@@ -92,6 +93,46 @@ describe('orders-store insertOrders (real PostgreSQL)', () => {
         [a],
       );
       expect(n.rows[0]!.n).toBe(3);
+    },
+    TIMEOUT_MS,
+  );
+
+  test(
+    'an order changes status only from the status its transition expects; any other status is reported, never overwritten',
+    async () => {
+      const a = uniqueId('os');
+      const statuses: OrderStatus[] = ['UNPAID', 'PAID', 'CLOSED', 'REFUNDING', 'REFUNDED'];
+      // One order per (transition, status found), put into that status directly.
+      const cases = (Object.keys(ORDER_TRANSITIONS) as OrderTransition[]).flatMap((t) =>
+        statuses.map((found) => ({ t, found, rid: `${a}-${t}-${found}` })),
+      );
+      const out = await insertOrders(
+        sql,
+        cases.map((c, i) => message(a, c.rid, { userId: `u${i}` })),
+        900,
+      );
+      for (const c of cases) {
+        await sql.query('UPDATE orders SET status = $2 WHERE reservation_id = $1', [c.rid, c.found]);
+      }
+      for (const c of cases) {
+        const r = await transitionOrder(sql, out.inserted.get(c.rid)!, c.t, 'TEST');
+        const expected = ORDER_TRANSITIONS[c.t];
+        const now = await sql.query<{ status: string }>(
+          'SELECT status FROM orders WHERE reservation_id = $1',
+          [c.rid],
+        );
+        if (c.found === expected.from) {
+          expect([c.t, c.found, r.applied, now.rows[0]!.status]).toEqual([c.t, c.found, true, expected.to]);
+        } else {
+          expect([c.t, c.found, r.applied, r.applied ? undefined : r.current, now.rows[0]!.status]).toEqual([
+            c.t,
+            c.found,
+            false,
+            c.found,
+            c.found,
+          ]);
+        }
+      }
     },
     TIMEOUT_MS,
   );
