@@ -1,12 +1,21 @@
-// Cleanup (core/activity-cache.ts cleanupActivity, run by the operator's clean-up step) on the real
-// Redis: it refuses while half messages exist, and while unconfirmed reservations exist, each
-// condition alone; it deletes this activity's keys only (not a neighbour whose id starts the same)
-// and keeps the buyers' results with a TTL. Named by mutants in test/faults/mutants/.
+// Cleanup (core/activity-cache.ts cleanupActivity, and the operator's clean-up step that runs it)
+// on the real Redis: it refuses while half messages exist, and while unconfirmed reservations
+// exist, each condition alone; it deletes this activity's keys only (not a neighbour whose id
+// starts the same) and keeps the buyers' results with a TTL. Named by mutants in
+// test/faults/mutants/.
 import { Redis } from 'ioredis';
 import { cleanupActivity, loadActivity, recordResults, setGate } from '../../../core/activity-cache.js';
 import { FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reservationIdFor, reserve } from '../../../core/reservations.js';
+import { createLogger } from '../../../core/logger.js';
+import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
+import { Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
+import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
+import { ReconcileContext } from '../../../operator/reconcile/context.js';
+import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
+import { cleanUp } from '../../../operator/reconcile/clean-up.js';
 import { testEnv, uniqueId } from '../../helpers/env.js';
 
 const TIMEOUT_MS = 60_000;
@@ -144,6 +153,68 @@ describe('cleanup of an activity (real Redis)', () => {
         expect(await keysOf(neighbour.id)).toEqual(neighbourKeys);
         expect(await redis.get(outside)).toBe('1');
         await redis.del(outside);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe("the operator's clean-up step", () => {
+    /** A context in phase CleaningUp, with the Redis connection and no-op events (reasons recorded). */
+    function context(activityId: string, events: string[]): ReconcileContext {
+      const now = new Date();
+      const fsa = {
+        apiVersion: 'flashsale.io/v1alpha1',
+        kind: 'FlashSaleActivity',
+        metadata: { name: activityId, namespace: 'default', generation: 1, uid: activityId },
+        spec: { cleanup: { policy: 'Delete', resultRetention: '15m' } },
+        status: { conditions: enterPhase(undefined, Phase.CleaningUp, 'test', 1, now) },
+      } as unknown as FlashSaleActivity;
+      const log = createLogger('cleanup-test', 'silent');
+      const deps = {
+        redis,
+        identity: 'cleanup-test',
+        now: () => now,
+        log,
+        config: { cleanupRetryMs: 5_000 },
+        events: {
+          record: async (_o: unknown, _t: string, reason: string) => {
+            events.push(reason);
+          },
+        },
+      } as unknown as ReconcileDeps;
+      return new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
+    }
+
+    test(
+      'blocked (Degraded CleanupBlocked, requeued, still CleaningUp) by half messages alone, then by unconfirmed reservations alone; completes once drained',
+      async () => {
+        const { id, rid } = await withReservation();
+        await confirm(id, rid);
+        const before = await keysOf(id);
+        for (const stage of ['half messages', 'unconfirmed'] as const) {
+          if (stage === 'unconfirmed') {
+            await relayAll(id);
+            await redis.zadd(activityKeys(id).ledger, 1, rid);
+          }
+          const events: string[] = [];
+          const ctx = context(id, events);
+          await cleanUp(ctx);
+          expect([stage, ctx.degraded?.reason, ctx.transitioned, ctx.requeueAtMs !== undefined]).toEqual([
+            stage,
+            Reason.CleanupBlocked,
+            false,
+            true,
+          ]);
+          expect(events).toEqual([Reason.CleanupBlocked]);
+          expect((await keysOf(id)).filter((k) => k !== activityKeys(id).ledger)).toEqual(
+            before.filter((k) => k !== activityKeys(id).ledger),
+          );
+        }
+        await confirm(id, rid);
+        const ctx = context(id, []);
+        await cleanUp(ctx);
+        expect([ctx.degraded, ctx.transitioned]).toEqual([undefined, true]);
+        expect(await keysOf(id)).toEqual([activityKeys(id).results]);
       },
       TIMEOUT_MS,
     );
