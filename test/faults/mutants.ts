@@ -204,11 +204,16 @@ async function runEntry(root: string, e: MustFail, timeoutMs: number): Promise<E
     timedOut = true;
     if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
   }, timeoutMs);
-  await new Promise((r) => child.on('close', r));
+  const [code, signal] = await new Promise<[number | null, string | null]>((r) =>
+    child.on('close', (c: number | null, s: string | null) => r([c, s])),
+  );
   clearTimeout(timer);
   const base = { entry: e, failed: 0, total: 0 };
   if (timedOut) return { ...base, verdict: 'timeout', detail: `no verdict within ${timeoutMs / 1000} s` };
-  if (!existsSync(out)) return { ...base, verdict: 'did-not-run', detail: stderr.slice(-2000) };
+  if (!existsSync(out)) {
+    const why = `jest ended (code ${code}, signal ${signal}) without results: ${stderr.slice(-2000)}`;
+    return { ...base, verdict: 'did-not-run', detail: why };
+  }
   const json = JSON.parse(readFileSync(out, 'utf8')) as JestJson;
   rmSync(dirname(out), { recursive: true, force: true });
   const asserted = json.testResults.flatMap((t) => t.assertionResults);
@@ -315,7 +320,15 @@ async function run(argv: string[]): Promise<number> {
       }
       log(`mutant ${m.name}: expecting ${m.mustFail.map(label).join(' and ')} to fail`);
       const entries: EntryResult[] = [];
-      for (const e of m.mustFail) entries.push(await runEntry(copy, e, timeoutMs));
+      for (const e of m.mustFail) {
+        let r = await runEntry(copy, e, timeoutMs);
+        // jest killed from outside (e.g. by the OOM killer on a shared machine) is no verdict: once more.
+        if (r.verdict === 'did-not-run' && r.detail.startsWith('jest ended')) {
+          log(`mutant ${m.name}: ${label(e)}: ${r.detail.split(':')[0]}; running it again`);
+          r = await runEntry(copy, e, timeoutMs);
+        }
+        entries.push(r);
+      }
       const caught = entries.every((r) => r.verdict === 'failed');
       const seconds = Math.round((Date.now() - m0) / 1000);
       const detail = entries
