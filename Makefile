@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 ENV_DIR ?= /tmp/flashsale-env
 
-.PHONY: help demo setup build lint test test-unit faults bench env-up env-down chart-lint chart-sync images
+.PHONY: help demo setup build lint test test-unit faults mutants bench env-up env-down chart-lint chart-sync images
 
 help: ## List the targets
 	@echo "Usage: make TARGET"
@@ -40,6 +40,9 @@ test-unit: ## Run the unit tests only (no servers)
 
 faults: ## The whole fault-injection suite with FAULT_RUNS (default 50) randomized runs; writes docs/faults-report.md
 	bash test/faults/run.sh
+
+mutants: ## One broken build per invariant (test/faults/mutants/*.mutant), each must fail its named tests; writes docs/mutants-report.md
+	bash test/faults/mutants.sh --report docs/mutants-report.md $(MUTANTS)
 
 ##@ Performance
 

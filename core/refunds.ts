@@ -17,7 +17,7 @@
  * Lock order everywhere: the order row, then payment and refund rows (as payments do).
  */
 import { appendJournal } from './db/journal-store.js';
-import { findOrderById, lockOrder, transitionOrder } from './db/orders-store.js';
+import { findByReservationId, findOrderById, lockOrder, transitionOrder } from './db/orders-store.js';
 import type { LifecycleOrderRow } from './db/orders-store.js';
 import { lockPayment, movePaymentRefund, paymentsForOrder } from './db/payments-store.js';
 import { inTransaction } from './db/pool.js';
@@ -61,10 +61,7 @@ async function findOrderForRequest(c: PoolClient, input: OrderRefundInput): Prom
       : new FlashSaleError('UNKNOWN_ORDER', 'no such order');
   let orderId = input.orderId;
   if (!orderId && input.reservationId) {
-    const r = await c.query<{ id: string }>('SELECT id FROM orders WHERE reservation_id = $1', [
-      input.reservationId,
-    ]);
-    orderId = r.rows[0]?.id;
+    orderId = (await findByReservationId(c, input.reservationId))?.id;
   }
   if (!orderId || !/^[1-9]\d{0,18}$/.test(orderId)) throw unknown();
   const order = await lockOrder(c, orderId);

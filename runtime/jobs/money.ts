@@ -10,7 +10,7 @@ import type { Pool } from '../../core/db/pool.js';
 import { ensureOrderEventsTopic, idempotentProducer, orderEventsTopic } from '../../core/kafka.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
-import type { RefundProvider } from '../payments/provider.js';
+import type { RefundProvider } from '../../core/payment-provider.js';
 import { OrderEventRelay } from './order-events.js';
 import type { OrderEventRelayConfig } from './order-events.js';
 import { startRefundWorker } from './refunds.js';

@@ -23,7 +23,7 @@ import { claimDueRefunds, noteRefundAttempt, refundBacklog } from '../../core/db
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import { completeRefund, enqueuePaymentRefund, failRefund } from '../../core/refunds.js';
-import type { RefundProvider } from '../payments/provider.js';
+import type { RefundProvider } from '../../core/payment-provider.js';
 
 export interface RefundWorkerConfig {
   REFUND_WORKER_CRON: string;

@@ -31,7 +31,7 @@ import type { Metrics } from '../../core/metrics.js';
 import { reclaimClosedOrder } from '../../core/order-lifecycle.js';
 import { confirmPaid } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
-import type { PaymentNotice } from './provider.js';
+import type { PaymentNotice } from '../../core/payment-provider.js';
 
 export type PaymentOutcome = 'PAID' | 'ALREADY_PAID' | 'REFUND_PENDING';
 

@@ -24,7 +24,7 @@ import type {
   RefundAnswer,
   RefundNotice,
   RefundRequest,
-} from './provider.js';
+} from '../../core/payment-provider.js';
 
 export const SIGNATURE_HEADER = 'x-fs-signature';
 

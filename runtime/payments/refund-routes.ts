@@ -18,7 +18,7 @@ import { findRefund } from '../../core/db/refunds-store.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { completeRefund, failRefund } from '../../core/refunds.js';
 import type { RefundDeps } from '../../core/refunds.js';
-import type { RefundNotice, RefundProvider } from './provider.js';
+import type { RefundNotice, RefundProvider } from '../../core/payment-provider.js';
 
 export interface RefundNotificationsDeps extends RefundDeps {
   providers: RefundProvider[];

@@ -15,7 +15,7 @@ import { isTransientDbError } from '../../core/db/pool.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { acceptPayment } from './apply.js';
 import type { PaymentDeps } from './apply.js';
-import type { PaymentProvider } from './provider.js';
+import type { PaymentProvider } from '../../core/payment-provider.js';
 
 export interface PaymentsRouterDeps extends PaymentDeps {
   providers: PaymentProvider[];

@@ -45,7 +45,10 @@ export interface FinalState {
   counters: { reserved: number; released: number; reservations: number };
   reservations: ReservationFinal[];
   orders: OrderFinal[];
-  /** ORDER_CREATED journal events per reservation id (only those seen at least once). */
+  /**
+   * Creation journal events per reservation id (only those seen at least once): ORDER_CREATED, or
+   * ORDER_CLOSED with no previous status (an in-flight order inserted CLOSED by a cancellation).
+   */
   createdEvents: Map<string, number>;
   /** Outbox stream length: half messages Kafka has not acknowledged. */
   halfMessages: number;
@@ -60,6 +63,7 @@ export interface Violation {
     | 'negative-stock'
     | 'counters'
     | 'duplicate-order'
+    | 'missing-journal'
     | 'phantom-order'
     | 'missing-order'
     | 'released-but-live'
@@ -94,7 +98,8 @@ function groupBy<T>(xs: readonly T[], key: (x: T) => string): Map<string, T[]> {
  * - per SKU: initial = remaining + live reservations (released units are back in remaining),
  *   remaining never negative; Redis counters: reserved = live + released, released = released
  *   ledger entries (a unit returned twice breaks one of them);
- * - no duplicate order (one row and one ORDER_CREATED event per reservation);
+ * - no duplicate order (one row per reservation), and exactly one creation journal event per order
+ *   (none lost to a crash, none repeated by a redelivery);
  * - every unreleased reservation is exactly one live order, every order has its reservation,
  *   a released or cancelled reservation has no live order;
  * - no buyer above the per-SKU limit (live orders and live reservations);
@@ -158,6 +163,10 @@ export function checkInvariants(s: FinalState): Violation[] {
   }
   for (const [rid, n] of s.createdEvents) {
     if (n > 1) v('duplicate-order', `${n} ORDER_CREATED events for reservation ${rid}`);
+  }
+  for (const rid of ordersByRsv.keys()) {
+    if (!s.createdEvents.has(rid))
+      v('missing-journal', `order of reservation ${rid} has no creation journal row`);
   }
   const rsvById = new Map(s.reservations.map((r) => [r.reservationId, r]));
   for (const o of s.orders) {
@@ -299,7 +308,8 @@ export async function readFinalState(
   ]);
   const events = await sql.query<{ reservation_id: string; n: number }>(
     `SELECT reservation_id, count(*)::int AS n FROM order_journal
-      WHERE activity_id = $1 AND event = 'ORDER_CREATED' GROUP BY reservation_id`,
+      WHERE activity_id = $1 AND (event = 'ORDER_CREATED' OR (event = 'ORDER_CLOSED' AND from_status IS NULL))
+      GROUP BY reservation_id`,
     [activityId],
   );
   const [halfMessages, unconfirmed] = await Promise.all([redis.xlen(k.outbox), redis.zcard(k.ledger)]);

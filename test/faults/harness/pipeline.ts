@@ -1,11 +1,14 @@
 // An in-process stand-in for relay + consumer, for the after-sale scenarios (windows 7-9) that
 // exercise PostgreSQL/Redis functions rather than the processes: it takes every half message from
-// the outbox, inserts the orders with the consumer's statement (insertOrders), records the
+// the outbox, inserts the orders with the consumer's statement (insertOrders) and their
+// ORDER_CREATED journal rows in one transaction (as the consumer does), records the
 // buyers' results (which confirms the ledger) and deletes the entries, as the relay does after
 // Kafka acked them.
 import type { Redis } from 'ioredis';
 import { recordResults } from '../../../core/activity-cache.js';
+import { appendJournal } from '../../../core/db/journal-store.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
+import { inTransaction } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { activityKeys } from '../../../core/keys.js';
 import type { OrderMessage } from '../../../core/model.js';
@@ -25,8 +28,22 @@ export async function drainOutbox(
       const i = fields.indexOf('m');
       return JSON.parse(fields[i + 1]!) as OrderMessage;
     });
-    const outcome = await insertOrders(pool, messages, paymentTimeoutSeconds);
     const byRid = new Map(messages.map((m) => [m.reservationId, m]));
+    const outcome = await inTransaction(pool, async (c) => {
+      const o = await insertOrders(c, messages, paymentTimeoutSeconds);
+      await appendJournal(
+        c,
+        [...o.inserted].map(([rid, orderId]) => ({
+          activityId,
+          reservationId: rid,
+          orderId,
+          event: 'ORDER_CREATED',
+          toStatus: 'UNPAID',
+          traceId: byRid.get(rid)?.traceId ?? '',
+        })),
+      );
+      return o;
+    });
     await recordResults(redis, activityId, [
       ...[...outcome.inserted].map(([rid, orderId]) => ({
         reservationId: rid,

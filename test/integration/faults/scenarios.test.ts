@@ -16,7 +16,7 @@ import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
 import { reserve } from '../../../core/reservations.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { acceptPayment } from '../../../runtime/payments/apply.js';
-import type { PaymentNotice } from '../../../runtime/payments/provider.js';
+import type { PaymentNotice } from '../../../core/payment-provider.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { checkActivity, formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';

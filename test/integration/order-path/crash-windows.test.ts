@@ -148,13 +148,21 @@ describe('crash windows on the order path', () => {
     expect(new Set(rows.rows.map((r) => r.reservation_id))).toEqual(
       new Set(accepted.map((a) => a.reservationId)),
     );
-    // One creation event per order: no duplicate was ever inserted, whatever was redelivered.
-    const events = await sql.query(
-      `SELECT reservation_id FROM order_journal WHERE activity_id = $1 AND event = 'ORDER_CREATED'
-        GROUP BY reservation_id HAVING count(*) <> 1`,
+    // Exactly one creation event per order: none duplicated by a redelivery, and none lost to the
+    // crash (the journal row commits with its order, so zero is as wrong as two).
+    const events = await sql.query<{ reservation_id: string; n: number }>(
+      `SELECT o.reservation_id, count(j.id)::int AS n FROM orders o
+         LEFT JOIN order_journal j ON j.reservation_id = o.reservation_id AND j.event = 'ORDER_CREATED'
+        WHERE o.activity_id = $1 GROUP BY o.reservation_id HAVING count(j.id) <> 1`,
       [activityId],
     );
-    expect(events.rowCount).toBe(0);
+    expect(events.rows).toEqual([]);
+    const stray = await sql.query(
+      `SELECT j.reservation_id FROM order_journal j LEFT JOIN orders o ON o.reservation_id = j.reservation_id
+        WHERE j.activity_id = $1 AND j.event = 'ORDER_CREATED' AND o.id IS NULL`,
+      [activityId],
+    );
+    expect(stray.rows).toEqual([]);
     await waitFor(
       'outbox drained',
       async () => (await readOutbox(redis, activityId)).halfMessages === 0,

@@ -2,7 +2,7 @@
 // the provider states, against the order's deadline plus the tolerance; no payment time, no.
 import type { LifecycleOrderRow } from '../../../core/db/orders-store.js';
 import { paidInTime } from '../../../runtime/payments/apply.js';
-import type { PaymentNotice } from '../../../runtime/payments/provider.js';
+import type { PaymentNotice } from '../../../core/payment-provider.js';
 
 const deadline = new Date('2026-11-11T00:15:00Z');
 const order = { expiresAt: deadline } as LifecycleOrderRow;

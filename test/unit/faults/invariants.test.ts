@@ -65,6 +65,15 @@ describe('checkInvariants', () => {
     expect(rules(e)).toEqual(['duplicate-order']);
   });
 
+  test('a lost journal row: an order with zero creation events (the row must commit with its order)', () => {
+    const s = healthy();
+    s.createdEvents.delete('r2');
+    expect(rules(s)).toEqual(['missing-journal']);
+    const closed = healthy();
+    closed.createdEvents.delete('r4');
+    expect(rules(closed)).toEqual(['missing-journal']);
+  });
+
   test('a lost order: a live reservation with no live order', () => {
     const s = healthy();
     s.orders = s.orders.filter((o) => o.reservationId !== 'r2');
@@ -77,6 +86,7 @@ describe('checkInvariants', () => {
   test('an order without a reservation, or differing from it', () => {
     const s = healthy();
     s.orders.push({ reservationId: 'ghost', userId: 'x', skuId: 'sku', quantity: 1, status: 'UNPAID' });
+    s.createdEvents.set('ghost', 1);
     expect(rules(s)).toEqual(['phantom-order']);
     const d = healthy();
     d.orders[0] = { ...d.orders[0]!, quantity: 2 };

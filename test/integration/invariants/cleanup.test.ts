@@ -1,0 +1,222 @@
+// Cleanup (core/activity-cache.ts cleanupActivity, and the operator's clean-up step that runs it)
+// on the real Redis: it refuses while half messages exist, and while unconfirmed reservations
+// exist, each condition alone; it deletes this activity's keys only (not a neighbour whose id
+// starts the same) and keeps the buyers' results with a TTL. Named by mutants in
+// test/faults/mutants/.
+import { Redis } from 'ioredis';
+import { cleanupActivity, loadActivity, recordResults, setGate } from '../../../core/activity-cache.js';
+import { FlashSaleError } from '../../../core/errors.js';
+import { activityKeys } from '../../../core/keys.js';
+import { reservationIdFor, reserve } from '../../../core/reservations.js';
+import { createLogger } from '../../../core/logger.js';
+import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
+import { Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
+import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
+import { ReconcileContext } from '../../../operator/reconcile/context.js';
+import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
+import { cleanUp } from '../../../operator/reconcile/clean-up.js';
+import { testEnv, uniqueId } from '../../helpers/env.js';
+
+const TIMEOUT_MS = 60_000;
+const RETENTION_SECONDS = 900;
+
+describe('cleanup of an activity (real Redis)', () => {
+  let redis: Redis;
+  beforeAll(() => {
+    redis = new Redis(testEnv().redisUrl, { maxRetriesPerRequest: 2 });
+  });
+  afterAll(async () => {
+    await redis.quit();
+  });
+
+  async function keysOf(activityId: string): Promise<string[]> {
+    const k = activityKeys(activityId);
+    const out: string[] = [];
+    let cursor = '0';
+    do {
+      const [next, batch] = await redis.scan(cursor, 'MATCH', k.scanPattern, 'COUNT', 1000);
+      cursor = next;
+      out.push(...batch);
+    } while (cursor !== '0');
+    return out.sort();
+  }
+
+  /** A loaded, open activity with one reservation: its half message and its ledger entry exist. */
+  async function withReservation(id = uniqueId('clean')): Promise<{ id: string; rid: string }> {
+    await loadActivity(redis, {
+      id,
+      generation: 1,
+      startAt: new Date(Date.now() - 60_000),
+      endAt: new Date(Date.now() + 3_600_000),
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      items: [{ skuId: 's', name: 'item', price: '1.00', stock: 5, limitPerUser: 1 }],
+    });
+    await setGate(redis, id, 'open');
+    await reserve(redis, {
+      activityId: id,
+      userId: 'u',
+      skuId: 's',
+      quantity: 1,
+      requestId: 'r',
+      traceId: 't',
+    });
+    return { id, rid: reservationIdFor(id, 'u', 'r') };
+  }
+
+  /** The relay's effect once Kafka acknowledged: the half messages leave the stream. */
+  async function relayAll(id: string): Promise<void> {
+    const k = activityKeys(id);
+    const ids = (await redis.xrange(k.outbox, '-', '+')).map(([entry]) => entry);
+    if (ids.length > 0) await redis.xdel(k.outbox, ...ids);
+  }
+
+  /** The consumer's effect after its DB commit: results written, ledger entries confirmed. */
+  async function confirm(id: string, rid: string): Promise<void> {
+    await recordResults(redis, id, [
+      { reservationId: rid, userId: 'u', result: { status: 'CREATED', orderId: '1' } },
+    ]);
+  }
+
+  async function expectRefused(id: string): Promise<void> {
+    const before = await keysOf(id);
+    const err = await cleanupActivity(redis, id, RETENTION_SECONDS).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(err).toBeInstanceOf(FlashSaleError);
+    expect((err as FlashSaleError).code).toBe('UNAVAILABLE');
+    expect(await keysOf(id)).toEqual(before);
+    expect(await redis.ttl(activityKeys(id).results)).not.toBeGreaterThan(0);
+  }
+
+  describe('cleanup refuses while anything is in flight', () => {
+    test(
+      'half messages alone (every reservation confirmed, the relay has not sent them): refused, nothing deleted',
+      async () => {
+        const { id, rid } = await withReservation();
+        await confirm(id, rid);
+        expect(await redis.zcard(activityKeys(id).ledger)).toBe(0);
+        expect(await redis.xlen(activityKeys(id).outbox)).toBe(1);
+        await expectRefused(id);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'unconfirmed reservations alone (the relay sent everything, no order confirmed yet): refused, nothing deleted',
+      async () => {
+        const { id } = await withReservation();
+        await relayAll(id);
+        expect(await redis.xlen(activityKeys(id).outbox)).toBe(0);
+        expect(await redis.zcard(activityKeys(id).ledger)).toBe(1);
+        await expectRefused(id);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'both at once: refused, nothing deleted',
+      async () => {
+        const { id } = await withReservation();
+        await expectRefused(id);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('cleanup deletes only this activity and keeps results', () => {
+    test(
+      "once nothing is in flight: every key of the activity goes except the results (TTL), and a neighbour's keys stay",
+      async () => {
+        const { id, rid } = await withReservation();
+        // A neighbour whose id starts with this one's, in flight, and a key outside every activity.
+        const neighbour = await withReservation(`${id}x`);
+        const outside = `cleanup-test:${id}`;
+        await redis.set(outside, '1');
+        const neighbourKeys = await keysOf(neighbour.id);
+        expect(neighbourKeys.length).toBeGreaterThan(3);
+
+        await relayAll(id);
+        await confirm(id, rid);
+        const before = await keysOf(id);
+        const outcome = await cleanupActivity(redis, id, RETENTION_SECONDS);
+        expect(outcome).toEqual({ deleted: before.length - 1, retained: 1 });
+        const k = activityKeys(id);
+        expect(await keysOf(id)).toEqual([k.results]);
+        const ttl = await redis.ttl(k.results);
+        expect(ttl).toBeGreaterThan(0);
+        expect(ttl).toBeLessThanOrEqual(RETENTION_SECONDS);
+        expect(JSON.parse((await redis.hget(k.results, rid)) ?? '{}')).toMatchObject({ status: 'CREATED' });
+
+        expect(await keysOf(neighbour.id)).toEqual(neighbourKeys);
+        expect(await redis.get(outside)).toBe('1');
+        await redis.del(outside);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe("the operator's clean-up step", () => {
+    /** A context in phase CleaningUp, with the Redis connection and no-op events (reasons recorded). */
+    function context(activityId: string, events: string[]): ReconcileContext {
+      const now = new Date();
+      const fsa = {
+        apiVersion: 'flashsale.io/v1alpha1',
+        kind: 'FlashSaleActivity',
+        metadata: { name: activityId, namespace: 'default', generation: 1, uid: activityId },
+        spec: { cleanup: { policy: 'Delete', resultRetention: '15m' } },
+        status: { conditions: enterPhase(undefined, Phase.CleaningUp, 'test', 1, now) },
+      } as unknown as FlashSaleActivity;
+      const log = createLogger('cleanup-test', 'silent');
+      const deps = {
+        redis,
+        identity: 'cleanup-test',
+        now: () => now,
+        log,
+        config: { cleanupRetryMs: 5_000 },
+        events: {
+          record: async (_o: unknown, _t: string, reason: string) => {
+            events.push(reason);
+          },
+        },
+      } as unknown as ReconcileDeps;
+      return new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
+    }
+
+    test(
+      'blocked (Degraded CleanupBlocked, requeued, still CleaningUp) by half messages alone, then by unconfirmed reservations alone; completes once drained',
+      async () => {
+        const { id, rid } = await withReservation();
+        await confirm(id, rid);
+        const before = await keysOf(id);
+        for (const stage of ['half messages', 'unconfirmed'] as const) {
+          if (stage === 'unconfirmed') {
+            await relayAll(id);
+            await redis.zadd(activityKeys(id).ledger, 1, rid);
+          }
+          const events: string[] = [];
+          const ctx = context(id, events);
+          await cleanUp(ctx);
+          expect([stage, ctx.degraded?.reason, ctx.transitioned, ctx.requeueAtMs !== undefined]).toEqual([
+            stage,
+            Reason.CleanupBlocked,
+            false,
+            true,
+          ]);
+          expect(events).toEqual([Reason.CleanupBlocked]);
+          expect((await keysOf(id)).filter((k) => k !== activityKeys(id).ledger)).toEqual(
+            before.filter((k) => k !== activityKeys(id).ledger),
+          );
+        }
+        await confirm(id, rid);
+        const ctx = context(id, []);
+        await cleanUp(ctx);
+        expect([ctx.degraded, ctx.transitioned]).toEqual([undefined, true]);
+        expect(await keysOf(id)).toEqual([activityKeys(id).results]);
+      },
+      TIMEOUT_MS,
+    );
+  });
+});

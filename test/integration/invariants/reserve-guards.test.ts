@@ -1,0 +1,377 @@
+// Every guard of the Lua scripts at its boundary, with explicit expected answers, on the real Redis
+// through core/reservations.ts and core/activity-cache.ts: quantities at and above each limit,
+// several units in one request, each refusal condition alone. The model-based test
+// (scripts-model.test.ts) explores sequences; this file pins the rules a reader can check by eye.
+// Each describe block is named by a mutant in test/faults/mutants/ (docs/mutants-report.md).
+import { Redis } from 'ioredis';
+import { loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { FlashSaleError } from '../../../core/errors.js';
+import { activityKeys } from '../../../core/keys.js';
+import type { CatalogItem, GateState } from '../../../core/model.js';
+import {
+  cancelBeforeReserve,
+  confirmPaid,
+  readReservation,
+  release,
+  reservationIdFor,
+  reserve,
+} from '../../../core/reservations.js';
+import { testEnv, uniqueId } from '../../helpers/env.js';
+
+const TIMEOUT_MS = 60_000;
+
+describe('script guards at their boundaries (real Redis)', () => {
+  let redis: Redis;
+  beforeAll(() => {
+    redis = new Redis(testEnv().redisUrl, { maxRetriesPerRequest: 2 });
+  });
+  afterAll(async () => {
+    await redis.quit();
+  });
+
+  const item = (skuId: string, stock: number, limitPerUser: number): CatalogItem => ({
+    skuId,
+    name: `item ${skuId}`,
+    price: '10.00',
+    stock,
+    limitPerUser,
+  });
+
+  /** A loaded activity with its gate open; `generation` 1. */
+  async function activity(items: CatalogItem[], gate: GateState = 'open', reopenOnRelease = true) {
+    const id = uniqueId('guard');
+    const def = {
+      id,
+      generation: 1,
+      startAt: new Date(Date.now() - 60_000),
+      endAt: new Date(Date.now() + 3_600_000),
+      requireOrderCode: false,
+      reopenOnRelease,
+      items,
+    };
+    await loadActivity(redis, def);
+    if (gate !== 'pending') await setGate(redis, id, gate);
+    const buy = (userId: string, requestId: string, skuId: string, quantity: number) =>
+      outcome(() => reserve(redis, { activityId: id, userId, skuId, quantity, requestId, traceId: 't' }));
+    const rid = (userId: string, requestId: string) => reservationIdFor(id, userId, requestId);
+    const rel = (userId: string, requestId: string, skuId: string) =>
+      outcome(() =>
+        release(redis, {
+          activityId: id,
+          reservationId: rid(userId, requestId),
+          userId,
+          skuId,
+          reason: 'TEST',
+        }),
+      );
+    const stock = async (skuId: string) => Number(await redis.hget(activityKeys(id).sku(skuId), 'stock'));
+    const cancel = (userId: string, requestId: string) =>
+      outcome(() => cancelBeforeReserve(redis, { activityId: id, userId, requestId, reason: 'CANCELLED' }));
+    return { id, def, buy, rid, rel, stock, cancel };
+  }
+
+  /** `ok:<kind>` or the error code: what the caller of the script sees. */
+  async function outcome(call: () => Promise<{ kind: string }>): Promise<string> {
+    try {
+      return `ok:${(await call()).kind}`;
+    } catch (err) {
+      if (err instanceof FlashSaleError) return err.code;
+      throw err;
+    }
+  }
+
+  describe('per-buyer limit counted in units', () => {
+    test(
+      'limit 3: two units then two more is refused (4 > 3); then exactly the limit (2 + 1) is taken',
+      async () => {
+        const a = await activity([item('s', 10, 3)]);
+        expect(await a.buy('u', 'r1', 's', 2)).toBe('ok:reserved');
+        expect(await a.buy('u', 'r2', 's', 2)).toBe('LIMIT_REACHED');
+        expect(await a.stock('s')).toBe(8);
+        expect(await a.buy('u', 'r3', 's', 1)).toBe('ok:reserved');
+        expect(await a.buy('u', 'r4', 's', 1)).toBe('LIMIT_REACHED');
+        expect(await a.stock('s')).toBe(7);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'one request for the whole limit is taken; one unit above it is refused and changes nothing',
+      async () => {
+        const a = await activity([item('s', 10, 3)]);
+        expect(await a.buy('u1', 'r', 's', 3)).toBe('ok:reserved');
+        expect(await a.buy('u2', 'r', 's', 4)).toBe('LIMIT_REACHED');
+        expect(await redis.exists(activityKeys(a.id).reservation(a.rid('u2', 'r')))).toBe(0);
+        expect(await a.stock('s')).toBe(7);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'limit 1: the first unit is taken (at the limit), a second request is refused; other buyers and skus are apart',
+      async () => {
+        const a = await activity([item('s', 10, 1), item('t', 10, 1)]);
+        expect(await a.buy('u', 'r1', 's', 1)).toBe('ok:reserved');
+        expect(await a.buy('u', 'r2', 's', 1)).toBe('LIMIT_REACHED');
+        expect(await a.buy('u', 'r3', 't', 1)).toBe('ok:reserved');
+        expect(await a.buy('v', 'r1', 's', 1)).toBe('ok:reserved');
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'a release gives the units back with reopenOnRelease, and does not without it',
+      async () => {
+        const open = await activity([item('s', 10, 2)]);
+        expect(await open.buy('u', 'r1', 's', 2)).toBe('ok:reserved');
+        expect(await open.rel('u', 'r1', 's')).toBe('ok:released');
+        expect(await open.buy('u', 'r2', 's', 2)).toBe('ok:reserved');
+        const shut = await activity([item('s', 10, 2)], 'open', false);
+        expect(await shut.buy('u', 'r1', 's', 2)).toBe('ok:reserved');
+        expect(await shut.rel('u', 'r1', 's')).toBe('ok:released');
+        expect(await shut.buy('u', 'r2', 's', 1)).toBe('LIMIT_REACHED');
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('stock never oversold', () => {
+    test(
+      'a request for exactly the stock left is taken; one unit more is SOLD_OUT and changes nothing',
+      async () => {
+        const a = await activity([item('s', 3, 5)]);
+        expect(await a.buy('u1', 'r', 's', 4)).toBe('SOLD_OUT');
+        expect(await a.stock('s')).toBe(3);
+        expect(await a.buy('u1', 'r2', 's', 3)).toBe('ok:reserved');
+        expect(await a.stock('s')).toBe(0);
+        expect(await a.buy('u2', 'r', 's', 1)).toBe('SOLD_OUT');
+        const s = await readStock(redis, a.id);
+        expect([s.remaining, s.reserved, s.reservations]).toEqual([0, 3, 1]);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'two units against one left: SOLD_OUT, not a negative stock',
+      async () => {
+        const a = await activity([item('s', 1, 3)]);
+        expect(await a.buy('u', 'r', 's', 2)).toBe('SOLD_OUT');
+        expect(await a.stock('s')).toBe(1);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('half message with every reservation', () => {
+    test(
+      'each reservation appends exactly one outbox entry naming it, with price and name from the activity',
+      async () => {
+        const a = await activity([item('s', 5, 3)]);
+        expect(await a.buy('u', 'r1', 's', 2)).toBe('ok:reserved');
+        expect(await a.buy('u', 'r1', 's', 2)).toBe('ok:replayed');
+        expect(await a.buy('u', 'r2', 's', 9)).toBe('LIMIT_REACHED');
+        const entries = await redis.xrange(activityKeys(a.id).outbox, '-', '+');
+        expect(entries).toHaveLength(1);
+        const fields = entries[0]![1];
+        const m = JSON.parse(fields[fields.indexOf('m') + 1]!) as Record<string, unknown>;
+        expect(m).toMatchObject({
+          reservationId: a.rid('u', 'r1'),
+          userId: 'u',
+          skuId: 's',
+          quantity: 2,
+          unitPrice: '10.00',
+          itemName: 'item s',
+        });
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('requestId idempotency', () => {
+    test(
+      'the same call again is a replay (nothing taken twice); another sku or quantity is IDEMPOTENCY_CONFLICT',
+      async () => {
+        const a = await activity([item('s', 5, 3), item('t', 5, 3)]);
+        expect(await a.buy('u', 'r', 's', 1)).toBe('ok:reserved');
+        expect(await a.buy('u', 'r', 's', 1)).toBe('ok:replayed');
+        expect(await a.buy('u', 'r', 's', 2)).toBe('IDEMPOTENCY_CONFLICT');
+        expect(await a.buy('u', 'r', 't', 1)).toBe('IDEMPOTENCY_CONFLICT');
+        expect([await a.stock('s'), await a.stock('t')]).toEqual([4, 5]);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('cancellation before the reservation', () => {
+    test(
+      'leaves an owned marker: the late reservation is refused with CANCELLED and takes nothing',
+      async () => {
+        const a = await activity([item('s', 5, 1)]);
+        expect(await a.cancel('u', 'r')).toBe('ok:marked');
+        expect(await a.buy('u', 'r', 's', 1)).toBe('CANCELLED');
+        expect(await a.stock('s')).toBe(5);
+        expect((await readReservation(redis, a.id, a.rid('u', 'r')))?.state).toBe('CANCELLED');
+        // Releasing a missing reservation writes nothing: only UNKNOWN_RESERVATION.
+        expect(await a.rel('u', 'other', 's')).toBe('UNKNOWN_RESERVATION');
+        // A cancellation of a submission that did reserve cannot release it: the reservation exists.
+        expect(await a.buy('v', 'r', 's', 1)).toBe('ok:reserved');
+        expect(await a.cancel('v', 'r')).toBe('ok:exists');
+        expect(await a.stock('s')).toBe(4);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('stock back at most once', () => {
+    test(
+      'a second release (and a cancellation after it) changes nothing',
+      async () => {
+        const a = await activity([item('s', 5, 3)]);
+        expect(await a.buy('u', 'r', 's', 3)).toBe('ok:reserved');
+        expect(await a.rel('u', 'r', 's')).toBe('ok:released');
+        expect(await a.stock('s')).toBe(5);
+        expect(await a.rel('u', 'r', 's')).toBe('ok:already-released');
+        expect(await a.cancel('u', 'r')).toBe('ok:exists');
+        expect(await a.stock('s')).toBe(5);
+        const s = await readStock(redis, a.id);
+        expect([s.reserved, s.released]).toEqual([3, 3]);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('paid reservations keep their stock', () => {
+    test(
+      'a paid reservation is never released; a released one can never be paid',
+      async () => {
+        const a = await activity([item('s', 5, 3)]);
+        expect(await a.buy('u', 'r1', 's', 2)).toBe('ok:reserved');
+        await expect(confirmPaid(redis, a.id, a.rid('u', 'r1'))).resolves.toBe('paid');
+        await expect(confirmPaid(redis, a.id, a.rid('u', 'r1'))).resolves.toBe('already-paid');
+        expect(await a.rel('u', 'r1', 's')).toBe('ALREADY_PAID');
+        expect(await a.stock('s')).toBe(3);
+        expect(await a.buy('u', 'r2', 's', 1)).toBe('ok:reserved');
+        expect(await a.rel('u', 'r2', 's')).toBe('ok:released');
+        expect(await outcome(async () => ({ kind: await confirmPaid(redis, a.id, a.rid('u', 'r2')) }))).toBe(
+          'RELEASED',
+        );
+        expect((await readReservation(redis, a.id, a.rid('u', 'r2')))?.state).toBe('RELEASED');
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('frozen cache', () => {
+    test(
+      'after the freeze: no release, no payment mark, no sale, and the gate never moves again',
+      async () => {
+        const a = await activity([item('s', 5, 3)]);
+        expect(await a.buy('u', 'r', 's', 1)).toBe('ok:reserved');
+        await setGate(redis, a.id, 'frozen');
+        expect(await a.rel('u', 'r', 's')).toBe('FROZEN');
+        expect(await a.cancel('u', 'new')).toBe('FROZEN');
+        expect(await outcome(async () => ({ kind: await confirmPaid(redis, a.id, a.rid('u', 'r')) }))).toBe(
+          'FROZEN',
+        );
+        expect(await a.buy('u', 'r2', 's', 1)).toBe('ENDED');
+        for (const g of ['open', 'paused', 'closed', 'pending'] as const) {
+          expect(await outcome(async () => ({ kind: await setGate(redis, a.id, g) }))).toBe('FROZEN');
+        }
+        expect(await redis.hget(activityKeys(a.id).meta, 'gate')).toBe('frozen');
+        expect(await a.stock('s')).toBe(4);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('a release names its buyer and sku', () => {
+    test(
+      "another buyer's or another sku's release is MISMATCH and returns nothing anywhere",
+      async () => {
+        const a = await activity([item('s', 5, 3), item('t', 5, 3)]);
+        expect(await a.buy('u', 'r', 's', 2)).toBe('ok:reserved');
+        const other = await outcome(() =>
+          release(redis, {
+            activityId: a.id,
+            reservationId: a.rid('u', 'r'),
+            userId: 'v',
+            skuId: 's',
+            reason: 'X',
+          }),
+        );
+        expect(other).toBe('MISMATCH');
+        expect(await a.rel('u', 'r', 't')).toBe('MISMATCH');
+        expect([await a.stock('s'), await a.stock('t')]).toEqual([3, 5]);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('cache loading fenced by generation', () => {
+    test(
+      'a repeated load of the same generation changes nothing; a newer one adds only the difference; a decrease or an older generation is refused',
+      async () => {
+        const a = await activity([item('s', 5, 3)]);
+        expect(await a.buy('u', 'r', 's', 2)).toBe('ok:reserved');
+        const again = await loadActivity(redis, a.def);
+        expect(again).toEqual({ created: 0, topped: 0, skipped: 1, stockAdded: 0 });
+        expect(await a.stock('s')).toBe(3);
+        const more = await loadActivity(redis, { ...a.def, generation: 2, items: [item('s', 7, 3)] });
+        expect(more).toEqual({ created: 0, topped: 1, skipped: 0, stockAdded: 2 });
+        expect(await a.stock('s')).toBe(5);
+        const less = () => loadActivity(redis, { ...a.def, generation: 3, items: [item('s', 6, 3)] });
+        await expect(less()).rejects.toMatchObject({ code: 'STOCK_DECREASE' });
+        await expect(loadActivity(redis, { ...a.def, generation: 1 })).rejects.toMatchObject({
+          code: 'STALE_GENERATION',
+        });
+        expect(await a.stock('s')).toBe(5);
+        const s = await readStock(redis, a.id);
+        expect([s.initial, s.remaining + s.reserved - s.released]).toEqual([7, 7]);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('gate and sale window', () => {
+    test.each([
+      ['pending', 'NOT_STARTED'],
+      ['paused', 'PAUSED'],
+      ['closed', 'ENDED'],
+      ['frozen', 'ENDED'],
+    ] as const)(
+      'gate %s alone refuses with %s and takes nothing',
+      async (gate, code) => {
+        const a = await activity([item('s', 5, 3)], gate);
+        expect(await a.buy('u', 'r', 's', 1)).toBe(code);
+        expect(await a.stock('s')).toBe(5);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'an open gate outside the sale window refuses (before start, at the end); an unloaded activity is NOT_LOADED',
+      async () => {
+        const early = await activity([item('s', 5, 3)]);
+        await loadActivity(redis, { ...early.def, generation: 2, startAt: new Date(Date.now() + 3_600_000) });
+        expect(await early.buy('u', 'r', 's', 1)).toBe('NOT_STARTED');
+        const late = await activity([item('s', 5, 3)]);
+        await loadActivity(redis, { ...late.def, generation: 2, endAt: new Date(Date.now() - 1) });
+        expect(await late.buy('u', 'r', 's', 1)).toBe('ENDED');
+        const none = uniqueId('guard');
+        expect(
+          await outcome(() =>
+            reserve(redis, {
+              activityId: none,
+              userId: 'u',
+              skuId: 's',
+              quantity: 1,
+              requestId: 'r',
+              traceId: 't',
+            }),
+          ),
+        ).toBe('NOT_LOADED');
+      },
+      TIMEOUT_MS,
+    );
+  });
+});

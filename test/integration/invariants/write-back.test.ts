@@ -1,0 +1,131 @@
+// The operator's write-back step (operator/reconcile/write-back.ts) on the real Redis and
+// PostgreSQL: the gate is frozen before the stock snapshot is read (after the freeze no release
+// can change Redis stock, so the snapshot counts exactly what was not released before it), and the
+// write is fenced (a repeat writes nothing). The Redis connection is wrapped only to record the
+// order of the calls the step makes; every call still goes to the real server.
+import { Redis } from 'ioredis';
+import pg from 'pg';
+import { loadActivity, readMeta, setGate } from '../../../core/activity-cache.js';
+import { readStockRows, readWriteBack, writeBack as writeBackStock } from '../../../core/db/stock-store.js';
+import { createLogger } from '../../../core/logger.js';
+import { reserve } from '../../../core/reservations.js';
+import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
+import { Phase } from '../../../operator/api/v1alpha1/types.js';
+import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
+import { ReconcileContext } from '../../../operator/reconcile/context.js';
+import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
+import { writeBack } from '../../../operator/reconcile/write-back.js';
+import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+
+const TIMEOUT_MS = 60_000;
+
+describe('write-back (operator step, real Redis and PostgreSQL)', () => {
+  let db: FreshDatabase;
+  let sql: pg.Pool;
+  let redis: Redis;
+  beforeAll(async () => {
+    db = await freshDatabase();
+    sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    redis = new Redis(testEnv().redisUrl, { maxRetriesPerRequest: 2 });
+  }, TIMEOUT_MS);
+  afterAll(async () => {
+    await sql.end();
+    redis.disconnect();
+    await db.drop();
+  }, TIMEOUT_MS);
+
+  /** The real connection, recording the name of every method the step calls on it. */
+  function recording(target: Redis): { redis: Redis; calls: string[] } {
+    const calls: string[] = [];
+    const proxy = new Proxy(target, {
+      get(t, prop, receiver) {
+        const v: unknown = Reflect.get(t, prop, receiver);
+        if (typeof v !== 'function' || typeof prop !== 'string') return v;
+        return (...args: unknown[]) => {
+          calls.push(prop);
+          return (v as (...a: unknown[]) => unknown).apply(t, args);
+        };
+      },
+    });
+    return { redis: proxy, calls };
+  }
+
+  async function context(activityId: string, r: Redis): Promise<ReconcileContext> {
+    const now = new Date();
+    const fsa = {
+      apiVersion: 'flashsale.io/v1alpha1',
+      kind: 'FlashSaleActivity',
+      metadata: { name: activityId, namespace: 'default', generation: 1, uid: activityId },
+      spec: {},
+      status: { conditions: enterPhase(undefined, Phase.WritingBack, 'test', 1, now) },
+    } as unknown as FlashSaleActivity;
+    const log = createLogger('write-back-test', 'silent');
+    const deps = {
+      redis: r,
+      pool: sql,
+      identity: 'write-back-test',
+      now: () => now,
+      log,
+      events: { record: async () => undefined },
+    } as unknown as ReconcileDeps;
+    return new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
+  }
+
+  test(
+    'the gate is frozen before the stock snapshot is read; the snapshot is the frozen stock; a repeat or a second writer writes nothing',
+    async () => {
+      const id = uniqueId('wb');
+      await loadActivity(redis, {
+        id,
+        generation: 1,
+        startAt: new Date(Date.now() - 60_000),
+        endAt: new Date(Date.now() + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: true,
+        items: [{ skuId: 's', name: 'item', price: '1.00', stock: 10, limitPerUser: 3 }],
+      });
+      await setGate(redis, id, 'open');
+      await reserve(redis, {
+        activityId: id,
+        userId: 'u',
+        skuId: 's',
+        quantity: 3,
+        requestId: 'r',
+        traceId: 't',
+      });
+
+      const rec = recording(redis);
+      const ctx = await context(id, rec.redis);
+      await writeBack(ctx);
+      const freeze = rec.calls.indexOf('fs_setGate');
+      const firstRead = rec.calls.findIndex((c) => c === 'smembers' || c === 'pipeline' || c === 'hmget');
+      expect(freeze).toBeGreaterThanOrEqual(0);
+      expect(firstRead).toBeGreaterThan(freeze);
+      expect((await readMeta(redis, id))?.gate).toBe('frozen');
+      expect(await readStockRows(sql, id)).toEqual([{ skuId: 's', initial: 10, remaining: 7 }]);
+      expect(await readWriteBack(sql, id)).toMatchObject({ remainingTotal: 7, reservedTotal: 3 });
+
+      // A repeat (the operator killed after writing) finds the fence and reads no stock at all.
+      const again = recording(redis);
+      await writeBack(await context(id, again.redis));
+      expect(again.calls).not.toContain('fs_setGate');
+      expect(await readStockRows(sql, id)).toEqual([{ skuId: 's', initial: 10, remaining: 7 }]);
+      // The fence itself: a second write (a concurrent operator that read no fence) writes nothing.
+      const second = await writeBackStock(sql, {
+        activityId: id,
+        generation: 1,
+        skus: [{ skuId: 's', initial: 10, remaining: 10 }],
+        reserved: 0,
+        released: 0,
+        orders: 0,
+        writtenBy: 'another-operator',
+      });
+      expect(second).toEqual({ written: false });
+      expect(await readStockRows(sql, id)).toEqual([{ skuId: 's', initial: 10, remaining: 7 }]);
+      expect(await readWriteBack(sql, id)).toMatchObject({ remainingTotal: 7 });
+    },
+    TIMEOUT_MS,
+  );
+});
