@@ -73,6 +73,26 @@ const EXPECTED_EMPTY: { panel: string; metric: string; reason: string }[] = [
     reason: 'every reservation reaches PostgreSQL, so no gap is repaired',
   },
   {
+    panel: 'Refunds by outcome',
+    metric: 'flashsale_refunds_total',
+    reason: 'nobody pays in this sale, so nothing is refunded',
+  },
+  {
+    panel: 'Surplus payments by reason',
+    metric: 'flashsale_surplus_payments_total',
+    reason: 'no payment notification arrives in this sale',
+  },
+  {
+    panel: 'Rate limited (429) by reason',
+    metric: 'flashsale_rate_limited_total',
+    reason: "the test's buyers stay within the default per-buyer limit",
+  },
+  {
+    panel: 'Shed (503 OVERLOADED) by pod and reason',
+    metric: 'flashsale_shed_total',
+    reason: 'the api is never overloaded in a clean run',
+  },
+  {
     panel: 'Error responses (5xx) by route',
     metric: 'flashsale_http_request_duration_seconds_count',
     reason: 'the api answers no request with a 5xx in a clean run',
