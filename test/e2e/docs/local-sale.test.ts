@@ -89,7 +89,12 @@ describe('docs/local-sale.md', () => {
       expect(out).toMatch(/"orders":2,"remaining":2/);
       expect(out.match(/\|\s*tea\s*\|\s*CLOSED/g)).toHaveLength(2);
       const pg = createPool(db.url, 1);
-      expect(await countOrders(pg, activity)).toMatchObject({ orders: 2, quantity: 2 });
+      // Two orders, both closed: no live unit left.
+      expect(await countOrders(pg, activity)).toMatchObject({
+        orders: 2,
+        quantity: 0,
+        byStatus: { CLOSED: 2 },
+      });
       await pg.end();
       // make env-down removed the page's state dir (and stopped none of the test's servers).
       expect(existsSync(path.join(work, 'env'))).toBe(false);

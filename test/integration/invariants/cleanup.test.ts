@@ -182,7 +182,10 @@ describe('cleanup of an activity (real Redis)', () => {
           },
         },
       } as unknown as ReconcileDeps;
-      return new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
+      const ctx = new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
+      // The claim-id step ran first in a real pass: this resource owns its activity id.
+      ctx.ownsActivityId = true;
+      return ctx;
     }
 
     test(

@@ -70,7 +70,10 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       log,
       events: { record: async () => undefined },
     } as unknown as ReconcileDeps;
-    return new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
+    const ctx = new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
+    // The claim-id step ran first in a real pass: this resource owns its activity id.
+    ctx.ownsActivityId = true;
+    return ctx;
   }
 
   test(
