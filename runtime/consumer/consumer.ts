@@ -22,6 +22,7 @@
  * crash that kafkajs will not restart is restarted here, with a fresh kafkajs consumer and backoff;
  * the uncommitted messages are redelivered and the unique keys absorb them.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Consumer, EachBatchPayload, KafkaMessage, Producer } from 'kafkajs';
 import { z } from 'zod';
 import { recordResults } from '../../core/activity-cache.js';
@@ -143,12 +144,12 @@ export class OrderConsumer {
   /** The PostgreSQL stock and buyer-limit guard, applied in every insert transaction. */
   private readonly guard: StockGuard;
 
-  constructor(private readonly o: ConsumerOptions) {
-    this.guard = new StockGuard(o);
+  constructor(private readonly options: ConsumerOptions) {
+    this.guard = new StockGuard(options);
   }
 
   async start(): Promise<void> {
-    await this.o.dlqProducer.connect();
+    await this.options.dlqProducer.connect();
     await this.run();
   }
 
@@ -158,7 +159,7 @@ export class OrderConsumer {
   }
 
   private async run(): Promise<void> {
-    const consumer = this.o.createConsumer();
+    const consumer = this.options.createConsumer();
     this.consumer = consumer;
     this.state = 'joining';
     const mine = (): boolean => this.consumer === consumer && !this.stopped;
@@ -175,13 +176,13 @@ export class OrderConsumer {
       this.scheduleRestart(e.payload.error);
     });
     await consumer.connect();
-    await consumer.subscribe({ topic: this.o.topic, fromBeginning: true });
+    await consumer.subscribe({ topic: this.options.topic, fromBeginning: true });
     await consumer.run({
       autoCommit: false,
       eachBatchAutoResolve: false,
       // Partitions are independent (the unique keys decide, not the order of arrival), so their
       // batches can be written side by side; within a partition batches stay in order.
-      partitionsConsumedConcurrently: this.o.partitionConcurrency ?? 1,
+      partitionsConsumedConcurrently: this.options.partitionConcurrency ?? 1,
       eachBatch: (payload) => this.onBatch(payload),
     });
   }
@@ -189,8 +190,11 @@ export class OrderConsumer {
   private scheduleRestart(cause: Error): void {
     this.restarts += 1;
     const delay = Math.min(500 * 2 ** Math.min(this.restarts - 1, 6), 30_000);
-    this.o.metrics.consumerRetries.inc({ activity: this.o.activityId, reason: 'consumer_restart' });
-    this.o.logger.warn(
+    this.options.metrics.consumerRetries.inc({
+      activity: this.options.activityId,
+      reason: 'consumer_restart',
+    });
+    this.options.logger.warn(
       { err: cause.message, errName: cause.name, delayMs: delay, restarts: this.restarts },
       'kafka consumer stopped on an error kafkajs does not restart; restarting it',
     );
@@ -217,7 +221,7 @@ export class OrderConsumer {
     this.state = 'stopped';
     if (this.restartTimer) clearTimeout(this.restartTimer);
     await this.consumer?.disconnect();
-    await this.o.dlqProducer.disconnect();
+    await this.options.dlqProducer.disconnect();
   }
 
   private parse(message: KafkaMessage): Parsed {
@@ -225,7 +229,8 @@ export class OrderConsumer {
       const raw: unknown = JSON.parse(message.value?.toString('utf8') ?? '');
       const r = orderMessage.safeParse(raw);
       if (!r.success) return { message, error: `invalid order message: ${r.error.issues[0]?.message ?? ''}` };
-      if (r.data.activityId !== this.o.activityId) return { message, error: 'message of another activity' };
+      if (r.data.activityId !== this.options.activityId)
+        return { message, error: 'message of another activity' };
       return { message, order: r.data };
     } catch (err) {
       return { message, error: `unparseable message: ${(err as Error).message}` };
@@ -234,9 +239,9 @@ export class OrderConsumer {
 
   private async onBatch(p: EachBatchPayload): Promise<void> {
     const { batch } = p;
-    for (let i = 0; i < batch.messages.length; i += this.o.batchSize) {
+    for (let i = 0; i < batch.messages.length; i += this.options.batchSize) {
       if (!p.isRunning() || p.isStale()) return;
-      const chunk = batch.messages.slice(i, i + this.o.batchSize).map((m) => this.parse(m));
+      const chunk = batch.messages.slice(i, i + this.options.batchSize).map((m) => this.parse(m));
       await this.processChunk(chunk, p);
       p.resolveOffset(chunk[chunk.length - 1]!.message.offset);
       // With autoCommit off, kafkajs commits only the offsets it is handed.
@@ -254,10 +259,10 @@ export class OrderConsumer {
   private async check(parsed: Parsed[]): Promise<{ good: Parsed[]; refused: [Parsed, RefusedMessage][] }> {
     const judge = (items: Map<string, ActivityItem>) =>
       parsed.map((c) => ({ c, why: refusalOf(c.order!, items.get(c.order!.skuId)) }));
-    this.items ??= await readActivityItems(this.o.pool, this.o.activityId);
+    this.items ??= await readActivityItems(this.options.pool, this.options.activityId);
     let verdicts = judge(this.items);
     if (verdicts.some((v) => v.why)) {
-      this.items = await readActivityItems(this.o.pool, this.o.activityId);
+      this.items = await readActivityItems(this.options.pool, this.options.activityId);
       verdicts = judge(this.items);
     }
     const items = this.items;
@@ -290,8 +295,8 @@ export class OrderConsumer {
         break;
       } catch (err) {
         if (!p.isRunning() || !isTransientDbError(err)) throw err;
-        this.o.metrics.consumerRetries.inc({ activity: this.o.activityId, reason: 'transient' });
-        await new Promise((r) => setTimeout(r, delay));
+        this.options.metrics.consumerRetries.inc({ activity: this.options.activityId, reason: 'transient' });
+        await sleep(delay);
         await p.heartbeat().catch(() => undefined);
       }
     }
@@ -308,12 +313,15 @@ export class OrderConsumer {
       } catch (err) {
         if (!p.isRunning()) throw err;
         if (isTransientDbError(err)) {
-          this.o.metrics.consumerRetries.inc({ activity: this.o.activityId, reason: 'transient' });
-          this.o.logger.warn(
+          this.options.metrics.consumerRetries.inc({
+            activity: this.options.activityId,
+            reason: 'transient',
+          });
+          this.options.logger.warn(
             { err: (err as Error).message, delayMs: delay },
             'transient failure; retrying batch',
           );
-          await new Promise((r) => setTimeout(r, delay));
+          await sleep(delay);
           delay = Math.min(delay * 2, 5_000);
           await p.heartbeat().catch(() => undefined);
           continue;
@@ -337,9 +345,9 @@ export class OrderConsumer {
     const key = `${p.batch.partition}:${c.message.offset}`;
     const n = (this.attempts.get(key) ?? 0) + 1;
     this.attempts.set(key, n);
-    this.o.metrics.consumerRetries.inc({ activity: this.o.activityId, reason: 'poison' });
-    if (n < this.o.maxAttempts) {
-      await new Promise((r) => setTimeout(r, 50 * n));
+    this.options.metrics.consumerRetries.inc({ activity: this.options.activityId, reason: 'poison' });
+    if (n < this.options.maxAttempts) {
+      await sleep(50 * n);
       return false;
     }
     await this.toDlq(c, err, p, n);
@@ -348,8 +356,8 @@ export class OrderConsumer {
   }
 
   private async toDlq(c: Parsed, err: Error, p: EachBatchPayload, attempts: number): Promise<void> {
-    await this.o.dlqProducer.send({
-      topic: this.o.dlqTopic,
+    await this.options.dlqProducer.send({
+      topic: this.options.dlqTopic,
       acks: -1,
       messages: [
         {
@@ -367,11 +375,11 @@ export class OrderConsumer {
         },
       ],
     });
-    this.o.metrics.dlqSent.inc({
-      activity: this.o.activityId,
+    this.options.metrics.dlqSent.inc({
+      activity: this.options.activityId,
       reason: err instanceof RefusedMessage ? 'refused' : err instanceof PoisonMessage ? 'invalid' : 'failed',
     });
-    this.o.logger.error(
+    this.options.logger.error(
       { offset: c.message.offset, partition: p.batch.partition, err: err.message },
       'message sent to DLQ',
     );
@@ -379,15 +387,15 @@ export class OrderConsumer {
 
   private async insert(orders: OrderMessage[]): Promise<GuardedOutcome> {
     await this.guard.prepare(orders);
-    const client = await this.o.pool.connect();
+    const client = await this.options.pool.connect();
     try {
       await client.query('BEGIN');
-      const outcome = await insertOrders(client, orders, this.o.paymentTimeoutSeconds);
+      const outcome = await insertOrders(client, orders, this.options.paymentTimeoutSeconds);
       const byRid = new Map(orders.map((o) => [o.reservationId, o]));
       await appendJournal(
         client,
         [...outcome.inserted].map(([rid, orderId]) => ({
-          activityId: this.o.activityId,
+          activityId: this.options.activityId,
           reservationId: rid,
           orderId,
           event: 'ORDER_CREATED',
@@ -410,7 +418,10 @@ export class OrderConsumer {
 
   private async afterCommit(orders: OrderMessage[], outcome: GuardedOutcome): Promise<void> {
     if (outcome.inserted.size > 0)
-      this.o.metrics.orders.inc({ activity: this.o.activityId, status: 'UNPAID' }, outcome.inserted.size);
+      this.options.metrics.orders.inc(
+        { activity: this.options.activityId, status: 'UNPAID' },
+        outcome.inserted.size,
+      );
     const byRid = new Map(orders.map((o) => [o.reservationId, o]));
     const guarded = new Map(outcome.guarded.map((g) => [g.order.reservationId, g.reason]));
     const results: StoredResult[] = [];
@@ -434,15 +445,18 @@ export class OrderConsumer {
       // Another live order holds this buyer slot: the database refused a second one. Return the
       // stock of this reservation (idempotent) and tell the buyer.
       const o = byRid.get(rid)!;
-      this.o.logger.warn({ reservationId: rid, traceId: o.traceId }, 'order refused by the buyer-slot key');
-      await release(this.o.redis, {
-        activityId: this.o.activityId,
+      this.options.logger.warn(
+        { reservationId: rid, traceId: o.traceId },
+        'order refused by the buyer-slot key',
+      );
+      await release(this.options.redis, {
+        activityId: this.options.activityId,
         reservationId: rid,
         userId: o.userId,
         skuId: o.skuId,
         reason: 'REFUSED_DUPLICATE',
       }).catch((err: Error) =>
-        this.o.logger.error({ err: err.message, reservationId: rid }, 'compensation failed'),
+        this.options.logger.error({ err: err.message, reservationId: rid }, 'compensation failed'),
       );
       results.push({
         reservationId: rid,
@@ -451,8 +465,11 @@ export class OrderConsumer {
       });
     }
     crashPoint('consumer-before-results');
-    await recordResults(this.o.redis, this.o.activityId, results).catch((err: Error) =>
-      this.o.logger.warn({ err: err.message }, 'result update failed; the order-gap job will rewrite it'),
+    await recordResults(this.options.redis, this.options.activityId, results).catch((err: Error) =>
+      this.options.logger.warn(
+        { err: err.message },
+        'result update failed; the order-gap job will rewrite it',
+      ),
     );
   }
 }

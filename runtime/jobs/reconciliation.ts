@@ -17,6 +17,7 @@
  * once more after a short pause and reports the second measurement, so orders moving between the
  * two reads during a live sale do not raise false alarms.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import { readMeta, readStock } from '../../core/activity-cache.js';
 import { findByReservationIds, orderQuantities } from '../../core/db/orders-store.js';
 import { paymentFigures } from '../../core/db/payments-store.js';
@@ -169,7 +170,7 @@ export async function reconcileActivity(d: ReconcileDeps): Promise<ReconcileResu
   const a = d.activityId;
   let m = await measure(d);
   if (m.mismatches.length > 0) {
-    await new Promise((r) => setTimeout(r, d.remeasureDelayMs ?? 1000));
+    await sleep(d.remeasureDelayMs ?? 1000);
     m = await measure(d);
   }
   const ok = m.mismatches.length === 0;

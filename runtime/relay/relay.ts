@@ -11,6 +11,7 @@
  * Partition key: the buyer id. One buyer's messages stay in order on one partition, and buyers
  * spread evenly; a hot SKU does not pin one partition.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import { hostname } from 'node:os';
 import type { Producer } from 'kafkajs';
 import { CompressionTypes } from 'kafkajs';
@@ -51,14 +52,14 @@ export class Relay {
   /** The outbox stream (and its group) is gone: the activity was cleaned up. */
   private idle = false;
 
-  constructor(private readonly o: RelayOptions) {
-    this.keys = activityKeys(o.activityId);
-    this.name = o.consumerName ?? hostname();
+  constructor(private readonly options: RelayOptions) {
+    this.keys = activityKeys(options.activityId);
+    this.name = options.consumerName ?? hostname();
   }
 
   async start(): Promise<void> {
     try {
-      await this.o.redis.xgroup('CREATE', this.keys.outbox, RELAY_GROUP, '0', 'MKSTREAM');
+      await this.options.redis.xgroup('CREATE', this.keys.outbox, RELAY_GROUP, '0', 'MKSTREAM');
     } catch (err) {
       if (!/BUSYGROUP/.test((err as Error).message)) throw err;
     }
@@ -75,7 +76,7 @@ export class Relay {
   }
 
   private async connectProducer(): Promise<void> {
-    const fresh = this.o.createProducer();
+    const fresh = this.options.createProducer();
     await fresh.connect();
     this.producer = fresh;
   }
@@ -94,7 +95,7 @@ export class Relay {
           }
           continue;
         }
-        if (Date.now() - this.lastReclaim >= Math.min(this.o.reclaimIdleMs, 5_000)) {
+        if (Date.now() - this.lastReclaim >= Math.min(this.options.reclaimIdleMs, 5_000)) {
           this.lastReclaim = Date.now();
           const reclaimed = await this.reclaim();
           if (reclaimed.length > 0) {
@@ -111,11 +112,11 @@ export class Relay {
           await this.idleWhileGone();
           continue;
         }
-        this.o.logger.warn({ err }, 'relay batch failed; retrying');
-        await new Promise((r) => setTimeout(r, 500));
+        this.options.logger.warn({ err }, 'relay batch failed; retrying');
+        await sleep(500);
         if (this.producer === undefined) {
           await this.connectProducer().catch((e: Error) =>
-            this.o.logger.warn({ err: e.message }, 'kafka producer reconnect failed; retrying'),
+            this.options.logger.warn({ err: e.message }, 'kafka producer reconnect failed; retrying'),
           );
         }
       }
@@ -130,22 +131,22 @@ export class Relay {
   private async idleWhileGone(): Promise<void> {
     if (!this.idle) {
       this.idle = true;
-      this.o.logger.info("the activity's outbox is gone (cleaned up): the relay idles");
+      this.options.logger.info("the activity's outbox is gone (cleaned up): the relay idles");
     }
-    await new Promise((r) => setTimeout(r, 1_000));
-    if ((await this.o.redis.exists(this.keys.outbox).catch(() => 0)) === 0) return;
+    await sleep(1_000);
+    if ((await this.options.redis.exists(this.keys.outbox).catch(() => 0)) === 0) return;
     try {
-      await this.o.redis.xgroup('CREATE', this.keys.outbox, RELAY_GROUP, '0');
+      await this.options.redis.xgroup('CREATE', this.keys.outbox, RELAY_GROUP, '0');
     } catch (err) {
       if (!/BUSYGROUP/.test((err as Error).message)) return;
     }
     this.idle = false;
-    this.o.logger.info("the activity's outbox is back: the relay resumes");
+    this.options.logger.info("the activity's outbox is back: the relay resumes");
   }
 
   private async read(cursor: string, block: boolean): Promise<StreamEntry[]> {
-    const client = block ? this.o.blockingRedis : this.o.redis;
-    const args: (string | number)[] = ['GROUP', RELAY_GROUP, this.name, 'COUNT', this.o.batchSize];
+    const client = block ? this.options.blockingRedis : this.options.redis;
+    const args: (string | number)[] = ['GROUP', RELAY_GROUP, this.name, 'COUNT', this.options.batchSize];
     if (block) args.push('BLOCK', 1000);
     args.push('STREAMS', this.keys.outbox, cursor);
     const reply = (await (client.xreadgroup as (...a: (string | number)[]) => Promise<unknown>)(...args)) as
@@ -154,19 +155,19 @@ export class Relay {
   }
 
   private async reclaim(): Promise<StreamEntry[]> {
-    const reply = (await this.o.redis.xautoclaim(
+    const reply = (await this.options.redis.xautoclaim(
       this.keys.outbox,
       RELAY_GROUP,
       this.name,
-      this.o.reclaimIdleMs,
+      this.options.reclaimIdleMs,
       '0-0',
       'COUNT',
-      this.o.batchSize,
+      this.options.batchSize,
     )) as [string, StreamEntry[], string[]?];
     const claimed = reply[1] ?? [];
     // Entries whose payload vanished (deleted while pending) are only acknowledged.
     const deleted = reply[2] ?? [];
-    if (deleted.length > 0) await this.o.redis.xack(this.keys.outbox, RELAY_GROUP, ...deleted);
+    if (deleted.length > 0) await this.options.redis.xack(this.keys.outbox, RELAY_GROUP, ...deleted);
     return claimed.filter((e) => e[1] !== null);
   }
 
@@ -192,7 +193,12 @@ export class Relay {
     const producer = this.producer;
     if (!producer) throw new Error('no kafka producer');
     try {
-      await producer.send({ topic: this.o.topic, acks: -1, compression: CompressionTypes.None, messages });
+      await producer.send({
+        topic: this.options.topic,
+        acks: -1,
+        compression: CompressionTypes.None,
+        messages,
+      });
     } catch (err) {
       // This producer is done with; the batch is retried with a fresh one (see run()).
       this.producer = undefined;
@@ -201,18 +207,19 @@ export class Relay {
     }
     crashPoint('relay-after-kafka-ack');
     const ids = entries.map((e) => e[0]);
-    await this.o.redis
+    await this.options.redis
       .multi()
       .xack(this.keys.outbox, RELAY_GROUP, ...ids)
       .xdel(this.keys.outbox, ...ids)
       .exec();
-    this.o.metrics.relayPublished.inc({ activity: this.o.activityId }, entries.length);
-    if (reclaimed) this.o.metrics.relayReclaimed.inc({ activity: this.o.activityId }, entries.length);
+    this.options.metrics.relayPublished.inc({ activity: this.options.activityId }, entries.length);
+    if (reclaimed)
+      this.options.metrics.relayReclaimed.inc({ activity: this.options.activityId }, entries.length);
   }
 
   async sampleGauges(): Promise<void> {
-    const f = await readOutbox(this.o.redis, this.o.activityId);
-    this.o.metrics.outboxHalfMessages.set({ activity: this.o.activityId }, f.halfMessages);
-    this.o.metrics.outboxOldestAge.set({ activity: this.o.activityId }, f.oldestAgeSeconds);
+    const f = await readOutbox(this.options.redis, this.options.activityId);
+    this.options.metrics.outboxHalfMessages.set({ activity: this.options.activityId }, f.halfMessages);
+    this.options.metrics.outboxOldestAge.set({ activity: this.options.activityId }, f.oldestAgeSeconds);
   }
 }
