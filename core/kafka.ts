@@ -1,4 +1,5 @@
 /** Kafka topic names, topic creation and consumer lag, shared by relay, consumer and operator. */
+import { z } from 'zod';
 import type { ConnectionOptions } from 'node:tls';
 import { Kafka, Partitioners, logLevel } from 'kafkajs';
 import type { Admin, Producer, SASLOptions } from 'kafkajs';
@@ -45,6 +46,23 @@ export async function ensureOrderEventsTopic(
     throw err;
   }
 }
+
+/**
+ * The Kafka TLS and SASL variables as strings in a configuration schema (runtime and operator), so
+ * that the configuration contract knows them; kafkaSecurityFromEnv reads and checks their values.
+ */
+export const kafkaSecurityEnvShape = {
+  KAFKA_TLS: z.string().optional(),
+  KAFKA_TLS_CA: z.string().optional(),
+  KAFKA_TLS_CERT: z.string().optional(),
+  KAFKA_TLS_KEY: z.string().optional(),
+  KAFKA_TLS_SERVERNAME: z.string().optional(),
+  KAFKA_TLS_REJECT_UNAUTHORIZED: z.string().optional(),
+  KAFKA_SASL_MECHANISM: z.string().optional(),
+  KAFKA_SASL_USERNAME: z.string().optional(),
+  KAFKA_SASL_PASSWORD: z.string().optional(),
+  KAFKA_SASL_ALLOW_PLAINTEXT: z.string().optional(),
+};
 
 /** TLS and SASL settings of every Kafka client (runtime roles, the operator, tools). */
 export interface KafkaSecurity {

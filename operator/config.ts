@@ -7,7 +7,7 @@ import { z } from 'zod';
 import { redisConnectionOf, redisEnvIssue, redisEnvShape } from '../core/redis.js';
 import type { RedisConnection } from '../core/redis.js';
 import { env, readConfig } from '../core/config.js';
-import { kafkaSecurityFromEnv } from '../core/kafka.js';
+import { kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
 import { DEFAULT_TRAFFIC_POLICY } from '../core/traffic-policy.js';
 import type { TrafficPolicy } from '../core/traffic-policy.js';
 
@@ -28,20 +28,8 @@ export const operatorConfigSchema = z
     KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
     KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
     KAFKA_REPLICATION_FACTOR: env.int(1, 1),
-    /**
-     * Kafka TLS and SASL (core/kafka.ts kafkaSecurityFromEnv reads and checks them; listed here
-     * so that the configuration contract knows them).
-     */
-    KAFKA_TLS: z.string().optional(),
-    KAFKA_TLS_CA: z.string().optional(),
-    KAFKA_TLS_CERT: z.string().optional(),
-    KAFKA_TLS_KEY: z.string().optional(),
-    KAFKA_TLS_SERVERNAME: z.string().optional(),
-    KAFKA_TLS_REJECT_UNAUTHORIZED: z.string().optional(),
-    KAFKA_SASL_MECHANISM: z.string().optional(),
-    KAFKA_SASL_USERNAME: z.string().optional(),
-    KAFKA_SASL_PASSWORD: z.string().optional(),
-    KAFKA_SASL_ALLOW_PLAINTEXT: z.string().optional(),
+    /** Kafka TLS and SASL: read and checked by core/kafka.ts kafkaSecurityFromEnv (README). */
+    ...kafkaSecurityEnvShape,
     /**
      * Namespaces to watch, comma-separated (the ClusterRole bound by a RoleBinding in each); empty =
      * every namespace (needs the ClusterRole bound cluster-wide).

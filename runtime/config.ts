@@ -1,7 +1,7 @@
 /** The runtime's configuration: one typed object from the environment, validated at start. */
 import { z } from 'zod';
 import { env, readConfig } from '../core/config.js';
-import { kafkaSecurityFromEnv } from '../core/kafka.js';
+import { kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
 import { redisEnvIssue, redisEnvShape } from '../core/redis.js';
 
@@ -83,16 +83,7 @@ const schema = z
     PAYMENT_TIMEOUT_SECONDS: env.int(900, 1),
     KAFKA_TOPIC_PREFIX: z.string().default('flashsale'),
     /** Kafka TLS and SASL: read and checked by core/kafka.ts kafkaSecurityFromEnv (README). */
-    KAFKA_TLS: z.string().optional(),
-    KAFKA_TLS_CA: z.string().optional(),
-    KAFKA_TLS_CERT: z.string().optional(),
-    KAFKA_TLS_KEY: z.string().optional(),
-    KAFKA_TLS_SERVERNAME: z.string().optional(),
-    KAFKA_TLS_REJECT_UNAUTHORIZED: z.string().optional(),
-    KAFKA_SASL_MECHANISM: z.string().optional(),
-    KAFKA_SASL_USERNAME: z.string().optional(),
-    KAFKA_SASL_PASSWORD: z.string().optional(),
-    KAFKA_SASL_ALLOW_PLAINTEXT: z.string().optional(),
+    ...kafkaSecurityEnvShape,
     /** One-time order codes live this long. */
     ORDER_CODE_TTL_SECONDS: env.int(30, 1),
     /** Largest JSON body the api accepts. */

@@ -258,6 +258,10 @@ async function main(): Promise<void> {
     await admin.disconnect();
   }
 
+  /** Refunds and order events: of one activity, or (undefined) of every activity. */
+  const moneyJobs = (of: string | undefined): ReturnType<typeof startMoneyJobs> =>
+    startMoneyJobs({ cfg, activityId: of, pool: db(), logger, metrics, kafka: bus(), providers });
+
   const relays: Relay[] = [];
   if (has('relay') && activityId && topics) {
     const baseName = cfg.RELAY_CONSUMER_NAME ?? hostname();
@@ -356,15 +360,7 @@ async function main(): Promise<void> {
       metrics,
       producer: gapProducer,
     });
-    const money = await startMoneyJobs({
-      cfg,
-      activityId,
-      pool: db(),
-      logger,
-      metrics,
-      kafka: bus(),
-      providers,
-    });
+    const money = await moneyJobs(activityId);
     closers.unshift(async () => {
       await money.stop();
       await task.stop();
@@ -382,15 +378,7 @@ async function main(): Promise<void> {
     const sweeper = scheduleSettlementSweeper({ cfg, redis, pool: db(), logger, metrics });
     // Refunds and order events of every activity, for as long as orders live: an activity's own
     // jobs stop when its runtime is scaled to zero at Completed.
-    const money = await startMoneyJobs({
-      cfg,
-      activityId: undefined,
-      pool: db(),
-      logger,
-      metrics,
-      kafka: bus(),
-      providers,
-    });
+    const money = await moneyJobs(undefined);
     closers.unshift(async () => {
       await money.stop();
       await sweeper.stop();
