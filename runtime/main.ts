@@ -116,10 +116,13 @@ async function main(): Promise<void> {
   // member of its group with partitions (while it joins, it writes no orders).
   // Relay and consumer started before the operator created their topics wait for them, not ready.
   let waitingForTopics = false;
+  // Not ready until every part of the role has started (the relay loops have joined their group).
+  let started = false;
   const ready = async (): Promise<Readiness> => {
     if (stopping) return { ready: false, checks: { process: 'stopping' } };
     const checks: Record<string, string> = {};
     if (waitingForTopics) checks.topics = "waiting for the activity's Kafka topics";
+    else if (!started) checks.process = 'starting';
     const probe = async (name: string, fn: () => Promise<unknown>): Promise<void> => {
       checks[name] = await fn().then(
         () => 'ok',
@@ -414,6 +417,7 @@ async function main(): Promise<void> {
   };
   process.on('SIGTERM', () => void shutdown('SIGTERM'));
   process.on('SIGINT', () => void shutdown('SIGINT'));
+  started = true;
   logger.info({ role }, 'ready');
 }
 
