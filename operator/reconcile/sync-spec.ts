@@ -106,13 +106,7 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
   switch (outcome.kind) {
     case 'loaded':
       // endAt may have been extended: the after-sale role judges ENDED by the registered window.
-      await registerActivity(ctx.deps.pool, {
-        activityId: ctx.activityId,
-        owner: `${ctx.fsa.metadata.namespace}/${ctx.fsa.metadata.name}`,
-        ownerUid: ctx.fsa.metadata.uid,
-        startAt: ctx.schedule.startAt,
-        endAt: ctx.schedule.endAt,
-      });
+      await register(ctx);
       await recordCache(ctx);
       delete ctx.status.cache?.refusal;
       await ctx.event('Normal', EventReason.SpecChangeApplied, outcome.changes.join('; ') || 'reloaded');
@@ -140,4 +134,20 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
       break;
   }
   return CONTINUE;
+}
+
+/**
+ * Records the activity's sale window in PostgreSQL (activity_registry), so the platform after-sale
+ * role can answer NOT_STARTED / ENDED / NOT_FOUND without the cache. Idempotent; a row owned by
+ * another resource is never moved.
+ */
+export async function register(ctx: ReconcileContext): Promise<void> {
+  ctx.requireOwnership();
+  await registerActivity(ctx.deps.pool, {
+    activityId: ctx.activityId,
+    owner: `${ctx.fsa.metadata.namespace}/${ctx.fsa.metadata.name}`,
+    ownerUid: ctx.fsa.metadata.uid,
+    startAt: ctx.schedule.startAt,
+    endAt: ctx.schedule.endAt,
+  });
 }

@@ -4,30 +4,13 @@
  * so live stock is never reset), then -> Ready once the runtime is available (observe-runtime.ts).
  */
 import { claimCacheOwner } from '../../core/activity-cache.js';
-import { registerActivity } from '../../core/db/activity-registry-store.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { waitForRuntime } from './observe-runtime.js';
-import { recordCache, syncCache } from './sync-spec.js';
+import { recordCache, register, syncCache } from './sync-spec.js';
 import { syncTrafficPolicy } from './traffic-policy.js';
-
-/**
- * Records the activity's sale window in PostgreSQL (activity_registry), so the platform after-sale
- * role can answer NOT_STARTED / ENDED / NOT_FOUND without the cache. Idempotent; a row owned by
- * another resource is never moved.
- */
-export async function register(ctx: ReconcileContext): Promise<void> {
-  ctx.requireOwnership();
-  await registerActivity(ctx.deps.pool, {
-    activityId: ctx.activityId,
-    owner: `${ctx.fsa.metadata.namespace}/${ctx.fsa.metadata.name}`,
-    ownerUid: ctx.fsa.metadata.uid,
-    startAt: ctx.schedule.startAt,
-    endAt: ctx.schedule.endAt,
-  });
-}
 
 export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.deleting) return CONTINUE;
