@@ -81,16 +81,17 @@ async function viewOfOrder(pool: Pool, o: LifecycleOrderRow): Promise<BuyerOrder
  */
 export async function lookupOrder(deps: ViewDeps, input: LookupInput): Promise<BuyerOrderView> {
   const { activityId, userId, reservationId } = input;
-  const [order, stored, rsv] = await Promise.all([
-    findLifecycleByReservationId(deps.pool, reservationId),
-    readResult(deps.redis, activityId, reservationId),
-    readReservation(deps.redis, activityId, reservationId),
-  ]);
+  // PostgreSQL first: once the order exists (most polls), the Redis copies are not read at all.
+  const order = await findLifecycleByReservationId(deps.pool, reservationId);
   if (order) {
     if (order.userId !== userId || order.activityId !== activityId)
       throw new FlashSaleError('UNKNOWN_RESERVATION');
     return viewOfOrder(deps.pool, order);
   }
+  const [stored, rsv] = await Promise.all([
+    readResult(deps.redis, activityId, reservationId),
+    readReservation(deps.redis, activityId, reservationId),
+  ]);
   if (rsv && rsv.userId !== userId) throw new FlashSaleError('UNKNOWN_RESERVATION');
   if (stored && stored.userId === userId && stored.result.status === 'FAILED') {
     return { status: 'FAILED', reason: stored.result.reason };
