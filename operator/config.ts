@@ -68,8 +68,8 @@ const roleSettingsSchema = z
     topologySpreadConstraints: z.array(spreadSchema).default([]),
     /** A PodDisruptionBudget for the role while the sale is Active (protect-runtime.ts). */
     disruptionBudget: z.boolean().default(true),
-    /** Resources of this role's containers instead of RUNTIME_RESOURCES. */
-    resources: resourcesSchema.optional(),
+    /** Resources of this role's containers instead of RUNTIME_RESOURCES ({} = RUNTIME_RESOURCES). */
+    resources: resourcesSchema.optional().transform((r) => (r?.requests || r?.limits ? r : undefined)),
   })
   .strict();
 const roleSettingsDefaults = roleSettingsSchema.parse({});
