@@ -4,10 +4,13 @@
 // phase and passes with upgrade.allowDuringActiveSale; an existingSecret without the keys its
 // reader needs fails `helm install --dry-run=server` (the `lookup` check), which a `helm template`
 // cannot see; the runtime pods' plumbing values reach the operator.
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { stringify } from 'yaml';
 import { loadOperatorConfig } from '../../../operator/config.js';
-import { uniqueId } from '../../helpers/env.js';
+import { serviceAccountKubeConfig, uniqueId } from '../../helpers/env.js';
+import { waitFor } from '../../helpers/runtime.js';
 import {
   at,
   chartDir,
@@ -169,6 +172,18 @@ describe('pre-upgrade guard', () => {
     run(process.execPath, ['--import', 'tsx', path.join(repoRoot, 'operator', 'upgrade-guard.ts')], {
       env: { PATH: process.env.PATH, HOME: process.env.HOME, KUBECONFIG: kubeconfig(), ...env },
     });
+  const canList = (ns: string, user: string): boolean =>
+    run(kubectl, [
+      '--kubeconfig',
+      kubeconfig(),
+      'auth',
+      'can-i',
+      'list',
+      'flashsaleactivities.flashsale.io',
+      '-n',
+      ns,
+      `--as=${user}`,
+    ]).stdout.trim() === 'yes';
   const setPhase = (name: string, phase: string): void => {
     k([
       'patch',
@@ -229,6 +244,37 @@ describe('pre-upgrade guard', () => {
     expect([after.status, after.stderr]).toEqual([0, '']);
     expect(after.stdout).toMatch(/no live sale/);
   });
+
+  it("under the operator's own RBAC: refuses for a watched namespace, skips one it may not read", async () => {
+    // The hook Job's ServiceAccount is the operator's, bound to the shipped ClusterRole in the
+    // namespaces it watched before the upgrade (here: this one, not `newly`).
+    k(['apply', '-f', path.join(repoRoot, 'config', 'rbac', 'role.yaml')]);
+    const sa = 'flashsale-operator';
+    const kc = await serviceAccountKubeConfig(namespace, sa, { expirationSeconds: 600 });
+    k([
+      'create',
+      'rolebinding',
+      'flashsale-operator',
+      '-n',
+      namespace,
+      '--clusterrole=flashsale-operator',
+      `--serviceaccount=${namespace}:${sa}`,
+    ]);
+    const user = `system:serviceaccount:${namespace}:${sa}`;
+    await waitFor('RBAC of the operator applied', () => Promise.resolve(canList(namespace, user)));
+    const newly = uniqueId('chart-guard-new');
+    expect(canList(newly, user)).toBe(false);
+    const file = path.join(mkdtempSync(path.join(tmpdir(), 'fs-guard-')), 'kubeconfig.json');
+    writeFileSync(file, kc.exportConfig(), { mode: 0o600 });
+    setPhase('spring', 'Ready');
+    const refused = guard({ KUBECONFIG: file, WATCH_NAMESPACE: `${namespace},${newly}` });
+    expect(refused.status).toBe(1);
+    expect(refused.stderr).toContain(`${namespace}/spring (Ready)`);
+    expect(refused.stdout).toContain(newly);
+    expect(refused.stdout).toMatch(/not readable \(not watched before\): skipped/);
+    setPhase('spring', 'Completed');
+    expect(guard({ KUBECONFIG: file, WATCH_NAMESPACE: `${namespace},${newly}` }).status).toBe(0);
+  }, 120_000);
 
   it('is the hook Job of helm upgrade, with the override passed through', () => {
     const objects = parseManifests(renderChart(helm, [], ['upgrade.allowDuringActiveSale=true']));
