@@ -46,9 +46,15 @@ function jsonEnv<T extends z.ZodType>(schema: T, empty: z.infer<T>) {
 // Kubernetes objects passed through to the runtime pods: the fields the operator relies on are
 // checked here, the rest by the API server's schema when the Deployment is applied.
 const named = z.object({ name: z.string().min(1) }).passthrough();
-const envVarSchema = named.refine(
-  (e) => !('value' in e && 'valueFrom' in e),
-  'set value or valueFrom, not both',
+// Each role's pods read only their role's Secret (ARCHITECTURE.md): secrets for the runtime go into
+// that Secret (the chart's runtime.extraSecretData), never into an extra variable or volume.
+const NO_SECRETS = 'no Secret references: put secrets in the role Secret (runtime.extraSecretData)';
+const envVarSchema = named
+  .refine((e) => !('value' in e && 'valueFrom' in e), 'set value or valueFrom, not both')
+  .refine((e) => !JSON.stringify(e.valueFrom ?? {}).includes('"secretKeyRef"'), NO_SECRETS);
+const volumeSchema = named.refine(
+  (v) => !('secret' in v) && !JSON.stringify(v.projected ?? {}).includes('"secret"'),
+  NO_SECRETS,
 );
 const volumeMountSchema = named.extend({ mountPath: z.string().min(1) }).passthrough();
 const spreadSchema = z
@@ -167,7 +173,7 @@ export const operatorConfigSchema = z
     /** More environment variables of every runtime container (JSON list of EnvVar). */
     RUNTIME_EXTRA_ENV: jsonEnv(z.array(envVarSchema), []),
     /** More volumes of the runtime pods and their mounts (JSON lists; e.g. a private CA bundle). */
-    RUNTIME_EXTRA_VOLUMES: jsonEnv(z.array(named), []),
+    RUNTIME_EXTRA_VOLUMES: jsonEnv(z.array(volumeSchema), []),
     RUNTIME_EXTRA_VOLUME_MOUNTS: jsonEnv(z.array(volumeMountSchema), []),
     /**
      * Per-role pod settings, JSON: {"api":{"priorityClassName":"…","preStopSeconds":5,

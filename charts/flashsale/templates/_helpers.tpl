@@ -102,6 +102,9 @@ app.kubernetes.io/component: operator
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) -}}
 {{- fail "operator.leaderElection.enabled=false needs operator.replicas=1: two active operators would drive the same sale twice" -}}
 {{- end -}}
+{{- if or (contains "\"secretKeyRef\"" (toJson .Values.runtime.extraEnv)) (contains "\"secret\"" (toJson .Values.runtime.extraVolumes)) -}}
+{{- fail "runtime.extraEnv and runtime.extraVolumes may not reference Secrets: each runtime role reads only its own Secret; put secret values in runtime.extraSecretData.<role>" -}}
+{{- end -}}
 {{- with include "flashsale.missingConnection" . -}}
 {{- fail (printf "runtime connection settings missing: %s. Set them (examples/values-small.yaml), or name Secrets you manage with runtime.existingSecret (docs/install.md, \"Connection settings\")" .) -}}
 {{- end -}}

@@ -14,6 +14,7 @@ import { waitFor } from '../../helpers/runtime.js';
 import {
   at,
   chartDir,
+  connectionValues,
   findObject,
   helmBinary,
   kubeconfig,
@@ -24,6 +25,7 @@ import {
   renderChart,
   repoRoot,
   run,
+  valuesArgs,
 } from './chart-helpers.js';
 
 let helm = '';
@@ -340,5 +342,21 @@ describe('runtime plumbing reaches the operator', () => {
     );
     expect(roleSecrets.length).toBeGreaterThan(0);
     for (const s of roleSecrets) expect(s.metadata.annotations?.['helm.sh/resource-policy']).toBe('keep');
+    // A Secret reference in the extras is refused: each role reads only its own Secret.
+    for (const extra of [
+      'runtime.extraVolumes[0].secret.secretName=other',
+      'runtime.extraEnv[0].valueFrom.secretKeyRef.name=other',
+    ]) {
+      const refused = run(helm, [
+        'template',
+        'x',
+        chartDir,
+        '--kube-version',
+        kubeVersion,
+        ...valuesArgs([connectionValues], [extra.replace(/\[0\]\..*/, '[0].name=x'), extra]),
+      ]);
+      expect(refused.status).not.toBe(0);
+      expect(refused.stderr).toMatch(/may not reference Secrets/);
+    }
   });
 });

@@ -125,6 +125,19 @@ describe('runtime pod settings', () => {
     expect(bad({ RUNTIME_EXTRA_ENV: '[{"value":"x"}]' })).toMatch(/RUNTIME_EXTRA_ENV/);
     expect(bad({ RUNTIME_EXTRA_VOLUME_MOUNTS: '[{"name":"ca"}]' })).toMatch(/RUNTIME_EXTRA_VOLUME_MOUNTS/);
     expect(bad({ RUNTIME_EXTRA_VOLUMES: 'not json' })).toMatch(/RUNTIME_EXTRA_VOLUMES: not JSON/);
+    // Secrets reach a role only through its own Secret (the tenant-isolation invariant).
+    const secretEnv = [{ name: 'X', valueFrom: { secretKeyRef: { name: 'other', key: 'k' } } }];
+    expect(bad({ RUNTIME_EXTRA_ENV: JSON.stringify(secretEnv) })).toMatch(
+      /RUNTIME_EXTRA_ENV.*no Secret references/,
+    );
+    expect(bad({ RUNTIME_EXTRA_VOLUMES: '[{"name":"s","secret":{"secretName":"other"}}]' })).toMatch(
+      /RUNTIME_EXTRA_VOLUMES.*no Secret references/,
+    );
+    const projected = [{ name: 'p', projected: { sources: [{ secret: { name: 'other' } }] } }];
+    expect(bad({ RUNTIME_EXTRA_VOLUMES: JSON.stringify(projected) })).toMatch(/no Secret references/);
+    // A ConfigMap value is fine.
+    const fromConfigMap = [{ name: 'Y', valueFrom: { configMapKeyRef: { name: 'cm', key: 'k' } } }];
+    expect(bad({ RUNTIME_EXTRA_ENV: JSON.stringify(fromConfigMap) })).toBe('accepted');
   });
 
   it('pins a live template from Ready on; applies it only while Pending or WarmingUp', () => {
