@@ -10,6 +10,13 @@
 # benchmarks). Pin the digest at release time (docs/images.md, "Base image"):
 #   docker build --build-arg NODE_IMAGE=node:24.22.3-bookworm-slim@sha256:<digest> ...
 ARG NODE_IMAGE=node:24.22.3-bookworm-slim
+# The final images' base: the Debian release the Node image is built on, without Node and its
+# package managers. Only the node binary is copied in (stage `node`), so npm, npx, corepack and
+# yarn are not in any layer of the final images (docs/images.md, "What the images hold").
+ARG BASE_IMAGE=debian:bookworm-slim
+
+# ---- node: the Node image, only for its node binary
+FROM ${NODE_IMAGE} AS node
 
 # ---- build: all dependencies, compile TypeScript to dist/
 FROM ${NODE_IMAGE} AS build
@@ -20,7 +27,8 @@ COPY tsconfig.json tsconfig.build.json ./
 COPY core core
 COPY runtime runtime
 COPY operator operator
-RUN npm run build
+# Without source maps: the images run compiled JavaScript only (stack traces name dist/ files).
+RUN npm run build -- --sourceMap false
 
 # ---- prod-deps: production dependencies only (no TypeScript, jest, eslint)
 FROM ${NODE_IMAGE} AS prod-deps
@@ -28,9 +36,10 @@ WORKDIR /app
 COPY package.json package-lock.json ./
 RUN --mount=type=cache,target=/root/.npm npm ci --omit=dev --no-audit --no-fund --ignore-scripts
 
-# ---- base: what both images share
-FROM ${NODE_IMAGE} AS base
+# ---- base: what both images share: Debian slim, the node binary, the application
+FROM ${BASE_IMAGE} AS base
 ARG VERSION=0.1.0
+COPY --from=node /usr/local/bin/node /usr/local/bin/node
 ENV NODE_ENV=production
 WORKDIR /app
 COPY package.json ./
@@ -40,7 +49,8 @@ COPY lua lua
 LABEL org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/flashsale/flashsale"
-# The numeric user of the base image's "node" account, so that runAsNonRoot can verify it.
+# A numeric user (the Node image's "node" uid), so that runAsNonRoot can verify it; no account
+# is needed: the programs read nothing from a home directory.
 USER 1000:1000
 
 # ---- runtime: api | relay | consumer | jobs | all (the operator sets the role as the argument)

@@ -63,9 +63,9 @@ env-down: ## Stop the servers started by env-up and remove ENV_DIR
 
 HELM = $(shell bash -c '. test/env/lib.sh; echo $$FLASHSALE_CACHE/bin/helm-$$HELM_VERSION/helm')
 
-chart-lint: ## helm lint --strict the chart with the default, small and large values
+chart-lint: ## helm lint --strict the chart with the default (plus connection settings), small and large values
 	bash test/env/build-kube.sh helm >/dev/null
-	for v in "" examples/values-small.yaml examples/values-large.yaml; do $(HELM) lint --strict charts/flashsale --kube-version 1.34.0 $${v:+-f $$v} || exit 1; done
+	for v in test/integration/chart/values-connection.yaml examples/values-small.yaml examples/values-large.yaml; do $(HELM) lint --strict charts/flashsale --kube-version 1.34.0 $${v:+-f $$v} || exit 1; done
 
 chart-sync: ## Copy crds/ and config/rbac/role.yaml into the chart (after editing either; a test fails on drift)
 	cp crds/flashsale.io_flashsaleactivities.yaml charts/flashsale/files/crds/

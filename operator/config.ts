@@ -3,6 +3,7 @@
  * start-up. Every variable is documented in docs/operator.md ("Configuration").
  */
 import { hostname } from 'node:os';
+import type { V1EnvVar, V1TopologySpreadConstraint, V1Volume, V1VolumeMount } from '@kubernetes/client-node';
 import { z } from 'zod';
 import { redisConnectionOf, redisEnvIssue, redisEnvShape } from '../core/redis.js';
 import type { RedisConnection } from '../core/redis.js';
@@ -16,6 +17,78 @@ const D = DEFAULT_TRAFFIC_POLICY;
 const quantities = z.record(z.string(), z.union([z.string(), z.number()]).transform(String));
 const resourcesSchema = z.object({ requests: quantities.optional(), limits: quantities.optional() }).strict();
 export type ContainerResources = z.infer<typeof resourcesSchema>;
+
+/** A JSON environment value parsed with `schema` ('' = `empty`); a parse error names the variable. */
+function jsonEnv<T extends z.ZodType>(schema: T, empty: z.infer<T>) {
+  return z
+    .string()
+    .default('')
+    .transform((text, zctx): z.infer<T> => {
+      if (text.trim() === '') return empty;
+      let value: unknown;
+      try {
+        value = JSON.parse(text);
+      } catch (err) {
+        zctx.addIssue({ code: 'custom', message: `not JSON: ${String(err)}` });
+        return z.NEVER;
+      }
+      const parsed = schema.safeParse(value);
+      if (!parsed.success) {
+        for (const i of parsed.error.issues) {
+          zctx.addIssue({ code: 'custom', message: `${i.path.join('.') || '(root)'}: ${i.message}` });
+        }
+        return z.NEVER;
+      }
+      return parsed.data as z.infer<T>;
+    });
+}
+
+// Kubernetes objects passed through to the runtime pods: the fields the operator relies on are
+// checked here, the rest by the API server's schema when the Deployment is applied.
+const named = z.object({ name: z.string().min(1) }).passthrough();
+// Each role's pods read only their role's Secret (ARCHITECTURE.md): secrets for the runtime go into
+// that Secret (the chart's runtime.extraSecretData), never into an extra variable or volume.
+const NO_SECRETS = 'no Secret references: put secrets in the role Secret (runtime.extraSecretData)';
+const envVarSchema = named
+  .refine((e) => !('value' in e && 'valueFrom' in e), 'set value or valueFrom, not both')
+  .refine((e) => !JSON.stringify(e.valueFrom ?? {}).includes('"secretKeyRef"'), NO_SECRETS);
+const volumeSchema = named.refine(
+  (v) => !('secret' in v) && !JSON.stringify(v.projected ?? {}).includes('"secret"'),
+  NO_SECRETS,
+);
+const volumeMountSchema = named.extend({ mountPath: z.string().min(1) }).passthrough();
+const spreadSchema = z
+  .object({
+    maxSkew: z.number().int().min(1),
+    topologyKey: z.string().min(1),
+    whenUnsatisfiable: z.enum(['DoNotSchedule', 'ScheduleAnyway']),
+  })
+  .passthrough();
+const roleSettingsSchema = z
+  .object({
+    /** PriorityClass of the role's pods ('' = the cluster's default). */
+    priorityClassName: z.string().default(''),
+    /** Seconds the pod sleeps in preStop before SIGTERM (endpoints and load balancers let go first). */
+    preStopSeconds: z.number().int().min(0).max(300).default(0),
+    /** Spread constraints; a constraint without labelSelector gets the role's pod labels. */
+    topologySpreadConstraints: z.array(spreadSchema).default([]),
+    /** A PodDisruptionBudget for the role while the sale is Active (protect-runtime.ts). */
+    disruptionBudget: z.boolean().default(true),
+    /** Resources of this role's containers instead of RUNTIME_RESOURCES ({} = RUNTIME_RESOURCES). */
+    resources: resourcesSchema.optional().transform((r) => (r?.requests || r?.limits ? r : undefined)),
+  })
+  .strict();
+const roleSettingsDefaults = roleSettingsSchema.parse({});
+const rolesSchema = z
+  .object({
+    api: roleSettingsSchema.default(roleSettingsDefaults),
+    relay: roleSettingsSchema.default(roleSettingsDefaults),
+    consumer: roleSettingsSchema.default(roleSettingsDefaults),
+  })
+  .strict();
+export type RuntimeRoleSettings = Omit<z.infer<typeof roleSettingsSchema>, 'topologySpreadConstraints'> & {
+  topologySpreadConstraints: V1TopologySpreadConstraint[];
+};
 
 const durationSeconds = (def: number, min = 0) => z.coerce.number().min(min).default(def);
 
@@ -95,6 +168,18 @@ export const operatorConfigSchema = z
           return z.NEVER;
         }
       }),
+    /** Secrets (names, comma-separated) the runtime pods pull their image with. */
+    RUNTIME_IMAGE_PULL_SECRETS: env.list(),
+    /** More environment variables of every runtime container (JSON list of EnvVar). */
+    RUNTIME_EXTRA_ENV: jsonEnv(z.array(envVarSchema), []),
+    /** More volumes of the runtime pods and their mounts (JSON lists; e.g. a private CA bundle). */
+    RUNTIME_EXTRA_VOLUMES: jsonEnv(z.array(volumeSchema), []),
+    RUNTIME_EXTRA_VOLUME_MOUNTS: jsonEnv(z.array(volumeMountSchema), []),
+    /**
+     * Per-role pod settings, JSON: {"api":{"priorityClassName":"…","preStopSeconds":5,
+     * "topologySpreadConstraints":[…],"disruptionBudget":true,"resources":{…}},"relay":{…},…}.
+     */
+    RUNTIME_ROLE_SETTINGS: jsonEnv(rolesSchema, rolesSchema.parse({})),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
     // Defaults of spec.trafficShaping and spec.eligibility (docs/operator.md).
     TRAFFIC_SHAPING_ENABLED: env.bool(D.shaping.enabled),
@@ -154,6 +239,11 @@ export interface OperatorConfig {
     httpPort: number;
     metricsPort: number;
     resources: ContainerResources | undefined;
+    imagePullSecrets: string[];
+    extraEnv: V1EnvVar[];
+    extraVolumes: V1Volume[];
+    extraVolumeMounts: V1VolumeMount[];
+    roles: Record<'api' | 'relay' | 'consumer', RuntimeRoleSettings>;
   };
   logLevel: string;
   /** Applied where an activity's spec leaves trafficShaping / eligibility fields out. */
@@ -202,6 +292,11 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
       httpPort: c.RUNTIME_HTTP_PORT,
       metricsPort: c.RUNTIME_METRICS_PORT,
       resources: c.RUNTIME_RESOURCES,
+      imagePullSecrets: [...new Set(c.RUNTIME_IMAGE_PULL_SECRETS)],
+      extraEnv: c.RUNTIME_EXTRA_ENV as V1EnvVar[],
+      extraVolumes: c.RUNTIME_EXTRA_VOLUMES as V1Volume[],
+      extraVolumeMounts: c.RUNTIME_EXTRA_VOLUME_MOUNTS as V1VolumeMount[],
+      roles: c.RUNTIME_ROLE_SETTINGS as Record<'api' | 'relay' | 'consumer', RuntimeRoleSettings>,
     },
     logLevel: c.LOG_LEVEL,
     trafficPolicy: {

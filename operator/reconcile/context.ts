@@ -29,7 +29,7 @@ export interface ReconcileDeps {
   activities: ActivityClient;
   apps: AppsV1Api;
   core: CoreV1Api;
-  /** The api's PodDisruptionBudget (protect-api.ts). */
+  /** The runtime roles' PodDisruptionBudgets (protect-api.ts). */
   policy: PolicyV1Api;
   events: EventSink;
   /** The Deployment informer's cache. */

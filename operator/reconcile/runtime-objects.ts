@@ -6,7 +6,14 @@
  * each role's pods read only that role's Secret (runtimeSecretName).
  */
 import { createHash } from 'node:crypto';
-import type { V1Deployment, V1EnvVar, V1OwnerReference, V1Service } from '@kubernetes/client-node';
+import type {
+  V1Deployment,
+  V1EnvVar,
+  V1OwnerReference,
+  V1PodSpec,
+  V1Service,
+  V1TopologySpreadConstraint,
+} from '@kubernetes/client-node';
 import type { OperatorConfig } from '../config.js';
 import { deploymentName, parseDuration } from '../api/v1alpha1/funcs.js';
 import type { FlashSaleActivity, RuntimeRole } from '../api/v1alpha1/types.js';
@@ -80,7 +87,17 @@ export function runtimeSecretName(config: OperatorConfig, role: RuntimeRole): st
   return `${config.runtime.secretName}-${role}`;
 }
 
+/**
+ * The container's environment: the operator's variables, then RUNTIME_EXTRA_ENV without any name
+ * the operator sets (ACTIVITY_ID and the ports are the operator's decision, never overridden).
+ */
 export function runtimeEnv(fsa: FlashSaleActivity, activityId: string, config: OperatorConfig): V1EnvVar[] {
+  const own = operatorEnv(fsa, activityId, config);
+  const taken = new Set(own.map((e) => e.name));
+  return [...own, ...config.runtime.extraEnv.filter((e) => !taken.has(e.name))];
+}
+
+function operatorEnv(fsa: FlashSaleActivity, activityId: string, config: OperatorConfig): V1EnvVar[] {
   return [
     { name: 'ACTIVITY_ID', value: activityId },
     { name: 'HTTP_PORT', value: String(config.runtime.httpPort) },
@@ -104,6 +121,19 @@ export function desiredDeployment(
   image: string = config.runtime.image,
 ): V1Deployment {
   const port = config.runtime.httpPort;
+  const settings = config.runtime.roles[role];
+  const resources = settings.resources ?? config.runtime.resources;
+  const spread = settings.topologySpreadConstraints.map((c): V1TopologySpreadConstraint => ({
+    ...c,
+    labelSelector: c.labelSelector ?? { matchLabels: selectorLabels(fsa, role) },
+  }));
+  const { extraVolumes, extraVolumeMounts, imagePullSecrets } = config.runtime;
+  const podExtras: Partial<V1PodSpec> = {
+    ...(imagePullSecrets.length > 0 ? { imagePullSecrets: imagePullSecrets.map((name) => ({ name })) } : {}),
+    ...(settings.priorityClassName ? { priorityClassName: settings.priorityClassName } : {}),
+    ...(spread.length > 0 ? { topologySpreadConstraints: spread } : {}),
+    ...(extraVolumes.length > 0 ? { volumes: extraVolumes } : {}),
+  };
   const template = {
     metadata: {
       labels: labels(fsa, role, activityId),
@@ -116,7 +146,9 @@ export function desiredDeployment(
     spec: {
       ...(config.runtime.serviceAccount ? { serviceAccountName: config.runtime.serviceAccount } : {}),
       automountServiceAccountToken: false,
-      terminationGracePeriodSeconds: 30,
+      // The preStop sleep counts against the grace period: the runtime keeps its 30 s to drain.
+      terminationGracePeriodSeconds: 30 + settings.preStopSeconds,
+      ...podExtras,
       securityContext: { runAsNonRoot: true, runAsUser: 1000, seccompProfile: { type: 'RuntimeDefault' } },
       containers: [
         {
@@ -132,7 +164,13 @@ export function desiredDeployment(
             { name: 'http', containerPort: port, protocol: 'TCP' },
             { name: 'metrics', containerPort: config.runtime.metricsPort, protocol: 'TCP' },
           ],
-          ...(config.runtime.resources ? { resources: config.runtime.resources } : {}),
+          ...(resources ? { resources } : {}),
+          ...(extraVolumeMounts.length > 0 ? { volumeMounts: extraVolumeMounts } : {}),
+          // Endpoints and load balancers stop sending before SIGTERM (the kubelet's sleep action:
+          // no shell or sleep binary is needed in the image).
+          ...(settings.preStopSeconds > 0
+            ? { lifecycle: { preStop: { sleep: { seconds: settings.preStopSeconds } } } }
+            : {}),
           readinessProbe: {
             httpGet: { path: '/readyz', port: 'http' },
             periodSeconds: 5,

@@ -5,8 +5,16 @@
  * does not allow (runtime-objects.ts, runtimeImageFor) is never applied: a resource that has not
  * warmed up yet fails with ImageNotAllowed and gets no runtime objects; a later edit to such an
  * image is reported as Degraded=True/ImageNotAllowed and the running image stays.
+ *
+ * Pinned at warm-up (docs/install.md, "Upgrades"): the pod template (image, resources, every
+ * setting of the operator's configuration) is applied only while the activity is Pending or
+ * WarmingUp, when no buyer is served. From Ready on, a live Deployment only has its replicas
+ * changed (a merge patch of spec.replicas): a new operator version or configuration (a new
+ * RUNTIME_IMAGE, resources, role settings) and a spec.runtime.image edit never re-roll the pods
+ * of a sale that is about to start, running or draining; they apply to the next activity.
  */
 import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
+import type { V1Deployment } from '@kubernetes/client-node';
 import { deploymentName, replicasFor } from '../api/v1alpha1/funcs.js';
 import { EventReason, FIELD_MANAGER, Phase, Reason, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
@@ -22,6 +30,15 @@ import {
 import { isApiStatus } from '../kube/activities.js';
 
 const applyOptions = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
+const mergeOptions = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
+
+/** Phases whose runtime pod template may still be (re)applied: nothing is served yet. */
+export const TEMPLATE_PHASES: readonly Phase[] = [Phase.Pending, Phase.WarmingUp];
+
+/** Whether the live Deployment's pod template is frozen (only its replicas may change). */
+export function runtimePinned(phase: Phase, deleting: boolean, live: V1Deployment | undefined): boolean {
+  return live !== undefined && (deleting || !TEMPLATE_PHASES.includes(phase));
+}
 
 export async function scaleRuntime(ctx: ReconcileContext): Promise<StepResult> {
   const { apps, core, config, deployment } = ctx.deps;
@@ -49,6 +66,22 @@ export async function scaleRuntime(ctx: ReconcileContext): Promise<StepResult> {
       : liveImage !== undefined && isAllowedImage(liveImage, config)
         ? liveImage
         : config.runtime.image;
+    if (live && runtimePinned(ctx.phase, ctx.deleting, live)) {
+      // The pods keep the template they were warmed up with; only the phase's size changes.
+      if (live.spec?.replicas !== replicas[role]) {
+        await apps.patchNamespacedDeployment(
+          { name, namespace: ns, body: { spec: { replicas: replicas[role] } }, fieldManager: FIELD_MANAGER },
+          mergeOptions,
+        );
+        ctx.log.debug({ role, replicas: replicas[role] }, 'runtime deployment scaled (template pinned)');
+      }
+      runtime[role] = {
+        deployment: name,
+        replicas: replicas[role],
+        readyReplicas: live.status?.readyReplicas ?? 0,
+      };
+      continue;
+    }
     const desired = desiredDeployment(ctx.fsa, role, replicas[role], ctx.activityId, config, image);
     // A resource being deleted gets no new Deployments (garbage collection would remove them).
     const skip = deploymentUpToDate(live, desired) || (ctx.deleting && !live) || (terminal && !live);

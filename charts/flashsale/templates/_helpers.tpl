@@ -102,14 +102,71 @@ app.kubernetes.io/component: operator
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) -}}
 {{- fail "operator.leaderElection.enabled=false needs operator.replicas=1: two active operators would drive the same sale twice" -}}
 {{- end -}}
+{{- if or (contains "\"secretKeyRef\"" (toJson .Values.runtime.extraEnv)) (contains "\"secret\"" (toJson .Values.runtime.extraVolumes)) -}}
+{{- fail "runtime.extraEnv and runtime.extraVolumes may not reference Secrets: each runtime role reads only its own Secret; put secret values in runtime.extraSecretData.<role>" -}}
+{{- end -}}
+{{- with include "flashsale.missingConnection" . -}}
+{{- fail (printf "runtime connection settings missing: %s. Set them (examples/values-small.yaml), or name Secrets you manage with runtime.existingSecret (docs/install.md, \"Connection settings\")" .) -}}
+{{- end -}}
+{{- include "flashsale.checkExistingSecret" . -}}
 {{- end -}}
 
-{{/* True ("true") when the connection settings are incomplete (no existing Secret, a value missing). */}}
-{{- define "flashsale.connectionMissing" -}}
+{{/* The missing connection values, comma-separated ("" when complete or runtime.existingSecret is set). */}}
+{{- define "flashsale.missingConnection" -}}
 {{- $r := .Values.runtime -}}
-{{- if and (not $r.existingSecret) (or (not $r.database.url) (not $r.redis.url) (not $r.kafka.brokers) (and (not $r.jwt.hs256Secret) (not $r.jwt.rs256PublicKey) (not $r.jwt.jwks))) -}}
-true
+{{- $missing := list -}}
+{{- if not $r.existingSecret -}}
+{{- if not $r.database.url }}{{ $missing = append $missing "runtime.database.url (DATABASE_URL)" }}{{ end -}}
+{{- if not $r.redis.url }}{{ $missing = append $missing "runtime.redis.url (REDIS_URL)" }}{{ end -}}
+{{- if not $r.kafka.brokers }}{{ $missing = append $missing "runtime.kafka.brokers (KAFKA_BROKERS)" }}{{ end -}}
+{{- if and (not $r.jwt.hs256Secret) (not $r.jwt.rs256PublicKey) (not $r.jwt.jwks) }}{{ $missing = append $missing "a buyer token key (runtime.jwt.hs256Secret, rs256PublicKey or jwks)" }}{{ end -}}
 {{- end -}}
+{{- join ", " $missing -}}
+{{- end -}}
+
+{{/*
+With runtime.existingSecret: each Secret the release's pods read must exist with the keys its reader
+needs (runtime/config.ts ROLE_NEEDS). Checked with `lookup` when Helm talks to the cluster (install,
+upgrade, --dry-run=server); `helm template` and client-side dry runs cannot see the cluster (the
+release namespace then reads as absent) and skip the check.
+*/}}
+{{- define "flashsale.checkExistingSecret" -}}
+{{- $base := .Values.runtime.existingSecret -}}
+{{- if and $base (lookup "v1" "Namespace" "" .Release.Namespace) -}}
+{{- $redis := list "REDIS_URL|REDIS_SENTINELS" -}}
+{{- $jwt := list "JWT_HS256_SECRET|JWT_RS256_PUBLIC_KEY|JWT_JWKS" -}}
+{{- $needs := dict "operator" (concat (list "DATABASE_URL" "KAFKA_BROKERS") $redis) -}}
+{{- if .Values.migrations.enabled }}{{ $_ := set $needs "migrations" (list "DATABASE_URL") }}{{ end -}}
+{{- $roles := dict "api" (concat (list "DATABASE_URL") $redis $jwt) "relay" (concat (list "KAFKA_BROKERS") $redis) "consumer" (concat (list "DATABASE_URL" "KAFKA_BROKERS") $redis) -}}
+{{- $checks := list -}}
+{{- range $who, $keys := $needs }}{{ $checks = append $checks (list $.Release.Namespace $who $keys) }}{{ end -}}
+{{- range $ns := include "flashsale.runtimeNamespaces" . | fromJsonArray -}}
+{{- range $who, $keys := $roles }}{{ $checks = append $checks (list $ns $who $keys) }}{{ end -}}
+{{- end -}}
+{{- range $c := $checks -}}
+{{- $ns := index $c 0 -}}
+{{- $name := printf "%s-%s" $base (index $c 1) -}}
+{{- $secret := lookup "v1" "Secret" $ns $name -}}
+{{- if not $secret -}}
+{{- fail (printf "runtime.existingSecret: Secret %s/%s not found (docs/install.md, \"Connection settings\")" $ns $name) -}}
+{{- end -}}
+{{- $data := default dict $secret.data -}}
+{{- range $any := index $c 2 -}}
+{{- $found := false -}}
+{{- range $key := splitList "|" $any }}{{ if index $data $key }}{{ $found = true }}{{ end }}{{ end -}}
+{{- if not $found -}}
+{{- fail (printf "runtime.existingSecret: Secret %s/%s has no %s (its reader needs it; docs/install.md, \"Connection settings\")" $ns $name (splitList "|" $any | join " or ")) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Comma-separated names of the runtime pods' imagePullSecrets (runtime.imagePullSecrets). */}}
+{{- define "flashsale.runtimePullSecretNames" -}}
+{{- $names := list -}}
+{{- range .Values.runtime.imagePullSecrets }}{{ $names = append $names .name }}{{ end -}}
+{{- join "," $names -}}
 {{- end -}}
 
 {{/* Comma-separated names of imagePullSecrets. */}}

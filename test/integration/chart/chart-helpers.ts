@@ -10,9 +10,16 @@ export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)
 export const chartDir = path.join(repoRoot, 'charts', 'flashsale');
 export const kubeVersion = '1.34.0';
 
-/** The values files the chart is tested with: the defaults and the two examples. */
+/**
+ * Connection settings for renders that are not about them: the chart fails to render without them
+ * (templates/_helpers.tpl "flashsale.missingConnection"). renderChart puts this file first, so a
+ * test's own values override it.
+ */
+export const connectionValues = path.join(repoRoot, 'test', 'integration', 'chart', 'values-connection.yaml');
+
+/** The values files the chart is tested with: the defaults (plus connection settings) and the two examples. */
 export const valuesSets: Record<string, string[]> = {
-  default: [],
+  default: [connectionValues],
   small: [path.join(repoRoot, 'examples', 'values-small.yaml')],
   large: [path.join(repoRoot, 'examples', 'values-large.yaml')],
 };
@@ -103,7 +110,7 @@ export function renderChart(
     namespace,
     '--kube-version',
     kubeVersion,
-    ...valuesArgs(files, set),
+    ...valuesArgs([connectionValues, ...files], set),
   ]);
 }
 

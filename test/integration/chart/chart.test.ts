@@ -11,6 +11,7 @@ import {
   alertRules,
   at,
   chartDir,
+  connectionValues,
   filesIn,
   findObject,
   helmBinary,
@@ -185,9 +186,19 @@ describe.each(Object.keys(valuesSets))('chart with %s values', (set) => {
     expect(env.get('LEADER_ELECTION')?.value).toBe('true');
     expect(env.get('RUNTIME_IMAGE')?.value).toMatch(/flashsale-runtime[:@]/);
     expect(env.get('RUNTIME_SECRET_NAME')?.value).toBeTruthy();
-    const migrate = at(pod, 'initContainers.0') as Record<string, unknown>;
+    // Migrations run once per install or upgrade in a hook Job, never in the operator's pods; the
+    // upgrade guard runs before them.
+    expect(at(pod, 'initContainers')).toBeUndefined();
+    const job = findObject(objects, 'Job', '-migrate');
+    expect(job.metadata.annotations?.['helm.sh/hook']).toBe('pre-install,pre-upgrade');
+    const migrate = at(job, 'spec.template.spec.containers.0') as Record<string, unknown>;
     expect(at(migrate, 'command')).toEqual(['node', 'dist/runtime/main.js', 'migrate']);
     expect(at(migrate, 'securityContext.readOnlyRootFilesystem')).toBe(true);
+    const guard = findObject(objects, 'Job', '-upgrade-guard');
+    expect(guard.metadata.annotations?.['helm.sh/hook']).toBe('pre-upgrade');
+    expect(Number(guard.metadata.annotations?.['helm.sh/hook-weight'])).toBeLessThan(
+      Number(job.metadata.annotations?.['helm.sh/hook-weight']),
+    );
     expect(at(pod, 'serviceAccountName')).toBe(
       findObject(objects, 'ServiceAccount', '-operator').metadata.name,
     );
@@ -250,6 +261,7 @@ describe.each(Object.keys(valuesSets))('chart with %s values', (set) => {
         'PrometheusRule',
         'NetworkPolicy',
         'RoleBinding',
+        'Job',
       ]) {
         expect(kinds).toContain(kind);
       }
@@ -326,7 +338,11 @@ describe('least privilege', () => {
       ((at(container, 'env') ?? []) as { valueFrom?: { secretKeyRef?: { name: string } } }[])
         .map((e) => e.valueFrom?.secretKeyRef?.name)
         .filter((n) => n !== undefined);
-    expect(new Set(refs(at(pod, 'initContainers.0')))).toEqual(new Set(['flashsale-runtime-migrations']));
+    const migrate = findObject(objects, 'Job', '-migrate');
+    expect(new Set(refs(at(migrate, 'spec.template.spec.containers.0')))).toEqual(
+      new Set(['flashsale-runtime-migrations']),
+    );
+    expect(at(pod, 'initContainers')).toBeUndefined();
     expect(new Set(refs(at(pod, 'containers.0')))).toEqual(new Set(['flashsale-runtime-operator']));
   });
 
@@ -427,6 +443,7 @@ describe('validation can fail', () => {
       chartDir,
       '--kube-version',
       kubeVersion,
+      ...valuesArgs([connectionValues]),
       ...key,
       '--set',
       'runtime.jwt.requireIssuerAudience=false',
@@ -518,8 +535,11 @@ describe('helm install, upgrade and uninstall against the API server', () => {
     const namespace = uniqueId('chart-release');
     const release = uniqueId('fs');
     const env = { ...process.env, KUBECONFIG: kubeconfig() };
-    // The CRD is shared by the tests on this API server: this release does not own it.
-    const common = ['--namespace', namespace, '--set', 'crds.create=false'];
+    // The CRD is shared by the tests on this API server: this release does not own it. No hooks:
+    // kwok plays the kubelet but runs no container, so the migration and upgrade-guard Jobs would
+    // never finish (they are validated by the server-side dry run above, the guard's program by
+    // upgrade-safety.test.ts).
+    const common = ['--namespace', namespace, '--set', 'crds.create=false', '--no-hooks'];
     try {
       const install = mustRun(
         helm,
@@ -581,6 +601,14 @@ describe('helm install, upgrade and uninstall against the API server', () => {
       expect(replicas).toBe('3');
 
       mustRun(helm, ['uninstall', release, '--namespace', namespace, '--wait'], { env });
+      // The runtime role Secrets stay (helm.sh/resource-policy: keep): live sales' pods read them.
+      expect(
+        k(['get', 'secret', '-n', namespace, '-l', `app.kubernetes.io/instance=${release}`, '-o', 'name'])
+          .trim()
+          .split('\n')
+          .sort(),
+      ).toEqual(['api', 'consumer', 'relay'].map((role) => `secret/flashsale-runtime-${role}`));
+      k(['delete', 'secret', '-n', namespace, '-l', `app.kubernetes.io/instance=${release}`]);
       expect(
         k([
           'get',

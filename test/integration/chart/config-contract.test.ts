@@ -1,5 +1,5 @@
 // The chart's configuration contract with the programs it runs: the environment the chart gives
-// the operator container (and the migration init container) is accepted by the operator's own
+// the operator container (and the migration hook Job) is accepted by the operator's own
 // configuration schema (operator/config.ts), every variable it sets is one the operator reads,
 // and the runtime Secret the chart creates, with what the operator adds, is accepted by the
 // runtime's configuration (runtime/config.ts).
@@ -114,14 +114,11 @@ describe.each(Object.keys(valuesSets))('configuration contract with %s values', 
     expect(at(container, 'readinessProbe.httpGet.port')).toBe('http');
   });
 
-  it('gives the migration init container the database URL', () => {
-    const init = at(
-      findObject(objects, 'Deployment', '-operator'),
-      'spec.template.spec.initContainers.0',
-    ) as {
+  it('gives the migration hook Job the database URL', () => {
+    const migrate = at(findObject(objects, 'Job', '-migrate'), 'spec.template.spec.containers.0') as {
       env: EnvVar[];
     };
-    expect(resolveEnv(init.env, objects, namespace).DATABASE_URL).toMatch(/^postgres:\/\//);
+    expect(resolveEnv(migrate.env, objects, namespace).DATABASE_URL).toMatch(/^postgres:\/\//);
   });
 
   it('creates a runtime Secret that, with what the operator adds, the runtime accepts', () => {

@@ -1,12 +1,14 @@
 // The container images (Dockerfile, targets `runtime` and `operator`) cannot be built here: there
-// is no Docker. What is checked instead: the Dockerfile parses with BuildKit's own parser (built
+// is a docker client but no daemon or other builder. What is checked instead: the Dockerfile parses with BuildKit's own parser (built
 // from its Go module, dockerfile-check/) without lint warnings; its structure (multi-stage,
-// production dependencies only, numeric non-root user, a CMD per target); every file it copies from
+// production dependencies only, numeric non-root user, a CMD per target, nothing from the Node
+// image but its node binary, so no npm, npx or corepack); every file it copies from
 // the build context exists and passes .dockerignore; and each image's /app, staged in a temporary
 // directory by replaying the Dockerfile's stages (the build stage's `npm ci` and `npm run build`,
 // prod-deps' `npm ci --omit=dev`, every COPY), made read-only and run as user 1000: each program
 // loads every module it imports with production dependencies only, finds the Lua scripts, and
-// stops on its configuration check (no servers are given).
+// stops on its configuration check (no servers are given); its file list has no source maps, demo,
+// scripts or tests.
 import {
   chmodSync,
   cpSync,
@@ -138,16 +140,28 @@ describe('Dockerfile', () => {
     }
   });
 
-  it('has a runtime and an operator target built on a slim Node 24 base', () => {
+  it('has a runtime and an operator target on Debian slim with only the node binary of the Node 24 image', () => {
+    const text = readText(path.join(repoRoot, 'Dockerfile'));
+    expect(text).toMatch(/^ARG NODE_IMAGE=node:24[\w.-]*-slim(@sha256:[0-9a-f]{64})?$/m);
+    expect(text).toMatch(/^ARG BASE_IMAGE=debian:bookworm-slim(@sha256:[0-9a-f]{64})?$/m);
+    // The Node image and the base are the same Debian release (node's glibc and libstdc++).
+    expect(/^ARG NODE_IMAGE=node:24[\w.]*-(\w+)-slim/m.exec(text)?.[1]).toBe('bookworm');
     for (const target of ['runtime', 'operator']) {
       const stages = chain(dockerfile, target);
-      expect(stages[0]?.from).toMatch(/^(\$\{NODE_IMAGE\}|node:24[\w.-]*-slim(@sha256:[0-9a-f]{64})?)$/);
+      expect(stages[0]?.from).toBe('${BASE_IMAGE}');
       const cmd = stages.flatMap((s) => s.instructions).filter((i) => i.op === 'CMD');
       expect(cmd.at(-1)?.args).toContain(`dist/${target}/main.js`);
+      // From the Node image (a stage with no instructions of its own) only the node binary: npm,
+      // npx, corepack and yarn (/usr/local/lib/node_modules, /opt/yarn-*) are in no layer.
+      const fromNode = copies(stages).filter((c) => c.from === 'node');
+      expect(fromNode).toEqual([
+        { from: 'node', sources: ['/usr/local/bin/node'], dest: '/usr/local/bin/node' },
+      ]);
+      expect(dockerfile.find((s) => s.name === 'node')).toMatchObject({
+        from: '${NODE_IMAGE}',
+        instructions: [],
+      });
     }
-    expect(readText(path.join(repoRoot, 'Dockerfile'))).toMatch(
-      /^ARG NODE_IMAGE=node:24[\w.-]*-slim(@sha256:[0-9a-f]{64})?$/m,
-    );
   });
 
   it('runs as a numeric non-root user and installs production dependencies only in the final image', () => {
@@ -211,6 +225,11 @@ describe('image layout, staged as the Dockerfile lays it out', () => {
           if (path.relative('/', workdir).startsWith('..')) throw new Error(`WORKDIR ${i.args}`);
         } else if (i.op === 'COPY') {
           const [c] = copies([{ ...stage, instructions: [i] }]) as [Copy];
+          // From an image as it is (a stage with no instructions: the node binary of the Node
+          // image): not reproduced, like FROM; the programs run with this machine's node.
+          if (c.from !== undefined && dockerfile.find((s) => s.name === c.from)?.instructions.length === 0) {
+            continue;
+          }
           const from = c.from === undefined ? undefined : replay(c.from);
           const sourcePath = (source: string): string =>
             from ? path.join(from.dir, path.relative(from.workdir, source)) : path.join(repoRoot, source);
@@ -282,6 +301,29 @@ describe('image layout, staged as the Dockerfile lays it out', () => {
       .map(([key]) => key);
     expect(devOnly).toEqual(expect.arrayContaining(['node_modules/typescript', 'node_modules/jest']));
     expect(devOnly.filter((key) => existsSync(path.join(app, key)))).toEqual([]);
+  });
+
+  it('holds no source maps, demo, scripts or tests: only the files docs/images.md lists', () => {
+    const all = (dir: string, rel = ''): string[] =>
+      readdirSync(path.join(dir, rel), { withFileTypes: true }).flatMap((e) =>
+        e.isDirectory() ? all(dir, path.join(rel, e.name)) : [path.join(rel, e.name)],
+      );
+    for (const target of ['runtime', 'operator']) {
+      const app = appOf(target);
+      const top = readdirSync(app).sort();
+      expect(top).toEqual(
+        target === 'runtime'
+          ? ['dist', 'lua', 'node_modules', 'package.json', 'runtime']
+          : ['dist', 'lua', 'node_modules', 'package.json'],
+      );
+      const dist = all(path.join(app, 'dist'));
+      expect(dist.length).toBeGreaterThan(20);
+      expect(dist.filter((f) => f.endsWith('.map'))).toEqual([]);
+      expect(dist.filter((f) => !f.endsWith('.js'))).toEqual([]);
+      expect(readdirSync(path.join(app, 'dist')).sort()).toEqual(['core', 'operator', 'runtime']);
+      expect(dist.filter((f) => /demo|\.test\./.test(f))).toEqual([]);
+      expect(existsSync(path.join(app, 'dist', 'operator', 'upgrade-guard.js'))).toBe(true);
+    }
   });
 
   it('finds the Lua scripts from dist/core (the script registry walks up to /app/lua)', () => {
