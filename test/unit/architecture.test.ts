@@ -104,6 +104,24 @@ describe('architecture invariants (ARCHITECTURE.md)', () => {
     expect(bad).toEqual([]);
   });
 
+  test('the order message is defined once (core/order-message.ts)', () => {
+    // Its type, its schema's rules and the names of the fields reserve-8.lua writes are stated
+    // there only; everything else derives from it (ARCHITECTURE.md, core/).
+    const restated = [
+      /\binterface\s+(OrderMessage|ReservationRecord)\b/,
+      /z\s*\.\s*object\(\{[^}]*\breservationId\s*:/,
+      // The price rule of the schema, as a hand-written check would copy it.
+      /\\d\{1,12\}\(\\\.\\d\{1,2\}\)\?/,
+      // Reservation hash and outbox entry fields read by name.
+      /['"](qty|req|rid)['"]|\.(qty|req)\b/,
+    ];
+    const bad = PRODUCTION.filter((f) => f !== 'core/order-message.ts').flatMap((f) =>
+      restated.filter((re) => re.test(code(f))).map((re) => `${f} matches ${re}`),
+    );
+    expect(bad).toEqual([]);
+    expect(restated.every((re) => re.test(source('core/order-message.ts')) || re === restated[0])).toBe(true);
+  });
+
   test('the operator never imports runtime/', () => {
     const bad = tsFiles('operator').flatMap((f) =>
       imports(f)
