@@ -11,11 +11,19 @@ import { createMetrics } from '../../../core/metrics.js';
 import {
   OUTBOX_FIELDS,
   RESERVATION_HASH_FIELDS,
+  RESERVATION_STATE_FIELDS,
   orderMessageOf,
   orderMessageSchema,
 } from '../../../core/order-message.js';
 import type { OrderMessage } from '../../../core/order-message.js';
-import { readReservation, reservationIdFor, reserve } from '../../../core/reservations.js';
+import {
+  cancelBeforeReserve,
+  confirmPaid,
+  readReservation,
+  release,
+  reservationIdFor,
+  reserve,
+} from '../../../core/reservations.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { Relay } from '../../../runtime/relay/relay.js';
 import { testEnv, uniqueId } from '../../helpers/env.js';
@@ -87,6 +95,56 @@ describe('the order message written by reserve-8.lua', () => {
     const record = await readReservation(redis, activity.id, rid);
     expect(record?.state).toBe('RESERVED');
     expect(orderMessageOf(activity.id, record!)).toEqual(message);
+  });
+  test('the other scripts add only the lifecycle fields core/order-message.ts names', async () => {
+    const known = new Set<string>([...RESERVATION_STATE_FIELDS, ...Object.values(RESERVATION_HASH_FIELDS)]);
+    const k = activityKeys(activity.id);
+    const unknownFields = async (rid: string): Promise<string[]> =>
+      Object.keys(await redis.hgetall(k.reservation(rid))).filter((f) => !known.has(f));
+
+    await reserve(redis, {
+      activityId: activity.id,
+      userId: 'releasing-buyer',
+      skuId: 'tea',
+      quantity: 1,
+      requestId: 'req-release',
+      traceId: 't-release',
+    });
+    const released = reservationIdFor(activity.id, 'releasing-buyer', 'req-release');
+    await release(redis, {
+      activityId: activity.id,
+      reservationId: released,
+      userId: 'releasing-buyer',
+      skuId: 'tea',
+      reason: 'TEST',
+    });
+    expect((await readReservation(redis, activity.id, released))?.state).toBe('RELEASED');
+
+    await reserve(redis, {
+      activityId: activity.id,
+      userId: 'paying-buyer',
+      skuId: 'tea',
+      quantity: 1,
+      requestId: 'req-pay',
+      traceId: 't-pay',
+    });
+    const paid = reservationIdFor(activity.id, 'paying-buyer', 'req-pay');
+    expect(await confirmPaid(redis, activity.id, paid)).toBe('paid');
+
+    const marker = await cancelBeforeReserve(redis, {
+      activityId: activity.id,
+      userId: 'cancelling-buyer',
+      requestId: 'req-cancel',
+      reason: 'TEST',
+    });
+    expect(marker.kind).toBe('marked');
+    const cancelled = reservationIdFor(activity.id, 'cancelling-buyer', 'req-cancel');
+
+    expect({
+      released: await unknownFields(released),
+      paid: await unknownFields(paid),
+      cancelled: await unknownFields(cancelled),
+    }).toEqual({ released: [], paid: [], cancelled: [] });
   });
 });
 
