@@ -109,7 +109,7 @@ export interface RoleContext {
  * ioredis reconnects by itself; without a listener every failed attempt is an "Unhandled error
  * event" on stderr. One warning per connection per 5 s is enough to see an outage in the logs.
  */
-export function logRedisErrors(client: Redis, connection: string, logger: Logger): void {
+function logRedisErrors(client: Redis, connection: string, logger: Logger): void {
   let last = 0;
   client.on('error', (err: Error) => {
     if (Date.now() - last < 5_000) return;
@@ -118,6 +118,7 @@ export function logRedisErrors(client: Redis, connection: string, logger: Logger
   });
 }
 
+/** The process's Redis connection settings, and how its roles open further connections. */
 export function redisFactory(
   cfg: Parameters<typeof redisConnectionOf>[0],
   logger: Logger,
