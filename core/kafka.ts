@@ -1,4 +1,5 @@
 /** Kafka topic names, topic creation and consumer lag, shared by relay, consumer and operator. */
+import { setTimeout as sleep } from 'node:timers/promises';
 import { z } from 'zod';
 import type { ConnectionOptions } from 'node:tls';
 import { Kafka, Partitioners, logLevel } from 'kafkajs';
@@ -209,7 +210,7 @@ export async function waitForTopics(
     if (missing.length === 0) return true;
     if (attempt === 0) opts.onWaiting?.(missing);
     const delay = Math.min(250 * 2 ** attempt, opts.maxDelayMs ?? 5_000);
-    await new Promise((resolve) => setTimeout(resolve, delay));
+    await sleep(delay);
   }
 }
 

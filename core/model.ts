@@ -25,22 +25,8 @@ export interface ActivityDefinition {
   items: CatalogItem[];
 }
 
-/** The half message: the outbox entry written by reserve-8.lua, relayed to Kafka verbatim. */
-export interface OrderMessage {
-  reservationId: string;
-  activityId: string;
-  userId: string;
-  skuId: string;
-  quantity: number;
-  slot: number;
-  unitPrice: string;
-  itemName: string;
-  reservedAt: number;
-  traceId: string;
-  requestId: string;
-}
-
-export type ReservationState = 'RESERVED' | 'RELEASED' | 'CANCELLED' | 'PAID';
+// The order message and the reservation states are defined with their schema in order-message.ts.
+export type { OrderMessage, ReservationState } from './order-message.js';
 
 /** What a buyer sees when polling a reservation. */
 export type ReservationResult =

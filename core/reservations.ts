@@ -4,7 +4,8 @@
  */
 import { createHash } from 'node:crypto';
 import { activityKeys } from './keys.js';
-import type { OrderMessage, ReservationState } from './model.js';
+import { reservationRecordOf } from './order-message.js';
+import type { ReservationRecord, ReservationState } from './order-message.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
 
@@ -171,19 +172,8 @@ export async function reclaimPaid(
   return { kind: 'still-held' };
 }
 
-export interface ReservationRecord {
-  reservationId: string;
-  state: ReservationState;
-  userId: string;
-  skuId: string;
-  quantity: number;
-  slot: number;
-  unitPrice: string;
-  itemName: string;
-  reservedAt: number;
-  traceId: string;
-  requestId: string;
-}
+export type { ReservationRecord } from './order-message.js';
+export { orderMessageOf } from './order-message.js';
 
 /**
  * Whether a reservation (or a cancel marker) exists under this id: what makes a submission
@@ -202,36 +192,8 @@ export async function readReservation(
   activityId: string,
   reservationId: string,
 ): Promise<ReservationRecord | undefined> {
-  const h = await redis.hgetall(activityKeys(activityId).reservation(reservationId));
-  if (!h.state) return undefined;
-  return {
+  return reservationRecordOf(
     reservationId,
-    state: h.state as ReservationState,
-    userId: h.user ?? '',
-    skuId: h.sku ?? '',
-    quantity: Number(h.qty ?? 0),
-    slot: Number(h.slot ?? 0),
-    unitPrice: h.price ?? '',
-    itemName: h.name ?? '',
-    reservedAt: Number(h.ts ?? 0),
-    traceId: h.trace ?? '',
-    requestId: h.req ?? '',
-  };
-}
-
-/** Rebuilds the half message of a reservation from its ledger entry (order-gap repair). */
-export function orderMessageOf(activityId: string, r: ReservationRecord): OrderMessage {
-  return {
-    reservationId: r.reservationId,
-    activityId,
-    userId: r.userId,
-    skuId: r.skuId,
-    quantity: r.quantity,
-    slot: r.slot,
-    unitPrice: r.unitPrice,
-    itemName: r.itemName,
-    reservedAt: r.reservedAt,
-    traceId: r.traceId,
-    requestId: r.requestId,
-  };
+    await redis.hgetall(activityKeys(activityId).reservation(reservationId)),
+  );
 }

@@ -8,7 +8,7 @@
     KEYS[2] sku hash             (stock, limit, price, name)
     KEYS[3] buyer hash           (<sku>:qty, <sku>:slot:<n>)
     KEYS[4] reservation hash     (the ledger entry; its existence makes the call a replay)
-    KEYS[5] outbox stream
+    KEYS[5] outbox stream        (rid, m = the order message as JSON, key = buyer id, trace)
     KEYS[6] ledger sorted set    (reservations not yet confirmed as orders)
     KEYS[7] counters hash
     KEYS[8] order code key       (or the activity's placeholder key when no code was sent)
@@ -99,11 +99,13 @@ redis.call('HINCRBY', KEYS[3], sku .. ':qty', qty)
 redis.call('HSET', KEYS[3], sku .. ':slot:' .. slot, rid)
 redis.call('HSET', KEYS[4], 'state', 'RESERVED', 'user', user, 'sku', sku, 'qty', qty,
   'slot', slot, 'price', item[3], 'name', item[4], 'ts', now, 'trace', ARGV[6], 'req', ARGV[5])
+-- The message's fields and the hash's are core/order-message.ts's; 'key' and 'trace' repeat the
+-- Kafka key and header so that the relay forwards the entry without parsing 'm'.
 redis.call('XADD', KEYS[5], '*', 'rid', rid, 'm', cjson.encode({
   reservationId = rid, activityId = ARGV[8], userId = user, skuId = sku, quantity = qty,
   slot = slot, unitPrice = item[3], itemName = item[4], reservedAt = now,
   traceId = ARGV[6], requestId = ARGV[5]
-}))
+}), 'key', user, 'trace', ARGV[6])
 redis.call('ZADD', KEYS[6], now, rid)
 redis.call('HINCRBY', KEYS[7], 'reserved', qty)
 redis.call('HINCRBY', KEYS[7], 'reservations', 1)

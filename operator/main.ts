@@ -4,6 +4,7 @@
  * once; reconciles only while it holds the leader Lease; on SIGTERM/SIGINT it stops the workers,
  * releases the Lease (so a standby takes over at once) and closes its connections.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import {
   AppsV1Api,
   PolicyV1Api,
@@ -140,10 +141,7 @@ async function main(): Promise<void> {
     log.info({ signal }, 'shutting down');
     elector?.stop();
     // Let the passes in flight finish (bounded), then give the Lease away.
-    await Promise.race([
-      ctl.stop().catch(() => undefined),
-      new Promise((resolve) => setTimeout(resolve, 15_000).unref()),
-    ]);
+    await Promise.race([ctl.stop().catch(() => undefined), sleep(15_000, undefined, { ref: false })]);
     await elector?.release();
     metrics.leader.set(0);
     server.close();

@@ -18,14 +18,14 @@ export type Role = (typeof roles)[number];
  * sees the database URL, the api never the Kafka credentials; docs/install.md "Security"), and
  * the configuration requires exactly these.
  */
-export const ROLE_NEEDS: Readonly<Record<Role, { database: boolean; kafka: boolean }>> = {
+export const ROLE_NEEDS = {
   api: { database: true, kafka: false },
   relay: { database: false, kafka: true },
   consumer: { database: true, kafka: true },
   jobs: { database: true, kafka: true },
   all: { database: true, kafka: true },
   'after-sale': { database: true, kafka: true },
-};
+} as const satisfies Readonly<Record<Role, { database: boolean; kafka: boolean }>>;
 
 const schema = z
   .object({
@@ -228,6 +228,32 @@ const schema = z
 
 export type RuntimeConfig = z.infer<typeof schema>;
 
+/** The settings every role may read; the connections and the activity are per role (below). */
+type SharedConfig = Omit<RuntimeConfig, 'DATABASE_URL' | 'KAFKA_BROKERS' | 'ACTIVITY_ID'>;
+type NeedsOf<R extends Role> = (typeof ROLE_NEEDS)[R];
+
+/**
+ * One role's configuration, derived from ROLE_NEEDS: a role that needs no database has no
+ * DATABASE_URL in its type (nor in the object loadRuntimeConfig returns), one that needs no Kafka
+ * no KAFKA_BROKERS; the activity roles have an ACTIVITY_ID, the platform-level after-sale role none.
+ * `all` has everything, so its configuration is also every other role's.
+ */
+export type RoleConfig<R extends Role> = SharedConfig &
+  (NeedsOf<R>['database'] extends true ? { DATABASE_URL: string } : unknown) &
+  (NeedsOf<R>['kafka'] extends true ? { KAFKA_BROKERS: string[] } : unknown) &
+  (R extends 'after-sale'
+    ? unknown
+    : R extends 'api'
+      ? { ACTIVITY_ID?: string | undefined }
+      : { ACTIVITY_ID: string });
+
+export type ApiConfig = RoleConfig<'api'>;
+export type RelayConfig = RoleConfig<'relay'>;
+export type ConsumerConfig = RoleConfig<'consumer'>;
+export type JobsConfig = RoleConfig<'jobs'>;
+export type AfterSaleConfig = RoleConfig<'after-sale'>;
+export type AllConfig = RoleConfig<'all'>;
+
 /** API_TRUST_PROXY as express' `trust proxy` value. */
 export function trustProxySetting(value: string): boolean | number | string[] {
   const v = value.trim();
@@ -239,7 +265,10 @@ export function trustProxySetting(value: string): boolean | number | string[] {
     .filter(Boolean);
 }
 
-export function loadRuntimeConfig(role: Role, source: NodeJS.ProcessEnv = process.env): RuntimeConfig {
+export function loadRuntimeConfig<R extends Role>(
+  role: R,
+  source: NodeJS.ProcessEnv = process.env,
+): RoleConfig<R> {
   const cfg = readConfig(schema, source);
   if (role === 'after-sale' && cfg.ACTIVITY_ID) {
     throw new Error(
@@ -268,5 +297,12 @@ export function loadRuntimeConfig(role: Role, source: NodeJS.ProcessEnv = proces
   }
   // Validated here so that a bad Kafka security setting stops the start with its variable named.
   kafkaSecurityFromEnv(source);
-  return cfg;
+  // The role's slice: what it does not need is not handed to it, even when the environment has it.
+  const { DATABASE_URL, KAFKA_BROKERS, ACTIVITY_ID, ...shared } = cfg;
+  return {
+    ...shared,
+    ...(needs.database ? { DATABASE_URL } : {}),
+    ...(needs.kafka ? { KAFKA_BROKERS } : {}),
+    ...(role === 'after-sale' ? {} : { ACTIVITY_ID }),
+  } as RoleConfig<R>;
 }

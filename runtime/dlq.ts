@@ -17,6 +17,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
 import type { IHeaders, Kafka } from 'kafkajs';
 import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
@@ -130,25 +131,34 @@ interface Args {
   limit: number;
 }
 
-function parseArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
-  const [command = '', ...rest] = argv;
+function readArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        activity: { type: 'string' },
+        limit: { type: 'string' },
+        all: { type: 'boolean' },
+        json: { type: 'boolean' },
+      },
+    });
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  const [command = '', ...refs] = parsed.positionals;
+  const { values } = parsed;
   const args: Args = {
     command,
-    activity: env.ACTIVITY_ID ?? '',
-    refs: [],
-    all: false,
-    json: false,
-    limit: 1000,
+    activity: values.activity ?? env.ACTIVITY_ID ?? '',
+    refs,
+    all: values.all ?? false,
+    json: values.json ?? false,
+    limit: values.limit === undefined ? 1000 : Number(values.limit),
   };
-  for (let i = 0; i < rest.length; i += 1) {
-    const a = rest[i]!;
-    if (a === '--activity') args.activity = rest[(i += 1)] ?? '';
-    else if (a === '--limit') args.limit = Number(rest[(i += 1)]);
-    else if (a === '--all') args.all = true;
-    else if (a === '--json') args.json = true;
-    else if (/^\d+:\d+$/.test(a)) args.refs.push(a);
-    else throw new UsageError(`unexpected argument ${a}`);
-  }
+  const odd = refs.find((r) => !/^\d+:\d+$/.test(r));
+  if (odd !== undefined) throw new UsageError(`unexpected argument ${odd}`);
   if (!['list', 'inspect', 'replay'].includes(command)) throw new UsageError('unknown command');
   if (!isSafeId(args.activity)) throw new UsageError('set --activity or ACTIVITY_ID to a valid activity id');
   if (!Number.isInteger(args.limit) || args.limit < 1)
@@ -169,7 +179,7 @@ export async function runDlqCli(
 ): Promise<number> {
   let args: Args;
   try {
-    args = parseArgs(argv, env);
+    args = readArgs(argv, env);
   } catch (err) {
     if (!(err instanceof UsageError)) throw err;
     process.stderr.write(`${err.message}\n${USAGE}\n`);

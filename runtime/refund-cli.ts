@@ -13,6 +13,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
 import { createPool } from '../core/db/pool.js';
 import { listRefunds, reopenRefund } from '../core/db/refunds-store.js';
 import type { RefundState } from '../core/db/refunds-store.js';
@@ -40,34 +41,37 @@ interface Args {
   json: boolean;
 }
 
-function parseArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
-  const [command = '', ...rest] = argv;
+function readArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        reason: { type: 'string' },
+        by: { type: 'string' },
+        activity: { type: 'string' },
+        state: { type: 'string' },
+        limit: { type: 'string' },
+        json: { type: 'boolean' },
+      },
+    });
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  const [command = '', target, ...extra] = parsed.positionals;
+  const { values } = parsed;
+  if (extra.length > 0) throw new UsageError(`unexpected argument ${extra[0]!}`);
   const args: Args = {
     command,
-    target: undefined,
-    reason: 'OPERATOR_REQUEST',
-    by: env.USER || 'operator',
-    activity: undefined,
-    state: undefined,
-    limit: 100,
-    json: false,
+    target,
+    reason: values.reason ?? 'OPERATOR_REQUEST',
+    by: values.by ?? (env.USER || 'operator'),
+    activity: values.activity,
+    state: values.state as RefundState | undefined,
+    limit: values.limit === undefined ? 100 : Number(values.limit),
+    json: values.json ?? false,
   };
-  for (let i = 0; i < rest.length; i += 1) {
-    const a = rest[i]!;
-    const value = (): string => {
-      const v = rest[(i += 1)];
-      if (v === undefined) throw new UsageError(`${a} needs a value`);
-      return v;
-    };
-    if (a === '--reason') args.reason = value();
-    else if (a === '--by') args.by = value();
-    else if (a === '--activity') args.activity = value();
-    else if (a === '--state') args.state = value() as RefundState;
-    else if (a === '--limit') args.limit = Number(value());
-    else if (a === '--json') args.json = true;
-    else if (!a.startsWith('--') && args.target === undefined) args.target = a;
-    else throw new UsageError(`unexpected argument ${a}`);
-  }
   if (!['request', 'list', 'retry'].includes(command)) throw new UsageError('unknown command');
   if (command === 'request' && !/^[1-9]\d{0,18}$/.test(args.target ?? '')) {
     throw new UsageError('request takes an order id (digits)');
@@ -98,7 +102,7 @@ export async function runRefundCli(
 ): Promise<number> {
   let args: Args;
   try {
-    args = parseArgs(argv, env);
+    args = readArgs(argv, env);
   } catch (e) {
     if (!(e instanceof UsageError)) throw e;
     err(`${e.message}\n${USAGE}\n`);

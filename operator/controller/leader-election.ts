@@ -10,6 +10,7 @@
  * A process restarted with the same identity (a container restart in the same pod) takes its own
  * Lease back immediately.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { CoordinationV1Api, V1Lease } from '@kubernetes/client-node';
 import type { Logger } from '../../core/logger.js';
 
@@ -60,11 +61,6 @@ export function blockingReason(err: unknown, namespace: string, name: string): s
     return `the Lease namespace ${namespace} does not exist (create it, or set LEASE_NAMESPACE)`;
   return undefined;
 }
-
-const sleep = (ms: number): Promise<void> =>
-  new Promise((resolve) => {
-    setTimeout(resolve, ms).unref?.();
-  });
 
 export class LeaderElector {
   private leading = false;
@@ -140,7 +136,8 @@ export class LeaderElector {
           return;
         }
       }
-      await sleep(this.options.retryPeriodMs);
+      // Unreferenced: a candidate waiting for its next try never keeps the process alive.
+      await sleep(this.options.retryPeriodMs, undefined, { ref: false });
     }
   }
 

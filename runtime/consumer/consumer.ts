@@ -24,7 +24,6 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Consumer, EachBatchPayload, KafkaMessage, Producer } from 'kafkajs';
-import { z } from 'zod';
 import { recordResults } from '../../core/activity-cache.js';
 import type { StoredResult } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
@@ -37,26 +36,12 @@ import { isTransientDbError } from '../../core/db/pool.js';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
-import type { OrderMessage } from '../../core/model.js';
+import { orderMessageSchema } from '../../core/order-message.js';
+import type { OrderMessage } from '../../core/order-message.js';
 import { release, reservationIdFor } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
 import { StockGuard } from '../../core/stock-guard.js';
 import type { GuardedOrder } from '../../core/stock-guard.js';
-
-const orderMessage = z.object({
-  reservationId: z.string().min(1).max(64),
-  activityId: z.string().min(1).max(63),
-  // The alphabet the api accepts for a buyer id (runtime/api/auth.ts).
-  userId: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$/),
-  skuId: z.string().min(1).max(63),
-  quantity: z.number().int().min(1).max(1_000_000),
-  slot: z.number().int().min(1).max(32_767),
-  unitPrice: z.string().regex(/^\d{1,12}(\.\d{1,2})?$/),
-  itemName: z.string().min(1),
-  reservedAt: z.number().int().positive(),
-  traceId: z.string(),
-  requestId: z.string(),
-});
 
 export interface ConsumerOptions {
   activityId: string;
@@ -227,7 +212,7 @@ export class OrderConsumer {
   private parse(message: KafkaMessage): Parsed {
     try {
       const raw: unknown = JSON.parse(message.value?.toString('utf8') ?? '');
-      const r = orderMessage.safeParse(raw);
+      const r = orderMessageSchema.safeParse(raw);
       if (!r.success) return { message, error: `invalid order message: ${r.error.issues[0]?.message ?? ''}` };
       if (r.data.activityId !== this.options.activityId)
         return { message, error: 'message of another activity' };

@@ -1,9 +1,9 @@
 /**
  * Schedules the after-sale jobs of one activity with node-cron (noOverlap: a run never starts
- * while the previous one is still going): the payment-timeout sweeper, order-gap repair and
- * reconciliation. Runs in the roles that run jobs (see main.ts). Every replica may run them:
- * the sweeper's SKIP LOCKED batches, the conditional settlement and the bounded re-publication
- * claims make concurrent runs safe.
+ * while the previous one is still going): the payment-timeout sweeper, order-gap repair and the
+ * stock audit (stock-audit.ts). Runs in the roles that run jobs (runtime/roles/jobs.ts). Every
+ * replica may run them: the sweeper's SKIP LOCKED batches, the conditional settlement and the
+ * bounded re-publication claims make concurrent runs safe.
  */
 import type { Producer } from 'kafkajs';
 import cron from 'node-cron';
@@ -15,7 +15,7 @@ import { activitiesWithAfterSaleWork } from '../../core/db/orders-store.js';
 import { checkOrderGap } from './gauges.js';
 import { repairOrderGap } from './gap-repair.js';
 import { sweepExpiredOrders } from './payment-timeout.js';
-import { reconcileActivity } from './reconciliation.js';
+import { auditStock } from './stock-audit.js';
 
 export interface AfterSaleJobsConfig {
   PAYMENT_TIMEOUT_SECONDS: number;
@@ -77,7 +77,8 @@ export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promi
     ),
     cron.schedule(
       cfg.RECONCILIATION_CRON,
-      job('reconciliation', () => reconcileActivity({ ...base, activityId })),
+      // The job label stays `reconciliation`: it is a series of flashsale_job_runs_total.
+      job('reconciliation', () => auditStock({ ...base, activityId })),
       { name: `reconciliation-${activityId}`, noOverlap: true },
     ),
   ];

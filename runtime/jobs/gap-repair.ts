@@ -15,7 +15,7 @@ import { appendJournal } from '../../core/db/journal-store.js';
 import { claimRepublish, recordGapAction } from '../../core/db/gap-repairs-store.js';
 import { findLiveSlotHolder } from '../../core/db/orders-store.js';
 import { activityKeys } from '../../core/keys.js';
-import type { OrderMessage } from '../../core/model.js';
+import { isValidOrderMessage } from '../../core/order-message.js';
 import { closeInFlight, settleStock } from '../../core/order-lifecycle.js';
 import type { LifecycleDeps } from '../../core/order-lifecycle.js';
 import { orderMessageOf, readReservation, release } from '../../core/reservations.js';
@@ -35,22 +35,6 @@ export interface GapRepairReport {
   waiting: string[];
   skipped: string[];
   failed: string[];
-}
-
-/** Whether a ledger entry can form an order the consumer accepts (mirrors its message schema). */
-export function isInsertable(m: OrderMessage): boolean {
-  return (
-    m.userId.length > 0 &&
-    m.skuId.length > 0 &&
-    Number.isInteger(m.quantity) &&
-    m.quantity >= 1 &&
-    Number.isInteger(m.slot) &&
-    m.slot >= 1 &&
-    /^\d{1,12}(\.\d{1,2})?$/.test(m.unitPrice) &&
-    m.itemName.length > 0 &&
-    Number.isInteger(m.reservedAt) &&
-    m.reservedAt > 0
-  );
 }
 
 export async function repairOrderGap(d: GapRepairDeps, missing: string[]): Promise<GapRepairReport> {
@@ -112,8 +96,8 @@ async function repairOne(
     return;
   }
   const message = orderMessageOf(a, rsv);
-  if (!isInsertable(message)) {
-    // Cannot become an order: nothing to close in PostgreSQL, only the stock to give back.
+  if (!isValidOrderMessage(message)) {
+    // The consumer would refuse it (core/order-message.ts), so it cannot become an order: nothing to close in PostgreSQL, only the stock to give back.
     await release(d.redis, {
       activityId: a,
       reservationId: rid,

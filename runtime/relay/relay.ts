@@ -13,14 +13,15 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { hostname } from 'node:os';
-import type { Producer } from 'kafkajs';
+import type { Message, Producer } from 'kafkajs';
 import { CompressionTypes } from 'kafkajs';
 import { readOutbox } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
 import { activityKeys } from '../../core/keys.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
-import type { OrderMessage } from '../../core/model.js';
+import { OUTBOX_FIELDS } from '../../core/order-message.js';
+import type { OrderMessage } from '../../core/order-message.js';
 import type { RedisClient } from '../../core/scripts.js';
 
 export const RELAY_GROUP = 'relay';
@@ -41,6 +42,37 @@ export interface RelayOptions {
 }
 
 type StreamEntry = [id: string, fields: string[]];
+
+/**
+ * One outbox entry as the Kafka message the relay produces: the value is the entry's JSON message
+ * byte for byte, the key (buyer id) and headers come from the entry's own fields. Only an entry
+ * written before reserve-8.lua wrote those fields (a sale in flight across an upgrade) is parsed
+ * for them. Exported for tests.
+ */
+export function kafkaMessageOf(fields: string[]): Message {
+  const entry = new Map<string, string>();
+  for (let i = 0; i + 1 < fields.length; i += 2) entry.set(fields[i]!, fields[i + 1]!);
+  const value = entry.get(OUTBOX_FIELDS.message) ?? '{}';
+  let key = entry.get(OUTBOX_FIELDS.key);
+  let traceId = entry.get(OUTBOX_FIELDS.traceId);
+  let reservationId = entry.get(OUTBOX_FIELDS.reservationId);
+  if (key === undefined || traceId === undefined) {
+    let parsed: Partial<OrderMessage> = {};
+    try {
+      parsed = JSON.parse(value) as Partial<OrderMessage>;
+    } catch {
+      // Published as it is: the consumer sends what it cannot parse to the DLQ.
+    }
+    key = parsed.userId;
+    traceId = parsed.traceId;
+    reservationId ??= parsed.reservationId;
+  }
+  return {
+    key: key ?? null,
+    value,
+    headers: { 'trace-id': traceId ?? '', 'reservation-id': reservationId ?? '' },
+  };
+}
 
 export class Relay {
   private running = false;
@@ -172,23 +204,7 @@ export class Relay {
   }
 
   private async publish(entries: StreamEntry[], reclaimed: boolean): Promise<void> {
-    const messages = entries.map(([, fields]) => {
-      const m = fields[fields.indexOf('m') + 1] ?? '{}';
-      let parsed: Partial<OrderMessage> = {};
-      try {
-        parsed = JSON.parse(m) as Partial<OrderMessage>;
-      } catch {
-        // Published as it is: the consumer sends what it cannot parse to the DLQ.
-      }
-      return {
-        key: parsed.userId ?? null,
-        value: m,
-        headers: {
-          'trace-id': parsed.traceId ?? '',
-          'reservation-id': parsed.reservationId ?? '',
-        },
-      };
-    });
+    const messages = entries.map(([, fields]) => kafkaMessageOf(fields));
     crashPoint('relay-before-kafka-send');
     const producer = this.producer;
     if (!producer) throw new Error('no kafka producer');

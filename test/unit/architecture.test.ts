@@ -75,6 +75,53 @@ describe('architecture invariants (ARCHITECTURE.md)', () => {
     expect(bad).toEqual([]);
   });
 
+  test('roles are started only by the composition root (runtime/main.ts and runtime/roles/)', () => {
+    // Each start function wires the code of its own role only (plus payments where it serves or
+    // refunds them); roles/index.ts composes them, roles/process.ts is what every role shares.
+    const wires: Record<string, readonly string[]> = {
+      'runtime/roles/api.ts': ['api', 'payments'],
+      'runtime/roles/relay.ts': ['relay'],
+      'runtime/roles/consumer.ts': ['consumer'],
+      'runtime/roles/jobs.ts': ['jobs', 'payments'],
+      'runtime/roles/after-sale.ts': ['jobs', 'payments'],
+      'runtime/roles/process.ts': [],
+      'runtime/roles/index.ts': [],
+    };
+    expect(tsFiles('runtime/roles')).toEqual(Object.keys(wires).sort());
+    const bad: string[] = [];
+    for (const [f, own] of Object.entries(wires)) {
+      for (const s of imports(f)) {
+        const role = ROLES.find((r) => s.startsWith(`runtime/${r}/`));
+        if (role && !own.includes(role)) bad.push(`${f} imports ${s} (${role})`);
+      }
+    }
+    for (const role of ROLES) {
+      for (const f of tsFiles(`runtime/${role}`)) {
+        for (const s of imports(f))
+          if (s.startsWith('runtime/roles/') || s === 'runtime/main.ts') bad.push(`${f} imports ${s}`);
+      }
+    }
+    expect(bad).toEqual([]);
+  });
+
+  test('the order message is defined once (core/order-message.ts)', () => {
+    // Its type, its schema's rules and the names of the fields reserve-8.lua writes are stated
+    // there only; everything else derives from it (ARCHITECTURE.md, core/).
+    const restated = [
+      /\binterface\s+(OrderMessage|ReservationRecord)\b/,
+      /z\s*\.\s*object\(\{[^}]*\breservationId\s*:/,
+      // The price rule of the schema, as a hand-written check would copy it.
+      /\\d\{1,12\}\(\\\.\\d\{1,2\}\)\?/,
+      // Reservation hash and outbox entry fields read by name.
+      /['"](qty|req|rid)['"]|\.(qty|req)\b/,
+    ];
+    const bad = PRODUCTION.filter((f) => f !== 'core/order-message.ts').flatMap((f) =>
+      restated.filter((re) => re.test(code(f))).map((re) => `${f} matches ${re}`),
+    );
+    expect(bad).toEqual([]);
+    expect(restated.every((re) => re.test(source('core/order-message.ts')) || re === restated[0])).toBe(true);
+  });
+
   test('the operator never imports runtime/', () => {
     const bad = tsFiles('operator').flatMap((f) =>
       imports(f)

@@ -6,7 +6,7 @@ import { journalFor } from '../../../core/db/journal-store.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readReservation } from '../../../core/reservations.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
-import { reconcileActivity } from '../../../runtime/jobs/reconciliation.js';
+import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import {
   TIMEOUT_MS,
   counters,
@@ -140,7 +140,7 @@ describe('close versus pay (failure window 7)', () => {
       expect(c.reserved).toBe(ORDERS);
       expect(c.released).toBe(closed);
       expect(await skuStock(f.redis, activityId, skuId)).toBe(initial - paid);
-      const rec = await reconcileActivity({ ...f.deps, activityId, remeasureDelayMs: 50 });
+      const rec = await auditStock({ ...f.deps, activityId, remeasureDelayMs: 50 });
       expect(rec.mismatches).toEqual([]);
       process.stdout.write(
         `close-vs-pay: ${paid} paid, ${closed} closed (sweeper A ${closedA}, B ${closedB})\n`,

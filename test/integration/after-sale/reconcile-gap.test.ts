@@ -16,7 +16,7 @@ import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { checkOrderGap } from '../../../runtime/jobs/gauges.js';
 import { repairOrderGap } from '../../../runtime/jobs/gap-repair.js';
 import type { GapRepairDeps } from '../../../runtime/jobs/gap-repair.js';
-import { reconcileActivity } from '../../../runtime/jobs/reconciliation.js';
+import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import { testEnv, uniqueId } from '../../helpers/env.js';
 import {
   TIMEOUT_MS,
@@ -45,8 +45,7 @@ describe('reconciliation', () => {
     await f?.close();
   }, TIMEOUT_MS);
 
-  const reconcile = (activityId: string) =>
-    reconcileActivity({ ...f.deps, activityId, remeasureDelayMs: 20 });
+  const reconcile = (activityId: string) => auditStock({ ...f.deps, activityId, remeasureDelayMs: 20 });
   const mismatchGauge = async (activityId: string) =>
     (await f.metrics.reconciliationMismatch.get()).values.find((v) => v.labels.activity === activityId)
       ?.value;

@@ -8,7 +8,7 @@ import { findOrderById } from '../../../core/db/orders-store.js';
 import { paymentsForOrder } from '../../../core/db/payments-store.js';
 import { refundsForOrder } from '../../../core/db/refunds-store.js';
 import type { RefundRow } from '../../../core/db/refunds-store.js';
-import { reconcileActivity } from '../../../runtime/jobs/reconciliation.js';
+import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import { runRefundWorker } from '../../../runtime/jobs/refunds.js';
 import type { RefundWorkerDeps } from '../../../runtime/jobs/refunds.js';
 import { signNotification } from '../../../runtime/payments/hmac-provider.js';
@@ -529,7 +529,7 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
   it(
     'reconciliation agrees with every refund above, and flags a refund state without its refund',
     async () => {
-      const ok = await reconcileActivity({ ...f.deps, activityId, remeasureDelayMs: 20 });
+      const ok = await auditStock({ ...f.deps, activityId, remeasureDelayMs: 20 });
       expect(ok.mismatches).toEqual([]);
       expect(ok.figures).toMatchObject({ refundsSucceeded: expect.any(Number), refundsFailed: 0 });
       expect(Number(ok.figures.refundsSucceeded)).toBeGreaterThanOrEqual(5);
@@ -537,7 +537,7 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       const o = nextOrder();
       await pay(o.orderId);
       await f.pool.query(`UPDATE orders SET status = 'REFUNDED' WHERE id = $1`, [o.orderId]);
-      const bad = await reconcileActivity({ ...f.deps, activityId, remeasureDelayMs: 20 });
+      const bad = await auditStock({ ...f.deps, activityId, remeasureDelayMs: 20 });
       expect(bad.mismatches.map((m) => m.check)).toEqual(['order-refund-state-without-refund']);
     },
     TIMEOUT_MS,

@@ -1,6 +1,6 @@
 // A role's /readyz reports what it can do: the consumer answers 200 only as a member of its Kafka
 // consumer group (while it joins: 503 with `"consumer": "joining"`), with the state of each part in
-// `checks` (runtime/main.ts).
+// `checks` (runtime/roles/process.ts).
 import { request } from 'undici';
 import { startRole, setUpActivity } from '../../helpers/runtime.js';
 import type { RoleProcess } from '../../helpers/runtime.js';

@@ -1,7 +1,7 @@
-// The order state machine's shape and the order-gap repair's insertability rule.
+// The order state machine's shape and the order-gap repair's insertability rule (the consumer's message schema).
 import { ORDER_TRANSITIONS, PAID_STATUSES } from '../../../core/db/orders-store.js';
-import { isInsertable } from '../../../runtime/jobs/gap-repair.js';
-import type { OrderMessage } from '../../../core/model.js';
+import { isValidOrderMessage } from '../../../core/order-message.js';
+import type { OrderMessage } from '../../../core/order-message.js';
 
 describe('order state machine', () => {
   it('UNPAID -> PAID | CLOSED; PAID -> REFUNDING -> REFUNDED; nothing leaves CLOSED or REFUNDED', () => {
@@ -31,7 +31,7 @@ describe('order-gap repair: insertable ledger entries', () => {
     requestId: 'q',
   };
   it('accepts a complete entry and refuses broken ones', () => {
-    expect(isInsertable(good)).toBe(true);
+    expect(isValidOrderMessage(good)).toBe(true);
     for (const bad of [
       { quantity: 0 },
       { slot: 0 },
@@ -41,7 +41,7 @@ describe('order-gap repair: insertable ledger entries', () => {
       { userId: '' },
       { reservedAt: 0 },
     ]) {
-      expect([bad, isInsertable({ ...good, ...bad })]).toEqual([bad, false]);
+      expect([bad, isValidOrderMessage({ ...good, ...bad })]).toEqual([bad, false]);
     }
   });
 });

@@ -1,4 +1,5 @@
 import { loadRuntimeConfig } from '../../../runtime/config.js';
+import type { AllConfig, ApiConfig, RelayConfig } from '../../../runtime/config.js';
 
 const base = {
   DATABASE_URL: 'postgres://u:secret@127.0.0.1:5432/db',
@@ -9,7 +10,7 @@ const base = {
 
 describe('runtime configuration', () => {
   test('defaults are applied and lists are parsed', () => {
-    const c = loadRuntimeConfig('api', base);
+    const c = loadRuntimeConfig('relay', { ...base, ACTIVITY_ID: 'a1' });
     expect(c.KAFKA_BROKERS).toEqual(['127.0.0.1:9092', '127.0.0.1:9093']);
     expect(c.HTTP_PORT).toBe(8080);
     expect(c.PAYMENT_TIMEOUT_SECONDS).toBe(900);
@@ -31,8 +32,8 @@ describe('runtime configuration', () => {
     const { DATABASE_URL: _d, ...noDatabase } = { ...base, ACTIVITY_ID: 'a1' };
     const { KAFKA_BROKERS: _b, ...noKafka } = { ...base, ACTIVITY_ID: 'a1' };
     // The relay never reads the database; the api never talks to Kafka.
-    expect(loadRuntimeConfig('relay', noDatabase).DATABASE_URL).toBeUndefined();
-    expect(loadRuntimeConfig('api', noKafka).KAFKA_BROKERS).toEqual([]);
+    expect(loadRuntimeConfig('relay', noDatabase)).not.toHaveProperty('DATABASE_URL');
+    expect(loadRuntimeConfig('api', noKafka)).not.toHaveProperty('KAFKA_BROKERS');
     for (const role of ['api', 'consumer', 'jobs', 'all'] as const)
       expect(() => loadRuntimeConfig(role, noDatabase)).toThrow(
         `DATABASE_URL: required for the ${role} role`,
@@ -44,6 +45,29 @@ describe('runtime configuration', () => {
       expect(() => loadRuntimeConfig(role, noKafka)).toThrow(
         `KAFKA_BROKERS: at least one broker, for the ${role} role`,
       );
+  });
+
+  test("a role's configuration is its slice: what it does not need is not handed to it", () => {
+    const env = { ...base, ACTIVITY_ID: 'a1' };
+    // Set in the environment (a shared Secret, a developer's shell), still not in the slice.
+    expect(loadRuntimeConfig('relay', env)).not.toHaveProperty('DATABASE_URL');
+    expect(loadRuntimeConfig('api', env)).not.toHaveProperty('KAFKA_BROKERS');
+    expect(loadRuntimeConfig('all', env)).toMatchObject({
+      DATABASE_URL: base.DATABASE_URL,
+      KAFKA_BROKERS: ['127.0.0.1:9092', '127.0.0.1:9093'],
+      ACTIVITY_ID: 'a1',
+    });
+    // The types say the same (checked by tsc over the tests): no database URL in a relay's
+    // configuration, no Kafka in the api's; `all` configures every role.
+    const relay: RelayConfig = loadRuntimeConfig('relay', env);
+    const api: ApiConfig = loadRuntimeConfig('api', env);
+    // @ts-expect-error -- the relay's configuration has no DATABASE_URL
+    expect(relay.DATABASE_URL).toBeUndefined();
+    // @ts-expect-error -- the api's configuration has no KAFKA_BROKERS
+    expect(api.KAFKA_BROKERS).toBeUndefined();
+    const all: AllConfig = loadRuntimeConfig('all', env);
+    const asRelay: RelayConfig = all;
+    expect(asRelay.ACTIVITY_ID).toBe('a1');
   });
 
   test('roles that serve one activity require it; the api requires a token key', () => {
@@ -69,7 +93,7 @@ describe('runtime configuration', () => {
   });
 
   test('the after-sale role serves every activity: no ACTIVITY_ID, a token key required', () => {
-    expect(loadRuntimeConfig('after-sale', base).ACTIVITY_ID).toBeUndefined();
+    expect(loadRuntimeConfig('after-sale', base)).not.toHaveProperty('ACTIVITY_ID');
     expect(() => loadRuntimeConfig('after-sale', { ...base, ACTIVITY_ID: 'a1' })).toThrow(
       /ACTIVITY_ID: the after-sale role serves every activity/,
     );

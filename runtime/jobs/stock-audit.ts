@@ -1,5 +1,6 @@
 /**
- * Reconciliation (docs/sources seed 003): compares the Redis counters, the reservation ledger and PostgreSQL
+ * The stock audit (docs/sources seed 003's reconciliation; not the operator's reconcile loop in
+ * operator/reconcile/): compares the Redis counters, the reservation ledger and PostgreSQL
  * for one activity, writes a report row, sets flashsale_reconciliation_mismatch{activity} (failed
  * checks) and flashsale_reconciliation_stock_delta{activity}, and logs one clear error line per
  * mismatching run.
@@ -32,7 +33,7 @@ import type { Metrics } from '../../core/metrics.js';
 import { readReservation } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
 
-export interface ReconcileDeps {
+export interface StockAuditDeps {
   activityId: string;
   redis: RedisClient;
   pool: Pool;
@@ -44,7 +45,7 @@ export interface ReconcileDeps {
   remeasureDelayMs?: number;
 }
 
-export interface ReconcileResult {
+export interface StockAuditResult {
   reportId: string;
   basis: ReconciliationBasis;
   ok: boolean;
@@ -59,7 +60,7 @@ interface Measurement {
   stockDelta: number;
 }
 
-async function measure(d: ReconcileDeps): Promise<Measurement> {
+async function measure(d: StockAuditDeps): Promise<Measurement> {
   const a = d.activityId;
   const [meta, wb] = await Promise.all([readMeta(d.redis, a), readWriteBack(d.pool, a)]);
   if (!meta && !wb)
@@ -166,7 +167,7 @@ async function measure(d: ReconcileDeps): Promise<Measurement> {
   return { basis, mismatches, figures, stockDelta: held - accounted };
 }
 
-export async function reconcileActivity(d: ReconcileDeps): Promise<ReconcileResult> {
+export async function auditStock(d: StockAuditDeps): Promise<StockAuditResult> {
   const a = d.activityId;
   let m = await measure(d);
   if (m.mismatches.length > 0) {

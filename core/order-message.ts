@@ -1,0 +1,109 @@
+/**
+ * The order message (the half message), defined once. reserve-8.lua writes it twice in the same
+ * step: as the reservation hash (short field names, the ledger entry that gap repair and the after
+ * order paths read back) and as the outbox stream entry (the JSON message, plus the Kafka key and
+ * headers as separate fields so that the relay forwards the entry without parsing it). The type,
+ * the consumer's validation, the gap repair's check and the reservation record all derive from the
+ * schema below; test/integration/invariants/order-message.test.ts checks that what the script
+ * writes is exactly what this file knows.
+ */
+import { z } from 'zod';
+
+/** States of a reservation hash (its `state` field). */
+export type ReservationState = 'RESERVED' | 'RELEASED' | 'CANCELLED' | 'PAID';
+
+/**
+ * What the consumer accepts. Nothing arriving on Kafka is trusted (ARCHITECTURE.md): the bounds
+ * below are the shape only; the consumer checks the content against the activity's items.
+ */
+export const orderMessageSchema = z.object({
+  reservationId: z.string().min(1).max(64),
+  activityId: z.string().min(1).max(63),
+  // The alphabet the api accepts for a buyer id (runtime/api/auth.ts).
+  userId: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$/),
+  skuId: z.string().min(1).max(63),
+  quantity: z.number().int().min(1).max(1_000_000),
+  slot: z.number().int().min(1).max(32_767),
+  unitPrice: z.string().regex(/^\d{1,12}(\.\d{1,2})?$/),
+  itemName: z.string().min(1),
+  reservedAt: z.number().int().positive(),
+  traceId: z.string(),
+  requestId: z.string(),
+});
+
+/** The half message: the outbox entry written by reserve-8.lua, relayed to Kafka verbatim. */
+export type OrderMessage = z.infer<typeof orderMessageSchema>;
+
+/** Whether a message (e.g. rebuilt from a ledger entry) is one the consumer would accept. */
+export function isValidOrderMessage(m: unknown): m is OrderMessage {
+  return orderMessageSchema.safeParse(m).success;
+}
+
+type LedgerField = Exclude<keyof OrderMessage, 'reservationId' | 'activityId'>;
+
+/**
+ * The reservation hash's field for each message field (reserve-8.lua's HSET). The key is the
+ * hash's own key (reservation id) and the activity is in its hash tag, so those two are not
+ * stored. `satisfies` makes a schema field without a hash field (or the reverse) a compile error.
+ */
+export const RESERVATION_HASH_FIELDS = {
+  userId: 'user',
+  skuId: 'sku',
+  quantity: 'qty',
+  slot: 'slot',
+  unitPrice: 'price',
+  itemName: 'name',
+  reservedAt: 'ts',
+  traceId: 'trace',
+  requestId: 'req',
+} as const satisfies Record<LedgerField, string>;
+
+/**
+ * Fields the lifecycle scripts add to a reservation hash besides the message: its state, and when
+ * and why it was released or cancelled (release-6.lua, cancelBeforeReserve-3.lua) or taken back
+ * (reclaimPaid-5.lua).
+ */
+export const RESERVATION_STATE_FIELDS = ['state', 'releasedAt', 'reason', 'reclaimedAt'] as const;
+
+/**
+ * A reservation as read back from its hash: the message's fields (but the activity, implied by
+ * the key) and its state. A cancel marker has only `state` and `userId`; the other fields are
+ * empty then, which `isValidOrderMessage` refuses.
+ */
+export type ReservationRecord = Omit<OrderMessage, 'activityId'> & { state: ReservationState };
+
+const numeric = (field: LedgerField): boolean => orderMessageSchema.shape[field] instanceof z.ZodNumber;
+
+/** A reservation hash (HGETALL) as a record; undefined when there is no reservation. */
+export function reservationRecordOf(
+  reservationId: string,
+  hash: Record<string, string>,
+): ReservationRecord | undefined {
+  if (!hash.state) return undefined;
+  const record: Record<string, string | number> = { reservationId, state: hash.state };
+  for (const [field, hashField] of Object.entries(RESERVATION_HASH_FIELDS) as [LedgerField, string][]) {
+    const v = hash[hashField];
+    record[field] = numeric(field) ? Number(v ?? 0) : (v ?? '');
+  }
+  return record as ReservationRecord;
+}
+
+/** Rebuilds the half message of a reservation from its ledger entry (order-gap repair). */
+export function orderMessageOf(activityId: string, r: ReservationRecord): OrderMessage {
+  const { state: _state, reservationId, ...rest } = r;
+  return { reservationId, activityId, ...rest };
+}
+
+/**
+ * The fields of an outbox stream entry (reserve-8.lua's XADD). `key` and `trace` repeat the
+ * message's buyer and trace id so that the relay builds the Kafka message from the fields alone;
+ * entries written before they existed carry only `rid` and `m` (the relay parses `m` for those).
+ */
+export const OUTBOX_FIELDS = {
+  reservationId: 'rid',
+  /** The Kafka partition key: the buyer id (one buyer's messages in order on one partition). */
+  key: 'key',
+  traceId: 'trace',
+  /** The order message as JSON: the Kafka message's value, byte for byte. */
+  message: 'm',
+} as const;

@@ -1,0 +1,33 @@
+/**
+ * The after-sale role's own part (beside the buyer API of every activity, roles/api.ts): the
+ * settlement sweeper over every activity with due orders, and refunds and order events of every
+ * activity, for as long as orders live: an activity's own jobs stop when its runtime is scaled to
+ * zero at Completed (docs/after-sale.md "The after-sale tier").
+ */
+import type { AfterSaleConfig } from '../config.js';
+import { scheduleSettlementSweeper } from '../jobs/after-sale.js';
+import { startMoneyJobs } from '../jobs/money.js';
+import { providersFromEnv } from '../payments/hmac-provider.js';
+import type { Closer, DatabaseClient, KafkaClient, RoleContext } from './process.js';
+
+export async function startAfterSaleWork(
+  ctx: RoleContext,
+  cfg: AfterSaleConfig,
+  { pool, kafka }: DatabaseClient & KafkaClient,
+): Promise<Closer[]> {
+  const { logger, metrics, redis } = ctx;
+  const sweeper = scheduleSettlementSweeper({ cfg, redis, pool, logger, metrics });
+  const money = await startMoneyJobs({
+    cfg,
+    activityId: undefined,
+    pool,
+    logger,
+    metrics,
+    kafka,
+    providers: providersFromEnv(cfg),
+  });
+  return [
+    { stage: 'jobs', name: 'money jobs', close: () => money.stop() },
+    { stage: 'jobs', name: 'settlement sweeper', close: () => sweeper.stop() },
+  ];
+}

@@ -1,0 +1,117 @@
+/**
+ * The api role's parts: the buyer API of one activity (ACTIVITY_ID) or of every activity (no
+ * ACTIVITY_ID, as in the after-sale role), with the sold-out flags kept fresh by the restock
+ * subscriber, the reservation acknowledgement (RESERVE_ACK), admission control and the payment
+ * notification routes. Returns the express app; the caller serves it (roles/process.ts serveHttp).
+ */
+import type { Express } from 'express';
+import { connectedReplicas, localAck, ReplicaAck } from '../../core/durable-ack.js';
+import { activityKeys, activityOfRestockChannel, RESTOCK_CHANNEL_PATTERN } from '../../core/keys.js';
+import { usesSentinel } from '../../core/redis.js';
+import { AdmissionControl } from '../api/admission.js';
+import { createApiApp } from '../api/app.js';
+import { cancelRouter } from '../api/cancel-routes.js';
+import { PolicyCache } from '../api/policy-cache.js';
+import { refundRouter } from '../api/refund-routes.js';
+import { SoldOutFlags } from '../api/sold-out.js';
+import { trustProxySetting } from '../config.js';
+import type { ApiConfig } from '../config.js';
+import { providersFromEnv } from '../payments/hmac-provider.js';
+import { refundNotificationsRouter } from '../payments/refund-routes.js';
+import { paymentsRouter } from '../payments/routes.js';
+import type { Closer, DatabaseClient, RoleContext } from './process.js';
+
+export async function startApi(
+  ctx: RoleContext,
+  cfg: ApiConfig,
+  { pool }: DatabaseClient,
+): Promise<{ app: Express; closers: Closer[] }> {
+  const { logger, metrics, redis } = ctx;
+  const activityId = cfg.ACTIVITY_ID;
+  const closers: Closer[] = [];
+
+  const soldOut = new SoldOutFlags(cfg.SOLD_OUT_RECHECK_MS);
+  const sub = ctx.connectRedis('restock-subscriber');
+  sub.on('pmessage', (_p: string, channel: string, sku: string) => {
+    const a = activityOfRestockChannel(channel);
+    if (a) soldOut.restocked(a, sku);
+  });
+  sub.on('message', (channel: string, sku: string) => {
+    const a = activityOfRestockChannel(channel);
+    if (a) soldOut.restocked(a, sku);
+  });
+  if (activityId) await sub.subscribe(activityKeys(activityId).restockChannel);
+  else await sub.psubscribe(RESTOCK_CHANNEL_PATTERN);
+  closers.push({ stage: 'clients', name: 'restock subscriber', close: () => sub.quit() });
+
+  // RESERVE_ACK unset: wait for a replica whenever there is one to fail over to.
+  const ackMode =
+    cfg.RESERVE_ACK ??
+    (usesSentinel(ctx.redisConnection) || (await connectedReplicas(redis)) > 0 ? 'replica' : 'local');
+  const reservationAck =
+    ackMode === 'replica'
+      ? new ReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
+      : localAck;
+  logger.info(
+    { reserveAck: ackMode, replicas: cfg.RESERVE_ACK_REPLICAS, timeoutMs: cfg.RESERVE_ACK_TIMEOUT_MS },
+    'reservation acknowledgement',
+  );
+
+  const admission = new AdmissionControl({
+    metrics,
+    maxInFlight: cfg.API_MAX_IN_FLIGHT,
+    maxEventLoopDelayMs: cfg.API_MAX_EVENT_LOOP_DELAY_MS,
+    sampleIntervalMs: cfg.API_EVENT_LOOP_SAMPLE_MS,
+    retryAfterSeconds: cfg.API_SHED_RETRY_AFTER_SECONDS,
+  }).start();
+  // After the service port: requests still in flight keep being counted until they are answered.
+  closers.push({ stage: 'http', name: 'admission control', close: async () => admission.stop() });
+
+  const providers = providersFromEnv(cfg);
+  const app = await createApiApp({
+    reservationAck,
+    metrics,
+    ready: () => ctx.readiness.check(),
+    admission,
+    shedding: () => admission.shedding(),
+    trustProxy: trustProxySetting(cfg.API_TRUST_PROXY),
+    policies: new PolicyCache(redis, cfg.API_POLICY_REFRESH_MS, logger),
+    redis,
+    pool,
+    soldOut,
+    activityId,
+    orderCodeTtlSeconds: cfg.ORDER_CODE_TTL_SECONDS,
+    auth: cfg,
+    bodyLimit: cfg.HTTP_BODY_LIMIT,
+    logger,
+    extraRouters: [
+      cancelRouter({
+        pool,
+        redis,
+        logger,
+        metrics,
+        paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+        activityId,
+        markers: {
+          graceSeconds: cfg.CANCEL_MARKER_GRACE_SECONDS,
+          maxPerBuyer: cfg.CANCEL_MARKERS_PER_BUYER,
+        },
+      }),
+      refundRouter({ pool, logger, metrics, activityId }),
+    ],
+    publicRouters: providers.length
+      ? [
+          paymentsRouter({
+            pool,
+            redis,
+            logger,
+            metrics,
+            providers,
+            paidTimeToleranceSeconds: cfg.PAYMENT_SIGNATURE_TOLERANCE_SECONDS,
+          }),
+          refundNotificationsRouter({ pool, logger, metrics, providers }),
+        ]
+      : [],
+  });
+  return { app, closers };
+}

@@ -1,0 +1,75 @@
+/**
+ * The jobs role's part (also run by the consumer role with JOBS_IN_CONSUMER): the gauges and
+ * order-gap check (node-cron, JOBS_GAUGE_CRON), the after-sale jobs of the activity (payment
+ * timeout, gap repair, stock audit) and its money jobs (refund worker, order-event relay). Every
+ * one is safe with several replicas (jobs/*.ts).
+ */
+import cron from 'node-cron';
+import { idempotentProducer, topicsFor } from '../../core/kafka.js';
+import type { JobsConfig } from '../config.js';
+import { scheduleAfterSaleJobs } from '../jobs/after-sale.js';
+import { sampleGauges } from '../jobs/gauges.js';
+import { startMoneyJobs } from '../jobs/money.js';
+import { providersFromEnv } from '../payments/hmac-provider.js';
+import type { Closer, DatabaseClient, KafkaClient, RoleContext } from './process.js';
+
+export async function startJobs(
+  ctx: RoleContext,
+  cfg: JobsConfig,
+  { pool, kafka }: DatabaseClient & KafkaClient,
+): Promise<Closer[]> {
+  const { logger, metrics, redis } = ctx;
+  const activityId = cfg.ACTIVITY_ID;
+  const topics = topicsFor(activityId, cfg.KAFKA_TOPIC_PREFIX);
+  const admin = kafka.admin();
+  await admin.connect();
+  const gauges = cron.schedule(
+    cfg.JOBS_GAUGE_CRON,
+    async () => {
+      try {
+        await sampleGauges({
+          activityId,
+          redis,
+          pool,
+          admin,
+          topics,
+          metrics,
+          gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
+        });
+        metrics.jobRuns.inc({ job: 'gauges', result: 'ok' });
+      } catch (err) {
+        metrics.jobRuns.inc({ job: 'gauges', result: 'error' });
+        logger.warn({ err: (err as Error).message }, 'gauge job failed');
+      }
+    },
+    { name: `gauges-${activityId}`, noOverlap: true },
+  );
+  const gapProducer = idempotentProducer(kafka);
+  await gapProducer.connect();
+  const afterSale = scheduleAfterSaleJobs({
+    cfg,
+    activityId,
+    topic: topics.orders,
+    redis,
+    pool,
+    logger,
+    metrics,
+    producer: gapProducer,
+  });
+  const money = await startMoneyJobs({
+    cfg,
+    activityId,
+    pool,
+    logger,
+    metrics,
+    kafka,
+    providers: providersFromEnv(cfg),
+  });
+  return [
+    { stage: 'jobs', name: 'money jobs', close: () => money.stop() },
+    { stage: 'jobs', name: 'gauges', close: async () => gauges.stop() },
+    { stage: 'jobs', name: 'after-sale jobs', close: () => afterSale.stop() },
+    { stage: 'jobs', name: 'gap repair producer', close: () => gapProducer.disconnect() },
+    { stage: 'jobs', name: 'jobs kafka admin', close: () => admin.disconnect() },
+  ];
+}

@@ -1,0 +1,55 @@
+/**
+ * The relay role's part: RELAY_CONCURRENCY relay loops over the activity's outbox, each a named
+ * stream consumer with its own blocking Redis connection and Kafka producer (relay/relay.ts).
+ * Expects the activity's topics to exist (roles/process.ts waitForActivityTopics).
+ */
+import { hostname } from 'node:os';
+import { idempotentProducer } from '../../core/kafka.js';
+import type { TopicNames } from '../../core/kafka.js';
+import type { RelayConfig } from '../config.js';
+import { Relay } from '../relay/relay.js';
+import type { Closer, KafkaClient, RoleContext } from './process.js';
+
+export async function startRelays(
+  ctx: RoleContext,
+  cfg: RelayConfig,
+  { kafka }: KafkaClient,
+  topics: TopicNames,
+): Promise<{ relays: Relay[]; closers: Closer[] }> {
+  const baseName = cfg.RELAY_CONSUMER_NAME ?? hostname();
+  const relays: Relay[] = [];
+  const closers: Closer[] = [];
+  for (let i = 0; i < cfg.RELAY_CONCURRENCY; i += 1) {
+    const blocking = ctx.connectRedis(`relay-blocking-reads-${i}`, { maxRetriesPerRequest: null });
+    const relay = new Relay({
+      activityId: cfg.ACTIVITY_ID,
+      topic: topics.orders,
+      redis: ctx.redis,
+      blockingRedis: blocking,
+      createProducer: () => idempotentProducer(kafka),
+      metrics: ctx.metrics,
+      logger: ctx.logger,
+      batchSize: cfg.RELAY_BATCH_SIZE,
+      reclaimIdleMs: cfg.RELAY_RECLAIM_IDLE_MS,
+      consumerName: `${baseName}-${i}`,
+    });
+    await relay.start();
+    relays.push(relay);
+    // Finishes the batch in flight (Kafka acknowledged, entries deleted) before it stops.
+    closers.push({
+      stage: 'work',
+      name: `relay loop ${i}`,
+      close: async () => {
+        await relay.stop();
+        blocking.disconnect();
+      },
+    });
+  }
+  return { relays, closers };
+}
+
+/** The outbox gauges of a relay process that runs no jobs (the jobs' gauges include them). */
+export function sampleRelayGauges(relay: Relay): Closer {
+  const timer = setInterval(() => void relay.sampleGauges().catch(() => undefined), 1000);
+  return { stage: 'jobs', name: 'outbox gauges', close: async () => clearInterval(timer) };
+}
