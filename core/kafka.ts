@@ -27,18 +27,50 @@ export function orderEventsTopic(prefix = 'flashsale'): string {
   return `${prefix}.order-events`;
 }
 
+/**
+ * min.insync.replicas for a topic of `replicationFactor` replicas unless configured: one fewer
+ * than the replicas (at least 1), so that with acks=all a write survives the loss of any one
+ * broker and the topic still takes writes while one broker is down (3 replicas -> 2).
+ */
+export function defaultMinInsyncReplicas(replicationFactor: number): number {
+  return Math.max(1, replicationFactor - 1);
+}
+
+/** Replication of the topics a process creates (docs/capacity.md, "Kafka"). */
+export interface TopicReplication {
+  /** Replicas per partition; -1 = the brokers' default.replication.factor. */
+  replicationFactor: number;
+  /** min.insync.replicas of the topic; undefined = defaultMinInsyncReplicas, or the brokers' setting when the factor is -1. */
+  minInsyncReplicas?: number | undefined;
+}
+
+function topicConfigEntries(r: TopicReplication): { name: string; value: string }[] {
+  const isr =
+    r.minInsyncReplicas ??
+    (r.replicationFactor > 0 ? defaultMinInsyncReplicas(r.replicationFactor) : undefined);
+  return isr === undefined ? [] : [{ name: 'min.insync.replicas', value: String(isr) }];
+}
+
 /** Creates the order-events topic if missing (replication -1 = the brokers' default). */
 export async function ensureOrderEventsTopic(
   admin: Admin,
   topic: string,
   partitions: number,
-  replicationFactor = -1,
+  replication: TopicReplication | number = -1,
 ): Promise<boolean> {
+  const r = typeof replication === 'number' ? { replicationFactor: replication } : replication;
   if ((await admin.listTopics()).includes(topic)) return false;
   try {
     return await admin.createTopics({
       waitForLeaders: true,
-      topics: [{ topic, numPartitions: partitions, replicationFactor }],
+      topics: [
+        {
+          topic,
+          numPartitions: partitions,
+          replicationFactor: r.replicationFactor,
+          configEntries: topicConfigEntries(r),
+        },
+      ],
     });
   } catch (err) {
     // Another relay created it at the same time.
@@ -169,11 +201,17 @@ export function idempotentProducer(kafka: Kafka): Producer {
   });
 }
 
+/**
+ * Creates an activity's orders topic and its DLQ if missing, with `replicationFactor` replicas and
+ * min.insync.replicas (defaultMinInsyncReplicas unless given): the producers use acks=all, so a
+ * message acknowledged to the relay is on that many brokers.
+ */
 export async function ensureTopics(
   admin: Admin,
   topics: TopicNames,
   partitions: number,
   replicationFactor: number,
+  minInsyncReplicas: number = defaultMinInsyncReplicas(replicationFactor),
 ): Promise<string[]> {
   const existing = new Set(await admin.listTopics());
   const wanted = [topics.orders, topics.dlq].filter((t) => !existing.has(t));
@@ -184,7 +222,7 @@ export async function ensureTopics(
       topic,
       numPartitions: topic === topics.dlq ? 1 : partitions,
       replicationFactor,
-      configEntries: [{ name: 'min.insync.replicas', value: String(Math.max(1, replicationFactor - 1)) }],
+      configEntries: topicConfigEntries({ replicationFactor, minInsyncReplicas }),
     })),
   });
   return wanted;
