@@ -10,6 +10,7 @@
 // Light (default suite): 40 units, 80 buyers, one kill. FAULT_HEAVY=1 (`make faults`): 120 units,
 // 240 buyers in two waves (60, then 180), a kill in each wave (of partition 0's leader at the time,
 // so the second kill hits the first one's successor), each broker restarted after its wave.
+import type { PartitionMetadata } from 'kafkajs';
 import pg from 'pg';
 import { createKafka, topicsFor } from '../../../core/kafka.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
@@ -77,8 +78,25 @@ describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3
     let roleOutput = '';
     let acceptedCount = -1;
     try {
-      const meta = await admin.fetchTopicMetadata({ topics: [topics.orders] });
-      const orders = meta.topics[0]!.partitions;
+      // Partition metadata of the orders topic, from whichever broker answers. Right after the topic
+      // was created (or a broker died) a broker may not know it yet: asked again until one does.
+      const partitions = async (): Promise<PartitionMetadata[]> => {
+        let got: PartitionMetadata[] = [];
+        await waitFor(
+          'the orders topic metadata',
+          async () => {
+            got = await admin
+              .fetchTopicMetadata({ topics: [topics.orders] })
+              .then((m) => m.topics[0]?.partitions ?? [])
+              .catch((): PartitionMetadata[] => []);
+            return got.length === PARTITIONS;
+          },
+          60_000,
+          200,
+        );
+        return got;
+      };
+      const orders = await partitions();
       // The topic really is what the settings promise (else the test would prove nothing).
       expect(orders.map((x) => x.replicas.length)).toEqual(Array.from({ length: PARTITIONS }, () => 3));
       const described = await admin.describeConfigs({
@@ -112,9 +130,7 @@ describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3
           120_000,
           100,
         );
-        const leader = (
-          await admin.fetchTopicMetadata({ topics: [topics.orders] })
-        ).topics[0]!.partitions.find((x) => x.partitionId === 0)!.leader;
+        const leader = (await partitions()).find((x) => x.partitionId === 0)!.leader;
         await killKafkaNode(p, leader);
         killed.push(leader);
         answers.push(...(await load));
@@ -130,10 +146,7 @@ describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3
       // The restarted broker rejoins every partition's ISR (it caught up from the others).
       await waitFor(
         'the restarted broker(s) back in every ISR',
-        async () =>
-          (await admin.fetchTopicMetadata({ topics: [topics.orders] })).topics[0]!.partitions.every(
-            (x) => x.isr.length === 3,
-          ),
+        async () => (await partitions()).every((x) => x.isr.length === 3),
         120_000,
         500,
       );
