@@ -2,7 +2,16 @@
 import { z } from 'zod';
 import type { ConnectionOptions } from 'node:tls';
 import { Kafka, Partitioners, logLevel } from 'kafkajs';
-import type { Admin, Producer, SASLOptions } from 'kafkajs';
+import type {
+  Admin,
+  Message,
+  PartitionMetadata,
+  Producer,
+  ProducerBatch,
+  ProducerRecord,
+  RecordMetadata,
+  SASLOptions,
+} from 'kafkajs';
 
 export interface TopicNames {
   orders: string;
@@ -61,8 +70,8 @@ export async function ensureOrderEventsTopic(
   const r = typeof replication === 'number' ? { replicationFactor: replication } : replication;
   if ((await admin.listTopics()).includes(topic)) return false;
   try {
-    return await admin.createTopics({
-      waitForLeaders: true,
+    const created = await admin.createTopics({
+      waitForLeaders: false,
       topics: [
         {
           topic,
@@ -72,6 +81,8 @@ export async function ensureOrderEventsTopic(
         },
       ],
     });
+    await waitForLeaders(admin, [topic]);
+    return created;
   } catch (err) {
     // Another relay created it at the same time.
     if (/already exists/i.test((err as Error).message)) return false;
@@ -190,15 +201,90 @@ export function createKafka(
  * An idempotent producer (acks from all in-sync replicas, one request in flight). Retries are
  * unbounded as kafkajs requires for its idempotence guarantee: during a broker outage a send
  * waits instead of failing, and the half messages simply stay in the outbox.
+ *
+ * Every request of a send targets one partition (onePartitionPerRequest): kafkajs 2.2.4 loses
+ * messages otherwise when a partition's leader dies mid-send (see there).
  */
 export function idempotentProducer(kafka: Kafka): Producer {
-  return kafka.producer({
+  const producer = kafka.producer({
     idempotent: true,
     maxInFlightRequests: 1,
     allowAutoTopicCreation: false,
     createPartitioner: Partitioners.DefaultPartitioner,
     retry: { retries: Number.MAX_SAFE_INTEGER, initialRetryTime: 200, maxRetryTime: 5_000 },
   });
+  return onePartitionPerRequest(producer, kafka);
+}
+
+/**
+ * Splits every `send` into one send per partition, run side by side, and fails when any fails.
+ *
+ * Why: kafkajs (2.2.4, producer/sendMessages.js) tracks a send's progress per broker. When the
+ * leader of partition A dies, its request fails and is retried after a metadata refresh; if A's
+ * new leader is a broker that already answered for its own partitions of the same send, A's
+ * messages are never sent again, yet the send resolves. The relay then deletes them from the
+ * outbox: lost orders. Seen on three brokers with a leader SIGKILLed mid-sale (docs/faults.md,
+ * window 18). With one partition per request the only broker of a send is the one that failed,
+ * so the retry always goes to the new leader. A send that fails as a whole is sent again by its
+ * caller; the partitions that had succeeded then arrive twice, which the orders' unique keys and
+ * the event consumers' idempotence absorb.
+ *
+ * The partition is chosen here with the producer's own partitioner (the key's murmur2 hash, as
+ * kafkajs and the Java client do), from the topic's partition metadata read once per topic and
+ * again after a failed send.
+ */
+export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Producer {
+  const partitioner = Partitioners.DefaultPartitioner();
+  const metadata = new Map<string, PartitionMetadata[]>();
+  let admin: Admin | undefined;
+  const partitionsOf = async (topic: string): Promise<PartitionMetadata[]> => {
+    const known = metadata.get(topic);
+    if (known) return known;
+    if (!admin) {
+      const a = kafka.admin();
+      await a.connect();
+      admin = a;
+    }
+    const got = (await admin.fetchTopicMetadata({ topics: [topic] })).topics[0]?.partitions ?? [];
+    if (got.length === 0) throw new Error(`no partition metadata for topic ${topic}`);
+    metadata.set(topic, got);
+    return got;
+  };
+  const send = async (record: ProducerRecord): Promise<RecordMetadata[]> => {
+    try {
+      const partitionMetadata = await partitionsOf(record.topic);
+      const groups = new Map<number, Message[]>();
+      for (const message of record.messages) {
+        const partition = partitioner({ topic: record.topic, partitionMetadata, message });
+        groups.set(partition, [...(groups.get(partition) ?? []), { ...message, partition }]);
+      }
+      const results = await Promise.allSettled(
+        [...groups.values()].map((messages) => producer.send({ ...record, messages })),
+      );
+      const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+      if (failed) throw failed.reason;
+      return results.flatMap((r) => (r.status === 'fulfilled' ? r.value : []));
+    } catch (err) {
+      metadata.delete(record.topic);
+      throw err;
+    }
+  };
+  return {
+    ...producer,
+    send,
+    sendBatch: async (batch: ProducerBatch): Promise<RecordMetadata[]> => {
+      const out: RecordMetadata[] = [];
+      for (const tm of batch.topicMessages ?? []) {
+        out.push(...(await send({ ...batch, topic: tm.topic, messages: tm.messages })));
+      }
+      return out;
+    },
+    disconnect: async (): Promise<void> => {
+      const a = admin;
+      admin = undefined;
+      await Promise.allSettled([producer.disconnect(), a?.disconnect()]);
+    },
+  };
 }
 
 /**
@@ -217,7 +303,7 @@ export async function ensureTopics(
   const wanted = [topics.orders, topics.dlq].filter((t) => !existing.has(t));
   if (wanted.length === 0) return [];
   await admin.createTopics({
-    waitForLeaders: true,
+    waitForLeaders: false,
     topics: wanted.map((topic) => ({
       topic,
       numPartitions: topic === topics.dlq ? 1 : partitions,
@@ -225,7 +311,33 @@ export async function ensureTopics(
       configEntries: topicConfigEntries({ replicationFactor, minInsyncReplicas }),
     })),
   });
+  await waitForLeaders(admin, wanted);
   return wanted;
+}
+
+/**
+ * Resolves once every partition of `topics` has a leader. kafkajs' own `waitForLeaders` asks the
+ * broker that took the CreateTopics request and gives up on UNKNOWN_TOPIC_OR_PARTITION, which a
+ * broker of a multi-broker KRaft cluster answers until the new topic reached its metadata cache
+ * (seen on three brokers, docs/faults.md window 18): here any answer short of every leader is
+ * asked again, within `timeoutMs`.
+ */
+export async function waitForLeaders(
+  admin: Admin,
+  topics: readonly string[],
+  timeoutMs = 30_000,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (let delay = 50; ; delay = Math.min(delay * 2, 1_000)) {
+    const ready = await admin
+      .fetchTopicMetadata({ topics: [...topics] })
+      .then((m) => m.topics.every((t) => t.partitions.length > 0 && t.partitions.every((x) => x.leader >= 0)))
+      .catch(() => false);
+    if (ready) return;
+    if (Date.now() >= deadline)
+      throw new Error(`topics ${topics.join(', ')}: no leader for every partition within ${timeoutMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, delay));
+  }
 }
 
 /**
