@@ -18,7 +18,7 @@ export interface CapacityFigures {
   };
   /** Reservations (= messages = orders) each stage handled. */
   n: number;
-  /** Redis CPU per reserve script call, 50 clients unpipelined, and 16 deep. */
+  /** Redis CPU per reserve() call: 50 connections one call at a time each, and one auto-pipelined connection with 50 in flight. */
   redisReserveUs: number;
   redisReservePipelinedUs: number;
   /** Redis CPU per message for the relay's stream reads, acks and deletes. */
@@ -43,7 +43,10 @@ export interface CapacityFigures {
 export interface PlanParams {
   /** Share of a core a process may use at the peak (headroom for bursts, GC, failover). */
   utilisation: number;
-  /** Stock buckets per Redis primary for a hot SKU (more than one evens out slot placement). */
+  /**
+   * Stock buckets per Redis primary for a hot SKU that takes the whole peak (more than one evens
+   * out slot placement); none when one primary is enough.
+   */
   bucketsPerPrimary: number;
   /** Kafka partitions per consumer process (room to add consumers without repartitioning). */
   partitionsPerConsumer: number;
@@ -97,7 +100,8 @@ export function plan(f: CapacityFigures, peak: number, p: PlanParams = DEFAULT_P
     redisUsPerReservation: redisUs,
     redisPrimaries: primaries,
     redisReplicas: primaries,
-    hotSkuBuckets: primaries * p.bucketsPerPrimary,
+    // One primary takes the whole peak: a hot SKU needs no buckets (one = unbucketed).
+    hotSkuBuckets: primaries === 1 ? 1 : primaries * p.bucketsPerPrimary,
     relayProcesses: ceil(cores(peak, f.relayUs, p)),
     consumerProcesses: consumers,
     kafkaPartitions: consumers * p.partitionsPerConsumer,
@@ -131,8 +135,8 @@ export function renderCapacityBlock(f: CapacityFigures, p: PlanParams = DEFAULT_
     '',
     '| Operation | Where | CPU µs per operation | per core-second |',
     '| --- | --- | ---: | ---: |',
-    `| reserve script (EVALSHA, 50 clients, unpipelined) | Redis | ${one(f.redisReserveUs)} | ${perCore(f.redisReserveUs)} |`,
-    `| reserve script (EVALSHA, 50 clients, 16 deep) | Redis | ${one(f.redisReservePipelinedUs)} | ${perCore(f.redisReservePipelinedUs)} |`,
+    `| reserve script, 50 connections, one call at a time each | Redis | ${one(f.redisReserveUs)} | ${perCore(f.redisReserveUs)} |`,
+    `| reserve script, one auto-pipelined connection, 50 in flight (as the api) | Redis | ${one(f.redisReservePipelinedUs)} | ${perCore(f.redisReservePipelinedUs)} |`,
     `| relay: stream read, ack, delete | Redis | ${one(f.redisRelayUs)} | ${perCore(f.redisRelayUs)} |`,
     `| consumer: results and ledger | Redis | ${one(f.redisConsumerUs)} | ${perCore(f.redisConsumerUs)} |`,
     `| relay: one message to Kafka (acks=all, idempotent) | relay process | ${one(f.relayUs)} | ${perCore(f.relayUs)} |`,

@@ -4,8 +4,10 @@
  * machines far better than a rate on this shared 2-core machine does.
  *
  * 1. Relay and consumer (jobs off: the consumer alone) start; a small batch proves the path.
- * 2. Both are SIGSTOPped. N reservations are made with the reserve script by redis-benchmark, half
- *    unpipelined and half 16 deep: Redis CPU per reserve call.
+ * 2. Both are SIGSTOPped. N reservations are made with the registry's reserve() (core/reservations.ts,
+ *    ids derived from buyer and requestId as the consumer checks): half from 50 connections one call
+ *    at a time each, half from one auto-pipelined connection with 50 calls in flight, as an api
+ *    process sends them: Redis CPU per reserve call.
  * 3. The relay alone is continued until the outbox stream is empty: relay, Redis and Kafka broker
  *    CPU per message.
  * 4. The consumer alone is continued until the unconfirmed ledger is empty (every reservation an
@@ -19,11 +21,12 @@
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
-import { redisCpuS } from './context.js';
+import { Redis } from 'ioredis';
+import { benchItem, openActivity, redisCpuS } from './context.js';
 import type { Ctx } from './context.js';
 import { renderCapacityBlock, replaceCapacityBlock } from './capacity-model.js';
 import type { CapacityFigures } from './capacity-model.js';
-import { prepareRedisRef, reservations, runReserveBenchmark } from './redis-ref.js';
+import { reservations } from './redis-ref.js';
 import { startRole, stopRole } from './runtime.js';
 import type { RoleProcess } from './runtime.js';
 import { log, machineLoad, procCpuS, runCmd, waitFor } from './util.js';
@@ -93,8 +96,34 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
     `capacity: ${n} reservations; broker pid ${kafkaPid ?? 'not found'}, postmaster pid ${pgPid ?? 'not found'}`,
   );
 
-  const command = await prepareRedisRef(ctx, activityId);
+  await openActivity(ctx, activityId, [benchItem('s1', 1_000_000_000)]);
+  // The bench process calls the scripts itself (core/scripts.ts finds them here).
+  process.env.FLASHSALE_LUA_DIR ??= ctx.cfg.luaDir;
   const { core } = ctx;
+  let next = 0;
+  /** `count` reservations by `workers` concurrent loops over the clients given (round robin). */
+  const reserveMany = async (clients: Redis[], count: number, workers = 50): Promise<number> => {
+    const cpu0 = await redisCpuS(ctx);
+    const end = next + count;
+    await Promise.all(
+      Array.from({ length: workers }, async (_, w) => {
+        const client = clients[w % clients.length]!;
+        for (let i = next++; i < end; i = next++) {
+          const r = await core.reservations.reserve(client, {
+            activityId,
+            userId: `cap-${ctx.runId}-${i}`,
+            skuId: 's1',
+            quantity: 1,
+            requestId: `q${i}`,
+            traceId: `t${i}`,
+          });
+          if (r.kind !== 'reserved') throw new Error(`capacity: reservation ${i} was ${r.kind}`);
+        }
+      }),
+    );
+    next = end;
+    return (((await redisCpuS(ctx)) - cpu0) * 1e6) / count;
+  };
   const admin = core.kafka
     .createKafka(ctx.servers.env.KAFKA_BROKERS!.split(','), `bench-cap-${ctx.runId}`)
     .admin();
@@ -136,7 +165,7 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
       }),
     ]);
     roles.push(relay, consumer);
-    await runReserveBenchmark(ctx, activityId, command, 10, 1, 200);
+    await reserveMany([ctx.redis], 200, 10);
     await waitFor('capacity warm-up drained', 120_000, async () =>
       (await ctx.redis.zcard(keys.ledger)) === 0 ? true : undefined,
     );
@@ -146,12 +175,19 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
 
     // 2. Redis alone.
     const half = Math.floor(n / 2);
-    const unpiped = await runReserveBenchmark(ctx, activityId, command, 50, 1, half);
-    const piped = await runReserveBenchmark(ctx, activityId, command, 50, 16, n - half);
+    const url = ctx.servers.env.REDIS_URL!;
+    const single = Array.from({ length: 50 }, () => new Redis(url, { maxRetriesPerRequest: 3 }));
+    let unpipedUs: number;
+    try {
+      unpipedUs = await reserveMany(single, half);
+    } finally {
+      for (const c of single) c.disconnect();
+    }
+    const pipedUs = await reserveMany([ctx.redis], n - half);
     const made = (await reservations(ctx, activityId)) - warm;
     if (made !== n) throw new Error(`capacity: ${made} of ${n} reserve calls reserved`);
     log(
-      `capacity: reserve ${unpiped.redisCpuUs.toFixed(1)} µs unpipelined, ${piped.redisCpuUs.toFixed(1)} µs 16 deep`,
+      `capacity: reserve ${unpipedUs.toFixed(1)} µs one call at a time, ${pipedUs.toFixed(1)} µs auto-pipelined`,
     );
 
     // 3. The relay alone.
@@ -185,7 +221,9 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
     const secs = (performance.now() - t0) / 1000;
     const load1 = machineLoad();
     const redisVersion = /redis_version:(\S+)/.exec(await ctx.redis.info('server'))?.[1] ?? '?';
-    const pgVersion = (await ctx.pool.query<{ v: string }>('SHOW server_version')).rows[0]?.v ?? '?';
+    const pgVersion =
+      (await ctx.pool.query<{ v: string }>("SELECT current_setting('server_version') AS v")).rows[0]?.v ??
+      '?';
     const commit = (
       await runCmd('git', ['rev-parse', '--short', 'HEAD'], { cwd: ctx.cfg.repo })
     ).stdout.trim();
@@ -202,8 +240,8 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
         }.`,
       },
       n,
-      redisReserveUs: unpiped.redisCpuUs,
-      redisReservePipelinedUs: piped.redisCpuUs,
+      redisReserveUs: unpipedUs,
+      redisReservePipelinedUs: pipedUs,
       redisRelayUs: per(r0.redis, r1.redis)!,
       redisConsumerUs: per(c0.redis, c1.redis)!,
       relayUs: per(r0.proc, r1.proc) ?? NaN,

@@ -56,9 +56,11 @@ describe('capacity model', () => {
   it('never plans fewer than one of anything, and scales linearly', () => {
     const small = plan(figures, 1);
     expect([small.redisPrimaries, small.relayProcesses, small.consumerProcesses]).toEqual([1, 1, 1]);
+    expect(small.hotSkuBuckets).toBe(1); // one primary takes it all: no buckets
     const big = plan(figures, 500_000);
     expect(big.redisPrimaries).toBe(Math.ceil((500_000 * 130) / (1e6 * DEFAULT_PLAN.utilisation)));
     expect(big.kafkaPartitions).toBe(big.consumerProcesses * DEFAULT_PLAN.partitionsPerConsumer);
+    expect(big.hotSkuBuckets).toBe(big.redisPrimaries * DEFAULT_PLAN.bucketsPerPrimary);
   });
 
   it('reports what was not measured as such', () => {
