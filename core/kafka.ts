@@ -3,7 +3,16 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { z } from 'zod';
 import type { ConnectionOptions } from 'node:tls';
 import { Kafka, Partitioners, logLevel } from 'kafkajs';
-import type { Admin, Producer, SASLOptions } from 'kafkajs';
+import type {
+  Admin,
+  Message,
+  PartitionMetadata,
+  Producer,
+  ProducerBatch,
+  ProducerRecord,
+  RecordMetadata,
+  SASLOptions,
+} from 'kafkajs';
 
 export interface TopicNames {
   orders: string;
@@ -28,19 +37,53 @@ export function orderEventsTopic(prefix = 'flashsale'): string {
   return `${prefix}.order-events`;
 }
 
+/**
+ * min.insync.replicas for a topic of `replicationFactor` replicas unless configured: one fewer
+ * than the replicas (at least 1), so that with acks=all a write survives the loss of any one
+ * broker and the topic still takes writes while one broker is down (3 replicas -> 2).
+ */
+export function defaultMinInsyncReplicas(replicationFactor: number): number {
+  return Math.max(1, replicationFactor - 1);
+}
+
+/** Replication of the topics a process creates (docs/capacity.md, "Kafka"). */
+export interface TopicReplication {
+  /** Replicas per partition; -1 = the brokers' default.replication.factor. */
+  replicationFactor: number;
+  /** min.insync.replicas of the topic; undefined = defaultMinInsyncReplicas, or the brokers' setting when the factor is -1. */
+  minInsyncReplicas?: number | undefined;
+}
+
+function topicConfigEntries(r: TopicReplication): { name: string; value: string }[] {
+  const isr =
+    r.minInsyncReplicas ??
+    (r.replicationFactor > 0 ? defaultMinInsyncReplicas(r.replicationFactor) : undefined);
+  return isr === undefined ? [] : [{ name: 'min.insync.replicas', value: String(isr) }];
+}
+
 /** Creates the order-events topic if missing (replication -1 = the brokers' default). */
 export async function ensureOrderEventsTopic(
   admin: Admin,
   topic: string,
   partitions: number,
-  replicationFactor = -1,
+  replication: TopicReplication | number = -1,
 ): Promise<boolean> {
+  const r = typeof replication === 'number' ? { replicationFactor: replication } : replication;
   if ((await admin.listTopics()).includes(topic)) return false;
   try {
-    return await admin.createTopics({
-      waitForLeaders: true,
-      topics: [{ topic, numPartitions: partitions, replicationFactor }],
+    const created = await admin.createTopics({
+      waitForLeaders: false,
+      topics: [
+        {
+          topic,
+          numPartitions: partitions,
+          replicationFactor: r.replicationFactor,
+          configEntries: topicConfigEntries(r),
+        },
+      ],
     });
+    await waitForLeaders(admin, [topic]);
+    return created;
   } catch (err) {
     // Another relay created it at the same time.
     if (/already exists/i.test((err as Error).message)) return false;
@@ -159,36 +202,143 @@ export function createKafka(
  * An idempotent producer (acks from all in-sync replicas, one request in flight). Retries are
  * unbounded as kafkajs requires for its idempotence guarantee: during a broker outage a send
  * waits instead of failing, and the half messages simply stay in the outbox.
+ *
+ * Every request of a send targets one partition (onePartitionPerRequest): kafkajs 2.2.4 loses
+ * messages otherwise when a partition's leader dies mid-send (see there).
  */
 export function idempotentProducer(kafka: Kafka): Producer {
-  return kafka.producer({
+  const producer = kafka.producer({
     idempotent: true,
     maxInFlightRequests: 1,
     allowAutoTopicCreation: false,
     createPartitioner: Partitioners.DefaultPartitioner,
     retry: { retries: Number.MAX_SAFE_INTEGER, initialRetryTime: 200, maxRetryTime: 5_000 },
   });
+  return onePartitionPerRequest(producer, kafka);
 }
 
+/**
+ * Splits every `send` into one send per partition, run side by side, and fails when any fails.
+ *
+ * Why: kafkajs (2.2.4, producer/sendMessages.js) tracks a send's progress per broker. When the
+ * leader of partition A dies, its request fails and is retried after a metadata refresh; if A's
+ * new leader is a broker that already answered for its own partitions of the same send, A's
+ * messages are never sent again, yet the send resolves. The relay then deletes them from the
+ * outbox: lost orders. Seen on three brokers with a leader SIGKILLed mid-sale (docs/faults.md,
+ * window 18). With one partition per request the only broker of a send is the one that failed,
+ * so the retry always goes to the new leader. A send that fails as a whole is sent again by its
+ * caller; the partitions that had succeeded then arrive twice, which the orders' unique keys and
+ * the event consumers' idempotence absorb.
+ *
+ * The partition is chosen here with the producer's own partitioner (the key's murmur2 hash, as
+ * kafkajs and the Java client do), from the topic's partition metadata read once per topic and
+ * again after a failed send.
+ */
+export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Producer {
+  const partitioner = Partitioners.DefaultPartitioner();
+  const metadata = new Map<string, PartitionMetadata[]>();
+  let admin: Admin | undefined;
+  const partitionsOf = async (topic: string): Promise<PartitionMetadata[]> => {
+    const known = metadata.get(topic);
+    if (known) return known;
+    if (!admin) {
+      const a = kafka.admin();
+      await a.connect();
+      admin = a;
+    }
+    const got = (await admin.fetchTopicMetadata({ topics: [topic] })).topics[0]?.partitions ?? [];
+    if (got.length === 0) throw new Error(`no partition metadata for topic ${topic}`);
+    metadata.set(topic, got);
+    return got;
+  };
+  const send = async (record: ProducerRecord): Promise<RecordMetadata[]> => {
+    try {
+      const partitionMetadata = await partitionsOf(record.topic);
+      const groups = new Map<number, Message[]>();
+      for (const message of record.messages) {
+        const partition = partitioner({ topic: record.topic, partitionMetadata, message });
+        groups.set(partition, [...(groups.get(partition) ?? []), { ...message, partition }]);
+      }
+      const results = await Promise.allSettled(
+        [...groups.values()].map((messages) => producer.send({ ...record, messages })),
+      );
+      const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+      if (failed) throw failed.reason;
+      return results.flatMap((r) => (r.status === 'fulfilled' ? r.value : []));
+    } catch (err) {
+      metadata.delete(record.topic);
+      throw err;
+    }
+  };
+  return {
+    ...producer,
+    send,
+    sendBatch: async (batch: ProducerBatch): Promise<RecordMetadata[]> => {
+      const out: RecordMetadata[] = [];
+      for (const tm of batch.topicMessages ?? []) {
+        out.push(...(await send({ ...batch, topic: tm.topic, messages: tm.messages })));
+      }
+      return out;
+    },
+    disconnect: async (): Promise<void> => {
+      const a = admin;
+      admin = undefined;
+      await Promise.allSettled([producer.disconnect(), a?.disconnect()]);
+    },
+  };
+}
+
+/**
+ * Creates an activity's orders topic and its DLQ if missing, with `replicationFactor` replicas and
+ * min.insync.replicas (defaultMinInsyncReplicas unless given): the producers use acks=all, so a
+ * message acknowledged to the relay is on that many brokers.
+ */
 export async function ensureTopics(
   admin: Admin,
   topics: TopicNames,
   partitions: number,
   replicationFactor: number,
+  minInsyncReplicas: number = defaultMinInsyncReplicas(replicationFactor),
 ): Promise<string[]> {
   const existing = new Set(await admin.listTopics());
   const wanted = [topics.orders, topics.dlq].filter((t) => !existing.has(t));
   if (wanted.length === 0) return [];
   await admin.createTopics({
-    waitForLeaders: true,
+    waitForLeaders: false,
     topics: wanted.map((topic) => ({
       topic,
       numPartitions: topic === topics.dlq ? 1 : partitions,
       replicationFactor,
-      configEntries: [{ name: 'min.insync.replicas', value: String(Math.max(1, replicationFactor - 1)) }],
+      configEntries: topicConfigEntries({ replicationFactor, minInsyncReplicas }),
     })),
   });
+  await waitForLeaders(admin, wanted);
   return wanted;
+}
+
+/**
+ * Resolves once every partition of `topics` has a leader. kafkajs' own `waitForLeaders` asks the
+ * broker that took the CreateTopics request and gives up on UNKNOWN_TOPIC_OR_PARTITION, which a
+ * broker of a multi-broker KRaft cluster answers until the new topic reached its metadata cache
+ * (seen on three brokers, docs/faults.md window 18): here any answer short of every leader is
+ * asked again, within `timeoutMs`.
+ */
+export async function waitForLeaders(
+  admin: Admin,
+  topics: readonly string[],
+  timeoutMs = 30_000,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (let delay = 50; ; delay = Math.min(delay * 2, 1_000)) {
+    const ready = await admin
+      .fetchTopicMetadata({ topics: [...topics] })
+      .then((m) => m.topics.every((t) => t.partitions.length > 0 && t.partitions.every((x) => x.leader >= 0)))
+      .catch(() => false);
+    if (ready) return;
+    if (Date.now() >= deadline)
+      throw new Error(`topics ${topics.join(', ')}: no leader for every partition within ${timeoutMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, delay));
+  }
 }
 
 /**

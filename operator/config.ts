@@ -8,7 +8,7 @@ import { z } from 'zod';
 import { redisConnectionOf, redisEnvIssue, redisEnvShape } from '../core/redis.js';
 import type { RedisConnection } from '../core/redis.js';
 import { env, readConfig } from '../core/config.js';
-import { kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
+import { defaultMinInsyncReplicas, kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
 import { DEFAULT_TRAFFIC_POLICY } from '../core/traffic-policy.js';
 import type { TrafficPolicy } from '../core/traffic-policy.js';
 
@@ -101,6 +101,8 @@ export const operatorConfigSchema = z
     KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
     KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
     KAFKA_REPLICATION_FACTOR: env.int(1, 1),
+    /** min.insync.replicas of the topics created; unset = replication factor - 1, at least 1. */
+    KAFKA_MIN_INSYNC_REPLICAS: z.coerce.number().int().min(1).optional(),
     /** Kafka TLS and SASL: read and checked by core/kafka.ts kafkaSecurityFromEnv (README). */
     ...kafkaSecurityEnvShape,
     /**
@@ -193,6 +195,11 @@ export const operatorConfigSchema = z
     const issue = redisEnvIssue(c);
     if (issue) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [issue.path], message: issue.message });
   })
+  .refine((c) => (c.KAFKA_MIN_INSYNC_REPLICAS ?? 1) <= c.KAFKA_REPLICATION_FACTOR, {
+    // Kafka accepts such a topic and then refuses every acks=all write to it (NOT_ENOUGH_REPLICAS).
+    message: 'KAFKA_MIN_INSYNC_REPLICAS must be at most KAFKA_REPLICATION_FACTOR',
+    path: ['KAFKA_MIN_INSYNC_REPLICAS'],
+  })
   .refine((c) => c.LEASE_RENEW_DEADLINE_SECONDS < c.LEASE_DURATION_SECONDS, {
     message: 'LEASE_RENEW_DEADLINE_SECONDS must be less than LEASE_DURATION_SECONDS',
     path: ['LEASE_RENEW_DEADLINE_SECONDS'],
@@ -206,7 +213,7 @@ export interface OperatorConfig {
   databaseUrl: string;
   redis: RedisConnection;
   kafkaBrokers: string[];
-  kafka: { topicPrefix: string; partitions: number; replicationFactor: number };
+  kafka: { topicPrefix: string; partitions: number; replicationFactor: number; minInsyncReplicas: number };
   /** The namespaces watched; empty = every namespace. */
   watchNamespaces: string[];
   identity: string;
@@ -261,6 +268,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
       topicPrefix: c.KAFKA_TOPIC_PREFIX,
       partitions: c.KAFKA_TOPIC_PARTITIONS,
       replicationFactor: c.KAFKA_REPLICATION_FACTOR,
+      minInsyncReplicas: c.KAFKA_MIN_INSYNC_REPLICAS ?? defaultMinInsyncReplicas(c.KAFKA_REPLICATION_FACTOR),
     },
     watchNamespaces: [...new Set(c.WATCH_NAMESPACE)],
     identity: c.OPERATOR_IDENTITY || c.POD_NAME || hostname(),

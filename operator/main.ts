@@ -60,6 +60,7 @@ async function main(): Promise<void> {
     topicPrefix: config.kafka.topicPrefix,
     partitions: config.kafka.partitions,
     replicationFactor: config.kafka.replicationFactor,
+    minInsyncReplicas: config.kafka.minInsyncReplicas,
   });
 
   // The controller's Deployment cache is read through this late-bound reference.

@@ -82,6 +82,18 @@ const schema = z
     /** Seconds a buyer has to pay before the order is closed and its stock returned. */
     PAYMENT_TIMEOUT_SECONDS: env.int(900, 1),
     KAFKA_TOPIC_PREFIX: z.string().default('flashsale'),
+    /**
+     * Replication of the topics this process creates (the order-events topic): -1 = the brokers'
+     * default.replication.factor; min.insync.replicas unset = factor - 1 (at least 1), or the
+     * brokers' setting with -1. The operator passes its own settings to the pods it creates.
+     */
+    KAFKA_REPLICATION_FACTOR: z.coerce
+      .number()
+      .int()
+      .min(-1)
+      .refine((n) => n !== 0, 'at least 1, or -1')
+      .default(-1),
+    KAFKA_MIN_INSYNC_REPLICAS: z.coerce.number().int().min(1).optional(),
     /** Kafka TLS and SASL: read and checked by core/kafka.ts kafkaSecurityFromEnv (README). */
     ...kafkaSecurityEnvShape,
     /** One-time order codes live this long. */

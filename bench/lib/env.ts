@@ -27,6 +27,7 @@ export const PHASES = [
   'warmup',
   'pipeline',
   'fairness',
+  'capacity',
 ] as const;
 export type Phase = (typeof PHASES)[number];
 

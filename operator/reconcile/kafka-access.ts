@@ -21,6 +21,8 @@ export interface KafkaAccessOptions {
   topicPrefix: string;
   partitions: number;
   replicationFactor: number;
+  /** min.insync.replicas of the topics created (KAFKA_MIN_INSYNC_REPLICAS). */
+  minInsyncReplicas?: number;
 }
 
 export class KafkaAdminAccess implements KafkaAccess {
@@ -34,7 +36,13 @@ export class KafkaAdminAccess implements KafkaAccess {
 
   async ensureTopics(activityId: string): Promise<string[]> {
     return this.use((a) =>
-      ensureTopics(a, this.topics(activityId), this.options.partitions, this.options.replicationFactor),
+      ensureTopics(
+        a,
+        this.topics(activityId),
+        this.options.partitions,
+        this.options.replicationFactor,
+        this.options.minInsyncReplicas,
+      ),
     );
   }
 

@@ -107,6 +107,10 @@ function operatorEnv(fsa: FlashSaleActivity, activityId: string, config: Operato
       value: String(Math.round(parseDuration(fsa.spec.payment.timeout) / 1000)),
     },
     { name: 'KAFKA_TOPIC_PREFIX', value: config.kafka.topicPrefix },
+    // The jobs role creates the platform's order-events topic when it is missing: as replicated as
+    // the activities' topics the operator creates.
+    { name: 'KAFKA_REPLICATION_FACTOR', value: String(config.kafka.replicationFactor) },
+    { name: 'KAFKA_MIN_INSYNC_REPLICAS', value: String(config.kafka.minInsyncReplicas) },
     { name: 'POD_NAME', valueFrom: { fieldRef: { fieldPath: 'metadata.name' } } },
     { name: 'POD_NAMESPACE', valueFrom: { fieldRef: { fieldPath: 'metadata.namespace' } } },
   ];

@@ -20,6 +20,8 @@ export interface MoneyJobsConfig extends RefundWorkerConfig, OrderEventRelayConf
   ORDER_EVENTS_RELAY: boolean;
   ORDER_EVENTS_PARTITIONS: number;
   KAFKA_TOPIC_PREFIX: string;
+  KAFKA_REPLICATION_FACTOR: number;
+  KAFKA_MIN_INSYNC_REPLICAS?: number | undefined;
 }
 
 export interface MoneyJobsDeps {
@@ -48,7 +50,10 @@ export async function startMoneyJobs(d: MoneyJobsDeps): Promise<{ stop: () => Pr
     const admin = d.kafka.admin();
     await admin.connect();
     try {
-      await ensureOrderEventsTopic(admin, topic, d.cfg.ORDER_EVENTS_PARTITIONS);
+      await ensureOrderEventsTopic(admin, topic, d.cfg.ORDER_EVENTS_PARTITIONS, {
+        replicationFactor: d.cfg.KAFKA_REPLICATION_FACTOR,
+        minInsyncReplicas: d.cfg.KAFKA_MIN_INSYNC_REPLICAS,
+      });
     } finally {
       await admin.disconnect();
     }

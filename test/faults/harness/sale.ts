@@ -42,12 +42,17 @@ export function sleep(ms: number): Promise<void> {
 }
 
 /** Topics, cache load and open gate for one activity (setUpActivity, for any set of servers). */
-export async function prepareActivity(servers: Servers, id: string, items: CatalogItem[]): Promise<void> {
+export async function prepareActivity(
+  servers: Servers,
+  id: string,
+  items: CatalogItem[],
+  topics: { partitions?: number; replicationFactor?: number } = {},
+): Promise<void> {
   const kafka = createKafka(servers.kafkaBrokers, `faults-${id}`);
   const admin = kafka.admin();
   await admin.connect();
   try {
-    await ensureTopics(admin, topicsFor(id), 2, 1);
+    await ensureTopics(admin, topicsFor(id), topics.partitions ?? 2, topics.replicationFactor ?? 1);
   } finally {
     await admin.disconnect();
   }

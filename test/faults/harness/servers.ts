@@ -13,7 +13,7 @@ import { ROOT, waitFor } from '../../helpers/runtime.js';
 
 const run = promisify(execFile);
 
-export type ServerName = 'postgres' | 'redis' | 'kafka' | 'redis-sentinel';
+export type ServerName = 'postgres' | 'redis' | 'kafka' | 'redis-sentinel' | 'kafka-cluster';
 
 export interface PrivateServers {
   state: string;
@@ -140,33 +140,52 @@ export async function restartServer(s: PrivateServers, name: ServerName): Promis
     writeFileSync(join(s.state, 'postgres.pid'), `${pid}\n`);
     return;
   }
-  const config = e.KAFKA_CONFIG!;
-  const data = dirname(config);
-  const log4j = join(data, 'log4j.properties');
-  const out = openSync(join(s.state, 'kafka.out'), 'a');
-  const child = spawn(
-    'java',
-    [
-      '-Xms256m',
-      '-Xmx512m',
-      '-XX:+UseSerialGC',
-      '-XX:TieredStopAtLevel=1',
-      '-Xshare:auto',
-      `-Dlog4j.configuration=file:${log4j}`,
-      '-cp',
-      `${e.KAFKA_LIBS!}/*`,
-      'kafka.Kafka',
-      config,
-    ],
-    { detached: true, stdio: ['ignore', out, out] },
-  );
-  child.unref();
-  writeFileSync(join(s.state, 'kafka.pid'), `${child.pid}\n`);
-  const port = Number(/:(\d+)$/.exec(e.KAFKA_BROKERS!)?.[1]);
-  await waitFor('kafka port after restart', async () => portOpen(port), 120_000, 250);
-  await run('node', [join(ROOT, 'test', 'env', 'kafka-ready.cjs'), e.KAFKA_BROKERS!], {
-    timeout: 90_000,
+  await startKafkaNode(s, dirname(e.KAFKA_CONFIG!), join(s.state, 'kafka'), e.KAFKA_BROKERS!);
+}
+
+/** Starts one Kafka node with the run.sh start-kafka.sh wrote into its dir; waits until it serves. */
+async function startKafkaNode(
+  s: PrivateServers,
+  nodeDir: string,
+  files: string,
+  broker: string,
+): Promise<void> {
+  const out = openSync(`${files}.out`, 'a');
+  const child = spawn('bash', [join(nodeDir, 'run.sh'), 'kafka.Kafka', join(nodeDir, 'server.properties')], {
+    detached: true,
+    stdio: ['ignore', out, out],
   });
+  child.unref();
+  // run.sh execs the JVM: the child's pid is the broker's.
+  writeFileSync(`${files}.pid`, `${child.pid}\n`);
+  const port = Number(/:(\d+)$/.exec(broker)?.[1]);
+  await waitFor(`kafka ${broker} port after restart`, async () => portOpen(port), 120_000, 250);
+  await run('node', [join(ROOT, 'test', 'env', 'kafka-ready.cjs'), broker], { timeout: 90_000 });
+}
+
+/** The nodes of a Kafka cluster from start-kafka-cluster.sh: node id (1-based) and bootstrap address. */
+export function kafkaClusterNodes(s: PrivateServers): { node: number; broker: string; dir: string }[] {
+  const brokers = s.env.KAFKA_CLUSTER_BROKERS!.split(',');
+  const dirs = s.env.KAFKA_CLUSTER_NODE_DIRS!.split(',');
+  return brokers.map((broker, i) => ({ node: i + 1, broker, dir: dirs[i]! }));
+}
+
+/** SIGKILLs node `node` (1-based, = its broker id) of the private Kafka cluster and waits for its death. */
+export async function killKafkaNode(s: PrivateServers, node: number): Promise<void> {
+  const pid = Number(readFileSync(join(s.state, `kafka-cluster-${node}.pid`), 'utf8').split('\n')[0]);
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    return;
+  }
+  await waitFor(`kafka node ${node} (${pid}) to die`, async () => !alive(pid), 30_000, 50);
+}
+
+/** Restarts a killed node of the private Kafka cluster on its port and data, as its pod would. */
+export async function restartKafkaNode(s: PrivateServers, node: number): Promise<void> {
+  const n = kafkaClusterNodes(s).find((x) => x.node === node);
+  if (!n) throw new Error(`no kafka cluster node ${node}`);
+  await startKafkaNode(s, n.dir, join(s.state, `kafka-cluster-${node}`), n.broker);
 }
 
 /** True when the state dir still has the server's pid file (for guards in callers). */

@@ -130,6 +130,8 @@ describe.each(Object.keys(valuesSets))('configuration contract with %s values', 
       METRICS_PORT: String(operator.runtime.metricsPort),
       PAYMENT_TIMEOUT_SECONDS: '900',
       KAFKA_TOPIC_PREFIX: operator.kafka.topicPrefix,
+      KAFKA_REPLICATION_FACTOR: String(operator.kafka.replicationFactor),
+      KAFKA_MIN_INSYNC_REPLICAS: String(operator.kafka.minInsyncReplicas),
     };
     // Each role with its own Secret (the jobs role runs with the consumer's).
     for (const [role, secretOf] of [

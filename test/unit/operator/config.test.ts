@@ -12,7 +12,7 @@ describe('operator configuration', () => {
     const c = loadOperatorConfig({ ...required, POD_NAME: 'op-7d9f' });
     expect(c).toMatchObject({
       kafkaBrokers: ['k1:9092', 'k2:9092'],
-      kafka: { topicPrefix: 'flashsale', partitions: 3, replicationFactor: 1 },
+      kafka: { topicPrefix: 'flashsale', partitions: 3, replicationFactor: 1, minInsyncReplicas: 1 },
       watchNamespaces: [],
       identity: 'op-7d9f',
       leaderElection: {
@@ -51,8 +51,24 @@ describe('operator configuration', () => {
     ).toBe('le');
   });
 
+  it('derives min.insync.replicas from the replication factor unless KAFKA_MIN_INSYNC_REPLICAS is set', () => {
+    expect(loadOperatorConfig({ ...required, KAFKA_REPLICATION_FACTOR: '3' }).kafka).toMatchObject({
+      replicationFactor: 3,
+      minInsyncReplicas: 2,
+    });
+    expect(
+      loadOperatorConfig({ ...required, KAFKA_REPLICATION_FACTOR: '5', KAFKA_MIN_INSYNC_REPLICAS: '3' })
+        .kafka,
+    ).toMatchObject({ replicationFactor: 5, minInsyncReplicas: 3 });
+  });
+
   it.each([
     [{ DATABASE_URL: undefined }, /DATABASE_URL/],
+    [
+      { KAFKA_REPLICATION_FACTOR: '3', KAFKA_MIN_INSYNC_REPLICAS: '4' },
+      /KAFKA_MIN_INSYNC_REPLICAS must be at most KAFKA_REPLICATION_FACTOR/,
+    ],
+    [{ KAFKA_MIN_INSYNC_REPLICAS: '0' }, /KAFKA_MIN_INSYNC_REPLICAS/],
     [{ KAFKA_BROKERS: ' , ' }, /KAFKA_BROKERS: at least one broker/],
     [
       { LEASE_RENEW_DEADLINE_SECONDS: '20' },

@@ -87,6 +87,8 @@ describe('runtime objects', () => {
       METRICS_PORT: '9090',
       PAYMENT_TIMEOUT_SECONDS: '600',
       KAFKA_TOPIC_PREFIX: 'flashsale',
+      KAFKA_REPLICATION_FACTOR: '1',
+      KAFKA_MIN_INSYNC_REPLICAS: '1',
     });
     expect(c?.envFrom).toEqual([{ secretRef: { name: 'flashsale-runtime-relay' } }]);
     // /metrics has its own named port; probes stay on the service port.

@@ -15,6 +15,8 @@ describe('runtime configuration', () => {
     expect(c.HTTP_PORT).toBe(8080);
     expect(c.PAYMENT_TIMEOUT_SECONDS).toBe(900);
     expect(c.JOBS_IN_CONSUMER).toBe(true);
+    expect(c.KAFKA_REPLICATION_FACTOR).toBe(-1);
+    expect(c.KAFKA_MIN_INSYNC_REPLICAS).toBeUndefined();
   });
 
   test('a bad value names the variable', () => {
@@ -25,6 +27,9 @@ describe('runtime configuration', () => {
     );
     expect(() => loadRuntimeConfig('api', { ...base, JOBS_IN_CONSUMER: 'maybe' })).toThrow(
       /JOBS_IN_CONSUMER/,
+    );
+    expect(() => loadRuntimeConfig('api', { ...base, KAFKA_REPLICATION_FACTOR: '0' })).toThrow(
+      /KAFKA_REPLICATION_FACTOR: at least 1, or -1/,
     );
   });
 

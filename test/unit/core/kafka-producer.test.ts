@@ -1,0 +1,80 @@
+// core/kafka.ts onePartitionPerRequest: every send reaches kafkajs as one send per partition (so a
+// leader change mid-send cannot drop a partition's messages, see the function's comment), with
+// the partition the key's hash picks; a failed partition fails the whole send, only after every
+// partition's send has settled, and makes the next send read the partition metadata again.
+import type { Kafka, PartitionMetadata, Producer, ProducerRecord } from 'kafkajs';
+import { Partitioners } from 'kafkajs';
+import { onePartitionPerRequest } from '../../../core/kafka.js';
+
+function fakes(partitions = 3, failPartition?: number) {
+  const sends: ProducerRecord[] = [];
+  let metadataReads = 0;
+  let settled = 0;
+  const meta: PartitionMetadata[] = Array.from({ length: partitions }, (_, i) => ({
+    partitionErrorCode: 0,
+    partitionId: i,
+    leader: i + 1,
+    replicas: [i + 1],
+    isr: [i + 1],
+    offlineReplicas: [],
+  }));
+  const producer = {
+    send: async (r: ProducerRecord) => {
+      sends.push(r);
+      await new Promise((resolve) => setImmediate(resolve));
+      settled += 1;
+      const p = r.messages[0]!.partition!;
+      if (p === failPartition) throw new Error(`partition ${p} failed`);
+      return [{ topicName: r.topic, partition: p, errorCode: 0 }];
+    },
+    disconnect: async () => undefined,
+  } as unknown as Producer;
+  const kafka = {
+    admin: () => ({
+      connect: async () => undefined,
+      disconnect: async () => undefined,
+      fetchTopicMetadata: async () => {
+        metadataReads += 1;
+        return { topics: [{ name: 't', partitions: meta }] };
+      },
+    }),
+  } as unknown as Kafka;
+  return { sends, producer, kafka, reads: () => metadataReads, settled: () => settled };
+}
+
+const messages = Array.from({ length: 30 }, (_, i) => ({ key: `buyer-${i}`, value: `m${i}` }));
+
+describe('onePartitionPerRequest', () => {
+  it('sends each partition its messages in a request of their own, as the default partitioner places them', async () => {
+    const f = fakes(3);
+    const p = onePartitionPerRequest(f.producer, f.kafka);
+    const out = await p.send({ topic: 't', acks: -1, messages });
+    const placeRef = Partitioners.DefaultPartitioner();
+    const meta = [0, 1, 2].map((i) => ({ partitionId: i, leader: i + 1 }) as PartitionMetadata);
+    const expected = new Map<number, string[]>();
+    for (const m of messages) {
+      const part = placeRef({ topic: 't', partitionMetadata: meta, message: m });
+      expected.set(part, [...(expected.get(part) ?? []), m.value]);
+    }
+    expect(f.sends).toHaveLength(expected.size);
+    for (const s of f.sends) {
+      const parts = new Set(s.messages.map((m) => m.partition));
+      expect(parts.size).toBe(1);
+      expect(s.acks).toBe(-1);
+      expect(s.messages.map((m) => m.value)).toEqual(expected.get([...parts][0]!));
+    }
+    expect(out).toHaveLength(expected.size);
+    // The metadata is read once per topic.
+    await p.send({ topic: 't', messages: messages.slice(0, 3) });
+    expect(f.reads()).toBe(1);
+  });
+
+  it('fails the send when a partition fails, after all settled, and reads the metadata again next time', async () => {
+    const f = fakes(3, 1);
+    const p = onePartitionPerRequest(f.producer, f.kafka);
+    await expect(p.send({ topic: 't', messages })).rejects.toThrow('partition 1 failed');
+    expect(f.settled()).toBe(f.sends.length);
+    await expect(p.send({ topic: 't', messages })).rejects.toThrow('partition 1 failed');
+    expect(f.reads()).toBe(2);
+  });
+});
