@@ -61,7 +61,7 @@ async function main(): Promise<void> {
   }
   const cfg = loadRuntimeConfig(role);
   const logger = createLogger(`runtime-${role}`, cfg.LOG_LEVEL);
-  const metrics = createMetrics(`runtime-${role}`);
+  const metrics = createMetrics(`runtime-${role}`, cfg.ACTIVITY_ID);
   const has = (r: Role): boolean => role === r || role === 'all' || (role === 'after-sale' && r === 'api');
   logger.info(
     {
@@ -333,21 +333,17 @@ async function main(): Promise<void> {
     const task = cron.schedule(
       cfg.JOBS_GAUGE_CRON,
       async () => {
-        try {
-          await sampleGauges({
-            activityId,
-            redis,
-            pool: db(),
-            admin,
-            topics,
-            metrics,
-            gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
-          });
-          metrics.jobRuns.inc({ job: 'gauges', result: 'ok' });
-        } catch (err) {
-          metrics.jobRuns.inc({ job: 'gauges', result: 'error' });
-          logger.warn({ err: (err as Error).message }, 'gauge job failed');
-        }
+        const r = await sampleGauges({
+          activityId,
+          redis,
+          pool: db(),
+          admin,
+          topics,
+          metrics,
+          gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
+        });
+        metrics.jobRuns.inc({ job: 'gauges', result: r.failed.length === 0 ? 'ok' : 'error' });
+        for (const f of r.failed) logger.warn({ sampler: f.sampler, err: f.error }, 'gauge sampler failed');
       },
       { name: `gauges-${activityId}`, noOverlap: true },
     );

@@ -177,7 +177,10 @@ function exportActivityMetrics(ctx: ReconcileContext, phase: Phase, status: Flas
 }
 
 /** Removes every per-activity series of a resource that no longer exists. */
-export function forgetActivityMetrics(metrics: ReconcileContext['deps']['metrics'], labels: ActivityLabels): void {
+export function forgetActivityMetrics(
+  metrics: ReconcileContext['deps']['metrics'],
+  labels: ActivityLabels,
+): void {
   for (const p of Object.values(Phase)) metrics.activityPhase.remove({ ...labels, phase: p });
   for (const status of UNSETTLED) metrics.ordersUnsettled.remove({ ...labels, status });
   for (const instant of INSTANTS) metrics.activitySchedule.remove({ ...labels, instant });
