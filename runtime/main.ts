@@ -31,7 +31,7 @@ import type { Readiness } from './http.js';
 import { runDlqCli } from './dlq.js';
 import { cancelRouter } from './api/cancel-routes.js';
 import { scheduleAfterSaleJobs, scheduleSettlementSweeper } from './jobs/after-sale.js';
-import { sampleGauges } from './jobs/gauges.js';
+import { gaugeSampler } from './jobs/gauges.js';
 import { startMoneyJobs } from './jobs/money.js';
 import { providersFromEnv } from './payments/hmac-provider.js';
 import { refundNotificationsRouter } from './payments/refund-routes.js';
@@ -330,18 +330,19 @@ async function main(): Promise<void> {
   if ((has('jobs') || (role === 'consumer' && cfg.JOBS_IN_CONSUMER)) && activityId && topics) {
     const admin = bus().admin();
     await admin.connect();
+    const sampleGauges = gaugeSampler({
+      activityId,
+      redis,
+      pool: db(),
+      admin,
+      topics,
+      metrics,
+      gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
+    });
     const task = cron.schedule(
       cfg.JOBS_GAUGE_CRON,
       async () => {
-        const r = await sampleGauges({
-          activityId,
-          redis,
-          pool: db(),
-          admin,
-          topics,
-          metrics,
-          gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
-        });
+        const r = await sampleGauges();
         metrics.jobRuns.inc({ job: 'gauges', result: r.failed.length === 0 ? 'ok' : 'error' });
         for (const f of r.failed) logger.warn({ sampler: f.sampler, err: f.error }, 'gauge sampler failed');
       },

@@ -73,19 +73,30 @@ export const SAMPLERS = ['redis', 'order_gap', 'postgres', 'kafka'] as const;
 export type Sampler = (typeof SAMPLERS)[number];
 
 export interface SampleResult {
-  /** Samplers whose source answered, and the error of each one that did not. */
+  /** Samplers whose source answered, and the error of each one that did not (or was still busy). */
   ok: Sampler[];
   failed: { sampler: Sampler; error: string }[];
   gap: OrderGapReport | undefined;
 }
 
+export interface SamplerOptions {
+  /** How long one tick waits for a sampler; one still running then is skipped until it ends. */
+  timeoutMs?: number;
+  now?: () => number;
+}
+
 /**
- * Samples every gauge, one sampler per source, each on its own: a source that fails (Redis down)
- * leaves its own gauges and its `flashsale_sampler_last_success_timestamp_seconds` behind and
- * nothing else, so the other sources' gauges stay current and a rule can tell stale from healthy.
+ * The gauge job: one sampler per source, each on its own. A source that fails (Redis down) leaves
+ * its own gauges at their last value and its `flashsale_sampler_last_success_timestamp_seconds`
+ * behind, and nothing else: the other sources' gauges stay current, and a rule can tell stale from
+ * healthy. A source that hangs instead of failing does not hold the others either: a tick waits for
+ * a sampler at most `timeoutMs`, and skips a sampler whose previous call has not ended.
  */
-export async function sampleGauges(d: GaugeDeps, now: () => number = Date.now): Promise<SampleResult> {
+export function gaugeSampler(d: GaugeDeps, opts: SamplerOptions = {}): () => Promise<SampleResult> {
+  const now = opts.now ?? Date.now;
+  const timeoutMs = opts.timeoutMs ?? 10_000;
   const a = { activity: d.activityId };
+  const inFlight = new Set<Sampler>();
   let gap: OrderGapReport | undefined;
   const samplers: Record<Sampler, () => Promise<void>> = {
     redis: async () => {
@@ -120,18 +131,38 @@ export async function sampleGauges(d: GaugeDeps, now: () => number = Date.now): 
       d.metrics.dlqUnhandled.set({ activity: d.activityId, topic: d.topics.dlq }, unhandled);
     },
   };
-  const result: SampleResult = { ok: [], failed: [], gap: undefined };
-  await Promise.all(
-    SAMPLERS.map(async (sampler) => {
-      try {
-        await samplers[sampler]();
-        d.metrics.samplerLastSuccess.set({ activity: d.activityId, sampler }, now() / 1000);
-        result.ok.push(sampler);
-      } catch (err) {
-        result.failed.push({ sampler, error: err instanceof Error ? err.message : String(err) });
-      }
-    }),
-  );
-  result.gap = gap;
-  return result;
+  const runOne = (sampler: Sampler): Promise<void> => {
+    inFlight.add(sampler);
+    const run = samplers[sampler]().then(() => {
+      d.metrics.samplerLastSuccess.set({ activity: d.activityId, sampler }, now() / 1000);
+    });
+    void run.finally(() => inFlight.delete(sampler)).catch(() => undefined);
+    return run;
+  };
+  return async () => {
+    gap = undefined;
+    const result: SampleResult = { ok: [], failed: [], gap: undefined };
+    await Promise.all(
+      SAMPLERS.map(async (sampler) => {
+        if (inFlight.has(sampler)) {
+          result.failed.push({ sampler, error: 'the previous sample has not ended' });
+          return;
+        }
+        let timer: NodeJS.Timeout | undefined;
+        const timeout = new Promise<never>((_, reject) => {
+          timer = setTimeout(() => reject(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+        });
+        try {
+          await Promise.race([runOne(sampler), timeout]);
+          result.ok.push(sampler);
+        } catch (err) {
+          result.failed.push({ sampler, error: err instanceof Error ? err.message : String(err) });
+        } finally {
+          clearTimeout(timer);
+        }
+      }),
+    );
+    result.gap = gap;
+    return result;
+  };
 }
