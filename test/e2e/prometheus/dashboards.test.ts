@@ -340,11 +340,26 @@ describe('a real Prometheus during an end-to-end sale', () => {
           expect(await buy(`late-${n}`, 'rice')).toBe(202);
           const backlog = (await alerts(BACKLOG_ALERT))[0];
           const none = (await alerts(STALE_ALERT)).find((x) => x.labels.sampler === 'none');
-          return backlog && none ? [backlog, none] : undefined;
+          return backlog && none ? ([backlog, none] as [Alert, Alert]) : undefined;
         },
         90_000,
         1_000,
-      );
+      ).catch(async (err: unknown) => {
+        // What Prometheus saw, for the post-mortem.
+        const seen: string[] = [];
+        for (const q of [
+          `flashsale_sampler_last_success_timestamp_seconds{activity="${activity}"}`,
+          `flashsale_outbox_half_messages{activity="${activity}"}`,
+          `flashsale_activity_half_messages{activity="${activity}"}`,
+          `flashsale_activity_phase{activity="${activity}"} == 1`,
+          'flashsale_leader',
+          'ALERTS',
+        ]) {
+          const data = (await prom('query', { query: q })) as { result: unknown[] };
+          seen.push(`${q}: ${JSON.stringify(data.result)}`);
+        }
+        throw new Error(`${String(err)}\n${seen.join('\n')}`);
+      });
       expect(['pending', 'firing']).toContain(alert.state);
       expect(['pending', 'firing']).toContain(stale.state);
       expect(stale.labels.name).toBe(activity);
