@@ -18,6 +18,11 @@ export interface TopicNames {
   orders: string;
   dlq: string;
   consumerGroup: string;
+  /**
+   * The consumer group whose committed offsets are the DLQ's handled offsets: `dlq replay` and
+   * `dlq ack` advance them, nothing consumes with it (docs/runbooks/FlashSaleDLQUnhandled.md).
+   */
+  dlqHandledGroup: string;
 }
 
 /** One topic per activity keeps activities apart; its DLQ sits beside it. */
@@ -26,6 +31,7 @@ export function topicsFor(activityId: string, prefix = 'flashsale'): TopicNames 
     orders: `${prefix}.orders.${activityId}`,
     dlq: `${prefix}.orders.${activityId}.dlq`,
     consumerGroup: `${prefix}-orders-${activityId}`,
+    dlqHandledGroup: `${prefix}-dlq-handled-${activityId}`,
   };
 }
 
@@ -385,4 +391,88 @@ export async function consumerLag(admin: Admin, groupId: string, topic: string):
 export async function topicDepth(admin: Admin, topic: string): Promise<number> {
   const offsets = await admin.fetchTopicOffsets(topic);
   return offsets.reduce((n, p) => n + Number(p.high) - Number(p.low), 0);
+}
+
+/** Committed handled offset per partition (absent: nothing handled there yet). */
+export type HandledOffsets = Map<number, bigint>;
+
+export async function handledOffsets(admin: Admin, topics: TopicNames): Promise<HandledOffsets> {
+  const committed = await admin.fetchOffsets({ groupId: topics.dlqHandledGroup, topics: [topics.dlq] });
+  const out: HandledOffsets = new Map();
+  for (const t of committed)
+    for (const p of t.partitions) if (BigInt(p.offset) >= 0n) out.set(p.partition, BigInt(p.offset));
+  return out;
+}
+
+/**
+ * Dead letters not yet handled: per partition, the messages from the handled offset (or the
+ * oldest message still held, whichever is later: retention may have deleted some) to the end.
+ * Unlike the depth (high - low), a replay or an acknowledgement lowers it.
+ */
+export async function dlqUnhandled(admin: Admin, topics: TopicNames): Promise<number> {
+  const [ends, handled] = await Promise.all([
+    admin.fetchTopicOffsets(topics.dlq),
+    handledOffsets(admin, topics),
+  ]);
+  let n = 0n;
+  for (const p of ends) {
+    const low = BigInt(p.low);
+    const h = handled.get(p.partition) ?? low;
+    const from = h > low ? h : low;
+    const high = BigInt(p.high);
+    if (high > from) n += high - from;
+  }
+  return Number(n);
+}
+
+/**
+ * The handled offsets after handling `handled` (pure). Per partition, the offset moves over the
+ * messages that follow it in order as long as each one is handled (now or before): a handled
+ * message after an unhandled one does not move it, so the count never hides a dead letter nobody
+ * looked at. `messages` are the DLQ's messages as read (partition, offset), in any order.
+ */
+export function advanceHandled(
+  current: HandledOffsets,
+  messages: readonly { partition: number; offset: string }[],
+  handled: ReadonlySet<string>,
+): HandledOffsets {
+  const byPartition = new Map<number, bigint[]>();
+  for (const m of messages) {
+    const list = byPartition.get(m.partition) ?? [];
+    list.push(BigInt(m.offset));
+    byPartition.set(m.partition, list);
+  }
+  const next: HandledOffsets = new Map(current);
+  for (const [partition, offsets] of byPartition) {
+    offsets.sort((x, y) => (x < y ? -1 : x > y ? 1 : 0));
+    let at = current.get(partition);
+    for (const o of offsets) {
+      if (at !== undefined && o < at) continue;
+      if (!handled.has(`${partition}:${o}`)) break;
+      at = o + 1n;
+    }
+    if (at !== undefined) next.set(partition, at);
+  }
+  return next;
+}
+
+/**
+ * Commits handled offsets for the DLQ (never moving one back: two operators acknowledging at once
+ * cannot un-handle each other's messages). Returns the offsets now committed.
+ */
+export async function commitHandled(
+  admin: Admin,
+  topics: TopicNames,
+  compute: (current: HandledOffsets) => HandledOffsets,
+): Promise<HandledOffsets> {
+  const current = await handledOffsets(admin, topics);
+  const next = compute(current);
+  const partitions = [...next]
+    .filter(([p, o]) => o > (current.get(p) ?? -1n))
+    .map(([partition, offset]) => ({ partition, offset: offset.toString() }));
+  if (partitions.length > 0)
+    await admin.setOffsets({ groupId: topics.dlqHandledGroup, topic: topics.dlq, partitions });
+  const out: HandledOffsets = new Map(current);
+  for (const [p, o] of next) if (o > (out.get(p) ?? -1n)) out.set(p, o);
+  return out;
 }

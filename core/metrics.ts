@@ -12,9 +12,15 @@ export type Metrics = ReturnType<typeof createMetrics>;
  */
 export const UNKNOWN_ACTIVITY_LABEL = '_unknown';
 
-export function createMetrics(component: string) {
+/**
+ * `activityId`: the activity a per-activity runtime process serves. It becomes the `activity` label
+ * of every series the process exports that has none of its own (HTTP, process, event loop), so
+ * every series of one sale carries the same identity as the operator's (docs/install.md
+ * "Monitoring"). A metric's own `activity` label wins (an api serving other activities).
+ */
+export function createMetrics(component: string, activityId?: string) {
   const registry = new client.Registry();
-  registry.setDefaultLabels({ component });
+  registry.setDefaultLabels(activityId ? { component, activity: activityId } : { component });
   client.collectDefaultMetrics({ register: registry, prefix: 'flashsale_' });
   const r = [registry];
   return {
@@ -61,6 +67,12 @@ export function createMetrics(component: string) {
       labelNames: ['topic'],
       registers: r,
     }),
+    dlqUnhandled: new client.Gauge({
+      name: 'flashsale_dlq_unhandled',
+      help: 'Dead letters after the handled offset that `dlq replay` and `dlq ack` advance (0 = every dead letter was replayed or acknowledged)',
+      labelNames: ['activity', 'topic'],
+      registers: r,
+    }),
     dlqSent: new client.Counter({
       name: 'flashsale_dlq_messages_total',
       help: 'Messages sent to the dead-letter topic',
@@ -71,6 +83,18 @@ export function createMetrics(component: string) {
       name: 'flashsale_order_gap',
       help: 'Reservations older than the gap threshold with no order in PostgreSQL',
       labelNames: ['activity'],
+      registers: r,
+    }),
+    samplerLastSuccess: new client.Gauge({
+      name: 'flashsale_sampler_last_success_timestamp_seconds',
+      help: 'When each gauge sampler (redis, order_gap, postgres, kafka) last read its source successfully (Unix seconds); a sampler whose source fails leaves it behind',
+      labelNames: ['activity', 'sampler'],
+      registers: r,
+    }),
+    ordersStored: new client.Gauge({
+      name: 'flashsale_orders_stored',
+      help: 'Orders of the activity in PostgreSQL by status (the postgres sampler)',
+      labelNames: ['activity', 'status'],
       registers: r,
     }),
     reservations: new client.Counter({
@@ -229,10 +253,12 @@ export function createOperatorMetrics() {
   const r = [registry];
   return {
     registry,
+    // Every per-activity series of the operator carries `activity` = the activity id (the label
+    // the runtime's series carry) and `name` = the FlashSaleActivity resource's name.
     activityPhase: new client.Gauge({
       name: 'flashsale_activity_phase',
       help: '1 for the phase each activity is in, 0 for the others',
-      labelNames: ['activity', 'namespace', 'phase'],
+      labelNames: ['activity', 'name', 'namespace', 'phase'],
       registers: r,
     }),
     reconcileTotal: new client.Counter({
@@ -270,19 +296,49 @@ export function createOperatorMetrics() {
     activityHalfMessages: new client.Gauge({
       name: 'flashsale_activity_half_messages',
       help: 'Half messages of each activity as last seen by the operator',
-      labelNames: ['activity', 'namespace'],
+      labelNames: ['activity', 'name', 'namespace'],
       registers: r,
     }),
     activityConsumerLag: new client.Gauge({
       name: 'flashsale_activity_consumer_lag',
       help: 'Consumer lag of each activity as last seen by the operator',
-      labelNames: ['activity', 'namespace'],
+      labelNames: ['activity', 'name', 'namespace'],
+      registers: r,
+    }),
+    activityOldestHalfMessageAge: new client.Gauge({
+      name: 'flashsale_activity_oldest_half_message_age_seconds',
+      help: 'Age of the oldest half message of each activity as last seen by the operator',
+      labelNames: ['activity', 'name', 'namespace'],
+      registers: r,
+    }),
+    activityOrderGap: new client.Gauge({
+      name: 'flashsale_activity_order_gap',
+      help: 'Order gap of each activity as last seen by the operator',
+      labelNames: ['activity', 'name', 'namespace'],
+      registers: r,
+    }),
+    activityDlqDepth: new client.Gauge({
+      name: 'flashsale_activity_dlq_depth',
+      help: 'Messages in the dead-letter topic of each activity as last seen by the operator',
+      labelNames: ['activity', 'name', 'namespace'],
+      registers: r,
+    }),
+    activitySchedule: new client.Gauge({
+      name: 'flashsale_activity_schedule_timestamp_seconds',
+      help: "Each activity's schedule instants (Unix seconds) by instant: warm_up, start, end",
+      labelNames: ['activity', 'name', 'namespace', 'instant'],
+      registers: r,
+    }),
+    activityReplicas: new client.Gauge({
+      name: 'flashsale_activity_replicas',
+      help: "Replicas of each activity's runtime Deployments by role and state (desired, available), as the operator observed them",
+      labelNames: ['activity', 'name', 'namespace', 'role', 'state'],
       registers: r,
     }),
     ordersUnsettled: new client.Gauge({
       name: 'flashsale_orders_unsettled',
       help: 'Orders and payments of an activity not settled yet (Settling), by what is left: unpaid, closed_unsettled, refund_pending, refunding',
-      labelNames: ['activity', 'namespace', 'status'],
+      labelNames: ['activity', 'name', 'namespace', 'status'],
       registers: r,
     }),
   };

@@ -4,6 +4,7 @@
  *   node dist/runtime/dlq.js list    [--activity ID] [--limit N] [--json]
  *   node dist/runtime/dlq.js inspect <partition:offset> [--activity ID]
  *   node dist/runtime/dlq.js replay  <partition:offset>... | --all [--activity ID]
+ *   node dist/runtime/dlq.js ack     <partition:offset>... | --all [--activity ID]
  *   (also `node dist/runtime/main.js dlq ...`; in development `node --import tsx runtime/dlq.ts ...`)
  *
  * Environment: KAFKA_BROKERS (required), KAFKA_TOPIC_PREFIX (default flashsale), ACTIVITY_ID
@@ -14,12 +15,25 @@
  * number of times: the consumer's unique keys (reservation id; live buyer slot) turn a repeated
  * message into the same single order. The DLQ itself is never modified: its retention ages
  * messages out, and `list` shows each message's replay command.
+ *
+ * Handled offsets: a replayed message, and one acknowledged with `ack` (looked at and decided not
+ * to replay), is handled. Each partition's handled offset (a consumer group's committed offset,
+ * core/kafka.ts `commitHandled`) moves over the handled messages that follow it in order; the
+ * messages after it are `flashsale_dlq_unhandled`, which the DLQ alert watches. A handled message
+ * behind an unhandled one is counted until that one is handled too (`list` marks both).
  */
 import { randomBytes } from 'node:crypto';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import type { IHeaders, Kafka } from 'kafkajs';
-import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
+import type { Admin, IHeaders, Kafka } from 'kafkajs';
+import {
+  advanceHandled,
+  commitHandled,
+  createKafka,
+  handledOffsets,
+  idempotentProducer,
+  topicsFor,
+} from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
 
 export interface DlqMessage {
@@ -114,10 +128,11 @@ export async function replayMessages(kafka: Kafka, topic: string, messages: DlqM
   return messages.length;
 }
 
-const USAGE = `usage: dlq <list|inspect|replay> [options]
-  list [--limit N] [--json]              messages in the activity's DLQ (oldest first)
+const USAGE = `usage: dlq <list|inspect|replay|ack> [options]
+  list [--limit N] [--json]              messages in the activity's DLQ (oldest first), handled or not
   inspect <partition:offset>             headers and value of one message
-  replay <partition:offset>... | --all   produce the messages back into the order topic
+  replay <partition:offset>... | --all   produce the messages back into the order topic (marks them handled)
+  ack <partition:offset>... | --all      mark the messages handled without replaying them
 options: --activity ID (default $ACTIVITY_ID); env KAFKA_BROKERS, KAFKA_TOPIC_PREFIX`;
 
 class UsageError extends Error {}
@@ -159,14 +174,14 @@ function readArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
   };
   const odd = refs.find((r) => !/^\d+:\d+$/.test(r));
   if (odd !== undefined) throw new UsageError(`unexpected argument ${odd}`);
-  if (!['list', 'inspect', 'replay'].includes(command)) throw new UsageError('unknown command');
+  if (!['list', 'inspect', 'replay', 'ack'].includes(command)) throw new UsageError('unknown command');
   if (!isSafeId(args.activity)) throw new UsageError('set --activity or ACTIVITY_ID to a valid activity id');
   if (!Number.isInteger(args.limit) || args.limit < 1)
     throw new UsageError('--limit must be a positive integer');
   if (command === 'inspect' && args.refs.length !== 1)
     throw new UsageError('inspect takes one partition:offset');
-  if (command === 'replay' && args.refs.length === 0 && !args.all) {
-    throw new UsageError('replay needs partition:offset references or --all');
+  if ((command === 'replay' || command === 'ack') && args.refs.length === 0 && !args.all) {
+    throw new UsageError(`${command} needs partition:offset references or --all`);
   }
   return args;
 }
@@ -198,10 +213,14 @@ export async function runDlqCli(
   const all = await readTopic(kafka, topics.dlq);
   const ref = (m: DlqMessage) => `${m.partition}:${m.offset}`;
   if (args.command === 'list') {
-    const shown = all.slice(0, args.limit);
+    const handled = await withAdmin(kafka, (admin) => handledOffsets(admin, topics));
+    const isHandled = (m: DlqMessage) => BigInt(m.offset) < (handled.get(m.partition) ?? 0n);
+    const shown = all.slice(0, args.limit).map((m) => ({ ...m, handled: isHandled(m) }));
     if (args.json) out(JSON.stringify(shown, null, 2));
     else {
-      out(`${all.length} message(s) in ${topics.dlq}`);
+      out(
+        `${all.length} message(s) in ${topics.dlq}, ${all.filter((m) => !isHandled(m)).length} not handled`,
+      );
       for (const m of shown) {
         let rid = m.headers['reservation-id'] ?? '';
         if (!rid) {
@@ -212,7 +231,7 @@ export async function runDlqCli(
           }
         }
         out(
-          `${ref(m)}\t${m.timestamp}\treservation=${rid || '?'}\tattempts=${m.headers['dlq-attempts'] ?? '?'}\terror=${m.headers['dlq-error'] ?? ''}`,
+          `${ref(m)}\t${m.handled ? 'handled' : 'UNHANDLED'}\t${m.timestamp}\treservation=${rid || '?'}\tattempts=${m.headers['dlq-attempts'] ?? '?'}\terror=${m.headers['dlq-error'] ?? ''}`,
         );
       }
     }
@@ -236,9 +255,30 @@ export async function runDlqCli(
     return 0;
   }
   const chosen = args.all ? all : args.refs.map((r) => byRef.get(r)!);
-  const n = await replayMessages(kafka, topics.orders, chosen);
-  out(`replayed ${n} message(s) from ${topics.dlq} into ${topics.orders}`);
+  if (args.command === 'replay') {
+    const n = await replayMessages(kafka, topics.orders, chosen);
+    out(`replayed ${n} message(s) from ${topics.dlq} into ${topics.orders}`);
+  }
+  // Only after the replay was acknowledged by Kafka: a replay that failed leaves them unhandled.
+  const done = new Set(chosen.map(ref));
+  const offsets = await withAdmin(kafka, (admin) =>
+    commitHandled(admin, topics, (current) => advanceHandled(current, all, done)),
+  );
+  const unhandled = all.filter((m) => BigInt(m.offset) >= (offsets.get(m.partition) ?? 0n)).length;
+  out(
+    `handled offsets ${[...offsets].map(([p, o]) => `${p}:${o}`).join(' ') || '(none)'}; ${unhandled} message(s) not handled`,
+  );
   return 0;
+}
+
+async function withAdmin<T>(kafka: Kafka, f: (admin: Admin) => Promise<T>): Promise<T> {
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    return await f(admin);
+  } finally {
+    await admin.disconnect();
+  }
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {

@@ -61,7 +61,7 @@ async function runRole<R extends Role>(role: R): Promise<void> {
   registerScripts(redis);
   const ctx: RoleContext = {
     logger,
-    metrics: createMetrics(`runtime-${role}`),
+    metrics: createMetrics(`runtime-${role}`, c.ACTIVITY_ID),
     redis,
     redisConnection,
     connectRedis,

@@ -20,6 +20,7 @@ import type { RoleReplicas, RuntimeRole } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { deploymentUpToDate, desiredDeployment } from './runtime-objects.js';
+import { activityLabels } from './update-status.js';
 
 export interface RoleRollout {
   role: RuntimeRole;
@@ -90,6 +91,11 @@ export async function observeRuntime(ctx: ReconcileContext): Promise<StepResult>
     ),
   );
   const condition = runtimeCondition(rollouts);
+  const labels = activityLabels(ctx);
+  for (const r of rollouts) {
+    ctx.deps.metrics.activityReplicas.set({ ...labels, role: r.role, state: 'desired' }, r.desired);
+    ctx.deps.metrics.activityReplicas.set({ ...labels, role: r.role, state: 'available' }, r.available);
+  }
   ctx.status.conditions = setCondition(ctx.status.conditions, condition, ctx.generation, ctx.now);
   if (ctx.deleting || condition.status === 'True') return CONTINUE;
 

@@ -20,7 +20,7 @@ import { removeFinalizer } from './remove-finalizer.js';
 import { scaleRuntime } from './scale-runtime.js';
 import { settle } from './settle.js';
 import { syncSpec } from './sync-spec.js';
-import { updateStatus } from './update-status.js';
+import { forgetActivityMetrics, updateStatus } from './update-status.js';
 import { warmUp } from './warm-up.js';
 import { writeBack } from './write-back.js';
 
@@ -51,21 +51,23 @@ export interface ReconcileResult {
 const REFRESH_PHASES: readonly Phase[] = [Phase.Active, Phase.Draining, Phase.WritingBack, Phase.CleaningUp];
 
 export class Reconciler {
+  private readonly activityIds = new Map<string, string>();
+
   constructor(private readonly deps: ReconcileDeps) {}
 
   async reconcile(key: string): Promise<ReconcileResult> {
     const { namespace, name } = splitKey(key);
     const fsa = await this.deps.activities.get(namespace, name);
     if (!fsa) {
-      for (const p of Object.values(Phase)) {
-        this.deps.metrics.activityPhase.remove({ activity: name, namespace, phase: p });
-      }
-      for (const status of ['unpaid', 'closed_unsettled', 'refund_pending', 'refunding']) {
-        this.deps.metrics.ordersUnsettled.remove({ activity: name, namespace, status });
-      }
+      const known = this.activityIds.get(key);
+      if (known !== undefined) forgetActivityMetrics(this.deps.metrics, { activity: known, name, namespace });
+      this.activityIds.delete(key);
       return { requeueAtMs: undefined, phase: undefined };
     }
     const activityId = activityIdOf(fsa);
+    // Remembered for removing the resource's series once it is gone (its uid, part of the id, is
+    // then unknown).
+    this.activityIds.set(key, activityId);
     const schedule = scheduleOf(fsa.spec, parseDuration(this.deps.config.defaultWarmUpLead));
     const log = this.deps.log.child({ activity: key, activityId });
     const ctx = new ReconcileContext(this.deps, fsa, activityId, schedule, log);

@@ -9,7 +9,7 @@ import { countOrders } from '../../core/db/orders-store.js';
 import { readStockRows, readWriteBack } from '../../core/db/stock-store.js';
 import { derivePhase, enterPhase, setCondition } from '../api/v1alpha1/conditions.js';
 import type { ConditionInput } from '../api/v1alpha1/conditions.js';
-import { ConditionType, Phase, Reason } from '../api/v1alpha1/types.js';
+import { ConditionType, Phase, Reason, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
 import type { BacklogStatus, FlashSaleActivityStatus, StockStatus } from '../api/v1alpha1/types.js';
 import type { ReconcileContext } from './context.js';
 import { readSettlement } from './settle.js';
@@ -129,6 +129,73 @@ function pausedCondition(ctx: ReconcileContext, phase: Phase): ConditionInput {
     : { type: ConditionType.Paused, status: 'False', reason: Reason.NotPaused, message: 'not paused' };
 }
 
+/**
+ * The labels of every per-activity series of the operator: `activity` is the activity id, the
+ * label the runtime's series carry, so one selector finds both; `name` is the resource's name.
+ */
+export function activityLabels(ctx: Pick<ReconcileContext, 'fsa' | 'activityId'>): ActivityLabels {
+  return { activity: ctx.activityId, name: ctx.fsa.metadata.name, namespace: ctx.fsa.metadata.namespace };
+}
+
+export interface ActivityLabels {
+  activity: string;
+  name: string;
+  namespace: string;
+}
+
+const UNSETTLED = ['unpaid', 'closed_unsettled', 'refund_pending', 'refunding'] as const;
+const INSTANTS = ['warm_up', 'start', 'end'] as const;
+const REPLICA_STATES = ['desired', 'available'] as const;
+
+function exportActivityMetrics(ctx: ReconcileContext, phase: Phase, status: FlashSaleActivityStatus): void {
+  const { metrics } = ctx.deps;
+  const labels = activityLabels(ctx);
+  for (const p of Object.values(Phase))
+    metrics.activityPhase.set({ ...labels, phase: p }, p === phase ? 1 : 0);
+  // Schedule instants, so that a rule can tell a sale that should be open by now (startAt passed)
+  // and is not Active.
+  const instants = { warm_up: ctx.schedule.warmUpAt, start: ctx.schedule.startAt, end: ctx.schedule.endAt };
+  for (const instant of INSTANTS)
+    metrics.activitySchedule.set({ ...labels, instant }, instants[instant].getTime() / 1000);
+  const b = status.backlog;
+  if (b?.halfMessages !== undefined) metrics.activityHalfMessages.set(labels, b.halfMessages);
+  if (b?.oldestHalfMessageAgeSeconds !== undefined)
+    metrics.activityOldestHalfMessageAge.set(labels, b.oldestHalfMessageAgeSeconds);
+  if (b?.orderGap !== undefined) metrics.activityOrderGap.set(labels, b.orderGap);
+  if (b?.consumerLag !== undefined) metrics.activityConsumerLag.set(labels, b.consumerLag);
+  if (b?.dlqDepth !== undefined) metrics.activityDlqDepth.set(labels, b.dlqDepth);
+  if (status.settlement) {
+    const st = status.settlement;
+    const values = {
+      unpaid: st.unpaid,
+      closed_unsettled: st.closedUnsettled,
+      refund_pending: st.refundPending,
+      refunding: st.refunding,
+    };
+    for (const key of UNSETTLED) metrics.ordersUnsettled.set({ ...labels, status: key }, values[key] ?? 0);
+  }
+}
+
+/** Removes every per-activity series of a resource that no longer exists. */
+export function forgetActivityMetrics(
+  metrics: ReconcileContext['deps']['metrics'],
+  labels: ActivityLabels,
+): void {
+  for (const p of Object.values(Phase)) metrics.activityPhase.remove({ ...labels, phase: p });
+  for (const status of UNSETTLED) metrics.ordersUnsettled.remove({ ...labels, status });
+  for (const instant of INSTANTS) metrics.activitySchedule.remove({ ...labels, instant });
+  for (const role of RUNTIME_ROLES)
+    for (const state of REPLICA_STATES) metrics.activityReplicas.remove({ ...labels, role, state });
+  for (const g of [
+    metrics.activityHalfMessages,
+    metrics.activityOldestHalfMessageAge,
+    metrics.activityOrderGap,
+    metrics.activityConsumerLag,
+    metrics.activityDlqDepth,
+  ])
+    g.remove(labels);
+}
+
 /** Computes the final status of the pass and writes it. */
 export async function updateStatus(ctx: ReconcileContext): Promise<void> {
   if (ctx.gone) return;
@@ -170,25 +237,7 @@ export async function updateStatus(ctx: ReconcileContext): Promise<void> {
   else if (ctx.requeueAtMs !== undefined) status.nextCheckAt = new Date(ctx.requeueAtMs).toISOString();
   else delete status.nextCheckAt;
 
-  const { metrics } = ctx.deps;
-  const labels = { activity: ctx.fsa.metadata.name, namespace: ctx.fsa.metadata.namespace };
-  for (const p of Object.values(Phase))
-    metrics.activityPhase.set({ ...labels, phase: p }, p === phase ? 1 : 0);
-  if (status.backlog?.halfMessages !== undefined)
-    metrics.activityHalfMessages.set(labels, status.backlog.halfMessages);
-  if (status.backlog?.consumerLag !== undefined)
-    metrics.activityConsumerLag.set(labels, status.backlog.consumerLag);
-  if (status.settlement) {
-    const st = status.settlement;
-    for (const [key, value] of [
-      ['unpaid', st.unpaid],
-      ['closed_unsettled', st.closedUnsettled],
-      ['refund_pending', st.refundPending],
-      ['refunding', st.refunding],
-    ] as const) {
-      metrics.ordersUnsettled.set({ ...labels, status: key }, value ?? 0);
-    }
-  }
+  exportActivityMetrics(ctx, phase, status);
 
   const updated = await ctx.deps.activities.patchStatus(ctx.fsa, status);
   if (updated) ctx.fsa = updated;

@@ -73,6 +73,9 @@ class RefusedMessage extends Error {
   }
 }
 
+/** Why a message went to the DLQ (`flashsale_dlq_messages_total{reason}`). */
+const DLQ_REASONS = ['refused', 'invalid', 'failed'] as const;
+
 /** Whole cents of a decimal string with at most two places ("19.9" -> 1990n). */
 function cents(price: string): bigint | undefined {
   const m = /^(\d{1,12})(?:\.(\d{1,2}))?$/.exec(price);
@@ -131,6 +134,9 @@ export class OrderConsumer {
 
   constructor(private readonly options: ConsumerOptions) {
     this.guard = new StockGuard(options);
+    // Exported from 0, so that the first dead letter is an increase the new-dead-letters alert sees.
+    for (const reason of DLQ_REASONS)
+      options.metrics.dlqSent.inc({ activity: options.activityId, reason }, 0);
   }
 
   async start(): Promise<void> {
@@ -362,7 +368,11 @@ export class OrderConsumer {
     });
     this.options.metrics.dlqSent.inc({
       activity: this.options.activityId,
-      reason: err instanceof RefusedMessage ? 'refused' : err instanceof PoisonMessage ? 'invalid' : 'failed',
+      reason: (err instanceof RefusedMessage
+        ? 'refused'
+        : err instanceof PoisonMessage
+          ? 'invalid'
+          : 'failed') satisfies (typeof DLQ_REASONS)[number],
     });
     this.options.logger.error(
       { offset: c.message.offset, partition: p.batch.partition, err: err.message },

@@ -1,6 +1,6 @@
 /**
- * Scheduled observation of one activity: outbox, stock, consumer lag, DLQ depth and the order
- * gap. The order-gap check also repairs the cheap case: a reservation whose order exists in
+ * Scheduled observation of one activity: outbox, stock, orders, consumer lag, the DLQ and the
+ * order gap. The order-gap check also repairs the cheap case: a reservation whose order exists in
  * PostgreSQL but whose result never reached Redis (failure window 5) is confirmed here.
  */
 import type { Admin } from 'kafkajs';
@@ -11,9 +11,9 @@ import {
   unconfirmedReservations,
   countUnconfirmed,
 } from '../../core/activity-cache.js';
-import { findByReservationIds } from '../../core/db/orders-store.js';
+import { countOrders, findByReservationIds } from '../../core/db/orders-store.js';
 import type { Pool } from '../../core/db/pool.js';
-import { consumerLag, topicDepth } from '../../core/kafka.js';
+import { consumerLag, dlqUnhandled, topicDepth } from '../../core/kafka.js';
 import type { TopicNames } from '../../core/kafka.js';
 import type { Metrics } from '../../core/metrics.js';
 import type { RedisClient } from '../../core/scripts.js';
@@ -68,23 +68,101 @@ export async function checkOrderGap(
   return { gap: Math.max(0, total - rows.length), repairedResults: rows.length, missing };
 }
 
-export async function sampleGauges(d: GaugeDeps): Promise<OrderGapReport> {
+/** The sources the gauges read, each sampled on its own (docs/install.md "Monitoring"). */
+export const SAMPLERS = ['redis', 'order_gap', 'postgres', 'kafka'] as const;
+export type Sampler = (typeof SAMPLERS)[number];
+
+export interface SampleResult {
+  /** Samplers whose source answered, and the error of each one that did not (or was still busy). */
+  ok: Sampler[];
+  failed: { sampler: Sampler; error: string }[];
+  gap: OrderGapReport | undefined;
+}
+
+export interface SamplerOptions {
+  /** How long one tick waits for a sampler; one still running then is skipped until it ends. */
+  timeoutMs?: number;
+  now?: () => number;
+}
+
+/**
+ * The gauge job: one sampler per source, each on its own. A source that fails (Redis down) leaves
+ * its own gauges at their last value and its `flashsale_sampler_last_success_timestamp_seconds`
+ * behind, and nothing else: the other sources' gauges stay current, and a rule can tell stale from
+ * healthy. A source that hangs instead of failing does not hold the others either: a tick waits for
+ * a sampler at most `timeoutMs`, and skips a sampler whose previous call has not ended.
+ */
+export function gaugeSampler(d: GaugeDeps, opts: SamplerOptions = {}): () => Promise<SampleResult> {
+  const now = opts.now ?? Date.now;
+  const timeoutMs = opts.timeoutMs ?? 10_000;
   const a = { activity: d.activityId };
-  const [outbox, stock, gap] = await Promise.all([
-    readOutbox(d.redis, d.activityId),
-    readStock(d.redis, d.activityId),
-    checkOrderGap(d),
-  ]);
-  d.metrics.outboxHalfMessages.set(a, outbox.halfMessages);
-  d.metrics.outboxOldestAge.set(a, outbox.oldestAgeSeconds);
-  for (const s of stock.skus.slice(0, MAX_SKU_SERIES))
-    d.metrics.stockRemaining.set({ activity: d.activityId, sku: s.skuId }, s.remaining);
-  d.metrics.orderGap.set(a, gap.gap);
-  try {
-    d.metrics.consumerLag.set(a, await consumerLag(d.admin, d.topics.consumerGroup, d.topics.orders));
-    d.metrics.dlqDepth.set({ topic: d.topics.dlq }, await topicDepth(d.admin, d.topics.dlq));
-  } catch {
-    // Topics appear when the operator warms the activity up; until then there is nothing to show.
-  }
-  return gap;
+  const inFlight = new Set<Sampler>();
+  let gap: OrderGapReport | undefined;
+  const samplers: Record<Sampler, () => Promise<void>> = {
+    redis: async () => {
+      const [outbox, stock] = await Promise.all([
+        readOutbox(d.redis, d.activityId),
+        readStock(d.redis, d.activityId),
+      ]);
+      d.metrics.outboxHalfMessages.set(a, outbox.halfMessages);
+      d.metrics.outboxOldestAge.set(a, outbox.oldestAgeSeconds);
+      for (const s of stock.skus.slice(0, MAX_SKU_SERIES))
+        d.metrics.stockRemaining.set({ activity: d.activityId, sku: s.skuId }, s.remaining);
+    },
+    order_gap: async () => {
+      gap = await checkOrderGap(d);
+      d.metrics.orderGap.set(a, gap.gap);
+    },
+    postgres: async () => {
+      const counts = await countOrders(d.pool, d.activityId);
+      for (const [status, n] of Object.entries(counts.byStatus))
+        d.metrics.ordersStored.set({ activity: d.activityId, status }, n);
+    },
+    kafka: async () => {
+      // Topics appear when the operator warms the activity up; until then this sampler fails and
+      // its timestamp stays unset.
+      const [lag, depth, unhandled] = await Promise.all([
+        consumerLag(d.admin, d.topics.consumerGroup, d.topics.orders),
+        topicDepth(d.admin, d.topics.dlq),
+        dlqUnhandled(d.admin, d.topics),
+      ]);
+      d.metrics.consumerLag.set(a, lag);
+      d.metrics.dlqDepth.set({ topic: d.topics.dlq }, depth);
+      d.metrics.dlqUnhandled.set({ activity: d.activityId, topic: d.topics.dlq }, unhandled);
+    },
+  };
+  const runOne = (sampler: Sampler): Promise<void> => {
+    inFlight.add(sampler);
+    const run = samplers[sampler]().then(() => {
+      d.metrics.samplerLastSuccess.set({ activity: d.activityId, sampler }, now() / 1000);
+    });
+    void run.finally(() => inFlight.delete(sampler)).catch(() => undefined);
+    return run;
+  };
+  return async () => {
+    gap = undefined;
+    const result: SampleResult = { ok: [], failed: [], gap: undefined };
+    await Promise.all(
+      SAMPLERS.map(async (sampler) => {
+        if (inFlight.has(sampler)) {
+          result.failed.push({ sampler, error: 'the previous sample has not ended' });
+          return;
+        }
+        let timer: NodeJS.Timeout | undefined;
+        const timeout = new Promise<never>((_, reject) => {
+          timer = setTimeout(() => reject(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+        });
+        try {
+          await Promise.race([runOne(sampler), timeout]);
+          result.ok.push(sampler);
+        } catch (err) {
+          result.failed.push({ sampler, error: err instanceof Error ? err.message : String(err) });
+        } finally {
+          clearTimeout(timer);
+        }
+      }),
+    );
+    result.gap = gap;
+    return result;
+  };
 }

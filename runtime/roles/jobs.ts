@@ -8,7 +8,7 @@ import cron from 'node-cron';
 import { idempotentProducer, topicsFor } from '../../core/kafka.js';
 import type { JobsConfig } from '../config.js';
 import { scheduleAfterSaleJobs } from '../jobs/after-sale.js';
-import { sampleGauges } from '../jobs/gauges.js';
+import { gaugeSampler } from '../jobs/gauges.js';
 import { startMoneyJobs } from '../jobs/money.js';
 import { providersFromEnv } from '../payments/hmac-provider.js';
 import type { Closer, DatabaseClient, KafkaClient, RoleContext } from './process.js';
@@ -23,24 +23,21 @@ export async function startJobs(
   const topics = topicsFor(activityId, cfg.KAFKA_TOPIC_PREFIX);
   const admin = kafka.admin();
   await admin.connect();
+  const sampleGauges = gaugeSampler({
+    activityId,
+    redis,
+    pool,
+    admin,
+    topics,
+    metrics,
+    gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
+  });
   const gauges = cron.schedule(
     cfg.JOBS_GAUGE_CRON,
     async () => {
-      try {
-        await sampleGauges({
-          activityId,
-          redis,
-          pool,
-          admin,
-          topics,
-          metrics,
-          gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
-        });
-        metrics.jobRuns.inc({ job: 'gauges', result: 'ok' });
-      } catch (err) {
-        metrics.jobRuns.inc({ job: 'gauges', result: 'error' });
-        logger.warn({ err: (err as Error).message }, 'gauge job failed');
-      }
+      const r = await sampleGauges();
+      metrics.jobRuns.inc({ job: 'gauges', result: r.failed.length === 0 ? 'ok' : 'error' });
+      for (const f of r.failed) logger.warn({ sampler: f.sampler, err: f.error }, 'gauge sampler failed');
     },
     { name: `gauges-${activityId}`, noOverlap: true },
   );

@@ -344,10 +344,13 @@ describe('operator: the whole lifecycle of one activity', () => {
           env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
         });
         expect(out.stdout.split('\n')[0]).toMatch(
-          /NAME\s+PHASE\s+START\s+END\s+REMAINING\s+RUNTIME\s+ORDER-GAP\s+UNSETTLED\s+AGE/,
+          /NAME\s+PHASE\s+START\s+END\s+REMAINING\s+RUNTIME\s+ORDER-GAP\s+UNSETTLED\s+AGE\s+ID/,
         );
         expect(out.stdout).toMatch(
-          new RegExp(`${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+21\\s+False\\s+0\\s+0\\s`),
+          new RegExp(
+            `${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+21\\s+False\\s+0\\s+0\\s+\\S+\\s+${activityId}\\s*$`,
+            'm',
+          ),
         );
       }
 
@@ -357,7 +360,8 @@ describe('operator: the whole lifecycle of one activity', () => {
       expect((await fetch(`${base}/readyz`)).status).toBe(200);
       const metrics = await (await fetch(`${base}/metrics`)).text();
       expect(metrics).toContain(
-        `flashsale_activity_phase{activity="${name}",namespace="${ns.namespace}",phase="Completed",component="operator"} 1`,
+        // The activity id, as on the runtime's series, and the resource's name.
+        `flashsale_activity_phase{activity="${activityId}",name="${name}",namespace="${ns.namespace}",phase="Completed",component="operator"} 1`,
       );
       expect(metrics).toMatch(
         /flashsale_reconcile_total\{result="(success|requeue)",component="operator"\} \d+/,

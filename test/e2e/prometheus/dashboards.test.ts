@@ -2,12 +2,17 @@
 // runtime roles (api, relay, consumer with its jobs) every second during an end-to-end sale on the
 // test servers: every PromQL expression of the chart's three dashboards returns at least one series
 // (or is listed below as expected-empty, with the reason), the chart's rules are loaded and
-// evaluate without error, and with the relay stopped mid-sale the half-message backlog alert
-// becomes pending or firing. The list of panels with their series count is printed.
+// evaluate without error, and the alerts see what they exist for:
+// - a buyer's order dead-lettered (a defect refuses it): FlashSaleDLQNewDeadLetters fires and
+//   FlashSaleDLQUnhandled is raised; once the defect is fixed, `dlq replay` resolves the latter;
+// - the relay and the consumer (which runs the gauge jobs) stopped mid-sale: with no runtime pod
+//   exporting the backlog, FlashSaleHalfMessageBacklogGrowing is raised from the operator's view,
+//   and FlashSaleRuntimeMetricsStale (sampler "none") because the sale is Active.
+// The list of panels with their series count is printed.
 //
 // Test-only rendering: the rules are the chart's PrometheusRule (default values), except that the
-// `for:` of FlashSaleHalfMessageBacklogGrowing is shortened from 10m to 5s, so that the alert can
-// become pending/firing within the test; its expression is unchanged.
+// `for:` of the alerts the test waits for is shortened to 5s, so that they can become
+// pending/firing within the test; their expressions are unchanged.
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -17,6 +22,7 @@ import { createPool } from '../../../core/db/pool.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
+import { runDlqCli } from '../../../runtime/dlq.js';
 import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
 import type { FreshDatabase } from '../../helpers/env.js';
 import { ROOT, httpClient, startRole, tokenFor } from '../../helpers/runtime.js';
@@ -45,6 +51,10 @@ import type { OperatorNamespace, OperatorProcess } from '../operator/harness.js'
 
 const TIMEOUT_MS = 420_000;
 const BACKLOG_ALERT = 'FlashSaleHalfMessageBacklogGrowing';
+const STALE_ALERT = 'FlashSaleRuntimeMetricsStale';
+const NEW_DLQ_ALERT = 'FlashSaleDLQNewDeadLetters';
+const UNHANDLED_ALERT = 'FlashSaleDLQUnhandled';
+const SHORTENED = [BACKLOG_ALERT, STALE_ALERT, UNHANDLED_ALERT];
 
 /**
  * Queries (panel title and the metric they read) with no series in a clean sale, and why: each is
@@ -61,11 +71,6 @@ const EXPECTED_EMPTY: { panel: string; metric: string; reason: string }[] = [
     panel: 'Consumer retries by reason',
     metric: 'flashsale_consumer_retries_total',
     reason: 'no order write fails in a clean run, so no retry is counted',
-  },
-  {
-    panel: 'Sent to DLQ by reason',
-    metric: 'flashsale_dlq_messages_total',
-    reason: 'no message is poisoned in a clean run, so nothing is sent to the DLQ',
   },
   {
     panel: 'Order-gap repairs by action',
@@ -91,6 +96,21 @@ const EXPECTED_EMPTY: { panel: string; metric: string; reason: string }[] = [
     panel: 'Shed (503 OVERLOADED) by pod and reason',
     metric: 'flashsale_shed_total',
     reason: 'the api is never overloaded in a clean run',
+  },
+  {
+    panel: '5xx ratio',
+    metric: 'flashsale_http_request_duration_seconds_count',
+    reason: 'the api answers no request with a 5xx in a clean run',
+  },
+  {
+    panel: 'Payments applied',
+    metric: 'flashsale_orders_total',
+    reason: 'nobody pays in this sale, so no order becomes PAID',
+  },
+  {
+    panel: 'Cancellations by outcome',
+    metric: 'flashsale_cancellations_total',
+    reason: 'no buyer cancels in this sale',
   },
   {
     panel: 'Error responses (5xx) by route',
@@ -148,6 +168,15 @@ describe('a real Prometheus during an end-to-end sale', () => {
   let operator: OperatorProcess | undefined;
   const roles: RoleProcess[] = [];
   let relay: RoleProcess | undefined;
+  let consumer: RoleProcess | undefined;
+  // The reconciliation job every 5 s instead of 5 min, so that its panel has data in the test;
+  // a 15 s payment window (the activity's too), so that the unpaid orders close and the sale
+  // settles and completes within the test.
+  const roleEnv = {
+    RECONCILIATION_CRON: '*/5 * * * * *',
+    PAYMENT_TIMEOUT_SECONDS: '15',
+    PAYMENT_SWEEP_CRON: '*/2 * * * * *',
+  };
 
   const prom = async (api: string, params: Record<string, string> = {}): Promise<unknown> => {
     const r = await fetch(`${promUrl}/api/v1/${api}?${new URLSearchParams(params).toString()}`);
@@ -188,12 +217,12 @@ describe('a real Prometheus during an end-to-end sale', () => {
     promUrl = env.PROMETHEUS_URL ?? '';
     targetsDir = env.PROMETHEUS_TARGETS_DIR ?? '';
 
-    // The chart's rules, with the backlog alert's `for:` shortened (see the header).
+    // The chart's rules, with the `for:` of the alerts waited for shortened (see the header).
     const objects = parseManifests(renderChart(helmBinary(), [], ['metrics.prometheusRule.enabled=true']));
     const groups = at(findObject(objects, 'PrometheusRule'), 'spec.groups') as {
       rules: Record<string, unknown>[];
     }[];
-    for (const g of groups) for (const r of g.rules) if (r.alert === BACKLOG_ALERT) r.for = '5s';
+    for (const g of groups) for (const r of g.rules) if (SHORTENED.includes(String(r.alert))) r.for = '5s';
     writeFileSync(path.join(env.PROMETHEUS_RULES_DIR ?? '', 'flashsale.yaml'), stringify({ groups }));
     await fetch(`${promUrl}/-/reload`, { method: 'POST' });
 
@@ -206,15 +235,7 @@ describe('a real Prometheus during an end-to-end sale', () => {
     await kadmin.connect();
     await ensureTopics(kadmin, topicsFor(activity), 2, 1);
     await kadmin.disconnect();
-    // The reconciliation job every 5 s instead of 5 min, so that its panel has data in the test;
-    // a 15 s payment window (the activity's too), so that the unpaid orders close and the sale
-    // settles and completes within the test.
-    const roleEnv = {
-      RECONCILIATION_CRON: '*/5 * * * * *',
-      PAYMENT_TIMEOUT_SECONDS: '15',
-      PAYMENT_SWEEP_CRON: '*/2 * * * * *',
-    };
-    const [op, api, rel, consumer] = await Promise.all([
+    const [op, api, rel, con] = await Promise.all([
       startOperator({ ns, databaseUrl: db.url }),
       startRole('api', { activityId: activity, databaseUrl: db.url, env: roleEnv }),
       startRole('relay', { activityId: activity, databaseUrl: db.url, env: roleEnv, waitReady: false }),
@@ -222,7 +243,8 @@ describe('a real Prometheus during an end-to-end sale', () => {
     ]);
     operator = op;
     relay = rel;
-    roles.push(api, rel, consumer);
+    consumer = con;
+    roles.push(api, rel, con);
     writeTargets();
   }, TIMEOUT_MS);
 
@@ -234,8 +256,14 @@ describe('a real Prometheus during an end-to-end sale', () => {
     if (stateDir) spawnSync('bash', [path.join(ROOT, 'test', 'env', 'env-down.sh'), stateDir]);
   }, TIMEOUT_MS);
 
+  type Alert = { labels: Record<string, string>; state: string };
+  const alerts = async (name: string): Promise<Alert[]> =>
+    ((await prom('alerts')) as { alerts: Alert[] }).alerts.filter(
+      (x) => x.labels.alertname === name && x.labels.activity === activity,
+    );
+
   it(
-    'answers every dashboard query, loads the rules and raises the backlog alert with the relay stopped',
+    'answers every dashboard query, loads the rules and raises the DLQ, backlog and stale-metrics alerts',
     async () => {
       const t0 = Date.now();
       const startAt = new Date(t0 + 12_000);
@@ -244,7 +272,7 @@ describe('a real Prometheus during an end-to-end sale', () => {
         activityBody(ns.namespace, activity, {
           warmUpAt: new Date(t0 + 2_000),
           startAt,
-          endAt: new Date(startAt.getTime() + 75_000),
+          endAt: new Date(startAt.getTime() + 150_000),
           items: [
             { skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 400, limitPerUser: 1 },
             { skuId: 'tea', name: '西湖龙井礼盒', price: '199.00', stock: 5, limitPerUser: 1 },
@@ -267,29 +295,82 @@ describe('a real Prometheus during an end-to-end sale', () => {
       expect(first.filter((s) => s === 202).length).toBeGreaterThan(0);
       expect(first.filter((s) => s === 409).length).toBeGreaterThan(0);
 
-      // The relay stops: reservations keep coming, half messages pile up in the outbox.
-      await relay?.stop();
-      let n = 0;
-      const alert = await waitFor(
-        `${BACKLOG_ALERT} pending or firing`,
-        async () => {
-          n += 1;
-          expect(await buy(`late-${n}`, 'rice')).toBe(202);
-          const data = (await prom('alerts')) as {
-            alerts: { labels: Record<string, string>; state: string }[];
-          };
-          return data.alerts.find(
-            (x) => x.labels.alertname === BACKLOG_ALERT && x.labels.activity === activity,
-          );
-        },
+      // A defect refuses one buyer's order for good: the consumer dead-letters it.
+      await pg.query(`ALTER TABLE orders ADD CONSTRAINT prom_dlq_defect CHECK (user_id <> 'dlq-buyer')`);
+      expect(await buy('dlq-buyer', 'rice')).toBe(202);
+      await waitFor(
+        `${NEW_DLQ_ALERT} firing and ${UNHANDLED_ALERT} raised`,
+        async () =>
+          (await alerts(NEW_DLQ_ALERT)).some((x) => x.state === 'firing') &&
+          (await alerts(UNHANDLED_ALERT)).length > 0,
         90_000,
         1_000,
       );
-      expect(['pending', 'firing']).toContain(alert.state);
+      // The defect is fixed and the dead letter replayed with the shipped command: the replay moves
+      // the handled offset, and the unhandled alert resolves (the topic's depth does not change).
+      await pg.query('ALTER TABLE orders DROP CONSTRAINT prom_dlq_defect');
+      const replayed: string[] = [];
+      expect(
+        await runDlqCli(
+          ['replay', '--all', '--activity', activity],
+          { KAFKA_BROKERS: testEnv().kafkaBrokers.join(',') },
+          (l) => replayed.push(l),
+        ),
+      ).toBe(0);
+      expect(replayed.join('\n')).toContain('0 message(s) not handled');
+      await waitFor(
+        `${UNHANDLED_ALERT} resolved`,
+        async () => (await alerts(UNHANDLED_ALERT)).length === 0,
+        60_000,
+        1_000,
+      );
+      await waitFor(
+        "the replayed buyer's order",
+        async () => (await pg.query(`SELECT 1 FROM orders WHERE user_id = 'dlq-buyer'`)).rowCount === 1,
+      );
 
-      // The relay comes back; the backlog drains and the sale completes.
-      const back = await startRole('relay', { activityId: activity, databaseUrl: db.url, waitReady: false });
+      // The relay and the consumer (with the gauge jobs) stop: reservations keep coming, half
+      // messages pile up in the outbox, and no runtime pod exports the backlog or any sampler.
+      await Promise.all([relay?.stop(), consumer?.stop()]);
+      let n = 0;
+      const [alert, stale] = await waitFor(
+        `${BACKLOG_ALERT} and ${STALE_ALERT} pending or firing`,
+        async () => {
+          n += 1;
+          expect(await buy(`late-${n}`, 'rice')).toBe(202);
+          const backlog = (await alerts(BACKLOG_ALERT))[0];
+          const none = (await alerts(STALE_ALERT)).find((x) => x.labels.sampler === 'none');
+          return backlog && none ? ([backlog, none] as [Alert, Alert]) : undefined;
+        },
+        90_000,
+        1_000,
+      ).catch(async (err: unknown) => {
+        // What Prometheus saw, for the post-mortem.
+        const seen: string[] = [];
+        for (const q of [
+          `flashsale_sampler_last_success_timestamp_seconds{activity="${activity}"}`,
+          `flashsale_outbox_half_messages{activity="${activity}"}`,
+          `flashsale_activity_half_messages{activity="${activity}"}`,
+          `flashsale_activity_phase{activity="${activity}"} == 1`,
+          'flashsale_leader',
+          'ALERTS',
+        ]) {
+          const data = (await prom('query', { query: q })) as { result: unknown[] };
+          seen.push(`${q}: ${JSON.stringify(data.result)}`);
+        }
+        throw new Error(`${String(err)}\n${seen.join('\n')}`);
+      });
+      expect(['pending', 'firing']).toContain(alert.state);
+      expect(['pending', 'firing']).toContain(stale.state);
+      expect(stale.labels.name).toBe(activity);
+
+      // The relay and the consumer come back; the backlog drains and the sale completes.
+      const [back, backConsumer] = await Promise.all([
+        startRole('relay', { activityId: activity, databaseUrl: db.url, waitReady: false }),
+        startRole('consumer', { activityId: activity, databaseUrl: db.url, env: roleEnv, waitReady: false }),
+      ]);
       roles.splice(roles.indexOf(relay as RoleProcess), 1, back);
+      roles.splice(roles.indexOf(consumer as RoleProcess), 1, backConsumer);
       writeTargets();
       await waitForPhase(a, ns.namespace, activity, Phase.Completed, 180_000);
       await http.close();

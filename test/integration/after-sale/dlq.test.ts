@@ -1,6 +1,7 @@
 // DLQ tooling: a message that fails for a non-transient reason goes to the DLQ through the real
 // consumer; once the cause is fixed, the `dlq` command (run as a real process) lists, inspects and
-// replays it into the order topic, twice, and the order is created exactly once.
+// replays it into the order topic, twice, and the order is created exactly once. Replaying and
+// acknowledging move the DLQ's handled offset (flashsale_dlq_unhandled), which the depth never shows.
 import { execFile } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -8,7 +9,14 @@ import { promisify } from 'node:util';
 import type { Admin, Kafka, Producer } from 'kafkajs';
 import { journalFor } from '../../../core/db/journal-store.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
-import { createKafka, ensureTopics, idempotentProducer, topicDepth, topicsFor } from '../../../core/kafka.js';
+import {
+  createKafka,
+  dlqUnhandled,
+  ensureTopics,
+  idempotentProducer,
+  topicDepth,
+  topicsFor,
+} from '../../../core/kafka.js';
 import { orderMessageOf, readReservation } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { runDlqCli } from '../../../runtime/dlq.js';
@@ -28,7 +36,7 @@ import {
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const run = promisify(execFile);
 
-describe('DLQ list / inspect / replay', () => {
+describe('DLQ list / inspect / replay / ack', () => {
   let f: Fixture;
   let kafka: Kafka;
   let admin: Admin;
@@ -99,10 +107,14 @@ describe('DLQ list / inspect / replay', () => {
       await f.pool.query('ALTER TABLE orders DROP CONSTRAINT dlq_test_defect');
 
       const list = await dlqCommand(activityId, 'list');
-      expect(list).toContain(`1 message(s) in ${topics.dlq}`);
+      expect(list).toContain(`1 message(s) in ${topics.dlq}, 1 not handled`);
       expect(list).toMatch(
-        new RegExp(`^0:0\\t\\S+\\treservation=${rid}\\tattempts=2\\terror=.*dlq_test_defect`, 'm'),
+        new RegExp(
+          `^0:0\\tUNHANDLED\\t\\S+\\treservation=${rid}\\tattempts=2\\terror=.*dlq_test_defect`,
+          'm',
+        ),
       );
+      expect(await dlqUnhandled(admin, topics)).toBe(1);
 
       const lines: string[] = [];
       expect(
@@ -119,7 +131,12 @@ describe('DLQ list / inspect / replay', () => {
       expect(inspected.value.reservationId).toBe(rid);
       expect(inspected.headers['dlq-original-topic']).toBe(topics.orders);
 
-      expect(await dlqCommand(activityId, 'replay', '0:0')).toContain('replayed 1 message(s)');
+      const replayed = await dlqCommand(activityId, 'replay', '0:0');
+      expect(replayed).toContain('replayed 1 message(s)');
+      expect(replayed).toContain('handled offsets 0:1; 0 message(s) not handled');
+      // The replay is what the alert sees: the depth (high - low) stays, the unhandled count drops.
+      expect(await dlqUnhandled(admin, topics)).toBe(0);
+      expect(await dlqCommand(activityId, 'list')).toMatch(/^0:0\thandled\t/m);
       expect(await dlqCommand(activityId, 'replay', '--all')).toContain('replayed 1 message(s)');
 
       // Offsets 1 and 2 are the replays: both processed, one order.
@@ -132,6 +149,25 @@ describe('DLQ list / inspect / replay', () => {
       expect((await findLifecycleByReservationId(f.pool, rid!))?.status).toBe('UNPAID');
       expect((await journalFor(f.pool, rid!)).filter((j) => j.event === 'ORDER_CREATED')).toHaveLength(1);
       expect(await topicDepth(admin, topics.dlq)).toBe(1); // nothing new dead-lettered
+      expect(await dlqUnhandled(admin, topics)).toBe(0);
+
+      // Two more dead letters (offsets 1 and 2). Acknowledging the later one alone does not hide
+      // the earlier one; acknowledging both does (nothing is replayed by ack).
+      await producer.send({
+        topic: topics.dlq,
+        acks: -1,
+        messages: [{ value: '{"broken":1}' }, { value: '{"broken":2}' }],
+      });
+      await until('the new dead letters counted', async () =>
+        (await dlqUnhandled(admin, topics)) === 2 ? true : undefined,
+      );
+      expect(await dlqCommand(activityId, 'ack', '0:2')).toContain('2 message(s) not handled');
+      expect(await dlqUnhandled(admin, topics)).toBe(2);
+      expect(await dlqCommand(activityId, 'ack', '0:1', '0:2')).toContain(
+        'handled offsets 0:3; 0 message(s) not handled',
+      );
+      expect(await dlqUnhandled(admin, topics)).toBe(0);
+      expect(observed.processed().get(0)).toBe(2); // ack produced nothing into the order topic
 
       // Bad usage is refused with exit code 2 and nothing produced.
       expect(

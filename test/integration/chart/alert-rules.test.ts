@@ -73,6 +73,23 @@ describe('alert rules (promtool)', () => {
       expect([rule.alert, tested.has(rule.alert)]).toEqual([rule.alert, true]);
   });
 
+  it('lets values.schema.json name exactly the alerts of files/alerts/ in disabledAlerts', () => {
+    const schema = JSON.parse(readText(path.join(repoRoot, 'charts', 'flashsale', 'values.schema.json'))) as {
+      properties: {
+        metrics: {
+          properties: { prometheusRule: { properties: { disabledAlerts: { items: { enum: string[] } } } } };
+        };
+      };
+    };
+    const names = schema.properties.metrics.properties.prometheusRule.properties.disabledAlerts.items.enum;
+    const rules = parseManifests(renderChart(helmBinary(), [], ['metrics.prometheusRule.enabled=true']));
+    expect([...names].sort()).toEqual(
+      alertRules(rules)
+        .map((r) => r.alert)
+        .sort(),
+    );
+  });
+
   it('promtool rejects a broken rule (the check can fail)', () => {
     const bad = path.join(dir, 'bad.rules.yaml');
     writeFileSync(

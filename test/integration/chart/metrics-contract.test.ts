@@ -36,7 +36,8 @@ function observeAll(registry: client.Registry): void {
 }
 
 async function exportedMetrics(): Promise<Map<string, Set<string>>> {
-  const runtime = createMetrics('api');
+  // A process serving one activity: its series all carry the activity id (default label).
+  const runtime = createMetrics('api', 'shop.s1-aaaaaaaa');
   const operator = createOperatorMetrics();
   const all = new Map<string, Set<string>>();
   for (const registry of [runtime.registry, operator.registry]) {
@@ -93,7 +94,7 @@ describe('metrics contract: dashboards and alerts use only metrics the code expo
     expect(exported.has('flashsale_activity_phase')).toBe(true);
     expect([...exported.keys()].filter((n) => n.startsWith('flashsale_process_')).length).toBeGreaterThan(5);
     expect(exported.get('flashsale_activity_phase')).toEqual(
-      new Set(['activity', 'namespace', 'phase', 'component']),
+      new Set(['activity', 'name', 'namespace', 'phase', 'component']),
     );
   });
 
@@ -145,6 +146,16 @@ describe('metrics contract: dashboards and alerts use only metrics the code expo
       'flashsale_surplus_payments_total',
       'flashsale_stock_returns_total',
       'flashsale_reconciliation_mismatch',
+      'flashsale_dlq_unhandled',
+      'flashsale_dlq_messages_total',
+      'flashsale_sampler_last_success_timestamp_seconds',
+      'flashsale_activity_schedule_timestamp_seconds',
+      'flashsale_activity_replicas',
+      'flashsale_activity_oldest_half_message_age_seconds',
+      'flashsale_activity_order_gap',
+      'flashsale_activity_consumer_lag',
+      'flashsale_activity_half_messages',
+      'flashsale_orders_stored',
     ]) {
       expect(used).toContain(name);
     }
@@ -167,7 +178,7 @@ describe('the contract check itself fails when it should', () => {
   });
 
   it('reports a label the metric does not have, and an unknown function', () => {
-    expect(contractViolations(q('flashsale_dlq_depth{activity="a"}'), exported)).toHaveLength(1);
+    expect(contractViolations(q('flashsale_dlq_depth{sku="a"}'), exported)).toHaveLength(1);
     expect(contractViolations(q('rat(flashsale_relay_published_total[5m])'), exported)[0]).toMatch(
       /unknown function rat/,
     );

@@ -121,6 +121,8 @@ export interface Selector {
   metric: string;
   /** Label names used in this selector's matchers. */
   labels: string[];
+  /** The matcher block as written (`{a="b", ...}`), when asked for (`selectors(expr, true)`). */
+  block?: string;
 }
 
 export class PromQLScanError extends Error {}
@@ -198,18 +200,21 @@ function splitLastArg(args: string): [string, string | undefined] {
   return last < 0 ? [args, undefined] : [args.slice(0, last), args.slice(last + 1).trim()];
 }
 
-/** The metric selectors of a PromQL expression (or a Grafana variable query). */
-export function selectors(expr: string): Selector[] {
+/**
+ * The metric selectors of a PromQL expression (or a Grafana variable query); with `withBlocks`,
+ * each one's matcher block too.
+ */
+export function selectors(expr: string, withBlocks = false): Selector[] {
   const grafana = /^\s*(label_values|query_result)\s*\(([\s\S]*)\)\s*$/.exec(expr);
   if (grafana) {
     const [, fn, args = ''] = grafana;
-    if (fn === 'query_result') return selectors(args);
+    if (fn === 'query_result') return selectors(args, withBlocks);
     const [query, label] = splitLastArg(args);
     if (label === undefined) return []; // label_values(label): no metric
-    const found = selectors(query);
+    const found = selectors(query, withBlocks);
     if (found.length !== 1) throw new PromQLScanError(`label_values needs one metric: ${expr}`);
     const only = found[0] as Selector;
-    return [{ metric: only.metric, labels: [...only.labels, label] }];
+    return [{ ...only, labels: [...only.labels, label] }];
   }
   const out: Selector[] = [];
   let i = 0;
@@ -263,6 +268,7 @@ export function selectors(expr: string): Selector[] {
         if (expr[i] === '{') {
           const end = skipGroup(expr, i, '{', '}');
           sel.labels = matcherLabels(expr.slice(i, end));
+          if (withBlocks) sel.block = expr.slice(i, end);
           i = end;
         }
         out.push(sel);

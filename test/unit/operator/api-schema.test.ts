@@ -88,7 +88,7 @@ describe('FlashSaleActivity types vs CRD', () => {
     expect(root?.properties?.status?.properties?.phase?.enum).toEqual(Object.values(Phase));
   });
 
-  it('shows phase, start, end, remaining stock, order gap and age', () => {
+  it('shows phase, start, end, remaining stock, order gap, age and the activity id', () => {
     const columns = Object.fromEntries(
       (version?.additionalPrinterColumns ?? []).map((c) => [c.name, c.jsonPath]),
     );
@@ -99,6 +99,7 @@ describe('FlashSaleActivity types vs CRD', () => {
       Remaining: '.status.stock.remaining',
       'Order-Gap': '.status.backlog.orderGap',
       Age: '.metadata.creationTimestamp',
+      ID: '.status.activityId',
     });
   });
 

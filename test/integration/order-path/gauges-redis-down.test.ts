@@ -1,0 +1,182 @@
+// The gauge samplers are independent: with the activity's Redis stopped (a private Redis from
+// test/env/start-redis.sh, never the shared one), the jobs role (a real process) keeps updating the
+// PostgreSQL-based gauges, while the Redis sampler's last-success timestamp stops advancing: the
+// stale-metrics alert has something to see, and the other gauges do not freeze with it.
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import pg from 'pg';
+import { Redis } from 'ioredis';
+import { loadActivity, setGate } from '../../../core/activity-cache.js';
+import { insertOrders } from '../../../core/db/orders-store.js';
+import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
+import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
+import type { FreshDatabase } from '../../helpers/env.js';
+import { ROOT, startRole, waitFor } from '../../helpers/runtime.js';
+import type { RoleProcess } from '../../helpers/runtime.js';
+
+const TIMEOUT_MS = 180_000;
+
+/** The value of one series of a metric in a /metrics text (NaN when absent). */
+function sample(text: string, name: string, labels: Record<string, string>): number {
+  const line = text
+    .split('\n')
+    .find(
+      (l) => l.startsWith(`${name}{`) && Object.entries(labels).every(([k, v]) => l.includes(`${k}="${v}"`)),
+    );
+  return line ? Number(line.split(' ').at(-1)) : NaN;
+}
+
+describe('gauge samplers with Redis stopped', () => {
+  const activityId = uniqueId('gauges');
+  let state = '';
+  let redisPid = 0;
+  let db: FreshDatabase;
+  let sql: pg.Pool;
+  let jobs: RoleProcess | undefined;
+
+  beforeAll(async () => {
+    state = mkdtempSync(path.join(tmpdir(), 'flashsale-gauges-redis-'));
+    const started = spawnSync('bash', [path.join(ROOT, 'test', 'env', 'start-redis.sh'), state], {
+      encoding: 'utf8',
+    });
+    if (started.status !== 0) throw new Error(`start-redis.sh failed:\n${started.stderr}`);
+    const env = Object.fromEntries(
+      readFileSync(path.join(state, 'redis.env'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => l.replace(/^export /, '').split('=', 2) as [string, string]),
+    );
+    const redisUrl = (env.REDIS_URL ?? '').replace(/^'|'$/g, '');
+    redisPid = Number(readFileSync(path.join(state, 'redis.pid'), 'utf8').trim());
+
+    db = await freshDatabase();
+    sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    const admin = createKafka(testEnv().kafkaBrokers, activityId).admin();
+    await admin.connect();
+    await ensureTopics(admin, topicsFor(activityId), 1, 1);
+    await admin.disconnect();
+    const redis = new Redis(redisUrl);
+    try {
+      const now = Date.now();
+      await loadActivity(redis, {
+        id: activityId,
+        generation: 1,
+        startAt: new Date(now - 1000),
+        endAt: new Date(now + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: true,
+        items: [{ skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 7, limitPerUser: 1 }],
+      });
+      await setGate(redis, activityId, 'open');
+    } finally {
+      redis.disconnect();
+    }
+    jobs = await startRole('jobs', {
+      activityId,
+      databaseUrl: db.url,
+      env: { REDIS_URL: redisUrl, JOBS_GAUGE_CRON: '*/1 * * * * *' },
+    });
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    await jobs?.stop();
+    await sql?.end();
+    await db?.drop();
+    if (state) {
+      spawnSync('bash', [path.join(ROOT, 'test', 'env', 'env-down.sh'), state]);
+      rmSync(state, { recursive: true, force: true });
+    }
+  }, TIMEOUT_MS);
+
+  const metrics = async (): Promise<string> => (await fetch(`${jobs!.metricsUrl}/metrics`)).text();
+  const lastSuccess = (text: string, sampler: string): number =>
+    sample(text, 'flashsale_sampler_last_success_timestamp_seconds', { activity: activityId, sampler });
+
+  it(
+    'keeps the PostgreSQL gauges current and leaves the Redis sampler behind',
+    async () => {
+      // Every sampler succeeds while Redis is up.
+      const before = await waitFor(
+        'every sampler to succeed once',
+        async () => {
+          const text = await metrics();
+          const all = ['redis', 'order_gap', 'postgres', 'kafka'].every((s) => lastSuccess(text, s) > 0);
+          return all ? text : undefined;
+        },
+        60_000,
+      );
+      expect(sample(before, 'flashsale_stock_remaining', { activity: activityId, sku: 'rice' })).toBe(7);
+      expect(sample(before, 'flashsale_orders_stored', { activity: activityId, status: 'UNPAID' })).toBe(0);
+
+      // The activity's Redis goes away (SIGKILL: no shutdown).
+      process.kill(redisPid, 'SIGKILL');
+      await waitFor('the private Redis to die', async () => {
+        try {
+          process.kill(redisPid, 0);
+          return false;
+        } catch {
+          return true;
+        }
+      });
+
+      // A tick that started after the kill has completed once the postgres sampler passes the
+      // value read now; from then on the Redis sampler's timestamp is what the last good tick left.
+      const p1 = lastSuccess(await metrics(), 'postgres');
+      const afterKill = await waitFor(
+        'a postgres sample after the kill',
+        async () => {
+          const text = await metrics();
+          return lastSuccess(text, 'postgres') > p1 ? text : undefined;
+        },
+        60_000,
+      );
+      const frozen = lastSuccess(afterKill, 'redis');
+      const frozenGap = lastSuccess(afterKill, 'order_gap');
+
+      // An order reaches PostgreSQL while Redis is down: the PostgreSQL gauge shows it.
+      await insertOrders(
+        sql,
+        [
+          {
+            reservationId: `${activityId}-r1`,
+            activityId,
+            userId: 'alice',
+            skuId: 'rice',
+            quantity: 1,
+            slot: 1,
+            unitPrice: '59.90',
+            itemName: '五常大米 5kg',
+            reservedAt: Date.now(),
+            traceId: 't1',
+            requestId: 'q1',
+          },
+        ],
+        900,
+      );
+      const p2 = lastSuccess(afterKill, 'postgres');
+      const later = await waitFor(
+        'the PostgreSQL gauge to count the new order',
+        async () => {
+          const text = await metrics();
+          const counted =
+            sample(text, 'flashsale_orders_stored', { activity: activityId, status: 'UNPAID' }) === 1;
+          return counted && lastSuccess(text, 'postgres') > p2 ? text : undefined;
+        },
+        60_000,
+      );
+
+      expect(lastSuccess(later, 'postgres')).toBeGreaterThan(p2);
+      expect(lastSuccess(later, 'kafka')).toBeGreaterThan(frozen);
+      // The Redis-based samplers stopped: same timestamp as right after the kill, behind the others.
+      expect(lastSuccess(later, 'redis')).toBe(frozen);
+      expect(lastSuccess(later, 'order_gap')).toBe(frozenGap);
+      expect(frozen).toBeLessThan(lastSuccess(later, 'postgres'));
+      // The Redis gauges keep their last value (the meta-alert says they are stale).
+      expect(sample(later, 'flashsale_stock_remaining', { activity: activityId, sku: 'rice' })).toBe(7);
+      expect(jobs!.output()).toMatch(/gauge sampler failed/);
+    },
+    TIMEOUT_MS,
+  );
+});
