@@ -23,10 +23,10 @@ import {
   VERSION,
 } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { startRole } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { startRole } from '../../../dev/runtime-processes.js';
+import type { RoleProcess } from '../../../dev/runtime-processes.js';
 import {
   Recorder,
   activityBody,
@@ -40,8 +40,8 @@ import {
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 300_000;
 

@@ -15,8 +15,8 @@ import { reserve } from '../../../core/reservations.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { GROUP, PHASE_ORDER, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import {
   Recorder,
   activityBody,
@@ -30,8 +30,8 @@ import {
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 240_000;
 

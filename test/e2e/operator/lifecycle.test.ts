@@ -14,10 +14,10 @@ import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { PHASE_ORDER, Phase } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { httpClient, pool as inParallel, startRole, tokenFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { httpClient, pool as inParallel, startRole, tokenFor } from '../../../dev/runtime-processes.js';
+import type { RoleProcess } from '../../../dev/runtime-processes.js';
 import {
   Recorder,
   activityBody,
@@ -32,8 +32,8 @@ import {
   waitFor,
   waitForPhase,
   waitForReadyPods,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 150_000;
 

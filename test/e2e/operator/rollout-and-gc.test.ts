@@ -12,8 +12,8 @@ import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, isApiError, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, isApiError, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import {
   SERVICE_ACCOUNT,
   activityBody,
@@ -28,8 +28,8 @@ import {
   waitFor,
   waitForPhase,
   waitForReadyPods,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 240_000;
 const NAME = 'late';

@@ -15,12 +15,12 @@ import { readStockRows } from '../../../core/db/stock-store.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
 import { signNotification } from '../../../runtime/payments/hmac-provider.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { startFakeProvider } from '../../helpers/fake-provider.js';
-import type { FakeProvider } from '../../helpers/fake-provider.js';
-import { JWT_SECRET, startRole, tokenFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { startFakeProvider } from '../../../dev/fake-provider.js';
+import type { FakeProvider } from '../../../dev/fake-provider.js';
+import { JWT_SECRET, startRole, tokenFor } from '../../../dev/runtime-processes.js';
+import type { RoleProcess } from '../../../dev/runtime-processes.js';
 import {
   at,
   findObject,
@@ -42,8 +42,8 @@ import {
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 240_000;
 const PAY_SECRET = 'settlement-e2e-provider-secret-0123456789';

@@ -15,10 +15,10 @@ import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reserve } from '../../../core/reservations.js';
 import { GROUP, PHASE_ORDER, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, isApiError, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { startRole } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, isApiError, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { startRole } from '../../../dev/runtime-processes.js';
+import type { RoleProcess } from '../../../dev/runtime-processes.js';
 import {
   Recorder,
   activityBody,
@@ -32,8 +32,8 @@ import {
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 300_000;
 

@@ -13,8 +13,8 @@ import { readLoadedDefinition } from '../../../core/loaded-definition.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { GROUP, PLURAL, Phase, RUNTIME_ROLES, VERSION } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, isApiError, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, isApiError, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import { CustomObjectsApi } from '@kubernetes/client-node';
 import {
   Recorder,
@@ -31,8 +31,8 @@ import {
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 240_000;
 const DIGEST = `sha256:${'ab12'.repeat(16)}`;

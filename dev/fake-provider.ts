@@ -9,7 +9,7 @@ import { once } from 'node:events';
 import { createServer } from 'node:http';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
-import { signNotification } from '../../runtime/payments/hmac-provider.js';
+import { signNotification } from '../runtime/payments/hmac-provider.js';
 
 export type FakeMode = 'ok' | 'fail' | 'hang' | 'processing' | 'refuse';
 

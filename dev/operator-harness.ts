@@ -23,10 +23,10 @@ import type {
 } from '@kubernetes/client-node';
 import type { Redis } from 'ioredis';
 import { parse } from 'yaml';
-import { FINALIZER, GROUP, PLURAL, VERSION } from '../../../operator/api/v1alpha1/types.js';
-import type { FlashSaleActivity, Phase } from '../../../operator/api/v1alpha1/types.js';
-import { isApiError, kubeConfigFor, serviceAccountKubeConfig, testEnv } from '../../helpers/env.js';
-import { ROOT, freePort, waitFor } from '../../helpers/runtime.js';
+import { FINALIZER, GROUP, PLURAL, VERSION } from '../operator/api/v1alpha1/types.js';
+import type { FlashSaleActivity, Phase } from '../operator/api/v1alpha1/types.js';
+import { isApiError, kubeConfigFor, serviceAccountKubeConfig, testEnv } from './servers.js';
+import { ROOT, freePort, waitFor } from './runtime-processes.js';
 
 export { ROOT, freePort, waitFor };
 export const SERVICE_ACCOUNT = 'flashsale-operator';
