@@ -16,10 +16,10 @@
  * messages out, and `list` shows each message's replay command.
  */
 import { randomBytes } from 'node:crypto';
-import { pathToFileURL } from 'node:url';
 import type { IHeaders, Kafka } from 'kafkajs';
 import { createKafka, idempotentProducer, topicsFor } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
+import { UsageError, cliCommand, missingVariable, runIfMain } from './cli.js';
 
 export interface DlqMessage {
   partition: number;
@@ -119,8 +119,6 @@ const USAGE = `usage: dlq <list|inspect|replay> [options]
   replay <partition:offset>... | --all   produce the messages back into the order topic
 options: --activity ID (default $ACTIVITY_ID); env KAFKA_BROKERS, KAFKA_TOPIC_PREFIX`;
 
-class UsageError extends Error {}
-
 interface Args {
   command: string;
   activity: string;
@@ -162,27 +160,12 @@ function parseArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
 }
 
 /** Runs the command; returns the process exit code. Output goes to `out`. */
-export async function runDlqCli(
-  argv: string[],
-  env: NodeJS.ProcessEnv = process.env,
-  out: (line: string) => void = (l) => process.stdout.write(`${l}\n`),
-): Promise<number> {
-  let args: Args;
-  try {
-    args = parseArgs(argv, env);
-  } catch (err) {
-    if (!(err instanceof UsageError)) throw err;
-    process.stderr.write(`${err.message}\n${USAGE}\n`);
-    return 2;
-  }
+export const runDlqCli = cliCommand(USAGE, parseArgs, async (args, env, out, err) => {
   const brokers = (env.KAFKA_BROKERS ?? '')
     .split(',')
     .map((b) => b.trim())
     .filter(Boolean);
-  if (brokers.length === 0) {
-    process.stderr.write('invalid configuration:\n  KAFKA_BROKERS: required\n');
-    return 2;
-  }
+  if (brokers.length === 0) return missingVariable('KAFKA_BROKERS', err);
   const topics = topicsFor(args.activity, env.KAFKA_TOPIC_PREFIX || 'flashsale');
   const kafka = createKafka(brokers, `flashsale-dlq-${process.pid}`);
   const all = await readTopic(kafka, topics.dlq);
@@ -211,7 +194,7 @@ export async function runDlqCli(
   const byRef = new Map(all.map((m) => [ref(m), m]));
   const missing = args.refs.filter((r) => !byRef.has(r));
   if (missing.length > 0) {
-    process.stderr.write(`not in ${topics.dlq}: ${missing.join(', ')}\n`);
+    err(`not in ${topics.dlq}: ${missing.join(', ')}\n`);
     return 1;
   }
   if (args.command === 'inspect') {
@@ -229,14 +212,6 @@ export async function runDlqCli(
   const n = await replayMessages(kafka, topics.orders, chosen);
   out(`replayed ${n} message(s) from ${topics.dlq} into ${topics.orders}`);
   return 0;
-}
+});
 
-if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  runDlqCli(process.argv.slice(2)).then(
-    (code) => process.exit(code),
-    (err: unknown) => {
-      process.stderr.write(`${(err as Error).message}\n`);
-      process.exit(1);
-    },
-  );
-}
+runIfMain(import.meta.url, runDlqCli);

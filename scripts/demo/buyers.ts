@@ -1,7 +1,7 @@
 // The simulated buyers: a fixed pseudo-random crowd sent through the real HTTP API (docs/demo.md
 // "Buyers"), and the tally of their answers that the progress and the checks read.
 import type { ItemSpec } from '../../operator/api/v1alpha1/types.js';
-import { httpClient, tokenFor } from '../../dev/runtime-processes.js';
+import { httpClient, tokenFor } from '../../dev/roles.js';
 import type { Knobs } from './knobs.js';
 
 export interface Tally {

@@ -2,9 +2,8 @@
 // notifications sent to the after-sale role, and the provider's refund endpoint (a local stand-in
 // that refunds each refund id once, like a real provider) that the role's refund worker calls.
 import type { Pool } from '../../core/db/pool.js';
-import { startFakeProvider } from '../../dev/fake-provider.js';
+import { sendPaymentNotification, startFakeProvider } from '../../dev/fake-provider.js';
 import type { FakeProvider } from '../../dev/fake-provider.js';
-import { signNotification } from '../../runtime/payments/hmac-provider.js';
 import type { Knobs } from './knobs.js';
 
 const PAY_SECRET = 'demo-payment-provider-secret-0123456789';
@@ -49,27 +48,11 @@ async function notifyPayment(
   amount: string,
   paidAt: Date,
 ): Promise<string> {
-  const body = JSON.stringify({
-    app_id: PAY_APP,
-    merchant_id: PAY_MERCHANT,
-    out_trade_no: orderId,
-    trade_no: tradeNo,
-    total_amount: amount,
-    trade_status: 'TRADE_SUCCESS',
-    gmt_payment: paidAt.toISOString(),
-  });
+  const payment = { appId: PAY_APP, merchantId: PAY_MERCHANT, orderId, tradeNo, amount, paidAt };
   for (let attempt = 1; ; attempt += 1) {
-    const r = await fetch(`${url}/v1/payments/hmac/notifications`, {
-      method: 'POST',
-      headers: {
-        'content-type': 'application/json',
-        'x-fs-signature': signNotification(PAY_SECRET, body, Math.floor(Date.now() / 1000)),
-      },
-      body,
-    });
-    const json = (await r.json().catch(() => ({}))) as { outcome?: string; code?: string };
+    const r = await sendPaymentNotification(url, PAY_SECRET, payment);
     // Like a provider: retry what was not acknowledged (5xx), a bounded number of times.
-    if (r.status < 500 || attempt >= 5) return json.outcome ?? json.code ?? `http ${r.status}`;
+    if (r.status < 500 || attempt >= 5) return String(r.json.outcome ?? r.json.code ?? `http ${r.status}`);
     await new Promise((res) => setTimeout(res, 300 * attempt));
   }
 }

@@ -6,8 +6,8 @@ import type { ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { OperatorProcess } from '../../dev/operator-harness.js';
-import { ROOT } from '../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../dev/runtime-processes.js';
+import { ROOT } from '../../dev/roles.js';
+import type { RoleProcess } from '../../dev/roles.js';
 import { clearLive, say } from './display.js';
 
 export const ENV_DIR = join(ROOT, 'test', 'env');

@@ -9,7 +9,7 @@ import { createPool } from '../../../core/db/pool.js';
 import { readStockRows } from '../../../core/db/stock-store.js';
 import { freshDatabase, testEnv } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { ROOT, waitFor } from '../../../dev/runtime-processes.js';
+import { ROOT, waitFor } from '../../../dev/roles.js';
 
 const TIMEOUT_MS = 420_000;
 

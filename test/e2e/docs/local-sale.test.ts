@@ -10,7 +10,7 @@ import { countOrders } from '../../../core/db/orders-store.js';
 import { createPool } from '../../../core/db/pool.js';
 import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { ROOT, freePort } from '../../../dev/runtime-processes.js';
+import { ROOT, freePort } from '../../../dev/roles.js';
 
 const TIMEOUT_MS = 480_000;
 

@@ -23,8 +23,8 @@ import {
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
 import { uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { startRole } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { startRole } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
   activityBody,
   admin,

@@ -13,8 +13,8 @@ import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { PHASE_ORDER, Phase } from '../../../operator/api/v1alpha1/types.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { httpClient, pool as inParallel, startRole, tokenFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { httpClient, pool as inParallel, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
   activityBody,
   admin,

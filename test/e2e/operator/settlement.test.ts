@@ -11,13 +11,12 @@ import type { ChildProcess } from 'node:child_process';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows } from '../../../core/db/stock-store.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
-import { signNotification } from '../../../runtime/payments/hmac-provider.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { startFakeProvider } from '../../../dev/fake-provider.js';
+import { sendPaymentNotification, startFakeProvider } from '../../../dev/fake-provider.js';
 import type { FakeProvider } from '../../../dev/fake-provider.js';
-import { JWT_SECRET, startRole, tokenFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { JWT_SECRET, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
   at,
   findObject,
@@ -236,25 +235,16 @@ describe('operator + after-sale role: an activity is Completed only once its ord
         tradeNo: string,
         paidAt: Date,
       ): Promise<Record<string, unknown>> => {
-        const body = JSON.stringify({
-          app_id: 'fs-app',
-          merchant_id: 'fs-merchant',
-          out_trade_no: orderId,
-          trade_no: tradeNo,
-          total_amount: '88.00',
-          trade_status: 'TRADE_SUCCESS',
-          gmt_payment: paidAt.toISOString(),
-        });
-        const r = await fetch(`${url}/v1/payments/hmac/notifications`, {
-          method: 'POST',
-          headers: {
-            'content-type': 'application/json',
-            'x-fs-signature': signNotification(PAY_SECRET, body, Math.floor(Date.now() / 1000)),
-          },
-          body,
+        const r = await sendPaymentNotification(url, PAY_SECRET, {
+          appId: 'fs-app',
+          merchantId: 'fs-merchant',
+          orderId,
+          tradeNo,
+          amount: '88.00',
+          paidAt,
         });
         expect(r.status).toBe(200);
-        return (await r.json()) as Record<string, unknown>;
+        return r.json;
       };
       const paidNow = orderOf.get('paid-now')!;
       const dup = orderOf.get('dup-trade')!;

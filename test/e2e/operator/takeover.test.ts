@@ -15,8 +15,8 @@ import { reserve } from '../../../core/reservations.js';
 import { GROUP, PHASE_ORDER, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
 import { isApiError, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { startRole } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { startRole } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
   activityBody,
   admin,

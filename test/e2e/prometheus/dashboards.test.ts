@@ -19,8 +19,8 @@ import type { Pool } from '../../../core/db/pool.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { ROOT, httpClient, startRole, tokenFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { ROOT, httpClient, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
   at,
   chartDir,

@@ -7,7 +7,7 @@ import { activityKeys } from '../../../core/keys.js';
 import { UNKNOWN_ACTIVITY_LABEL } from '../../../core/metrics.js';
 import { DEFAULT_CANCEL_MARKER_POLICY, reservationIdFor } from '../../../core/reservations.js';
 import { uniqueId } from '../../../dev/servers.js';
-import { httpClient, pool as inParallel } from '../../../dev/runtime-processes.js';
+import { httpClient, pool as inParallel } from '../../../dev/roles.js';
 import {
   TIMEOUT_MS,
   buyerCall,

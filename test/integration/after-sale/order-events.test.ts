@@ -20,7 +20,7 @@ import { OrderEventRelay } from '../../../runtime/jobs/order-events.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { readTopic } from '../../../runtime/dlq.js';
 import { testEnv } from '../../../dev/servers.js';
-import { startRole } from '../../../dev/runtime-processes.js';
+import { startRole } from '../../../dev/roles.js';
 import { recorded } from '../../faults/harness/results.js';
 import {
   TIMEOUT_MS,

@@ -9,7 +9,7 @@ import { refundsForOrder } from '../../../core/db/refunds-store.js';
 import { testEnv } from '../../../dev/servers.js';
 import { startFakeProvider } from '../../../dev/fake-provider.js';
 import type { FakeProvider } from '../../../dev/fake-provider.js';
-import { startRole } from '../../../dev/runtime-processes.js';
+import { startRole } from '../../../dev/roles.js';
 import { recorded } from '../../faults/harness/results.js';
 import {
   APP_ID,

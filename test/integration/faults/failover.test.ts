@@ -18,7 +18,7 @@ import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf, sleep } from '
 import type { Servers } from '../../faults/harness/sale.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
-import { waitFor } from '../../../dev/runtime-processes.js';
+import { waitFor } from '../../../dev/roles.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 

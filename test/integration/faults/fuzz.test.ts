@@ -17,8 +17,8 @@ import { signNotification } from '../../../runtime/payments/hmac-provider.js';
 import { prepareActivity } from '../../faults/harness/sale.js';
 import { freshDatabase, isApiError, kubeConfigFor, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { ROOT, httpClient, startRole, tokenFor, waitFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { ROOT, httpClient, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const SCALE = Number(process.env.FAULT_FUZZ_RUNS ?? '1');
 

@@ -13,7 +13,7 @@ import { recordRun } from '../../faults/harness/results.js';
 import { checkActivity, formatViolations } from '../../faults/harness/invariants.js';
 import { Sale, buyers, prepareActivity, recoverAndCheck, sleep } from '../../faults/harness/sale.js';
 import type { BuyerAnswer, RoleName, Servers } from '../../faults/harness/sale.js';
-import { waitFor } from '../../../dev/runtime-processes.js';
+import { waitFor } from '../../../dev/roles.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 

@@ -40,7 +40,7 @@ import {
   type PrivateServers,
 } from '../../faults/harness/servers.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
-import { waitFor } from '../../../dev/runtime-processes.js';
+import { waitFor } from '../../../dev/roles.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 
 const PAYMENT_TIMEOUT_SECONDS = 900;

@@ -5,14 +5,8 @@ import { readOutbox, readStock } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import {
-  JWT_SECRET,
-  httpClient,
-  setUpActivity,
-  startRole,
-  tokenFor,
-} from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { JWT_SECRET, httpClient, setUpActivity, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 describe('bad input', () => {
   let db: FreshDatabase;

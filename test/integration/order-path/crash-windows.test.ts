@@ -7,15 +7,8 @@ import { readOutbox, readStock } from '../../../core/activity-cache.js';
 import type { CrashPoint } from '../../../core/crash.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import {
-  httpClient,
-  pool,
-  setUpActivity,
-  startRole,
-  tokenFor,
-  waitFor,
-} from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { httpClient, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const BUYERS = 40;
 

@@ -4,8 +4,8 @@ import pg from 'pg';
 import { createKafka, idempotentProducer } from '../../../core/kafka.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { httpClient, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess, TestActivity } from '../../../dev/runtime-processes.js';
+import { httpClient, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess, TestActivity } from '../../../dev/roles.js';
 
 describe('poison messages and metrics', () => {
   let db: FreshDatabase;

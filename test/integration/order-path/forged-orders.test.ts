@@ -9,8 +9,8 @@ import type { OrderMessage } from '../../../core/model.js';
 import { reservationIdFor } from '../../../core/reservations.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { setUpActivity, startRole, waitFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess, TestActivity } from '../../../dev/runtime-processes.js';
+import { setUpActivity, startRole, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess, TestActivity } from '../../../dev/roles.js';
 
 describe('forged order messages', () => {
   let db: FreshDatabase;

@@ -2,8 +2,8 @@
 import pg from 'pg';
 import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { httpClient, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { httpClient, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 describe('idempotent submission', () => {
   let db: FreshDatabase;

@@ -2,8 +2,8 @@
 // consumer group (while it joins: 503 with `"consumer": "joining"`), with the state of each part in
 // `checks` (runtime/main.ts).
 import { request } from 'undici';
-import { startRole, setUpActivity } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { startRole, setUpActivity } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 

@@ -6,8 +6,8 @@ import { activityKeys } from '../../../core/keys.js';
 import { reserve } from '../../../core/reservations.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { setUpActivity, startRole, waitFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { setUpActivity, startRole, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const TIMEOUT_MS = 120_000;
 

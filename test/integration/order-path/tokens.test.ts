@@ -7,8 +7,8 @@ import type { KeyObject } from 'node:crypto';
 import { SignJWT, exportJWK } from 'jose';
 import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { JWT_SECRET, httpClient, startRole, waitFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { JWT_SECRET, httpClient, startRole, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const ISSUER = 'https://login.shop.example/';
 const AUDIENCE = 'flashsale-buyers';

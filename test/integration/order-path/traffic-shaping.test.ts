@@ -10,15 +10,8 @@ import { syncDenyList, writeTrafficPolicy, DEFAULT_TRAFFIC_POLICY } from '../../
 import type { TrafficPolicy } from '../../../core/traffic-policy.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import {
-  JWT_SECRET,
-  pool,
-  setUpActivity,
-  startRole,
-  tokenFor,
-  waitFor,
-} from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { JWT_SECRET, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 interface Answer {
   status: number;

@@ -5,8 +5,8 @@ import { request } from 'undici';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { startRole, waitFor } from '../../../dev/runtime-processes.js';
-import type { RoleProcess } from '../../../dev/runtime-processes.js';
+import { startRole, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const TIMEOUT_MS = 120_000;
 
