@@ -22,7 +22,7 @@ demo: ## A whole sale end to end on this machine: servers, operator, runtime, bu
 setup: ## Install system packages and npm deps, build/cache the servers (Kafka jars, etcd, kube-apiserver, kubectl, helm)
 	bash test/env/deps.sh all
 
-build: ## Compile TypeScript (tsc -p tsconfig.build.json) into dist/
+build: ## Compile the production sources (core, runtime, operator, scripts/migrate.ts; tsconfig.build.json) into dist/
 	npm run build
 
 lint: ## eslint + prettier --check + tsc --noEmit

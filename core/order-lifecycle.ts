@@ -330,13 +330,15 @@ export interface CancelInput {
   markers?: CancelMarkerPolicy | undefined;
 }
 
-export type CancelOutcome =
+/** What a cancellation did, and the reservation id it named (derived from a requestId). */
+export type CancelOutcome = { reservationId: string } & (
   | { outcome: 'cancelled'; orderId: string | undefined; inFlight: boolean }
   | { outcome: 'already-cancelled'; orderId: string | undefined; state: string }
-  | { outcome: 'tombstoned' };
+  | { outcome: 'tombstoned' }
+);
 
 /** The reservation id a cancellation names (derived from the buyer's requestId when given). */
-export function cancelTargetId(input: Pick<CancelInput, 'activityId' | 'userId' | 'target'>): string {
+function cancelTargetId(input: Pick<CancelInput, 'activityId' | 'userId' | 'target'>): string {
   return 'requestId' in input.target
     ? reservationIdFor(input.activityId, input.userId, input.target.requestId)
     : input.target.reservationId;
@@ -369,18 +371,25 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
         throw new FlashSaleError('ALREADY_PAID', undefined, { orderId: order.id });
       if (order.status === 'CLOSED') {
         if (!order.stockReturned && order.stockReturnVia === null) await settleStock(deps, [order]);
-        return { outcome: 'already-cancelled', orderId: order.id, state: order.closeReason ?? 'CLOSED' };
+        return {
+          reservationId,
+          outcome: 'already-cancelled',
+          orderId: order.id,
+          state: order.closeReason ?? 'CLOSED',
+        };
       }
       const r = await closeOrder(deps, order.id, 'CANCELLED', traceId);
-      if (r.transition.applied) return { outcome: 'cancelled', orderId: order.id, inFlight: false };
+      if (r.transition.applied)
+        return { reservationId, outcome: 'cancelled', orderId: order.id, inFlight: false };
       continue; // paid or closed meanwhile: the next round reports it
     }
     if (rsv) {
       if (rsv.state === 'RELEASED' || rsv.state === 'CANCELLED')
-        return { outcome: 'already-cancelled', orderId: undefined, state: rsv.state };
+        return { reservationId, outcome: 'already-cancelled', orderId: undefined, state: rsv.state };
       if (rsv.state === 'PAID') throw new FlashSaleError('ALREADY_PAID');
       const r = await closeInFlight(deps, activityId, rsv, 'CANCELLED', traceId, { cancelledBy: 'buyer' });
-      if (r.kind === 'closed') return { outcome: 'cancelled', orderId: r.order.id, inFlight: true };
+      if (r.kind === 'closed')
+        return { reservationId, outcome: 'cancelled', orderId: r.order.id, inFlight: true };
       continue; // the consumer wrote the order meanwhile
     }
     // Neither a reservation nor an order. Only a submission named by this buyer's own requestId
@@ -409,7 +418,7 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
           detail: { ttlSeconds: r.ttlSeconds },
         },
       ]);
-      return { outcome: 'tombstoned' };
+      return { reservationId, outcome: 'tombstoned' };
     }
     // 'exists': the reservation (or a concurrent marker) arrived meanwhile; the next round reports it.
   }

@@ -16,6 +16,7 @@
  *
  * Lock order everywhere: the order row, then payment and refund rows (as payments do).
  */
+import { Decimal } from 'decimal.js';
 import { appendJournal } from './db/journal-store.js';
 import { findByReservationId, findOrderById, lockOrder, transitionOrder } from './db/orders-store.js';
 import type { LifecycleOrderRow } from './db/orders-store.js';
@@ -27,6 +28,7 @@ import type { RefundRow } from './db/refunds-store.js';
 import { FlashSaleError } from './errors.js';
 import type { Logger } from './logger.js';
 import type { Metrics } from './metrics.js';
+import type { RefundNotice } from './payment-provider.js';
 
 export interface RefundDeps {
   pool: Pool;
@@ -284,6 +286,47 @@ export async function failRefund(
     'REFUND FAILED: the provider refused the refund; money is still owed (see docs/runbooks/FlashSaleRefundFailed.md)',
   );
   return true;
+}
+
+/**
+ * Applies a verified refund notification: it must match the refund recorded under its id
+ * (provider, trade, order, amount; else REFUND_CONFLICT, nothing written); success completes the
+ * refund, failure fails it (unless it already succeeded), anything else is IGNORED.
+ */
+export async function applyRefundNotification(
+  deps: RefundDeps,
+  provider: string,
+  notice: RefundNotice,
+  traceId: string,
+): Promise<string> {
+  const refund = await findRefund(deps.pool, notice.refundId);
+  if (!refund) throw new FlashSaleError('UNKNOWN_REFUND', `no refund ${notice.refundId}`);
+  if (
+    refund.provider !== provider ||
+    refund.tradeNo !== notice.tradeNo ||
+    refund.orderId !== notice.orderId ||
+    !new Decimal(refund.amount).eq(notice.amount)
+  ) {
+    throw new FlashSaleError(
+      'REFUND_CONFLICT',
+      `refund ${notice.refundId} is recorded for another trade or amount`,
+    );
+  }
+  if (notice.status === 'other') return 'IGNORED';
+  if (notice.status === 'success') {
+    const r = await completeRefund(deps, notice.refundId, notice, traceId);
+    return r.outcome;
+  }
+  if (refund.state === 'SUCCEEDED') {
+    throw new FlashSaleError('REFUND_CONFLICT', `refund ${notice.refundId} is recorded as succeeded`);
+  }
+  await failRefund(
+    deps,
+    notice.refundId,
+    { providerStatus: notice.providerStatus, error: 'refund notification: failed' },
+    traceId,
+  );
+  return 'REFUND_FAILED';
 }
 
 /** The order as a buyer or the CLI shows it after a refund request. */

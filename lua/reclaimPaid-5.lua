@@ -26,15 +26,7 @@
     -12 UNKNOWN_RESERVATION
     -14 MISMATCH       buyer or sku differ from the reservation
 ]]
-local rid, user, sku = ARGV[1], ARGV[2], ARGV[3]
-
---- @include "includes/nowMs"
-
-if redis.call('HGET', KEYS[1], 'gate') == 'frozen' then return {-11} end
-
-local r = redis.call('HMGET', KEYS[2], 'state', 'user', 'sku', 'qty', 'slot')
-local state = r[1]
-if not state then return {-12} end
+--- @include "includes/settledReservation"
 if state == 'CANCELLED' then return {-8} end
 if r[2] ~= user or r[3] ~= sku then return {-14} end
 if state == 'PAID' then return {2} end

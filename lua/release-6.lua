@@ -25,15 +25,7 @@
     -13 ALREADY_PAID
     -14 MISMATCH       buyer or sku differ from the reservation
 ]]
-local rid, user, sku = ARGV[1], ARGV[2], ARGV[3]
-
---- @include "includes/nowMs"
-
-if redis.call('HGET', KEYS[1], 'gate') == 'frozen' then return {-11} end
-
-local r = redis.call('HMGET', KEYS[2], 'state', 'user', 'sku', 'qty', 'slot')
-local state = r[1]
-if not state then return {-12} end
+--- @include "includes/settledReservation"
 if r[2] ~= user then return {-14} end
 -- A cancel marker (cancelBeforeReserve-3.lua) has no sku and holds no stock.
 if state == 'CANCELLED' and not r[3] then return {2} end

@@ -23,7 +23,6 @@
  * behind an unhandled one is counted until that one is handled too (`list` marks both).
  */
 import { randomBytes } from 'node:crypto';
-import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import type { Admin, IHeaders, Kafka } from 'kafkajs';
 import {
@@ -35,6 +34,7 @@ import {
   topicsFor,
 } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
+import { UsageError, cliCommand, missingVariable, runIfMain } from './cli.js';
 
 export interface DlqMessage {
   partition: number;
@@ -135,8 +135,6 @@ const USAGE = `usage: dlq <list|inspect|replay|ack> [options]
   ack <partition:offset>... | --all      mark the messages handled without replaying them
 options: --activity ID (default $ACTIVITY_ID); env KAFKA_BROKERS, KAFKA_TOPIC_PREFIX`;
 
-class UsageError extends Error {}
-
 interface Args {
   command: string;
   activity: string;
@@ -187,27 +185,12 @@ function readArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
 }
 
 /** Runs the command; returns the process exit code. Output goes to `out`. */
-export async function runDlqCli(
-  argv: string[],
-  env: NodeJS.ProcessEnv = process.env,
-  out: (line: string) => void = (l) => process.stdout.write(`${l}\n`),
-): Promise<number> {
-  let args: Args;
-  try {
-    args = readArgs(argv, env);
-  } catch (err) {
-    if (!(err instanceof UsageError)) throw err;
-    process.stderr.write(`${err.message}\n${USAGE}\n`);
-    return 2;
-  }
+export const runDlqCli = cliCommand(USAGE, readArgs, async (args, env, out, err) => {
   const brokers = (env.KAFKA_BROKERS ?? '')
     .split(',')
     .map((b) => b.trim())
     .filter(Boolean);
-  if (brokers.length === 0) {
-    process.stderr.write('invalid configuration:\n  KAFKA_BROKERS: required\n');
-    return 2;
-  }
+  if (brokers.length === 0) return missingVariable('KAFKA_BROKERS', err);
   const topics = topicsFor(args.activity, env.KAFKA_TOPIC_PREFIX || 'flashsale');
   const kafka = createKafka(brokers, `flashsale-dlq-${process.pid}`);
   const all = await readTopic(kafka, topics.dlq);
@@ -240,7 +223,7 @@ export async function runDlqCli(
   const byRef = new Map(all.map((m) => [ref(m), m]));
   const missing = args.refs.filter((r) => !byRef.has(r));
   if (missing.length > 0) {
-    process.stderr.write(`not in ${topics.dlq}: ${missing.join(', ')}\n`);
+    err(`not in ${topics.dlq}: ${missing.join(', ')}\n`);
     return 1;
   }
   if (args.command === 'inspect') {
@@ -269,7 +252,7 @@ export async function runDlqCli(
     `handled offsets ${[...offsets].map(([p, o]) => `${p}:${o}`).join(' ') || '(none)'}; ${unhandled} message(s) not handled`,
   );
   return 0;
-}
+});
 
 async function withAdmin<T>(kafka: Kafka, f: (admin: Admin) => Promise<T>): Promise<T> {
   const admin = kafka.admin();
@@ -281,12 +264,4 @@ async function withAdmin<T>(kafka: Kafka, f: (admin: Admin) => Promise<T>): Prom
   }
 }
 
-if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  runDlqCli(process.argv.slice(2)).then(
-    (code) => process.exit(code),
-    (err: unknown) => {
-      process.stderr.write(`${(err as Error).message}\n`);
-      process.exit(1);
-    },
-  );
-}
+runIfMain(import.meta.url, runDlqCli);

@@ -12,7 +12,6 @@
  * Exit codes: 0 ok, 1 refused (the code is printed) or error, 2 usage.
  */
 import { randomUUID } from 'node:crypto';
-import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { createPool } from '../core/db/pool.js';
 import { listRefunds, reopenRefund } from '../core/db/refunds-store.js';
@@ -21,14 +20,13 @@ import { FlashSaleError } from '../core/errors.js';
 import { isSafeId } from '../core/keys.js';
 import { createLogger } from '../core/logger.js';
 import { requestOrderRefund } from '../core/refunds.js';
+import { UsageError, cliCommand, missingVariable, runIfMain } from './cli.js';
 
 const USAGE = `usage: refund <request|list|retry> [options]
   request <orderId> [--reason TEXT] [--by NAME]   refund a PAID order (order -> REFUNDING)
   list [--activity ID] [--state S] [--limit N] [--json]
   retry <refundId>                                  send a FAILED refund again (same refund id)
 env: DATABASE_URL`;
-
-class UsageError extends Error {}
 
 interface Args {
   command: string;
@@ -94,24 +92,8 @@ function readArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
 }
 
 /** Runs the command; returns the process exit code. Output goes to `out`. */
-export async function runRefundCli(
-  argv: string[],
-  env: NodeJS.ProcessEnv = process.env,
-  out: (line: string) => void = (l) => process.stdout.write(`${l}\n`),
-  err: (text: string) => void = (t) => process.stderr.write(t),
-): Promise<number> {
-  let args: Args;
-  try {
-    args = readArgs(argv, env);
-  } catch (e) {
-    if (!(e instanceof UsageError)) throw e;
-    err(`${e.message}\n${USAGE}\n`);
-    return 2;
-  }
-  if (!env.DATABASE_URL) {
-    err('invalid configuration:\n  DATABASE_URL: required\n');
-    return 2;
-  }
+export const runRefundCli = cliCommand(USAGE, readArgs, async (args, env, out, err) => {
+  if (!env.DATABASE_URL) return missingVariable('DATABASE_URL', err);
   const pool = createPool(env.DATABASE_URL, 2, 'flashsale-refund-cli');
   const logger = createLogger('refund-cli', env.LOG_LEVEL ?? 'warn');
   try {
@@ -158,14 +140,6 @@ export async function runRefundCli(
   } finally {
     await pool.end();
   }
-}
+});
 
-if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  runRefundCli(process.argv.slice(2)).then(
-    (code) => process.exit(code),
-    (err: unknown) => {
-      process.stderr.write(`${(err as Error).message}\n`);
-      process.exit(1);
-    },
-  );
-}
+runIfMain(import.meta.url, runRefundCli);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `make demo`: one whole flash sale on this machine (docs/demo.md). Installs what is missing,
-# builds once, then runs scripts/demo.ts, which starts the servers (unless DATABASE_URL, REDIS_URL,
-# KAFKA_BROKERS and KUBECONFIG are all given), the operator and the runtime roles, drives the
-# buyers and prints a checked summary. Arguments go to the demo (--buyers 5000, --help, ...).
+# `make demo`: one whole flash sale on this machine (docs/demo.md). Installs what is missing, then
+# runs scripts/demo/main.ts from source with tsx (as it runs the operator and the roles; nothing
+# is built), which starts the servers (unless DATABASE_URL, REDIS_URL, KAFKA_BROKERS and
+# KUBECONFIG are all given), the operator and the runtime roles, drives the buyers and prints a
+# checked summary. Arguments go to the demo (--buyers 5000, --help, ...).
 # Whatever happens (end, failure, Ctrl-C, SIGTERM) nothing it started is left running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,10 +14,6 @@ PATH="$(bash test/env/node.sh):$PATH"
 export PATH
 echo "[demo] node $(node --version) ($(command -v node))" >&2
 bash test/env/deps.sh node
-if [ ! -f dist/runtime/main.js ] || [ ! -f dist/operator/main.js ]; then
-  echo "[demo] build (tsc)" >&2
-  npm run --silent build
-fi
 
 export DEMO_STATE_DIR="${DEMO_STATE_DIR:-/tmp/flashsale-demo}"
 own_servers=1
@@ -45,7 +42,7 @@ trap 'exit 129' HUP # a closed terminal
 
 # In the background so that INT/TERM reach the traps at once (bash defers traps while a
 # foreground child runs); the demo handles SIGINT/SIGTERM itself as well.
-node --import tsx scripts/demo.ts "$@" &
+node --import tsx scripts/demo/main.ts "$@" &
 pid=$!
 rc=0
 wait "$pid" || rc=$?

@@ -18,7 +18,6 @@ import type { Request, Response } from 'express';
 import { FlashSaleError } from '../../core/errors.js';
 import { cancelReservation } from '../../core/order-lifecycle.js';
 import type { CancelInput, CancelOutcome, LifecycleDeps } from '../../core/order-lifecycle.js';
-import { cancelTargetId } from '../../core/order-lifecycle.js';
 import type { CancelMarkerPolicy } from '../../core/reservations.js';
 import { parse, requestIdQuery, reservationParam, servedActivity } from './schemas.js';
 
@@ -41,19 +40,17 @@ export function cancelRouter(deps: CancelDeps): Router {
   const activityOf = (req: Request): string => servedActivity(req, deps.activityId);
 
   const cancel = async (res: Response, activityId: string, target: CancelInput['target']): Promise<void> => {
-    const userId = res.locals.userId as string;
-    const reservationId = cancelTargetId({ activityId, userId, target });
     try {
       const r = await cancelReservation(deps, {
         activityId,
-        userId,
+        userId: res.locals.userId as string,
         target,
         traceId: res.locals.traceId as string,
         markers: deps.markers,
       });
       deps.metrics?.cancellations.inc({ activity: activityId, outcome: metricOutcome[r.outcome] });
       res.status(200).json({
-        reservationId,
+        reservationId: r.reservationId,
         outcome: r.outcome,
         ...(r.outcome !== 'tombstoned' && r.orderId ? { orderId: r.orderId } : {}),
       });

@@ -211,3 +211,14 @@ export async function acceptPayment(
   }
   return result;
 }
+
+/** A verified notification's outcome: IGNORED when it reports no payment, else acceptPayment's. */
+export async function applyPaymentNotification(
+  deps: PaymentDeps,
+  provider: string,
+  notice: PaymentNotice,
+  traceId: string,
+): Promise<string> {
+  if (notice.status !== 'success') return 'IGNORED';
+  return (await acceptPayment(deps, provider, notice, traceId)).outcome;
+}

@@ -50,17 +50,21 @@ export function signNotification(secret: string, rawBody: string | Buffer, times
 
 const AMOUNT = /^(0|[1-9]\d{0,13})(\.\d{1,2})?$/;
 
+/** What both notifications carry: who they are for, the provider's trade number, an amount. */
+const merchant = { app_id: z.string().min(1).max(64), merchant_id: z.string().min(1).max(64) };
+const tradeNo = z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, '1-128 characters of [A-Za-z0-9._:-]');
+const positiveAmount = z
+  .string()
+  .regex(AMOUNT, 'a decimal string with at most 2 decimals')
+  .refine((v) => AMOUNT.test(v) && new Decimal(v).gt(0), 'must be positive');
+
 const notification = z
   .object({
-    app_id: z.string().min(1).max(64),
-    merchant_id: z.string().min(1).max(64),
+    ...merchant,
     // At most 18 digits: every order id fits PostgreSQL's bigint (a 19-digit one may not).
     out_trade_no: z.string().regex(/^[1-9]\d{0,17}$/, 'our order id'),
-    trade_no: z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, '1-128 characters of [A-Za-z0-9._:-]'),
-    total_amount: z
-      .string()
-      .regex(AMOUNT, 'a decimal string with at most 2 decimals')
-      .refine((v) => AMOUNT.test(v) && new Decimal(v).gt(0), 'must be positive'),
+    trade_no: tradeNo,
+    total_amount: positiveAmount,
     trade_status: z.string().min(1).max(32),
     /** When the buyer paid (ISO 8601 with an offset); the signature's t when absent. */
     gmt_payment: z.string().datetime({ offset: true }).optional(),
@@ -81,15 +85,11 @@ function parseHeader(value: string | string[] | undefined): { t: number; v1: str
 
 const refundNotification = z
   .object({
-    app_id: z.string().min(1).max(64),
-    merchant_id: z.string().min(1).max(64),
+    ...merchant,
     out_refund_no: z.string().regex(/^rf-[0-9a-f]{32}$/, 'our refund id'),
     out_trade_no: z.string().regex(/^[1-9]\d{0,18}$/, 'our order id'),
-    trade_no: z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, '1-128 characters of [A-Za-z0-9._:-]'),
-    refund_amount: z
-      .string()
-      .regex(AMOUNT, 'a decimal string with at most 2 decimals')
-      .refine((v) => AMOUNT.test(v) && new Decimal(v).gt(0), 'must be positive'),
+    trade_no: tradeNo,
+    refund_amount: positiveAmount,
     refund_status: z.string().min(1).max(32),
     refund_no: z
       .string()
@@ -151,18 +151,27 @@ export class HmacProvider implements PaymentProvider {
     }
   }
 
-  verify(req: NotificationRequest): PaymentNotice {
+  /** An authenticated notification parsed by `schema`, sent for this app and merchant. */
+  private signedNotice<S extends z.ZodType<{ app_id: string; merchant_id: string }>>(
+    req: NotificationRequest,
+    schema: S,
+    what: string,
+  ): { n: z.output<S>; signedAt: number } {
     const { body, signedAt } = this.authenticate(req);
-    const r = notification.safeParse(body);
+    const r = schema.safeParse(body);
     if (!r.success) {
-      throw new FlashSaleError('VALIDATION_ERROR', 'the notification is not valid', {
+      throw new FlashSaleError('VALIDATION_ERROR', `the ${what} is not valid`, {
         errors: r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
       });
     }
-    const n = r.data;
-    if (n.app_id !== this.cfg.appId || n.merchant_id !== this.cfg.merchantId) {
+    if (r.data.app_id !== this.cfg.appId || r.data.merchant_id !== this.cfg.merchantId) {
       throw new FlashSaleError('MERCHANT_MISMATCH');
     }
+    return { n: r.data, signedAt };
+  }
+
+  verify(req: NotificationRequest): PaymentNotice {
+    const { n, signedAt } = this.signedNotice(req, notification, 'notification');
     const paidAt = n.gmt_payment ? new Date(n.gmt_payment) : new Date(signedAt * 1000);
     // A payment time after the signature (beyond the clock skew allowed) is not a payment time.
     if (paidAt.getTime() > (signedAt + this.cfg.toleranceSeconds) * 1000) {
@@ -182,16 +191,7 @@ export class HmacProvider implements PaymentProvider {
   }
 
   verifyRefund(req: NotificationRequest): RefundNotice {
-    const r = refundNotification.safeParse(this.authenticate(req).body);
-    if (!r.success) {
-      throw new FlashSaleError('VALIDATION_ERROR', 'the refund notification is not valid', {
-        errors: r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })),
-      });
-    }
-    const n = r.data;
-    if (n.app_id !== this.cfg.appId || n.merchant_id !== this.cfg.merchantId) {
-      throw new FlashSaleError('MERCHANT_MISMATCH');
-    }
+    const { n } = this.signedNotice(req, refundNotification, 'refund notification');
     return {
       refundId: n.out_refund_no,
       orderId: n.out_trade_no,

@@ -109,6 +109,6 @@ export default async function globalSetup(
       }
     }
   }
-  // test/helpers/env.ts freshDatabase() re-creates its migrated template once per run.
+  // dev/servers.ts freshDatabase() re-creates its migrated template once per run.
   process.env.FLASHSALE_TEST_RUN ||= randomBytes(6).toString('hex');
 }

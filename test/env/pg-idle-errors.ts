@@ -1,6 +1,6 @@
 /**
  * jest setup file (integration project). Each test file drops its database at the end with
- * `DROP DATABASE … WITH (FORCE)` (test/helpers/env.ts), which terminates every session still
+ * `DROP DATABASE … WITH (FORCE)` (dev/servers.ts), which terminates every session still
  * connected to it. A pg.Pool reports the termination of an idle client as an 'error' event, and an
  * EventEmitter 'error' without a listener is thrown: jest then fails whichever test file the worker
  * runs next ("Test suite failed to run"), although nothing in it went wrong. Only that one case, an

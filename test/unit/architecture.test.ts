@@ -122,6 +122,17 @@ describe('architecture invariants (ARCHITECTURE.md)', () => {
     expect(restated.every((re) => re.test(source('core/order-message.ts')) || re === restated[0])).toBe(true);
   });
 
+  test('production code (and what the image runs) never imports dev/ or test/', () => {
+    // dev/ holds what the tests and the demo share (servers, processes, a fake provider); the
+    // build (tsconfig.build.json) leaves it out, so an import from production would break the image.
+    const bad = [...PRODUCTION, 'scripts/migrate.ts'].flatMap((f) =>
+      imports(f)
+        .filter((s) => /^(dev|test|bench)\//.test(s))
+        .map((s) => `${f} imports ${s}`),
+    );
+    expect(bad).toEqual([]);
+  });
+
   test('the operator never imports runtime/', () => {
     const bad = tsFiles('operator').flatMap((f) =>
       imports(f)

@@ -7,9 +7,9 @@ import { join } from 'node:path';
 import { countOrders } from '../../../core/db/orders-store.js';
 import { createPool } from '../../../core/db/pool.js';
 import { readStockRows } from '../../../core/db/stock-store.js';
-import { freshDatabase, testEnv } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { ROOT, waitFor } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { ROOT, waitFor } from '../../../dev/roles.js';
 
 const TIMEOUT_MS = 420_000;
 
@@ -25,7 +25,7 @@ function runDemo(
   onOutput?: (out: string, kill: (s: NodeJS.Signals) => void) => void,
 ): Promise<Run> {
   const t = testEnv();
-  const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'scripts', 'demo.ts')], {
+  const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'scripts', 'demo', 'main.ts')], {
     cwd: ROOT,
     env: {
       PATH: process.env.PATH,

@@ -8,9 +8,9 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { countOrders } from '../../../core/db/orders-store.js';
 import { createPool } from '../../../core/db/pool.js';
-import { freshDatabase, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { ROOT, freePort } from '../../helpers/runtime.js';
+import { freshDatabase, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { ROOT, freePort } from '../../../dev/roles.js';
 
 const TIMEOUT_MS = 480_000;
 

@@ -2,8 +2,8 @@
 // by RBAC, it is not ready (/readyz 503 with the reason), flashsale_leader_election_blocked is 1
 // and one error log names the reason (not a warning every retry); once fixed, it leads.
 import type { V1Role } from '@kubernetes/client-node';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import {
   SERVICE_ACCOUNT,
   admin,
@@ -12,8 +12,8 @@ import {
   readYaml,
   startOperator,
   waitFor,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 240_000;
 

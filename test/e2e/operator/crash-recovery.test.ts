@@ -4,14 +4,12 @@
 // write-back, and live stock is never reset. The sale is ended by deleting the activity (the
 // same drain, write-back and cleanup path as endAt), so no step depends on how fast this machine
 // starts a process.
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import { readMeta } from '../../../core/activity-cache.js';
 import { countOrders } from '../../../core/db/orders-store.js';
-import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
 import { FlashSaleError } from '../../../core/errors.js';
-import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reserve } from '../../../core/reservations.js';
 import {
@@ -23,30 +21,30 @@ import {
   VERSION,
 } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { startRole } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { startRole } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
-  Recorder,
   activityBody,
   admin,
   createActivity,
   eventsOf,
   getActivity,
-  installCrd,
-  prepareNamespace,
   scanKeys,
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess, Recorder } from '../../../dev/operator-harness.js';
+import { operatorWorld } from './setup.js';
+import type { OperatorWorld } from './setup.js';
 
 const TIMEOUT_MS = 300_000;
 
 describe('operator: SIGKILL in every phase', () => {
   const a = admin();
+  let world: OperatorWorld | undefined;
   const name = 'crashy';
   const activityId = uniqueId('crash');
   let db: FreshDatabase;
@@ -58,28 +56,16 @@ describe('operator: SIGKILL in every phase', () => {
   let recorder: Recorder;
 
   beforeAll(async () => {
-    await installCrd(a);
-    db = await freshDatabase();
-    pg = createPool(db.url, 2);
-    redis = new Redis(testEnv().redisUrl);
-    ns = await prepareNamespace(uniqueId('op-crash'), a);
-    recorder = new Recorder(a, ns.namespace);
-    await recorder.start();
-    // The relay and consumer that empty the backlog (topics first: the consumer subscribes at start).
-    const admin = createKafka(testEnv().kafkaBrokers, activityId).admin();
-    await admin.connect();
-    await ensureTopics(admin, topicsFor(activityId), 2, 1);
-    await admin.disconnect();
+    world = await operatorWorld(a, { namespace: 'op-crash', topicsOf: [activityId] });
+    ({ db, pg, redis, ns, recorder } = world);
+    // The relay and consumer that empty the backlog.
     runtime = await startRole('all', { activityId, databaseUrl: db.url });
   }, TIMEOUT_MS);
 
   afterAll(async () => {
-    recorder?.stop();
     await current?.kill('SIGKILL');
     await runtime?.stop();
-    redis?.disconnect();
-    await pg?.end();
-    await db?.drop();
+    await world?.close();
   }, TIMEOUT_MS);
 
   const fetchFsa = async (): Promise<FlashSaleActivity> => {

@@ -6,8 +6,8 @@ import { AuthorizationV1Api } from '@kubernetes/client-node';
 import { parse } from 'yaml';
 import { GROUP, PLURAL, VERSION } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
-import { isApiError, uniqueId } from '../../helpers/env.js';
-import { ROOT, SERVICE_ACCOUNT, admin, installCrd, prepareNamespace } from './harness.js';
+import { isApiError, uniqueId } from '../../../dev/servers.js';
+import { ROOT, SERVICE_ACCOUNT, admin, installCrd, prepareNamespace } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 60_000;
 

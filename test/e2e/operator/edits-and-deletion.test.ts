@@ -1,10 +1,9 @@
 // Spec edits during a sale (safe ones applied through a new cache generation, unsafe ones refused
 // with a condition), pausing, deleting a live activity (drained, written back and cleaned up
 // before the finalizer goes), and the Failed outcomes.
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import { readMeta } from '../../../core/activity-cache.js';
 import { upsertCatalogItems } from '../../../core/db/catalog-store.js';
-import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
 import type { FlashSaleError } from '../../../core/errors.js';
@@ -15,28 +14,28 @@ import { reserve } from '../../../core/reservations.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { GROUP, PHASE_ORDER, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import {
-  Recorder,
   activityBody,
   admin,
   createActivity,
   eventsOf,
   getActivity,
-  installCrd,
-  prepareNamespace,
   scanKeys,
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess, Recorder } from '../../../dev/operator-harness.js';
+import { operatorWorld } from './setup.js';
+import type { OperatorWorld } from './setup.js';
 
 const TIMEOUT_MS = 240_000;
 
 describe('operator: edits, pause, deletion, failures', () => {
   const a = admin();
+  let world: OperatorWorld | undefined;
   const catalog = uniqueId('cat');
   let db: FreshDatabase;
   let pg: Pool;
@@ -46,13 +45,8 @@ describe('operator: edits, pause, deletion, failures', () => {
   let recorder: Recorder;
 
   beforeAll(async () => {
-    await installCrd(a);
-    db = await freshDatabase();
-    pg = createPool(db.url, 2);
-    redis = new Redis(testEnv().redisUrl);
-    ns = await prepareNamespace(uniqueId('op-edit'), a);
-    recorder = new Recorder(a, ns.namespace);
-    await recorder.start();
+    world = await operatorWorld(a, { namespace: 'op-edit' });
+    ({ db, pg, redis, ns, recorder } = world);
     await upsertCatalogItems(pg, [
       {
         namespace: ns.namespace,
@@ -77,11 +71,8 @@ describe('operator: edits, pause, deletion, failures', () => {
   }, TIMEOUT_MS);
 
   afterAll(async () => {
-    recorder?.stop();
     await operator?.kill('SIGTERM');
-    redis?.disconnect();
-    await pg?.end();
-    await db?.drop();
+    await world?.close();
   }, TIMEOUT_MS);
 
   const jsonPatch = (name: string, ops: unknown[]): Promise<unknown> =>

@@ -2,38 +2,34 @@
 // runtime roles running as local processes and buyers reserving over HTTP: every phase in order,
 // stock loaded once, orders created, stock written back once, keys cleaned, replicas per phase.
 import { spawnSync } from 'node:child_process';
-import { Redis } from 'ioredis';
-import type { Kafka } from 'kafkajs';
+import type { Redis } from 'ioredis';
 import { readMeta } from '../../../core/activity-cache.js';
 import { readActivityItems } from '../../../core/db/activity-items-store.js';
 import { countOrders } from '../../../core/db/orders-store.js';
-import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
-import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { PHASE_ORDER, Phase } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { httpClient, pool as inParallel, startRole, tokenFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { httpClient, pool as inParallel, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
-  Recorder,
   activityBody,
   admin,
   createActivity,
   eventsOf,
   getActivity,
-  installCrd,
-  prepareNamespace,
   scanKeys,
   startOperator,
   waitFor,
   waitForPhase,
   waitForReadyPods,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess, Recorder } from '../../../dev/operator-harness.js';
+import { operatorWorld } from './setup.js';
+import type { OperatorWorld } from './setup.js';
 
 const TIMEOUT_MS = 150_000;
 
@@ -42,28 +38,17 @@ describe('operator: the whole lifecycle of one activity', () => {
   let db: FreshDatabase;
   let pg: Pool;
   let redis: Redis;
-  let kafka: Kafka;
   let ns: OperatorNamespace;
   let operator: OperatorProcess | undefined;
   let runtime: RoleProcess | undefined;
   let recorder: Recorder;
+  let world: OperatorWorld | undefined;
   const activityId = uniqueId('life');
 
   beforeAll(async () => {
-    await installCrd(a);
-    db = await freshDatabase();
-    pg = createPool(db.url, 2);
-    redis = new Redis(testEnv().redisUrl);
-    kafka = createKafka(testEnv().kafkaBrokers, activityId);
-    ns = await prepareNamespace(uniqueId('op-life'), a);
-    recorder = new Recorder(a, ns.namespace);
-    await recorder.start();
-    // The runtime roles as a local process (no kubelet here), serving this activity; its
-    // consumer subscribes at start, so the topics exist first (the operator finds them there).
-    const kadmin = kafka.admin();
-    await kadmin.connect();
-    await ensureTopics(kadmin, topicsFor(activityId), 2, 1);
-    await kadmin.disconnect();
+    world = await operatorWorld(a, { namespace: 'op-life', topicsOf: [activityId] });
+    ({ db, pg, redis, ns, recorder } = world);
+    // The runtime roles as a local process (no kubelet here), serving this activity.
     [runtime, operator] = await Promise.all([
       // A short payment window: the sale's unpaid orders are closed (and the activity settled)
       // soon after the sale, by this process's sweeper.
@@ -77,12 +62,9 @@ describe('operator: the whole lifecycle of one activity', () => {
   }, TIMEOUT_MS);
 
   afterAll(async () => {
-    recorder?.stop();
     await runtime?.stop();
     await operator?.kill('SIGTERM');
-    redis?.disconnect();
-    await pg?.end();
-    await db?.drop();
+    await world?.close();
   }, TIMEOUT_MS);
 
   it(

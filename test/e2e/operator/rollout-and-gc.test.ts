@@ -6,14 +6,12 @@
 // references: the garbage collector deletes them, the operator (which may not) does not.
 import { spawnSync } from 'node:child_process';
 import { AuthorizationV1Api, PolicyV1Api } from '@kubernetes/client-node';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import { readMeta } from '../../../core/activity-cache.js';
-import { createPool } from '../../../core/db/pool.js';
-import type { Pool } from '../../../core/db/pool.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, isApiError, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { isApiError, testEnv } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import {
   SERVICE_ACCOUNT,
   activityBody,
@@ -21,42 +19,37 @@ import {
   createActivity,
   eventsOf,
   getActivity,
-  installCrd,
-  prepareNamespace,
   rolePods,
   startOperator,
   waitFor,
   waitForPhase,
   waitForReadyPods,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
+import { operatorWorld } from './setup.js';
+import type { OperatorWorld } from './setup.js';
 
 const TIMEOUT_MS = 240_000;
 const NAME = 'late';
 
 describe('operator: rollout state and garbage collection on the fuller control plane', () => {
   const a = admin();
+  let world: OperatorWorld | undefined;
   const policy = a.kc.makeApiClient(PolicyV1Api);
   let db: FreshDatabase;
-  let pg: Pool;
   let redis: Redis;
   let ns: OperatorNamespace;
   let operator: OperatorProcess | undefined;
 
   beforeAll(async () => {
-    await installCrd(a);
-    db = await freshDatabase();
-    pg = createPool(db.url, 2);
-    redis = new Redis(testEnv().redisUrl);
-    ns = await prepareNamespace(uniqueId('op-gc'), a);
+    world = await operatorWorld(a, { namespace: 'op-gc', record: false });
+    ({ db, redis, ns } = world);
     operator = await startOperator({ ns, databaseUrl: db.url });
   }, TIMEOUT_MS);
 
   afterAll(async () => {
     await operator?.kill('SIGTERM');
-    redis?.disconnect();
-    await pg?.end();
-    await db?.drop();
+    await world?.close();
   }, TIMEOUT_MS);
 
   const selector = `app.kubernetes.io/instance=${NAME}`;

@@ -8,19 +8,15 @@
 // environment.
 import { spawn, spawnSync } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import type { Kafka } from 'kafkajs';
-import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows } from '../../../core/db/stock-store.js';
-import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
-import { signNotification } from '../../../runtime/payments/hmac-provider.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { startFakeProvider } from '../../helpers/fake-provider.js';
-import type { FakeProvider } from '../../helpers/fake-provider.js';
-import { JWT_SECRET, startRole, tokenFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { sendPaymentNotification, startFakeProvider } from '../../../dev/fake-provider.js';
+import type { FakeProvider } from '../../../dev/fake-provider.js';
+import { JWT_SECRET, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
   at,
   findObject,
@@ -29,7 +25,6 @@ import {
   renderChart,
 } from '../../integration/chart/chart-helpers.js';
 import {
-  Recorder,
   ROOT,
   activityBody,
   admin,
@@ -37,13 +32,13 @@ import {
   eventsOf,
   freePort,
   getActivity,
-  installCrd,
-  prepareNamespace,
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess, Recorder } from '../../../dev/operator-harness.js';
+import { operatorWorld } from './setup.js';
+import type { OperatorWorld } from './setup.js';
 
 const TIMEOUT_MS = 240_000;
 const PAY_SECRET = 'settlement-e2e-provider-secret-0123456789';
@@ -110,9 +105,9 @@ function renderAfterSale(o: { databaseUrl: string; port: number; refundUrl: stri
 
 describe('operator + after-sale role: an activity is Completed only once its orders are settled', () => {
   const a = admin();
+  let world: OperatorWorld | undefined;
   let db: FreshDatabase;
   let pg: Pool;
-  let kafka: Kafka;
   let ns: OperatorNamespace;
   let operator: OperatorProcess | undefined;
   let sale: RoleProcess | undefined;
@@ -124,17 +119,8 @@ describe('operator + after-sale role: an activity is Completed only once its ord
   const name = 'singles-day';
 
   beforeAll(async () => {
-    await installCrd(a);
-    db = await freshDatabase();
-    pg = createPool(db.url, 2);
-    kafka = createKafka(testEnv().kafkaBrokers, activityId);
-    ns = await prepareNamespace(uniqueId('op-settle'), a);
-    recorder = new Recorder(a, ns.namespace);
-    await recorder.start();
-    const kadmin = kafka.admin();
-    await kadmin.connect();
-    await ensureTopics(kadmin, topicsFor(activityId), 2, 1);
-    await kadmin.disconnect();
+    world = await operatorWorld(a, { namespace: 'op-settle', topicsOf: [activityId] });
+    ({ db, pg, ns, recorder } = world);
     // The sale's own roles as one local process (no kubelet here), with the payment window the
     // activity declares (spec.payment.timeout, checked against the operator's Deployment below).
     [sale, operator] = await Promise.all([
@@ -148,7 +134,6 @@ describe('operator + after-sale role: an activity is Completed only once its ord
   }, TIMEOUT_MS);
 
   afterAll(async () => {
-    recorder?.stop();
     await provider?.close();
     await sale?.stop();
     if (afterSale && afterSale.exitCode === null) {
@@ -156,8 +141,7 @@ describe('operator + after-sale role: an activity is Completed only once its ord
       await new Promise((r) => afterSale?.once('exit', r));
     }
     await operator?.kill('SIGTERM');
-    await pg?.end();
-    await db?.drop();
+    await world?.close();
   }, TIMEOUT_MS);
 
   it(
@@ -251,25 +235,16 @@ describe('operator + after-sale role: an activity is Completed only once its ord
         tradeNo: string,
         paidAt: Date,
       ): Promise<Record<string, unknown>> => {
-        const body = JSON.stringify({
-          app_id: 'fs-app',
-          merchant_id: 'fs-merchant',
-          out_trade_no: orderId,
-          trade_no: tradeNo,
-          total_amount: '88.00',
-          trade_status: 'TRADE_SUCCESS',
-          gmt_payment: paidAt.toISOString(),
-        });
-        const r = await fetch(`${url}/v1/payments/hmac/notifications`, {
-          method: 'POST',
-          headers: {
-            'content-type': 'application/json',
-            'x-fs-signature': signNotification(PAY_SECRET, body, Math.floor(Date.now() / 1000)),
-          },
-          body,
+        const r = await sendPaymentNotification(url, PAY_SECRET, {
+          appId: 'fs-app',
+          merchantId: 'fs-merchant',
+          orderId,
+          tradeNo,
+          amount: '88.00',
+          paidAt,
         });
         expect(r.status).toBe(200);
-        return (await r.json()) as Record<string, unknown>;
+        return r.json;
       };
       const paidNow = orderOf.get('paid-now')!;
       const dup = orderOf.get('dup-trade')!;

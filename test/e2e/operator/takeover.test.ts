@@ -5,40 +5,38 @@
 // activity (drain, write-back, cleanup, then the finalizer goes), so that no step depends on how
 // fast this machine starts a process.
 import { CoordinationV1Api } from '@kubernetes/client-node';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import { readMeta, readStock } from '../../../core/activity-cache.js';
 import { countOrders } from '../../../core/db/orders-store.js';
-import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
-import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reserve } from '../../../core/reservations.js';
 import { GROUP, PHASE_ORDER, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, isApiError, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { startRole } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { isApiError, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { startRole } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
-  Recorder,
   activityBody,
   admin,
   createActivity,
   eventsOf,
   getActivity,
-  installCrd,
-  prepareNamespace,
   scanKeys,
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess, Recorder } from '../../../dev/operator-harness.js';
+import { operatorWorld } from './setup.js';
+import type { OperatorWorld } from './setup.js';
 
 const TIMEOUT_MS = 300_000;
 
 describe('operator: two replicas, two activities', () => {
   const a = admin();
+  let world: OperatorWorld | undefined;
   const idY = uniqueId('take-y');
   let db: FreshDatabase;
   let pg: Pool;
@@ -49,17 +47,8 @@ describe('operator: two replicas, two activities', () => {
   let recorder: Recorder;
 
   beforeAll(async () => {
-    await installCrd(a);
-    db = await freshDatabase();
-    pg = createPool(db.url, 2);
-    redis = new Redis(testEnv().redisUrl);
-    ns = await prepareNamespace(uniqueId('op-take'), a);
-    recorder = new Recorder(a, ns.namespace);
-    await recorder.start();
-    const kadmin = createKafka(testEnv().kafkaBrokers, idY).admin();
-    await kadmin.connect();
-    await ensureTopics(kadmin, topicsFor(idY), 2, 1);
-    await kadmin.disconnect();
+    world = await operatorWorld(a, { namespace: 'op-take', topicsOf: [idY] });
+    ({ db, pg, redis, ns, recorder } = world);
     const [runtime, opA] = await Promise.all([
       startRole('all', { activityId: idY, databaseUrl: db.url }),
       startOperator({
@@ -77,12 +66,9 @@ describe('operator: two replicas, two activities', () => {
   }, TIMEOUT_MS);
 
   afterAll(async () => {
-    recorder?.stop();
     for (const op of operators) await op.kill('SIGKILL');
     await runtimeY?.stop();
-    redis?.disconnect();
-    await pg?.end();
-    await db?.drop();
+    await world?.close();
   }, TIMEOUT_MS);
 
   const remove = (name: string): Promise<unknown> =>

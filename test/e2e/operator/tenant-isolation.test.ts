@@ -2,22 +2,20 @@
 // first resource that claims it (a second resource naming it fails with ActivityIdInUse and
 // changes nothing, also when it is deleted), the runtime image is the operator's choice, and each
 // runtime role's pods read only that role's Secret.
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import { readMeta } from '../../../core/activity-cache.js';
 import { upsertCatalogItems } from '../../../core/db/catalog-store.js';
 import { readClaim } from '../../../core/db/claims-store.js';
-import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
 import { readLoadedDefinition } from '../../../core/loaded-definition.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { GROUP, PLURAL, Phase, RUNTIME_ROLES, VERSION } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, isApiError, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { isApiError, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import { CustomObjectsApi } from '@kubernetes/client-node';
 import {
-  Recorder,
   SERVICE_ACCOUNT,
   activityBody,
   admin,
@@ -25,14 +23,14 @@ import {
   eventsOf,
   forceRemoveFinalizers,
   getActivity,
-  installCrd,
-  prepareNamespace,
   scanKeys,
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess, Recorder } from '../../../dev/operator-harness.js';
+import { operatorWorld } from './setup.js';
+import type { OperatorWorld } from './setup.js';
 
 const TIMEOUT_MS = 240_000;
 const DIGEST = `sha256:${'ab12'.repeat(16)}`;
@@ -40,6 +38,7 @@ const ALLOWED_BY_DIGEST = `registry.example/flashsale-runtime@${DIGEST}`;
 
 describe('operator: tenant isolation', () => {
   const a = admin();
+  let world: OperatorWorld | undefined;
   let db: FreshDatabase;
   let pg: Pool;
   let redis: Redis;
@@ -51,13 +50,8 @@ describe('operator: tenant isolation', () => {
   let recorder: Recorder;
 
   beforeAll(async () => {
-    await installCrd(a);
-    db = await freshDatabase();
-    pg = createPool(db.url, 2);
-    redis = new Redis(testEnv().redisUrl);
-    ns = await prepareNamespace(uniqueId('op-tenant'), a);
-    recorder = new Recorder(a, ns.namespace);
-    await recorder.start();
+    world = await operatorWorld(a, { namespace: 'op-tenant' });
+    ({ db, pg, redis, ns, recorder } = world);
     for (const name of [second, unwatched]) await a.core.createNamespace({ body: { metadata: { name } } });
     await a.rbac.createNamespacedRoleBinding({
       namespace: second,
@@ -89,12 +83,9 @@ describe('operator: tenant isolation', () => {
   }, TIMEOUT_MS);
 
   afterAll(async () => {
-    recorder?.stop();
     if (ns) await forceRemoveFinalizers(a, ns.namespace).catch(() => undefined);
     await operator?.kill('SIGTERM');
-    redis?.disconnect();
-    await pg?.end();
-    await db?.drop();
+    await world?.close();
   }, TIMEOUT_MS);
 
   const remove = (name: string): Promise<unknown> =>

@@ -9,8 +9,8 @@ import { reserve } from '../../../core/reservations.js';
 import { readTrafficPolicy, registerBuyer } from '../../../core/traffic-policy.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { GROUP, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, isApiError, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, isApiError, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import {
   activityBody,
   admin,
@@ -21,8 +21,8 @@ import {
   startOperator,
   waitFor,
   waitForPhase,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 240_000;
 

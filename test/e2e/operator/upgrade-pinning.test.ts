@@ -6,8 +6,8 @@
 import type { V1Deployment } from '@kubernetes/client-node';
 import { PolicyV1Api } from '@kubernetes/client-node';
 import { Phase, RUNTIME_ROLES } from '../../../operator/api/v1alpha1/types.js';
-import { freshDatabase, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import {
   activityBody,
   admin,
@@ -19,8 +19,8 @@ import {
   waitFor,
   waitForPhase,
   waitForReadyPods,
-} from './harness.js';
-import type { OperatorNamespace, OperatorProcess } from './harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 240_000;
 const OLD = {

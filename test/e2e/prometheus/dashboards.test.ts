@@ -23,10 +23,10 @@ import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
 import { runDlqCli } from '../../../runtime/dlq.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { ROOT, httpClient, startRole, tokenFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { ROOT, httpClient, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import {
   at,
   chartDir,
@@ -46,8 +46,8 @@ import {
   startOperator,
   waitFor,
   waitForPhase,
-} from '../operator/harness.js';
-import type { OperatorNamespace, OperatorProcess } from '../operator/harness.js';
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 420_000;
 const BACKLOG_ALERT = 'FlashSaleHalfMessageBacklogGrowing';

@@ -15,8 +15,8 @@ import { activityKeys } from '../../../core/keys.js';
 import { createRedis } from '../../../core/redis.js';
 import type { RedisConnection } from '../../../core/redis.js';
 import { registerScripts } from '../../../core/scripts.js';
-import { httpClient, startRole, tokenFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { httpClient, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 import { checkActivity } from './invariants.js';
 import type { Violation } from './invariants.js';
 

@@ -9,7 +9,7 @@ import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
-import { ROOT, waitFor } from '../../helpers/runtime.js';
+import { ROOT, waitFor } from '../../../dev/roles.js';
 
 const run = promisify(execFile);
 

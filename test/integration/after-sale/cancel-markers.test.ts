@@ -6,8 +6,8 @@ import { setGate } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { UNKNOWN_ACTIVITY_LABEL } from '../../../core/metrics.js';
 import { DEFAULT_CANCEL_MARKER_POLICY, reservationIdFor } from '../../../core/reservations.js';
-import { uniqueId } from '../../helpers/env.js';
-import { httpClient, pool as inParallel } from '../../helpers/runtime.js';
+import { uniqueId } from '../../../dev/servers.js';
+import { httpClient, pool as inParallel } from '../../../dev/roles.js';
 import {
   TIMEOUT_MS,
   buyerCall,

@@ -8,7 +8,7 @@ import type { Admin, Consumer, ConsumerRunConfig, Kafka, Producer } from 'kafkaj
 import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
 import { orderMessageOf, readReservation } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
-import { testEnv, uniqueId } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
   TIMEOUT_MS,
   countRows,

@@ -20,7 +20,7 @@ import {
 import { orderMessageOf, readReservation } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { runDlqCli } from '../../../runtime/dlq.js';
-import { testEnv, uniqueId } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
   TIMEOUT_MS,
   countRows,

@@ -29,8 +29,8 @@ import { HmacProvider, signNotification } from '../../../runtime/payments/hmac-p
 import { paymentsRouter } from '../../../runtime/payments/routes.js';
 import { refundNotificationsRouter } from '../../../runtime/payments/refund-routes.js';
 import { refundRouter } from '../../../runtime/api/refund-routes.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 export const TIMEOUT_MS = 180_000;
 export const PAYMENT_TIMEOUT_SECONDS = 900;

@@ -10,7 +10,7 @@ import { paymentsForOrder } from '../../../core/db/payments-store.js';
 import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
 import { readReservation, reservationIdFor } from '../../../core/reservations.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
-import { uniqueId } from '../../helpers/env.js';
+import { uniqueId } from '../../../dev/servers.js';
 import {
   APP_ID,
   MERCHANT_ID,

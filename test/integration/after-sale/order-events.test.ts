@@ -19,8 +19,8 @@ import { completeRefund, requestOrderRefund } from '../../../core/refunds.js';
 import { OrderEventRelay } from '../../../runtime/jobs/order-events.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { readTopic } from '../../../runtime/dlq.js';
-import { testEnv } from '../../helpers/env.js';
-import { startRole } from '../../helpers/runtime.js';
+import { testEnv } from '../../../dev/servers.js';
+import { startRole } from '../../../dev/roles.js';
 import { recorded } from '../../faults/harness/results.js';
 import {
   TIMEOUT_MS,

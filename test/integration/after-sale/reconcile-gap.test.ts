@@ -17,7 +17,7 @@ import { checkOrderGap } from '../../../runtime/jobs/gauges.js';
 import { repairOrderGap } from '../../../runtime/jobs/gap-repair.js';
 import type { GapRepairDeps } from '../../../runtime/jobs/gap-repair.js';
 import { auditStock } from '../../../runtime/jobs/stock-audit.js';
-import { testEnv, uniqueId } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
   TIMEOUT_MS,
   counters,

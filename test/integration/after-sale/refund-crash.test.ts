@@ -6,10 +6,10 @@ import { ensureTopics, createKafka, topicsFor } from '../../../core/kafka.js';
 import { findOrderById } from '../../../core/db/orders-store.js';
 import { paymentsForOrder } from '../../../core/db/payments-store.js';
 import { refundsForOrder } from '../../../core/db/refunds-store.js';
-import { testEnv } from '../../helpers/env.js';
-import { startFakeProvider } from '../../helpers/fake-provider.js';
-import type { FakeProvider } from '../../helpers/fake-provider.js';
-import { startRole } from '../../helpers/runtime.js';
+import { testEnv } from '../../../dev/servers.js';
+import { startFakeProvider } from '../../../dev/fake-provider.js';
+import type { FakeProvider } from '../../../dev/fake-provider.js';
+import { startRole } from '../../../dev/roles.js';
 import { recorded } from '../../faults/harness/results.js';
 import {
   APP_ID,

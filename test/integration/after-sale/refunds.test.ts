@@ -1,5 +1,5 @@
 // Refunds end to end on the real PostgreSQL, Redis and a fake provider that is a real HTTP server
-// (test/helpers/fake-provider.ts): a duplicate trade refunded automatically, a buyer's refund
+// (dev/fake-provider.ts): a duplicate trade refunded automatically, a buyer's refund
 // retried through a provider outage and a hanging provider, a provider that answers
 // "processing" and then notifies, a refusal handled by the operator's command, and every bad
 // input on the new endpoints answered with problem+json and no state change.
@@ -13,8 +13,8 @@ import { runRefundWorker } from '../../../runtime/jobs/refunds.js';
 import type { RefundWorkerDeps } from '../../../runtime/jobs/refunds.js';
 import { signNotification } from '../../../runtime/payments/hmac-provider.js';
 import { runRefundCli } from '../../../runtime/refund-cli.js';
-import { refundNotificationBody, startFakeProvider } from '../../helpers/fake-provider.js';
-import type { FakeProvider } from '../../helpers/fake-provider.js';
+import { refundNotificationBody, startFakeProvider } from '../../../dev/fake-provider.js';
+import type { FakeProvider } from '../../../dev/fake-provider.js';
 import {
   APP_ID,
   MERCHANT_ID,

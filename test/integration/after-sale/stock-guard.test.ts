@@ -15,7 +15,7 @@ import type { OrderMessage } from '../../../core/model.js';
 import { closeOrder } from '../../../core/order-lifecycle.js';
 import { orderMessageOf, readReservation } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
-import { testEnv, uniqueId } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
   TIMEOUT_MS,
   countRows,

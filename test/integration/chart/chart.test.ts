@@ -6,7 +6,7 @@
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { parse, stringify } from 'yaml';
-import { uniqueId } from '../../helpers/env.js';
+import { uniqueId } from '../../../dev/servers.js';
 import {
   alertRules,
   at,

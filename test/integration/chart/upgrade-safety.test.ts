@@ -9,8 +9,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { stringify } from 'yaml';
 import { loadOperatorConfig } from '../../../operator/config.js';
-import { serviceAccountKubeConfig, uniqueId } from '../../helpers/env.js';
-import { waitFor } from '../../helpers/runtime.js';
+import { serviceAccountKubeConfig, uniqueId } from '../../../dev/servers.js';
+import { waitFor } from '../../../dev/roles.js';
 import {
   at,
   chartDir,

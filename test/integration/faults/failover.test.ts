@@ -18,9 +18,9 @@ import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf, sleep } from '
 import type { Servers } from '../../faults/harness/sale.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
-import { waitFor } from '../../helpers/runtime.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { waitFor } from '../../../dev/roles.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 const run = promisify(execFile);
 const heavy = process.env.FAULT_HEAVY === '1';

@@ -15,10 +15,10 @@ import { activityKeys } from '../../../core/keys.js';
 import { DEFAULT_TRAFFIC_POLICY, writeTrafficPolicy } from '../../../core/traffic-policy.js';
 import { signNotification } from '../../../runtime/payments/hmac-provider.js';
 import { prepareActivity } from '../../faults/harness/sale.js';
-import { freshDatabase, isApiError, kubeConfigFor, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { ROOT, httpClient, startRole, tokenFor, waitFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, isApiError, kubeConfigFor, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { ROOT, httpClient, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const SCALE = Number(process.env.FAULT_FUZZ_RUNS ?? '1');
 

@@ -26,9 +26,9 @@ import {
   stopPrivateServers,
 } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
-import { waitFor } from '../../helpers/runtime.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { waitFor } from '../../../dev/roles.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 const heavy = process.env.FAULT_HEAVY === '1';
 const STOCK = heavy ? 120 : 40;

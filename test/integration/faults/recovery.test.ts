@@ -13,9 +13,9 @@ import { recordRun } from '../../faults/harness/results.js';
 import { checkActivity, formatViolations } from '../../faults/harness/invariants.js';
 import { Sale, buyers, prepareActivity, recoverAndCheck, sleep } from '../../faults/harness/sale.js';
 import type { BuyerAnswer, RoleName, Servers } from '../../faults/harness/sale.js';
-import { waitFor } from '../../helpers/runtime.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { waitFor } from '../../../dev/roles.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 const heavy = process.env.FAULT_HEAVY === '1';
 

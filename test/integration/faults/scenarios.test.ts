@@ -39,9 +39,9 @@ import {
   stopPrivateServers,
   type PrivateServers,
 } from '../../faults/harness/servers.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import { waitFor } from '../../helpers/runtime.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import { waitFor } from '../../../dev/roles.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 const PAYMENT_TIMEOUT_SECONDS = 900;
 const item = (stock: number, limitPerUser = 1) => ({

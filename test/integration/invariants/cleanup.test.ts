@@ -16,7 +16,7 @@ import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js'
 import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { cleanUp } from '../../../operator/reconcile/clean-up.js';
-import { testEnv, uniqueId } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 
 const TIMEOUT_MS = 60_000;
 const RETENTION_SECONDS = 900;

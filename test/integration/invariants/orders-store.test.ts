@@ -6,8 +6,8 @@ import pg from 'pg';
 import { insertOrders, ORDER_TRANSITIONS, transitionOrder } from '../../../core/db/orders-store.js';
 import type { OrderStatus, OrderTransition } from '../../../core/db/orders-store.js';
 import type { OrderMessage } from '../../../core/model.js';
-import { freshDatabase, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 const TIMEOUT_MS = 60_000;
 

@@ -16,7 +16,7 @@ import {
   reservationIdFor,
   reserve,
 } from '../../../core/reservations.js';
-import { testEnv, uniqueId } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 
 const TIMEOUT_MS = 60_000;
 

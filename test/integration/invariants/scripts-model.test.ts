@@ -22,7 +22,7 @@ import {
   reservationIdFor,
   reserve,
 } from '../../../core/reservations.js';
-import { testEnv, uniqueId } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 import { ScriptModel, traceOf } from './script-model.js';
 import type { ModelConfig, ModelState } from './script-model.js';
 

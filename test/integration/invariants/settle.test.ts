@@ -18,8 +18,8 @@ import { createLogger } from '../../../core/logger.js';
 import { settleStock } from '../../../core/order-lifecycle.js';
 import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
 import { orderMessageOf, readReservation, reservationIdFor, reserve } from '../../../core/reservations.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 const TIMEOUT_MS = 60_000;
 

@@ -16,8 +16,8 @@ import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js'
 import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { writeBack } from '../../../operator/reconcile/write-back.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 const TIMEOUT_MS = 60_000;
 

@@ -2,8 +2,8 @@
 // newest generation wins whatever order the writes come in; `replace` mirrors the cache exactly.
 import pg from 'pg';
 import { readActivityItems, recordActivityItems } from '../../../core/db/activity-items-store.js';
-import { freshDatabase, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 describe('activity items', () => {
   let db: FreshDatabase;

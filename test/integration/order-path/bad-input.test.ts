@@ -3,10 +3,10 @@ import { Redis } from 'ioredis';
 import pg from 'pg';
 import { readOutbox, readStock } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { JWT_SECRET, httpClient, setUpActivity, startRole, tokenFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { JWT_SECRET, httpClient, setUpActivity, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 describe('bad input', () => {
   let db: FreshDatabase;

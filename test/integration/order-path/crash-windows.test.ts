@@ -5,10 +5,10 @@ import { Redis } from 'ioredis';
 import pg from 'pg';
 import { readOutbox, readStock } from '../../../core/activity-cache.js';
 import type { CrashPoint } from '../../../core/crash.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { httpClient, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { httpClient, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const BUYERS = 40;
 

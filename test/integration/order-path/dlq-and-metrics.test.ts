@@ -2,10 +2,10 @@
 // shows the metric names of README's metrics list.
 import pg from 'pg';
 import { createKafka, idempotentProducer } from '../../../core/kafka.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { httpClient, setUpActivity, startRole, tokenFor, waitFor } from '../../helpers/runtime.js';
-import type { RoleProcess, TestActivity } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { httpClient, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess, TestActivity } from '../../../dev/roles.js';
 
 describe('poison messages and metrics', () => {
   let db: FreshDatabase;

@@ -7,10 +7,10 @@ import pg from 'pg';
 import { createKafka, idempotentProducer, topicDepth } from '../../../core/kafka.js';
 import type { OrderMessage } from '../../../core/model.js';
 import { reservationIdFor } from '../../../core/reservations.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { setUpActivity, startRole, waitFor } from '../../helpers/runtime.js';
-import type { RoleProcess, TestActivity } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { setUpActivity, startRole, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess, TestActivity } from '../../../dev/roles.js';
 
 describe('forged order messages', () => {
   let db: FreshDatabase;

@@ -11,10 +11,10 @@ import { Redis } from 'ioredis';
 import { loadActivity, setGate } from '../../../core/activity-cache.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { ROOT, startRole, waitFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { ROOT, startRole, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const TIMEOUT_MS = 180_000;
 

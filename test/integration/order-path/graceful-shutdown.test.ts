@@ -9,10 +9,10 @@ import pg from 'pg';
 import { readOutbox } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { SHUTDOWN_STAGES } from '../../../runtime/roles/process.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { httpClient, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { httpClient, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const BUYERS = 600;
 /** Submitted and answered before the first SIGTERM: the backlog the relay and consumer work on. */

@@ -26,9 +26,9 @@ import {
 } from '../../../core/reservations.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { Relay } from '../../../runtime/relay/relay.js';
-import { testEnv, uniqueId } from '../../helpers/env.js';
-import { setUpActivity, waitFor } from '../../helpers/runtime.js';
-import type { TestActivity } from '../../helpers/runtime.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
+import { setUpActivity, waitFor } from '../../../dev/roles.js';
+import type { TestActivity } from '../../../dev/roles.js';
 
 const ITEM = { skuId: 'tea', name: '西湖龙井 明前特级', price: '268.00', stock: 10, limitPerUser: 2 };
 

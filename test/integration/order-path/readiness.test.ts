@@ -2,10 +2,10 @@
 // consumer group (while it joins: 503 with `"consumer": "joining"`), with the state of each part in
 // `checks` (runtime/roles/process.ts).
 import { request } from 'undici';
-import { startRole, setUpActivity } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
-import { freshDatabase, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { startRole, setUpActivity } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
+import { freshDatabase, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 async function readyz(p: RoleProcess): Promise<{ status: number; body: Record<string, unknown> }> {
   const r = await request(`${p.url}/readyz`);

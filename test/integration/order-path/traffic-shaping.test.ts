@@ -8,10 +8,10 @@ import { loadActivity, setGate } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { syncDenyList, writeTrafficPolicy, DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
 import type { TrafficPolicy } from '../../../core/traffic-policy.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { JWT_SECRET, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { JWT_SECRET, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 interface Answer {
   status: number;

@@ -3,10 +3,10 @@
 // once the topics exist, instead of exiting.
 import { request } from 'undici';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { startRole, waitFor } from '../../helpers/runtime.js';
-import type { RoleProcess } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { startRole, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
 
 const TIMEOUT_MS = 120_000;
 

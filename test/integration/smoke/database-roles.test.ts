@@ -6,7 +6,7 @@ import pg from 'pg';
 import { createPool } from '../../../core/db/pool.js';
 import { claimActivityId, readClaim, releaseUnusedClaim } from '../../../core/db/claims-store.js';
 import { readCatalog, upsertCatalogItems } from '../../../core/db/catalog-store.js';
-import { freshDatabase, testEnv, uniqueId, type FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, testEnv, uniqueId, type FreshDatabase } from '../../../dev/servers.js';
 
 const TIMEOUT_MS = 120_000;
 

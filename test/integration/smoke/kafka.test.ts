@@ -1,6 +1,6 @@
 // Smoke: an idempotent producer and a consumer group through kafkajs.
 import { Kafka, logLevel, type Admin } from 'kafkajs';
-import { testEnv, uniqueId } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 
 // jest's per-project testTimeout is ignored by jest 29: each hook and test sets its own.
 const TIMEOUT_MS = 120_000;

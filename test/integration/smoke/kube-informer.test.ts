@@ -8,7 +8,7 @@ import {
   type KubernetesObject,
   type V1CustomResourceDefinition,
 } from '@kubernetes/client-node';
-import { isApiError, kubeConfigFor, uniqueId } from '../../helpers/env.js';
+import { isApiError, kubeConfigFor, uniqueId } from '../../../dev/servers.js';
 
 const group = 'smoke.flashsale.test';
 const version = 'v1';

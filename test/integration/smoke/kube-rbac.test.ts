@@ -1,6 +1,6 @@
 // Smoke: RBAC is enforced for a ServiceAccount token from the TokenRequest API.
 import { CoreV1Api, RbacAuthorizationV1Api } from '@kubernetes/client-node';
-import { isApiError, kubeConfigFor, serviceAccountKubeConfig, uniqueId } from '../../helpers/env.js';
+import { isApiError, kubeConfigFor, serviceAccountKubeConfig, uniqueId } from '../../../dev/servers.js';
 
 async function status(call: Promise<unknown>): Promise<number> {
   try {

@@ -2,7 +2,7 @@
 import pg from 'pg';
 import { migrate } from '../../../core/db/migrate.js';
 import { migrations } from '../../../core/db/migrations.js';
-import { freshDatabase, testEnv, uniqueId, type FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, testEnv, uniqueId, type FreshDatabase } from '../../../dev/servers.js';
 
 const SMOKE_TEMPLATE = 'flashsale_smoke_template';
 

@@ -1,6 +1,6 @@
 // Smoke: an atomic check-and-decrement Lua script through ioredis defineCommand.
 import { Redis, type Result } from 'ioredis';
-import { testEnv, uniqueId } from '../../helpers/env.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {

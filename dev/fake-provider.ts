@@ -9,7 +9,7 @@ import { once } from 'node:events';
 import { createServer } from 'node:http';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
-import { signNotification } from '../../runtime/payments/hmac-provider.js';
+import { signNotification } from '../runtime/payments/hmac-provider.js';
 
 export type FakeMode = 'ok' | 'fail' | 'hang' | 'processing' | 'refuse';
 
@@ -157,4 +157,40 @@ export function refundNotificationBody(n: {
     ...(n.refundNo ? { refund_no: n.refundNo } : {}),
     gmt_refund: new Date().toISOString(),
   });
+}
+
+/** A payment as the HMAC provider notifies it (docs/after-sale.md "Payment notifications"). */
+export interface PaymentNotification {
+  appId: string;
+  merchantId: string;
+  orderId: string;
+  tradeNo: string;
+  amount: string;
+  paidAt: Date;
+}
+
+/** POSTs one signed TRADE_SUCCESS notification to the after-sale role at `baseUrl`, once. */
+export async function sendPaymentNotification(
+  baseUrl: string,
+  secret: string,
+  n: PaymentNotification,
+): Promise<{ status: number; json: Record<string, unknown> }> {
+  const body = JSON.stringify({
+    app_id: n.appId,
+    merchant_id: n.merchantId,
+    out_trade_no: n.orderId,
+    trade_no: n.tradeNo,
+    total_amount: n.amount,
+    trade_status: 'TRADE_SUCCESS',
+    gmt_payment: n.paidAt.toISOString(),
+  });
+  const r = await fetch(`${baseUrl}/v1/payments/hmac/notifications`, {
+    method: 'POST',
+    headers: {
+      'content-type': 'application/json',
+      'x-fs-signature': signNotification(secret, body, Math.floor(Date.now() / 1000)),
+    },
+    body,
+  });
+  return { status: r.status, json: (await r.json().catch(() => ({}))) as Record<string, unknown> };
 }

@@ -11,14 +11,14 @@ import { Redis } from 'ioredis';
 import { SignJWT } from 'jose';
 import pg from 'pg';
 import { Agent, request } from 'undici';
-import { loadActivity, setGate } from '../../core/activity-cache.js';
-import { recordActivityItems } from '../../core/db/activity-items-store.js';
-import { createKafka, ensureTopics, topicsFor } from '../../core/kafka.js';
-import type { TopicNames } from '../../core/kafka.js';
-import type { ActivityDefinition, CatalogItem } from '../../core/model.js';
-import { testEnv } from './env.js';
+import { loadActivity, setGate } from '../core/activity-cache.js';
+import { recordActivityItems } from '../core/db/activity-items-store.js';
+import { createKafka, ensureTopics, topicsFor } from '../core/kafka.js';
+import type { TopicNames } from '../core/kafka.js';
+import type { ActivityDefinition, CatalogItem } from '../core/model.js';
+import { testEnv } from './servers.js';
 
-export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 export const JWT_SECRET = 'test-secret-test-secret-test-secret-0123';
 
 export async function freePort(): Promise<number> {

@@ -23,10 +23,11 @@ import type {
 } from '@kubernetes/client-node';
 import type { Redis } from 'ioredis';
 import { parse } from 'yaml';
-import { FINALIZER, GROUP, PLURAL, VERSION } from '../../../operator/api/v1alpha1/types.js';
-import type { FlashSaleActivity, Phase } from '../../../operator/api/v1alpha1/types.js';
-import { isApiError, kubeConfigFor, serviceAccountKubeConfig, testEnv } from '../../helpers/env.js';
-import { ROOT, freePort, waitFor } from '../../helpers/runtime.js';
+import { FINALIZER, GROUP, PLURAL, VERSION } from '../operator/api/v1alpha1/types.js';
+import { ActivityClient } from '../operator/kube/activities.js';
+import type { FlashSaleActivity, Phase } from '../operator/api/v1alpha1/types.js';
+import { isApiError, kubeConfigFor, serviceAccountKubeConfig, testEnv } from './servers.js';
+import { ROOT, freePort, waitFor } from './roles.js';
 
 export { ROOT, freePort, waitFor };
 export const SERVICE_ACCOUNT = 'flashsale-operator';
@@ -321,18 +322,7 @@ export async function getActivity(
   namespace: string,
   name: string,
 ): Promise<FlashSaleActivity | undefined> {
-  try {
-    return (await a.custom.getNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace,
-      plural: PLURAL,
-      name,
-    })) as FlashSaleActivity;
-  } catch (err) {
-    if (isApiError(err, 404)) return undefined;
-    throw err;
-  }
+  return new ActivityClient(a.custom).get(namespace, name);
 }
 
 export async function waitForPhase(

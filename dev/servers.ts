@@ -114,7 +114,7 @@ export interface FreshDatabase {
 
 async function projectMigrator(): Promise<Migrator> {
   // Imported lazily so that tests not using PostgreSQL do not load the migration runner.
-  const mod = await import('../../core/db/migrate.js');
+  const mod = await import('../core/db/migrate.js');
   return mod.migrate;
 }
 
