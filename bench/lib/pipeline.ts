@@ -12,15 +12,16 @@
  * 90 % of the burst's orders (the backlog never runs dry in that window when the burst outpaces
  * the pipeline, which the report checks).
  */
-import { copyFileSync, existsSync, mkdirSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { redisCpuS } from './context.js';
 import type { Ctx } from './context.js';
 import { summarizeProfile } from './profile.js';
 import type { ProfileSummary } from './profile.js';
 import { prepareRedisRef, reservations, runReserveBenchmark } from './redis-ref.js';
 import { peakRssMb, startRole, stopRole } from './runtime.js';
 import type { RoleProcess } from './runtime.js';
-import { log, sleep, waitFor } from './util.js';
+import { log, procCpuS, sleep, waitFor } from './util.js';
 
 export interface Sample {
   t: number;
@@ -47,8 +48,26 @@ export interface PipelineResult {
   released: number;
   rss: Record<'relay' | 'consumer', { idleMb: number; peakMb: number }>;
   samples: Sample[];
+  /** Orders per second from gate close until drained (the backlog at close over the drain time). */
+  drainRate: number;
+  /**
+   * CPU microseconds per order of each process from the start of the burst until drained: relay,
+   * consumer, the Kafka broker (undefined when its pid is unknown) and Redis (the reserve script
+   * plus the relay's stream reads and acknowledgements).
+   */
+  cpuPerOrderUs: { relay?: number; consumer?: number; kafka?: number; redis: number };
   /** With BENCH_PROFILE_ROLES=1: where the relay's and the consumer's time went during the run. */
   profiles?: { relay?: ProfileSummary; consumer?: ProfileSummary };
+}
+
+/** The broker's pid when test/env/env-up.sh started it (its state dir holds kafka.pid). */
+function kafkaPid(env: Record<string, string>): number | undefined {
+  try {
+    const pid = Number(readFileSync(join(env.FLASHSALE_STATE ?? '', 'kafka.pid'), 'utf8').trim());
+    return Number.isInteger(pid) && pid > 0 ? pid : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 async function countOrders(ctx: Ctx, activityId: string): Promise<number> {
@@ -109,6 +128,13 @@ export async function pipelineAndDrain(
     );
     log(`pipeline warm (${warm} orders through relay and consumer)`);
 
+    const kPid = kafkaPid(ctx.servers.env);
+    const cpu0 = {
+      relay: procCpuS(relay.pid),
+      consumer: procCpuS(consumer.pid),
+      kafka: kPid === undefined ? undefined : procCpuS(kPid),
+      redis: await redisCpuS(ctx),
+    };
     const samples: Sample[] = [];
     const t0 = performance.now();
     const startUs = Number(process.hrtime.bigint() / 1000n);
@@ -159,6 +185,14 @@ export async function pipelineAndDrain(
       },
     );
     const drainS = (performance.now() - closeAt) / 1000;
+    const perOrder = (a: number | undefined, b: number | undefined): number | undefined =>
+      a === undefined || b === undefined || n === 0 ? undefined : ((b - a) * 1e6) / n;
+    const cpuPerOrderUs = {
+      relay: perOrder(cpu0.relay, procCpuS(relay.pid)),
+      consumer: perOrder(cpu0.consumer, procCpuS(consumer.pid)),
+      kafka: kPid === undefined ? undefined : perOrder(cpu0.kafka, procCpuS(kPid)),
+      redis: perOrder(cpu0.redis, await redisCpuS(ctx)) ?? NaN,
+    };
     profWindow = { startUs, endUs: Number(process.hrtime.bigint() / 1000n) };
     sampling = false;
     await sampler;
@@ -189,6 +223,8 @@ export async function pipelineAndDrain(
       pipelineRate,
       backlogged,
       drainS,
+      drainRate: drainS > 0 ? (n + warm - ordersAtClose) / drainS : NaN,
+      cpuPerOrderUs,
       backlogAtClose: { halfMessages: halfAtClose, missingOrders: n + warm - ordersAtClose },
       ordersInPg,
       released,
