@@ -2,14 +2,14 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import express from 'express';
-import type { Express } from 'express';
+import type { Express, Router } from 'express';
 import { FlashSaleError } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 import { createServiceApp } from '../http.js';
 import type { ServiceAppOptions } from '../http.js';
 import { bearerAuth } from './auth.js';
 import type { AuthConfig } from './auth.js';
+import { jsonBody } from './json-body.js';
 import { ordersRouter } from './orders-routes.js';
 import type { OrdersDeps } from './orders-routes.js';
 import { problemHandler, sendProblem } from './problem.js';
@@ -25,9 +25,9 @@ export interface ApiOptions extends ServiceAppOptions, Omit<OrdersDeps, 'policie
   bodyLimit: string;
   logger: Logger;
   /** Extra routers mounted behind authentication (e.g. cancellation, payments). */
-  extraRouters?: express.Router[];
+  extraRouters?: Router[];
   /** Routers mounted without buyer authentication (e.g. signed payment notifications). */
-  publicRouters?: express.Router[];
+  publicRouters?: Router[];
   /** Load shedding; mounted after the health and metrics routes so they stay answerable. */
   admission?: AdmissionControl;
   /** Express `trust proxy`: which proxy hops may name the client address (docs/operator.md). */
@@ -77,7 +77,7 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
   const deps = { ...opts, policies: opts.policies ?? new PolicyCache(opts.redis, 1000, opts.logger) };
   const limits = rateLimitStages(deps);
   app.use(limits.beforeAuth);
-  app.use('/v1', express.json({ limit: opts.bodyLimit, strict: true }));
+  app.use('/v1', jsonBody(opts.bodyLimit));
   app.use('/v1', await bearerAuth(opts.auth));
   app.use(limits.afterAuth);
   app.use(ordersRouter(deps));
