@@ -391,6 +391,7 @@ async function main(): Promise<void> {
           {
             repo: cfg.repo,
             distDir: cfg.distDir,
+            luaDir: cfg.luaDir,
             logDir,
             redisUrl: servers.env.REDIS_URL!,
             secret: c.secret,

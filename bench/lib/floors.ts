@@ -27,10 +27,16 @@ export interface FloorResults {
   nodeHttpHealthz?: LoadResult;
 }
 
-export async function startFloor(
-  kind: FloorKind,
-  o: { repo: string; distDir: string; logDir: string; redisUrl: string; secret: string },
-): Promise<FloorProcess> {
+export interface FloorOptions {
+  repo: string;
+  distDir: string;
+  luaDir: string;
+  logDir: string;
+  redisUrl: string;
+  secret: string;
+}
+
+export async function startFloor(kind: FloorKind, o: FloorOptions): Promise<FloorProcess> {
   const port = await freePort();
   const out = createWriteStream(join(o.logDir, `floor-${kind}.log`));
   const child = spawn(process.execPath, ['--import', 'tsx', join(o.repo, 'bench', 'floors', 'server.ts')], {
@@ -41,6 +47,7 @@ export async function startFloor(
       NODE_ENV: 'production',
       FLOOR_KIND: kind,
       FLOOR_DIST: o.distDir,
+      FLASHSALE_LUA_DIR: o.luaDir,
       PORT: String(port),
       REDIS_URL: o.redisUrl,
       JWT_HS256_SECRET: o.secret,
@@ -88,7 +95,7 @@ export async function stopFloor(p: FloorProcess): Promise<void> {
  * /healthz on the bare one, each with a warm-up; `withCpu` adds the server's CPU per response.
  */
 export async function measureFloors(
-  o: { repo: string; distDir: string; logDir: string; redisUrl: string; secret: string },
+  o: FloorOptions,
   run: {
     warmupS: number;
     submit: (base: string, seconds: number) => Promise<LoadResult>;
