@@ -8,7 +8,7 @@ import type { ChildProcess } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
 import { join } from 'node:path';
 import type { LoadResult } from './http-load.js';
-import { freePort, log, waitFor } from './util.js';
+import { freePort, log, procStatusKb, waitFor } from './util.js';
 
 export type FloorKind = 'node-http' | 'express';
 
@@ -25,6 +25,8 @@ export interface FloorResults {
   nodeHttp?: LoadResult;
   express?: LoadResult;
   nodeHttpHealthz?: LoadResult;
+  /** VmRSS once listening and VmHWM after the load, per floor (MB). */
+  rss?: Partial<Record<FloorKind, { idleMb: number; peakMb: number }>>;
 }
 
 export interface FloorOptions {
@@ -107,6 +109,7 @@ export async function measureFloors(
   const out: FloorResults = {};
   for (const kind of ['node-http', 'express'] as const) {
     const p = await startFloor(kind, o);
+    const idleKb = procStatusKb(p.pid, 'VmRSS') ?? NaN;
     try {
       const base = `http://127.0.0.1:${p.port}`;
       await run.submit(base, run.warmupS);
@@ -122,6 +125,13 @@ export async function measureFloors(
       } else {
         out.express = r;
       }
+      out.rss = {
+        ...out.rss,
+        [kind]: { idleMb: idleKb / 1024, peakMb: (procStatusKb(p.pid, 'VmHWM') ?? NaN) / 1024 },
+      };
+      log(
+        `floor ${kind} RSS: ${Math.round(idleKb / 1024)} MB idle, ${Math.round(out.rss[kind]!.peakMb)} MB peak`,
+      );
     } finally {
       await stopFloor(p);
     }

@@ -4,6 +4,12 @@ import { ErrorCodes, FlashSaleError } from '../../core/errors.js';
 import type { ErrorCode } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 
+/**
+ * res.locals key of the function that returns the request's rate-limit points
+ * (runtime/api/rate-limit.ts): a request answered with a 5xx was our failure, not the buyer's.
+ */
+export const GIVE_BACK = 'rateLimitGiveBack';
+
 const problemTypes = new Map<string, string>();
 const problemType = (code: ErrorCode): string => {
   let t = problemTypes.get(code);
@@ -27,6 +33,11 @@ export function sendProblem(
   extra: Readonly<Record<string, unknown>> = {},
 ): void {
   const { status, title } = ErrorCodes[code];
+  if (status >= 500) {
+    const giveBack = res.locals[GIVE_BACK] as (() => void) | undefined;
+    res.locals[GIVE_BACK] = undefined;
+    giveBack?.();
+  }
   const body = JSON.stringify({
     type: problemType(code),
     title,

@@ -20,7 +20,7 @@ import type { Metrics } from '../../core/metrics.js';
 import type { RedisClient } from '../../core/scripts.js';
 import type { RateLimit, TrafficPolicy } from '../../core/traffic-policy.js';
 import type { PolicyCache } from './policy-cache.js';
-import { sendProblem } from './problem.js';
+import { GIVE_BACK, sendProblem } from './problem.js';
 import { servedActivity } from './schemas.js';
 
 export interface RateLimitDeps {
@@ -179,10 +179,14 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
       return false;
     }
     // A request we failed (5xx: a dependency down, a crash point) gives its point back: a buyer
-    // retrying through an outage is not rate-limited for our failure.
-    res.once('finish', () => {
-      if (res.statusCode >= 500) l.reward(subject, 1).catch(() => undefined);
-    });
+    // retrying through an outage is not rate-limited for our failure. Every 5xx of these routes
+    // is written by sendProblem() (runtime/api/problem.ts), which calls this; a 'finish' listener
+    // per request would cost every successful request for the rare failed one.
+    const earlier = res.locals[GIVE_BACK] as (() => void) | undefined;
+    res.locals[GIVE_BACK] = (): void => {
+      earlier?.();
+      l.reward(subject, 1).catch(() => undefined);
+    };
     return true;
   };
 
