@@ -1,7 +1,7 @@
 /** Starts and stops runtime role processes (the compiled `runtime/main.js`) and reads their memory. */
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { createWriteStream, mkdirSync } from 'node:fs';
+import { createWriteStream, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort, log, procStatusKb, sleep, waitFor } from './util.js';
 
@@ -35,6 +35,18 @@ export interface RoleOptions {
 
 const live = new Set<RoleProcess>();
 
+/**
+ * NODE_OPTIONS of the runtime image (the Dockerfile's `ENV NODE_OPTIONS=` line), so the roles run
+ * with the V8 settings they have in their pods.
+ */
+export function imageNodeOptions(dockerfile = new URL('../../Dockerfile', import.meta.url)): string {
+  try {
+    return /^ENV NODE_OPTIONS="([^"]*)"/m.exec(readFileSync(dockerfile, 'utf8'))?.[1] ?? '';
+  } catch {
+    return '';
+  }
+}
+
 export async function startRole(role: RoleName, o: RoleOptions): Promise<RoleProcess> {
   const port = await freePort();
   const metricsPort = await freePort();
@@ -59,6 +71,7 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
         FLASHSALE_LUA_DIR: o.luaDir,
         LOG_LEVEL: 'info',
         NODE_ENV: 'production',
+        NODE_OPTIONS: imageNodeOptions(),
         ...o.roleEnv,
         ...o.extraEnv,
       },

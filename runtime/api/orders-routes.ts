@@ -1,6 +1,6 @@
 /** The buyer API: submit, poll, order codes. Handlers validate, call the core, map the outcome. */
 import { Router } from 'express';
-import type { Request, Response } from 'express';
+import type { Request, RequestHandler, Response } from 'express';
 import { issueOrderCode, readMeta, skuExists } from '../../core/activity-cache.js';
 import { FlashSaleError } from '../../core/errors.js';
 import type { ErrorCode } from '../../core/errors.js';
@@ -85,13 +85,23 @@ function answer202(res: Response, activityId: string, reservationId: string, pay
   res.end(payload);
 }
 
-export function ordersRouter(deps: OrdersDeps): Router {
+/** The order submission's route: mounted by runtime/api/app.ts with its own handler stack. */
+export const SUBMIT_ROUTE = '/v1/activities/:activityId/orders';
+
+export interface OrdersRoutes {
+  /** POST SUBMIT_ROUTE, after authentication and the rate limits. */
+  submit: RequestHandler;
+  /** Polling and order codes. */
+  router: Router;
+}
+
+export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
   const router = Router();
   const count = reservationCounter(deps.metrics);
 
   const activityOf = (req: Request): string => servedActivity(req, deps.activityId);
 
-  router.post('/v1/activities/:activityId/orders', async (req: Request, res: Response) => {
+  const submit: RequestHandler = async (req: Request, res: Response) => {
     const activityId = activityOf(req);
     const body = parseSubmitOrder(req.body);
     const userId = res.locals.userId as string;
@@ -174,7 +184,7 @@ export function ordersRouter(deps: OrdersDeps): Router {
       answer.reservationId,
       JSON.stringify({ reservationId: answer.reservationId, ...answer.view, replayed: true }),
     );
-  });
+  };
 
   router.get('/v1/activities/:activityId/orders/:reservationId', async (req: Request, res: Response) => {
     const activityId = activityOf(req);
@@ -212,5 +222,5 @@ export function ordersRouter(deps: OrdersDeps): Router {
     res.status(201).json({ orderCode: code, expiresInSeconds: deps.orderCodeTtlSeconds });
   });
 
-  return router;
+  return { submit, router };
 }

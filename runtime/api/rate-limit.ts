@@ -123,6 +123,9 @@ export interface RateLimitStages {
   beforeAuth: Router;
   /** After authentication: the per-buyer limit, by the verified buyer id. */
   afterAuth: Router;
+  /** The same two stages as handlers, for a route that mounts them in its own handler stack. */
+  beforeAuthHandler: RequestHandler;
+  afterAuthHandler: RequestHandler;
 }
 
 export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
@@ -244,5 +247,5 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
   before.post(LIMITED_ROUTES, beforeAuth);
   const after = Router();
   after.post(LIMITED_ROUTES, afterAuth);
-  return { beforeAuth: before, afterAuth: after };
+  return { beforeAuth: before, afterAuth: after, beforeAuthHandler: beforeAuth, afterAuthHandler: afterAuth };
 }
