@@ -34,7 +34,7 @@ import type { ProfileSummary } from './lib/profile.js';
 import { prepareRedisRef, redisRef } from './lib/redis-ref.js';
 import { renderReport, targets } from './lib/report.js';
 import type { Results } from './lib/report.js';
-import { peakRssMb, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
+import { heapBreakdown, peakRssMb, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
 import type { RoleProcess } from './lib/runtime.js';
 import { log, machineLoad, mustRun, procCpuS, runCmd } from './lib/util.js';
 import { warmup } from './lib/warmup.js';
@@ -381,7 +381,11 @@ async function main(): Promise<void> {
       });
     }
     if (api) {
-      results.api = { idleMb: (api.idleRssKb ?? 0) / 1024, peakMb: peakRssMb(api) ?? NaN };
+      results.api = {
+        idleMb: (api.idleRssKb ?? 0) / 1024,
+        peakMb: peakRssMb(api) ?? NaN,
+        heap: await heapBreakdown(api),
+      };
       await stopRole(api);
     }
     // --- Floors: the same reservation on a bare node:http server and a minimal express route ----

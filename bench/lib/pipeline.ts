@@ -3,8 +3,9 @@
  * Kafka) and the consumer (Kafka -> PostgreSQL), both running as their own role processes.
  *
  * 1. Relay and consumer start; a small warm-up batch proves the whole path (group joined).
- * 2. N reservations are created directly with the reserve script, by redis-benchmark (EVALSHA,
- *    50 clients, 16 deep, distinct buyers as in the reference run) as fast as Redis takes them:
+ * 2. N reservations are created directly with the reserve script (EVALSHA from the benchmark
+ *    process, 50 pipelines of 16 in flight, distinct buyers, reservation ids derived from buyer and
+ *    requestId as the consumer requires: redis-ref.ts reserveBurst) as fast as Redis takes them:
  *    the sale's burst, without a load generator competing for the CPU.
  * 3. The gate closes. Drain = time from gate close until zero half messages (stream empty) and
  *    zero gap (no reservation without an order: the ledger of unconfirmed reservations is empty).
@@ -18,7 +19,7 @@ import { redisCpuS } from './context.js';
 import type { Ctx } from './context.js';
 import { summarizeProfile } from './profile.js';
 import type { ProfileSummary } from './profile.js';
-import { prepareRedisRef, reservations, runReserveBenchmark } from './redis-ref.js';
+import { prepareRedisRef, reservations, reserveBurst } from './redis-ref.js';
 import { peakRssMb, startRole, stopRole } from './runtime.js';
 import type { RoleProcess } from './runtime.js';
 import { log, procCpuS, sleep, waitFor } from './util.js';
@@ -85,7 +86,7 @@ export async function pipelineAndDrain(
   deadline: number,
 ): Promise<PipelineResult> {
   const { core } = ctx;
-  const command = await prepareRedisRef(ctx, activityId);
+  await prepareRedisRef(ctx, activityId);
   const kafka = core.kafka.createKafka(ctx.servers.env.KAFKA_BROKERS!.split(','), `bench-${ctx.runId}`);
   const admin = kafka.admin();
   await admin.connect();
@@ -121,7 +122,7 @@ export async function pipelineAndDrain(
     ]);
     roles.push(relay, consumer);
 
-    await runReserveBenchmark(ctx, activityId, command, 10, 1, 200);
+    await reserveBurst(ctx, activityId, 200, 0, 1, 10);
     const warm = await reservations(ctx, activityId);
     await waitFor('warm-up orders in PostgreSQL', 120_000, async () =>
       (await countOrders(ctx, activityId)) >= warm ? true : undefined,
@@ -156,7 +157,7 @@ export async function pipelineAndDrain(
       }
     })();
 
-    await runReserveBenchmark(ctx, activityId, command, 50, 16, calls);
+    await reserveBurst(ctx, activityId, calls, 200);
     const closeAt = performance.now();
     const n = (await reservations(ctx, activityId)) - warm;
     await core.cache.setGate(ctx.redis, activityId, 'closed');
@@ -198,8 +199,8 @@ export async function pipelineAndDrain(
     await sampler;
     const ordersInPg = (await countOrders(ctx, activityId)) - warm;
     samples.push({ t: (performance.now() - t0) / 1000, orders: ordersInPg, halfMessages: 0, unconfirmed: 0 });
-    // A buyer id drawn twice by redis-benchmark's random ids is refused by the database's buyer-slot
-    // key and its reservation released (the consumer's compensation): not an order, not a gap.
+    // A buyer refused by the database's buyer-slot key has its reservation released (the
+    // consumer's compensation): not an order, not a gap. None is expected with distinct buyers.
     const released = Number((await ctx.redis.hget(keys.counters, 'released')) ?? 0);
     const at = (frac: number): Sample | undefined => samples.find((s) => s.orders >= frac * n);
     const a = at(0.1);

@@ -7,6 +7,7 @@ import type { PgbenchResult } from './pg-ref.js';
 import type { PipelineResult } from './pipeline.js';
 import type { ProfileSummary } from './profile.js';
 import type { RedisRefResult } from './redis-ref.js';
+import type { HeapBreakdown } from './runtime.js';
 import type { WarmupResult } from './warmup.js';
 
 export interface RunMeta {
@@ -47,7 +48,7 @@ export interface Results {
   ceilingOneClient?: { rowsPerS: number; tps: number };
   pipeline?: PipelineResult;
   warmup?: WarmupResult;
-  api?: { idleMb: number; peakMb: number };
+  api?: { idleMb: number; peakMb: number; heap?: HeapBreakdown | undefined };
   profiles: { submit?: ProfileSummary; soldOut?: ProfileSummary };
   micro?: MicroResult[];
   /** Shaping off, then on (bench/lib/fairness.ts). */
@@ -521,7 +522,7 @@ export function renderReport(r: Results, analysis: string): string {
   const p = r.pipeline;
   if (p) {
     L.push(
-      `${f0(p.n)} reservations were created directly with the reserve script (redis-benchmark EVALSHA, 50 clients, -P 16, distinct buyers) ` +
+      `${f0(p.n)} reservations were created directly with the reserve script (EVALSHA from the benchmark process, 50 pipelines of 16 in flight, distinct buyers) ` +
         `in ${f1(p.createS)} s (${f0(p.createRate)}/s) while one relay and one consumer process ran. ` +
         `Pipeline rate = orders counted in PostgreSQL between 10 % and 90 % of the burst: ${f0(p.pipelineRate)} rows/s ` +
         `(${p.backlogged ? 'the backlog never ran dry in that window, so this is the capacity' : 'the backlog ran dry in that window: the rate is bounded by the input'}). ` +
@@ -531,7 +532,7 @@ export function renderReport(r: Results, analysis: string): string {
           : `NOT drained when the benchmark's time budget ran out, ${f1(p.drainS)} s after gate close`) +
         `; ${f0(p.ordersInPg)} of ${f0(p.n)} reservations are orders in PostgreSQL afterwards` +
         (p.released > 0
-          ? ` and ${f0(p.released)} were released by the consumer (a buyer id redis-benchmark drew twice hits the database's buyer-slot key: the compensation path, as designed).`
+          ? ` and ${f0(p.released)} were released by the consumer (refused by the database's buyer-slot key: the compensation path).`
           : '.'),
     );
     const c = p.cpuPerOrderUs;
@@ -572,6 +573,32 @@ export function renderReport(r: Results, analysis: string): string {
     'Peak RSS = VmHWM of the role process (/proc/<pid>/status) at the end of its load phase: the api after the submit, ' +
       'sold-out and /healthz runs; relay and consumer after the pipeline and drain run.',
   );
+  const heap = r.api?.heap;
+  if (heap) {
+    L.push(
+      '',
+      `api memory right after its load (prom-client default metrics): RSS ${f0(heap.rssMb)} MB; V8 heap spaces committed ` +
+        Object.entries(heap.spacesMb)
+          .filter(([, mb]) => mb >= 0.5)
+          .map(([space, mb]) => `${space} ${f1(mb)} MB`)
+          .join(', ') +
+        `; external ${f1(heap.externalMb)} MB. The roles run with the runtime image's NODE_OPTIONS ` +
+        '(Dockerfile), which caps the young generation ("new").',
+    );
+  }
+  if (r.floors?.rss) {
+    L.push(
+      '',
+      'Floors for comparison (bench/floors, same load): ' +
+        Object.entries(r.floors.rss)
+          .map(
+            ([k, v]) =>
+              `${k} ${f0(v.idleMb)} MB idle, ${f0(v.peakMb)} MB peak (${ratio(v.peakMb, v.idleMb)})`,
+          )
+          .join('; ') +
+        '.',
+    );
+  }
   const fair = renderFairness(r.fairness);
   if (fair.length > 0) L.push('', ...fair);
   L.push('', '## Where the time goes (node --cpu-prof of the api)', '');
