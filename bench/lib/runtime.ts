@@ -139,17 +139,18 @@ export interface HeapBreakdown {
 export async function heapBreakdown(p: RoleProcess): Promise<HeapBreakdown | undefined> {
   try {
     const text = await (await fetch(`http://127.0.0.1:${p.metricsPort}/metrics`)).text();
+    // prom-client's default metrics, prefixed and labelled with the component (core/metrics.ts).
     const mb = (re: RegExp): number => Number(re.exec(text)?.[1] ?? NaN) / 2 ** 20;
     const spacesMb: Record<string, number> = {};
     for (const m of text.matchAll(
-      /^flashsale_nodejs_heap_space_size_total_bytes\{space="([^"]+)"\} (\d+)/gm,
+      /^flashsale_nodejs_heap_space_size_total_bytes\{[^}]*space="([^"]+)"[^}]*\} (\d+)/gm,
     )) {
       spacesMb[m[1]!] = Number(m[2]) / 2 ** 20;
     }
     return {
-      rssMb: mb(/^flashsale_process_resident_memory_bytes (\d+)/m),
+      rssMb: mb(/^flashsale_process_resident_memory_bytes(?:\{[^}]*\})? (\d+)/m),
       spacesMb,
-      externalMb: mb(/^flashsale_nodejs_external_memory_bytes (\d+)/m),
+      externalMb: mb(/^flashsale_nodejs_external_memory_bytes(?:\{[^}]*\})? (\d+)/m),
     };
   } catch {
     return undefined;
