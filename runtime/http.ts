@@ -79,8 +79,11 @@ export function createServiceApp(opts: ServiceAppOptions): Express {
   app.use((req, res, next) => {
     const start = performance.now();
     res.once('finish', () => {
-      // The route template, never the raw path: label cardinality stays bounded.
-      const route = (req.route as { path?: string } | undefined)?.path ?? 'unmatched';
+      // The route template, never the raw path: label cardinality stays bounded. A route declared
+      // with several paths (the rate limiter's) has an array here: its label is the list, as
+      // prom-client has always rendered it.
+      const path = (req.route as { path?: unknown } | undefined)?.path;
+      const route = path === undefined ? 'unmatched' : String(path);
       const key = `${route} ${req.method} ${res.statusCode}`;
       let child = children.get(key);
       if (!child) {
