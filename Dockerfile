@@ -56,6 +56,11 @@ USER 1000:1000
 # ---- runtime: api | relay | consumer | jobs | all (the operator sets the role as the argument)
 FROM base AS runtime
 COPY runtime/api/openapi.yaml runtime/api/openapi.yaml
+# Node 24 sizes V8's young generation from the heap limit: up to 2 × 64 MB semi-spaces on a large
+# host, which an api under load fills before every scavenge (peak RSS 2.3× idle in
+# docs/benchmarks.md). 8 MB semi-spaces keep the peak within 1.6× idle for a few more, cheap,
+# scavenges (bench/run.ts starts the roles with this same setting).
+ENV NODE_OPTIONS="--max-semi-space-size=8"
 LABEL org.opencontainers.image.title="flashsale-runtime" \
       org.opencontainers.image.description="Flash-sale order runtime: api, relay, consumer and jobs roles"
 EXPOSE 8080 9090

@@ -19,7 +19,7 @@ import type { Ctx } from './lib/context.js';
 import { loadCore, readConfig, serversDown, serversUp } from './lib/env.js';
 import { Buyers, getLoad, orderLoad } from './lib/http-load.js';
 import type { LoadResult } from './lib/http-load.js';
-import { startRole, stopAllRoles, stopRole } from './lib/runtime.js';
+import { peakRssMb, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
 import type { RoleProcess } from './lib/runtime.js';
 import { log, median, procCpuS } from './lib/util.js';
 
@@ -154,7 +154,9 @@ async function main(): Promise<void> {
     const b = sum(samples.B);
     process.stdout.write(
       `${JSON.stringify({ mode, rounds, seconds, A: { dist: distA, ...a }, B: { dist: distB, ...b } }, null, 2)}\n` +
-        `B/A: req/s ${(b.rps! / a.rps!).toFixed(2)}×, api CPU per request ${(b.apiCpuUs! / a.apiCpuUs!).toFixed(2)}×\n`,
+        `B/A: req/s ${(b.rps! / a.rps!).toFixed(2)}×, api CPU per request ${(b.apiCpuUs! / a.apiCpuUs!).toFixed(2)}×\n` +
+        // Both processes took the same load, alternately: their peaks compare.
+        `peak RSS: ${procs.map((p) => `${p.label} ${Math.round((p.idleRssKb ?? 0) / 1024)} → ${Math.round(peakRssMb(p) ?? NaN)} MB`).join(', ')}\n`,
     );
   } finally {
     for (const p of procs) await stopRole(p);

@@ -12,7 +12,7 @@
  *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_ONLY (phases, comma separated)
  *   BENCH_REDIS_APPENDFSYNC (everysec; 'keep' keeps env-up's setting)  BENCH_OUT  BENCH_JSON
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
- * Phases: redis submit db soldout profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts)
+ * Phases: redis submit db soldout floors profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts)
  * capacity (bench/lib/capacity.ts: CPU per operation per stage, written into docs/capacity.md).
  */
 import { randomBytes } from 'node:crypto';
@@ -30,12 +30,13 @@ import { microBenchmarks } from './lib/micro.js';
 import { pipelineAndDrain } from './lib/pipeline.js';
 import { fairness } from './lib/fairness.js';
 import { capacity, writeCapacityPage } from './lib/capacity.js';
+import { measureFloors } from './lib/floors.js';
 import { summarizeProfile } from './lib/profile.js';
 import type { ProfileSummary } from './lib/profile.js';
 import { prepareRedisRef, redisRef } from './lib/redis-ref.js';
 import { renderReport, targets } from './lib/report.js';
 import type { Results } from './lib/report.js';
-import { peakRssMb, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
+import { heapBreakdown, peakRssMb, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
 import type { RoleProcess } from './lib/runtime.js';
 import { log, machineLoad, mustRun, procCpuS, runCmd } from './lib/util.js';
 import { warmup } from './lib/warmup.js';
@@ -277,7 +278,7 @@ async function main(): Promise<void> {
     const refActivity = `bref-${runId}`;
     const buyers = new Buyers(c.secret, `b${runId}-`, Math.round((secs + cfg.warmupS) * 12_000));
     let api: RoleProcess | undefined;
-    if (has('submit') || has('soldout') || has('profile')) {
+    if (has('submit') || has('soldout') || has('profile') || has('floors')) {
       await openActivity(c, sale, [benchItem('hot', 1_000_000_000), benchItem('gone', 1)]);
     }
     if (has('submit') || has('soldout')) {
@@ -382,8 +383,42 @@ async function main(): Promise<void> {
       });
     }
     if (api) {
-      results.api = { idleMb: (api.idleRssKb ?? 0) / 1024, peakMb: peakRssMb(api) ?? NaN };
+      results.api = {
+        idleMb: (api.idleRssKb ?? 0) / 1024,
+        peakMb: peakRssMb(api) ?? NaN,
+        heap: await heapBreakdown(api),
+      };
       await stopRole(api);
+    }
+    // --- Floors: the same reservation on a bare node:http server and a minimal express route ----
+    if (has('floors')) {
+      results.floors = await phase(results, 'floors', () =>
+        measureFloors(
+          {
+            repo: cfg.repo,
+            distDir: cfg.distDir,
+            luaDir: cfg.luaDir,
+            logDir,
+            redisUrl: servers.env.REDIS_URL!,
+            secret: c.secret,
+          },
+          {
+            warmupS: cfg.warmupS,
+            seconds: secs,
+            submit: (b, s) =>
+              orderLoad({
+                baseUrl: b,
+                activityId: sale,
+                skuId: 'hot',
+                buyers,
+                seconds: s,
+                connections: conns,
+              }),
+            healthz: (b, s) => getLoad(b, '/healthz', s, conns),
+            withCpu: (floorPid, f) => withCpu(c, floorPid, f),
+          },
+        ),
+      );
     }
 
     // --- Profiles of the api (separate processes: the profiler slows them down) ---------------

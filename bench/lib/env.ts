@@ -21,6 +21,7 @@ export const PHASES = [
   'submit',
   'db',
   'soldout',
+  'floors',
   'profile',
   'micro',
   'ceiling',

@@ -3,8 +3,9 @@
  * Kafka) and the consumer (Kafka -> PostgreSQL), both running as their own role processes.
  *
  * 1. Relay and consumer start; a small warm-up batch proves the whole path (group joined).
- * 2. N reservations are created directly with the reserve script, by redis-benchmark (EVALSHA,
- *    50 clients, 16 deep, distinct buyers as in the reference run) as fast as Redis takes them:
+ * 2. N reservations are created directly with the reserve script (EVALSHA from the benchmark
+ *    process, 50 pipelines of 16 in flight, distinct buyers, reservation ids derived from buyer and
+ *    requestId as the consumer requires: redis-ref.ts reserveBurst) as fast as Redis takes them:
  *    the sale's burst, without a load generator competing for the CPU.
  * 3. The gate closes. Drain = time from gate close until zero half messages (stream empty) and
  *    zero gap (no reservation without an order: the ledger of unconfirmed reservations is empty).
@@ -12,15 +13,16 @@
  * 90 % of the burst's orders (the backlog never runs dry in that window when the burst outpaces
  * the pipeline, which the report checks).
  */
-import { copyFileSync, existsSync, mkdirSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { redisCpuS } from './context.js';
 import type { Ctx } from './context.js';
 import { summarizeProfile } from './profile.js';
 import type { ProfileSummary } from './profile.js';
-import { prepareRedisRef, reservations, runReserveBenchmark } from './redis-ref.js';
+import { prepareRedisRef, reservations, reserveBurst } from './redis-ref.js';
 import { peakRssMb, startRole, stopRole } from './runtime.js';
 import type { RoleProcess } from './runtime.js';
-import { log, sleep, waitFor } from './util.js';
+import { log, procCpuS, sleep, waitFor } from './util.js';
 
 export interface Sample {
   t: number;
@@ -47,8 +49,26 @@ export interface PipelineResult {
   released: number;
   rss: Record<'relay' | 'consumer', { idleMb: number; peakMb: number }>;
   samples: Sample[];
+  /** Orders per second from gate close until drained (the backlog at close over the drain time). */
+  drainRate: number;
+  /**
+   * CPU microseconds per order of each process from the start of the burst until drained: relay,
+   * consumer, the Kafka broker (undefined when its pid is unknown) and Redis (the reserve script
+   * plus the relay's stream reads and acknowledgements).
+   */
+  cpuPerOrderUs: { relay?: number; consumer?: number; kafka?: number; redis: number };
   /** With BENCH_PROFILE_ROLES=1: where the relay's and the consumer's time went during the run. */
   profiles?: { relay?: ProfileSummary; consumer?: ProfileSummary };
+}
+
+/** The broker's pid when test/env/env-up.sh started it (its state dir holds kafka.pid). */
+function kafkaPid(env: Record<string, string>): number | undefined {
+  try {
+    const pid = Number(readFileSync(join(env.FLASHSALE_STATE ?? '', 'kafka.pid'), 'utf8').trim());
+    return Number.isInteger(pid) && pid > 0 ? pid : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 async function countOrders(ctx: Ctx, activityId: string): Promise<number> {
@@ -66,7 +86,7 @@ export async function pipelineAndDrain(
   deadline: number,
 ): Promise<PipelineResult> {
   const { core } = ctx;
-  const command = await prepareRedisRef(ctx, activityId);
+  await prepareRedisRef(ctx, activityId);
   const kafka = core.kafka.createKafka(ctx.servers.env.KAFKA_BROKERS!.split(','), `bench-${ctx.runId}`);
   const admin = kafka.admin();
   await admin.connect();
@@ -102,13 +122,20 @@ export async function pipelineAndDrain(
     ]);
     roles.push(relay, consumer);
 
-    await runReserveBenchmark(ctx, activityId, command, 10, 1, 200);
+    await reserveBurst(ctx, activityId, 200, 0, 1, 10);
     const warm = await reservations(ctx, activityId);
     await waitFor('warm-up orders in PostgreSQL', 120_000, async () =>
       (await countOrders(ctx, activityId)) >= warm ? true : undefined,
     );
     log(`pipeline warm (${warm} orders through relay and consumer)`);
 
+    const kPid = kafkaPid(ctx.servers.env);
+    const cpu0 = {
+      relay: procCpuS(relay.pid),
+      consumer: procCpuS(consumer.pid),
+      kafka: kPid === undefined ? undefined : procCpuS(kPid),
+      redis: await redisCpuS(ctx),
+    };
     const samples: Sample[] = [];
     const t0 = performance.now();
     const startUs = Number(process.hrtime.bigint() / 1000n);
@@ -130,7 +157,7 @@ export async function pipelineAndDrain(
       }
     })();
 
-    await runReserveBenchmark(ctx, activityId, command, 50, 16, calls);
+    await reserveBurst(ctx, activityId, calls, 200);
     const closeAt = performance.now();
     const n = (await reservations(ctx, activityId)) - warm;
     await core.cache.setGate(ctx.redis, activityId, 'closed');
@@ -159,13 +186,21 @@ export async function pipelineAndDrain(
       },
     );
     const drainS = (performance.now() - closeAt) / 1000;
+    const perOrder = (a: number | undefined, b: number | undefined): number | undefined =>
+      a === undefined || b === undefined || n === 0 ? undefined : ((b - a) * 1e6) / n;
+    const cpuPerOrderUs = {
+      relay: perOrder(cpu0.relay, procCpuS(relay.pid)),
+      consumer: perOrder(cpu0.consumer, procCpuS(consumer.pid)),
+      kafka: kPid === undefined ? undefined : perOrder(cpu0.kafka, procCpuS(kPid)),
+      redis: perOrder(cpu0.redis, await redisCpuS(ctx)) ?? NaN,
+    };
     profWindow = { startUs, endUs: Number(process.hrtime.bigint() / 1000n) };
     sampling = false;
     await sampler;
     const ordersInPg = (await countOrders(ctx, activityId)) - warm;
     samples.push({ t: (performance.now() - t0) / 1000, orders: ordersInPg, halfMessages: 0, unconfirmed: 0 });
-    // A buyer id drawn twice by redis-benchmark's random ids is refused by the database's buyer-slot
-    // key and its reservation released (the consumer's compensation): not an order, not a gap.
+    // A buyer refused by the database's buyer-slot key has its reservation released (the
+    // consumer's compensation): not an order, not a gap. None is expected with distinct buyers.
     const released = Number((await ctx.redis.hget(keys.counters, 'released')) ?? 0);
     const at = (frac: number): Sample | undefined => samples.find((s) => s.orders >= frac * n);
     const a = at(0.1);
@@ -189,6 +224,8 @@ export async function pipelineAndDrain(
       pipelineRate,
       backlogged,
       drainS,
+      drainRate: drainS > 0 ? (n + warm - ordersAtClose) / drainS : NaN,
+      cpuPerOrderUs,
       backlogAtClose: { halfMessages: halfAtClose, missingOrders: n + warm - ordersAtClose },
       ordersInPg,
       released,

@@ -138,3 +138,61 @@ export async function redisRef(
   );
   return r;
 }
+
+/**
+ * A burst of `calls` fresh reservations on the reserve script, sent from this process in
+ * pipelines of `depth` × `inFlight` calls: the consumer refuses a reservation id that is not
+ * derived from its buyer and requestId (core/reservations.ts reservationIdFor), which
+ * redis-benchmark's random ids are not, so the pipeline run creates its reservations here. Every
+ * id is distinct (`first` onwards).
+ */
+export async function reserveBurst(
+  ctx: Ctx,
+  activityId: string,
+  calls: number,
+  first = 0,
+  depth = 16,
+  inFlight = 50,
+): Promise<void> {
+  const script = ctx.core.scripts.loadScripts(ctx.cfg.luaDir).get('reserve');
+  if (!script) throw new Error('the registry has no reserve script');
+  await ctx.redis.script('LOAD', script.lua);
+  const k = ctx.core.keys.activityKeys(activityId);
+  const rid = ctx.core.reservations.reservationIdFor;
+  let next = first;
+  const end = first + calls;
+  const worker = async (): Promise<void> => {
+    while (next < end) {
+      const p = ctx.redis.pipeline();
+      for (let j = 0; j < depth && next < end; j += 1, next += 1) {
+        const user = `u${next}`;
+        const requestId = `q${next}`;
+        const id = rid(activityId, user, requestId);
+        p.evalsha(
+          script.sha1,
+          8,
+          k.meta,
+          k.sku('s1'),
+          k.buyer(user),
+          k.reservation(id),
+          k.outbox,
+          k.ledger,
+          k.counters,
+          k.none,
+          id,
+          user,
+          's1',
+          '1',
+          requestId,
+          `t${next}`,
+          '',
+          activityId,
+        );
+      }
+      const replies = (await p.exec()) ?? [];
+      const failed = replies.find(([err]) => err);
+      if (failed) throw failed[0]!;
+    }
+  };
+  await Promise.all(Array.from({ length: inFlight }, worker));
+}

@@ -1,7 +1,7 @@
 /** Starts and stops runtime role processes (the compiled `runtime/main.js`) and reads their memory. */
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { createWriteStream, mkdirSync } from 'node:fs';
+import { createWriteStream, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort, log, procStatusKb, sleep, waitFor } from './util.js';
 
@@ -12,6 +12,8 @@ export interface RoleProcess {
   label: string;
   pid: number;
   port: number;
+  /** The role's metrics port (/metrics). */
+  metricsPort: number;
   logFile: string;
   child: ChildProcess;
   exited: Promise<number | null>;
@@ -34,6 +36,18 @@ export interface RoleOptions {
 }
 
 const live = new Set<RoleProcess>();
+
+/**
+ * NODE_OPTIONS of the runtime image (the Dockerfile's `ENV NODE_OPTIONS=` line), so the roles run
+ * with the V8 settings they have in their pods.
+ */
+export function imageNodeOptions(dockerfile = new URL('../../Dockerfile', import.meta.url)): string {
+  try {
+    return /^ENV NODE_OPTIONS="([^"]*)"/m.exec(readFileSync(dockerfile, 'utf8'))?.[1] ?? '';
+  } catch {
+    return '';
+  }
+}
 
 export async function startRole(role: RoleName, o: RoleOptions): Promise<RoleProcess> {
   const port = await freePort();
@@ -59,6 +73,7 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
         FLASHSALE_LUA_DIR: o.luaDir,
         LOG_LEVEL: 'info',
         NODE_ENV: 'production',
+        NODE_OPTIONS: imageNodeOptions(),
         ...o.roleEnv,
         ...o.extraEnv,
       },
@@ -87,6 +102,7 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
     label,
     pid: child.pid ?? -1,
     port,
+    metricsPort,
     logFile,
     child,
     exited,
@@ -110,6 +126,35 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
   p.idleRssKb = procStatusKb(p.pid, 'VmRSS');
   log(`${label} ready (pid ${p.pid}, port ${port}, rss ${Math.round((p.idleRssKb ?? 0) / 1024)} MB)`);
   return p;
+}
+
+/** Where a role's memory sits (MB): V8's heap spaces as committed now, and external memory. */
+export interface HeapBreakdown {
+  rssMb: number;
+  spacesMb: Record<string, number>;
+  externalMb: number;
+}
+
+/** Reads a running role's heap from its /metrics (prom-client's default metrics). */
+export async function heapBreakdown(p: RoleProcess): Promise<HeapBreakdown | undefined> {
+  try {
+    const text = await (await fetch(`http://127.0.0.1:${p.metricsPort}/metrics`)).text();
+    // prom-client's default metrics, prefixed and labelled with the component (core/metrics.ts).
+    const mb = (re: RegExp): number => Number(re.exec(text)?.[1] ?? NaN) / 2 ** 20;
+    const spacesMb: Record<string, number> = {};
+    for (const m of text.matchAll(
+      /^flashsale_nodejs_heap_space_size_total_bytes\{[^}]*space="([^"]+)"[^}]*\} (\d+)/gm,
+    )) {
+      spacesMb[m[1]!] = Number(m[2]) / 2 ** 20;
+    }
+    return {
+      rssMb: mb(/^flashsale_process_resident_memory_bytes(?:\{[^}]*\})? (\d+)/m),
+      spacesMb,
+      externalMb: mb(/^flashsale_nodejs_external_memory_bytes(?:\{[^}]*\})? (\d+)/m),
+    };
+  } catch {
+    return undefined;
+  }
 }
 
 /** Peak RSS (VmHWM) of a running role in MB. */

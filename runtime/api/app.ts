@@ -2,15 +2,15 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import express from 'express';
-import type { Express } from 'express';
+import type { Express, RequestHandler, Router } from 'express';
 import { FlashSaleError } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 import { createServiceApp } from '../http.js';
 import type { ServiceAppOptions } from '../http.js';
 import { bearerAuth } from './auth.js';
 import type { AuthConfig } from './auth.js';
-import { ordersRouter } from './orders-routes.js';
+import { jsonBody } from './json-body.js';
+import { ordersRoutes, SUBMIT_ROUTE } from './orders-routes.js';
 import type { OrdersDeps } from './orders-routes.js';
 import { problemHandler, sendProblem } from './problem.js';
 import type { AdmissionControl } from './admission.js';
@@ -25,9 +25,9 @@ export interface ApiOptions extends ServiceAppOptions, Omit<OrdersDeps, 'policie
   bodyLimit: string;
   logger: Logger;
   /** Extra routers mounted behind authentication (e.g. cancellation, payments). */
-  extraRouters?: express.Router[];
+  extraRouters?: Router[];
   /** Routers mounted without buyer authentication (e.g. signed payment notifications). */
-  publicRouters?: express.Router[];
+  publicRouters?: Router[];
   /** Load shedding; mounted after the health and metrics routes so they stay answerable. */
   admission?: AdmissionControl;
   /** Express `trust proxy`: which proxy hops may name the client address (docs/operator.md). */
@@ -46,6 +46,21 @@ function findOpenApi(): string | undefined {
   return undefined;
 }
 
+/** Only JSON bodies are read; anything else on a write is refused before authentication work. */
+const jsonOnly: RequestHandler = (req, _res, next) => {
+  if (
+    (req.method === 'POST' || req.method === 'PUT' || req.method === 'DELETE') &&
+    req.headers['content-length'] !== '0'
+  ) {
+    const type = req.headers['content-type'] ?? '';
+    if (req.method !== 'DELETE' && !/^application\/json\b/i.test(type)) {
+      next(new FlashSaleError('UNSUPPORTED_MEDIA_TYPE', 'send application/json'));
+      return;
+    }
+  }
+  next();
+};
+
 export async function createApiApp(opts: ApiOptions): Promise<Express> {
   const app = createServiceApp(opts);
   if (opts.trustProxy !== undefined) app.set('trust proxy', opts.trustProxy);
@@ -60,27 +75,29 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
     res.type('application/yaml').send(openapi);
   });
   for (const r of opts.publicRouters ?? []) app.use(r);
-  // Only JSON bodies are read; anything else on a write is refused before authentication work.
-  app.use('/v1', (req, _res, next) => {
-    if (
-      (req.method === 'POST' || req.method === 'PUT' || req.method === 'DELETE') &&
-      req.headers['content-length'] !== '0'
-    ) {
-      const type = req.headers['content-type'] ?? '';
-      if (req.method !== 'DELETE' && !/^application\/json\b/i.test(type)) {
-        next(new FlashSaleError('UNSUPPORTED_MEDIA_TYPE', 'send application/json'));
-        return;
-      }
-    }
-    next();
-  });
   const deps = { ...opts, policies: opts.policies ?? new PolicyCache(opts.redis, 1000, opts.logger) };
   const limits = rateLimitStages(deps);
+  const body = jsonBody(opts.bodyLimit);
+  const auth = await bearerAuth(opts.auth);
+  const orders = ordersRoutes(deps);
+  // The order submission, most of a sale's requests, is one route with its whole handler stack:
+  // the same stages in the same order as the layers below (media type, address limit, body,
+  // token, buyer limit), without walking and matching every layer of the app for each request.
+  app.post(
+    SUBMIT_ROUTE,
+    jsonOnly,
+    limits.beforeAuthHandler,
+    body,
+    auth,
+    limits.afterAuthHandler,
+    orders.submit,
+  );
+  app.use('/v1', jsonOnly);
   app.use(limits.beforeAuth);
-  app.use('/v1', express.json({ limit: opts.bodyLimit, strict: true }));
-  app.use('/v1', await bearerAuth(opts.auth));
+  app.use('/v1', body);
+  app.use('/v1', auth);
   app.use(limits.afterAuth);
-  app.use(ordersRouter(deps));
+  app.use(orders.router);
   app.use(registrationRouter(opts));
   for (const r of opts.extraRouters ?? []) app.use(r);
   app.use((_req, res) => {

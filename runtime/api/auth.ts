@@ -1,25 +1,28 @@
 /**
- * Buyer identity from a signed bearer token (jose). The keys come from one of:
+ * Buyer identity from a signed bearer token (fast-jwt). The keys come from one of:
  * - JWT_HS256_SECRET: one HMAC secret (HS256);
  * - JWT_RS256_PUBLIC_KEY: one RSA public key (PEM, SPKI; RS256);
  * - JWT_JWKS: a JSON Web Key Set whose keys each carry a `kid` (RSA → RS256, oct → HS256), so keys
  *   can rotate: publish the new key beside the old, switch the issuer, drop the old one later.
  *
  * Every token must carry `sub`, `exp` and `iat`; it is refused once older than
- * JWT_MAX_TOKEN_AGE_SECONDS (counted from `iat`, whatever its `exp` says), and its `iss`/`aud` are
- * checked when JWT_ISSUER/JWT_AUDIENCE are set (the chart requires both by default). Weak keys are
- * refused at start (RSA under 2048 bits, HMAC secrets under 32 bytes) with a message, rather than
- * accepted and then failing every request.
+ * JWT_MAX_TOKEN_AGE_SECONDS (counted from `iat`, whatever its `exp` says) or when its `iat` lies in
+ * the future, and its `iss`/`aud` are checked when JWT_ISSUER/JWT_AUDIENCE are set (the chart
+ * requires both by default). Weak keys are refused at start (RSA under 2048 bits, HMAC secrets
+ * under 32 bytes) with a message, rather than accepted and then failing every request.
  *
  * Verification sits behind one small function, createTokenVerifier(): token in, subject out. It is
- * on every buyer request, so it is kept cheap (keys imported once, no per-request allocation
- * beyond jose's) and replaceable by another JWT library without touching the middleware.
+ * on every buyer request, so it runs synchronously with node:crypto (fast-jwt): jose verifies
+ * through WebCrypto, one thread-pool job and promise per token, which cost the api more CPU than
+ * everything else of a reservation together (docs/benchmarks.md, "Where the time goes"). RS256
+ * results are cached per token (an RSA verification costs tens of microseconds; a buyer polling
+ * an order sends the same token again); HS256 is not, its HMAC costs about what the cache's own
+ * token hash would.
  */
 import { createPublicKey } from 'node:crypto';
 import type { JsonWebKey as NodeJwk, KeyObject } from 'node:crypto';
 import type { RequestHandler } from 'express';
-import { importJWK, importSPKI, jwtVerify } from 'jose';
-import type { JWK, JWTVerifyOptions, JWSHeaderParameters } from 'jose';
+import { createVerifier, TokenError } from 'fast-jwt';
 import { FlashSaleError } from '../../core/errors.js';
 
 export interface AuthConfig {
@@ -35,8 +38,11 @@ export interface AuthConfig {
   JWT_CLOCK_TOLERANCE_SECONDS?: number | undefined;
 }
 
-/** Verifies a bearer token and returns its subject (the buyer id); throws on any defect. */
+/** Verifies a bearer token and returns its subject (the buyer id); rejects on any defect. */
 export type TokenVerifier = (token: string) => Promise<string>;
+
+/** The same check, synchronous: returns the subject or throws (what the api's middleware calls). */
+export type SyncTokenVerifier = (token: string) => string;
 
 /** Buyer ids become part of Redis keys and rows: a bounded, printable alphabet. */
 const USER_ID = /^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$/;
@@ -46,7 +52,8 @@ export const MIN_HMAC_BYTES = 32;
 export const DEFAULT_MAX_TOKEN_AGE_SECONDS = 3600;
 
 type Alg = 'HS256' | 'RS256';
-type VerifyKey = Awaited<ReturnType<typeof importSPKI>> | Uint8Array;
+/** An HMAC secret, or an RSA public key as SPKI PEM (what fast-jwt takes). */
+type VerifyKey = Buffer | string;
 
 interface KeyEntry {
   kid: string | undefined;
@@ -80,18 +87,27 @@ function checkRsa(k: KeyObject, where: string): void {
   }
 }
 
-async function hmacKey(secret: Uint8Array, where: string): Promise<VerifyKey> {
+function hmacKey(secret: Buffer, where: string): VerifyKey {
   if (secret.byteLength < MIN_HMAC_BYTES) {
     throw new AuthConfigError(
       `${where}: the HS256 secret has ${secret.byteLength} bytes; use at least ${MIN_HMAC_BYTES}`,
     );
   }
-  // Imported once: given raw bytes, jose would import a CryptoKey on every request (measured:
-  // about half of the verification's cost).
-  return crypto.subtle.importKey('raw', secret, { name: 'HMAC', hash: 'SHA-256' }, false, ['verify']);
+  return secret;
 }
 
-async function keysFromJwks(text: string): Promise<KeyEntry[]> {
+const spkiPem = (k: KeyObject): string => k.export({ type: 'spki', format: 'pem' }).toString();
+
+interface Jwk {
+  kty?: unknown;
+  kid?: unknown;
+  use?: unknown;
+  alg?: unknown;
+  d?: unknown;
+  k?: unknown;
+}
+
+function keysFromJwks(text: string): KeyEntry[] {
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);
@@ -102,7 +118,7 @@ async function keysFromJwks(text: string): Promise<KeyEntry[]> {
   if (!Array.isArray(keys) || keys.length === 0)
     throw new AuthConfigError('JWT_JWKS: needs {"keys": [ … ]} with at least one key');
   const out: KeyEntry[] = [];
-  for (const [i, raw] of (keys as JWK[]).entries()) {
+  for (const [i, raw] of (keys as Jwk[]).entries()) {
     const where = `JWT_JWKS keys[${i}]`;
     if (typeof raw.kid !== 'string' || raw.kid === '')
       throw new AuthConfigError(`${where}: every key needs a "kid"`);
@@ -121,16 +137,12 @@ async function keysFromJwks(text: string): Promise<KeyEntry[]> {
         throw new AuthConfigError(`${where}: not a usable RSA key (${(err as Error).message})`);
       }
       checkRsa(ko, where);
-      out.push({
-        kid: raw.kid,
-        alg: 'RS256',
-        key: (await importJWK({ ...raw, alg: 'RS256' }, 'RS256')) as VerifyKey,
-      });
+      out.push({ kid: raw.kid, alg: 'RS256', key: spkiPem(ko) });
     } else if (raw.kty === 'oct') {
       if (raw.alg !== undefined && raw.alg !== 'HS256')
         throw new AuthConfigError(`${where}: only HS256 is accepted for oct keys`);
       if (typeof raw.k !== 'string') throw new AuthConfigError(`${where}: an oct key needs "k"`);
-      out.push({ kid: raw.kid, alg: 'HS256', key: await hmacKey(Buffer.from(raw.k, 'base64url'), where) });
+      out.push({ kid: raw.kid, alg: 'HS256', key: hmacKey(Buffer.from(raw.k, 'base64url'), where) });
     } else {
       throw new AuthConfigError(`${where}: kty "${String(raw.kty)}" is not supported (RSA or oct)`);
     }
@@ -138,7 +150,7 @@ async function keysFromJwks(text: string): Promise<KeyEntry[]> {
   return out;
 }
 
-async function loadKeys(cfg: AuthConfig): Promise<KeyEntry[]> {
+function loadKeys(cfg: AuthConfig): KeyEntry[] {
   const set = [cfg.JWT_HS256_SECRET, cfg.JWT_RS256_PUBLIC_KEY, cfg.JWT_JWKS].filter(Boolean).length;
   if (set !== 1) {
     throw new AuthConfigError('JWT_HS256_SECRET, JWT_RS256_PUBLIC_KEY, JWT_JWKS: set exactly one of them');
@@ -152,69 +164,112 @@ async function loadKeys(cfg: AuthConfig): Promise<KeyEntry[]> {
       throw new AuthConfigError(`JWT_RS256_PUBLIC_KEY: not a PEM public key (${(err as Error).message})`);
     }
     checkRsa(ko, 'JWT_RS256_PUBLIC_KEY');
-    return [{ kid: undefined, alg: 'RS256', key: await importSPKI(cfg.JWT_RS256_PUBLIC_KEY, 'RS256') }];
+    return [{ kid: undefined, alg: 'RS256', key: spkiPem(ko) }];
   }
   return [
     {
       kid: undefined,
       alg: 'HS256',
-      key: await hmacKey(new TextEncoder().encode(cfg.JWT_HS256_SECRET ?? ''), 'JWT_HS256_SECRET'),
+      key: hmacKey(Buffer.from(cfg.JWT_HS256_SECRET ?? '', 'utf8'), 'JWT_HS256_SECRET'),
     },
   ];
 }
 
+/** fast-jwt's error, or ours, as a message that says which check failed (never the token). */
+function reason(err: unknown, payload: () => { iat?: unknown }, maxAge: number, tolerance: number): string {
+  if (err instanceof TokenError && err.code === TokenError.codes.expired) {
+    const iat = payload().iat;
+    if (typeof iat === 'number' && Date.now() / 1000 - iat > maxAge + tolerance)
+      return `the token is older than ${maxAge} s ("iat" claim, maximum age)`;
+  }
+  return (err as Error).message;
+}
+
+const decodePart = (part: string | undefined): Record<string, unknown> => {
+  try {
+    const v: unknown = JSON.parse(Buffer.from(part ?? '', 'base64url').toString('utf8'));
+    return v !== null && typeof v === 'object' ? (v as Record<string, unknown>) : {};
+  } catch {
+    return {};
+  }
+};
+
 /**
- * Builds the one token check of the api. Throws AuthConfigError at start for unusable keys or
- * settings; the returned function throws on any bad token.
+ * Builds the one token check of the api, synchronous. Throws AuthConfigError at start for
+ * unusable keys or settings; the returned function throws on any bad token.
  */
-export async function createTokenVerifier(cfg: AuthConfig): Promise<TokenVerifier> {
-  const keys = await loadKeys(cfg);
+export function createSyncTokenVerifier(cfg: AuthConfig): SyncTokenVerifier {
+  const keys = loadKeys(cfg);
   const maxAge = cfg.JWT_MAX_TOKEN_AGE_SECONDS ?? DEFAULT_MAX_TOKEN_AGE_SECONDS;
   if (!Number.isInteger(maxAge) || maxAge < 1) {
     throw new AuthConfigError('JWT_MAX_TOKEN_AGE_SECONDS: a whole number of seconds >= 1');
   }
-  const options: JWTVerifyOptions = {
-    algorithms: [...new Set(keys.map((k) => k.alg))],
-    requiredClaims: ['sub', 'exp', 'iat'],
-    // Requires `iat` and refuses tokens older than this, whatever their `exp` says.
-    maxTokenAge: maxAge,
-    clockTolerance: cfg.JWT_CLOCK_TOLERANCE_SECONDS ?? 30,
-  };
-  if (cfg.JWT_ISSUER) options.issuer = cfg.JWT_ISSUER;
-  if (cfg.JWT_AUDIENCE) options.audience = cfg.JWT_AUDIENCE;
-  const byKid = new Map(keys.filter((k) => k.kid !== undefined).map((k) => [k.kid!, k]));
-  const only = keys.length === 1 ? keys[0]! : undefined;
-  const keyFor = (header: JWSHeaderParameters): VerifyKey => {
-    // With a key set the token names its key; a single configured key accepts any kid.
-    const entry =
-      header.kid !== undefined
-        ? (byKid.get(header.kid) ?? (only?.kid === undefined ? only : undefined))
-        : only;
-    if (!entry || entry.alg !== header.alg) throw new Error('no key for this token');
-    return entry.key;
-  };
-  return async (token) => {
-    const { payload } = await jwtVerify(token, keyFor, options);
-    if (typeof payload.sub !== 'string' || !USER_ID.test(payload.sub)) throw new Error('unusable subject');
-    return payload.sub;
+  const tolerance = cfg.JWT_CLOCK_TOLERANCE_SECONDS ?? 30;
+  const required = ['sub', 'exp', 'iat'];
+  // A configured issuer or audience is required, not only checked when present.
+  if (cfg.JWT_ISSUER) required.push('iss');
+  if (cfg.JWT_AUDIENCE) required.push('aud');
+  const verifierFor = (k: KeyEntry): ((token: string) => Record<string, unknown>) =>
+    createVerifier({
+      key: k.key,
+      // One algorithm per key: a token cannot pick HS256 against an RSA key or the reverse.
+      algorithms: [k.alg],
+      requiredClaims: required,
+      // fast-jwt counts the maximum age without the clock tolerance; the tolerance is added so the
+      // boundary is where it always was (now - iat > maximum age + tolerance is refused).
+      maxAge: (maxAge + tolerance) * 1000,
+      clockTolerance: tolerance * 1000,
+      ...(cfg.JWT_ISSUER ? { allowedIss: cfg.JWT_ISSUER } : {}),
+      ...(cfg.JWT_AUDIENCE ? { allowedAud: cfg.JWT_AUDIENCE } : {}),
+      ...(k.alg === 'RS256' ? { cache: 10_000 } : {}),
+    }) as (token: string) => Record<string, unknown>;
+  const entries = keys.map((k) => ({ ...k, verify: verifierFor(k) }));
+  const byKid = new Map(entries.filter((k) => k.kid !== undefined).map((k) => [k.kid!, k]));
+  const only = entries.length === 1 ? entries[0]! : undefined;
+  // A single configured key (not a key set) accepts any kid: the header need not be read.
+  const fixed = only?.kid === undefined ? only : undefined;
+  return (token) => {
+    const entry = fixed ?? byKid.get(decodePart(token.split('.', 1)[0]).kid as string);
+    if (!entry) throw new Error('no key for this token ("kid")');
+    let payload: Record<string, unknown>;
+    try {
+      payload = entry.verify(token);
+    } catch (err) {
+      throw new Error(reason(err, () => decodePart(token.split('.')[1]), maxAge, tolerance));
+    }
+    // fast-jwt checks iat only for the maximum age; a token issued in the future is refused too.
+    if ((payload.iat as number) > Date.now() / 1000 + tolerance)
+      throw new Error('the "iat" claim lies in the future (it should be in the past)');
+    const sub = payload.sub;
+    if (typeof sub !== 'string' || !USER_ID.test(sub)) throw new Error('unusable subject');
+    return sub;
   };
 }
 
+/** The same check behind a promise (the interface other callers and the tests use). */
+export async function createTokenVerifier(cfg: AuthConfig): Promise<TokenVerifier> {
+  const verify = createSyncTokenVerifier(cfg);
+  return async (token) => verify(token);
+}
+
+const BEARER = /^Bearer ([A-Za-z0-9._-]+)$/;
+
 export async function bearerAuth(cfg: AuthConfig): Promise<RequestHandler> {
-  const verify = await createTokenVerifier(cfg);
+  const verify = createSyncTokenVerifier(cfg);
   return (req, res, next) => {
-    const header = req.headers.authorization ?? '';
-    const m = /^Bearer ([A-Za-z0-9._-]+)$/.exec(header);
+    const m = BEARER.exec(req.headers.authorization ?? '');
     if (!m) {
       next(new FlashSaleError('UNAUTHORIZED', 'missing bearer token'));
       return;
     }
-    verify(m[1]!).then(
-      (sub) => {
-        res.locals.userId = sub;
-        next();
-      },
-      () => next(new FlashSaleError('UNAUTHORIZED', 'invalid, expired or too old token')),
-    );
+    let sub: string;
+    try {
+      sub = verify(m[1]!);
+    } catch {
+      next(new FlashSaleError('UNAUTHORIZED', 'invalid, expired or too old token'));
+      return;
+    }
+    res.locals.userId = sub;
+    next();
   };
 }

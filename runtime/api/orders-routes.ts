@@ -1,6 +1,6 @@
 /** The buyer API: submit, poll, order codes. Handlers validate, call the core, map the outcome. */
 import { Router } from 'express';
-import type { Request, Response } from 'express';
+import type { Request, RequestHandler, Response } from 'express';
 import { issueOrderCode, readMeta, skuExists } from '../../core/activity-cache.js';
 import { FlashSaleError } from '../../core/errors.js';
 import type { ErrorCode } from '../../core/errors.js';
@@ -16,9 +16,9 @@ import type { RedisClient } from '../../core/scripts.js';
 import {
   orderCodeBody,
   parse,
+  parseSubmitOrder,
   requestIdQuery,
   reservationParam,
-  submitOrderBody,
   servedActivity,
 } from './schemas.js';
 import { sendProblem } from './problem.js';
@@ -56,14 +56,54 @@ const resultLabel: Partial<Record<ErrorCode, string>> = {
   NOT_REGISTERED: 'not_registered',
 };
 
-export function ordersRouter(deps: OrdersDeps): Router {
+/**
+ * flashsale_reservations_total children by activity and result, looked up by one string key
+ * instead of a label object built, hashed and validated per request. Bounded like the metric: an
+ * unknown activity is counted under one shared label value.
+ */
+function reservationCounter(metrics: Metrics): (activity: string, result: string) => void {
+  const children = new Map<string, { inc: () => void }>();
+  return (activity, result) => {
+    const key = `${activity}\n${result}`;
+    let child = children.get(key);
+    if (!child) {
+      child = metrics.reservations.labels(activity, result);
+      children.set(key, child);
+    }
+    child.inc();
+  };
+}
+
+function answer202(res: Response, activityId: string, reservationId: string, payload: string): void {
+  // Written directly: res.location() / res.json() / res.send() add nothing here (the ids come
+  // from safe alphabets, there is no ETag and no content negotiation).
+  res.writeHead(202, {
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(payload),
+    location: `/v1/activities/${activityId}/orders/${reservationId}`,
+  });
+  res.end(payload);
+}
+
+/** The order submission's route: mounted by runtime/api/app.ts with its own handler stack. */
+export const SUBMIT_ROUTE = '/v1/activities/:activityId/orders';
+
+export interface OrdersRoutes {
+  /** POST SUBMIT_ROUTE, after authentication and the rate limits. */
+  submit: RequestHandler;
+  /** Polling and order codes. */
+  router: Router;
+}
+
+export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
   const router = Router();
+  const count = reservationCounter(deps.metrics);
 
   const activityOf = (req: Request): string => servedActivity(req, deps.activityId);
 
-  router.post('/v1/activities/:activityId/orders', async (req: Request, res: Response) => {
+  const submit: RequestHandler = async (req: Request, res: Response) => {
     const activityId = activityOf(req);
-    const body = parse(submitOrderBody, req.body);
+    const body = parseSubmitOrder(req.body);
     const userId = res.locals.userId as string;
     if (
       deps.soldOut.isSoldOut(activityId, body.skuId) &&
@@ -73,7 +113,7 @@ export function ordersRouter(deps: OrdersDeps): Router {
     ) {
       // The answer most requests of a sale get: no reserve script, no Error (its stack trace), no
       // trip through express' error handlers. Same problem+json as the script's SOLD_OUT.
-      deps.metrics.reservations.inc({ activity: activityId, result: 'sold_out' });
+      count(activityId, 'sold_out');
       sendProblem(res, 'SOLD_OUT', 'sold out');
       return;
     }
@@ -99,28 +139,19 @@ export function ordersRouter(deps: OrdersDeps): Router {
           outcome.kind === 'replayed',
         );
       }
-      deps.metrics.reservations.inc({
-        activity: activityId,
-        result: outcome.kind === 'reserved' ? 'ok' : 'duplicate',
-      });
-      // Written directly: res.location() / res.json() / res.send() add nothing here (the ids come
-      // from safe alphabets, there is no ETag and no content negotiation).
-      const payload = JSON.stringify({
-        reservationId: outcome.reservationId,
-        status,
-        replayed: outcome.kind === 'replayed',
-      });
-      res.writeHead(202, {
-        'content-type': 'application/json; charset=utf-8',
-        'content-length': Buffer.byteLength(payload),
-        location: `/v1/activities/${activityId}/orders/${outcome.reservationId}`,
-      });
-      res.end(payload);
+      count(activityId, outcome.kind === 'reserved' ? 'ok' : 'duplicate');
+      // The ids come from safe alphabets: no escaping needed, no JSON.stringify of an object.
+      answer202(
+        res,
+        activityId,
+        outcome.reservationId,
+        `{"reservationId":"${outcome.reservationId}","status":"${status}","replayed":${outcome.kind === 'replayed'}}`,
+      );
       return;
     } catch (err) {
       if (!(err instanceof FlashSaleError) || err.code !== 'NOT_LOADED') {
         if (err instanceof FlashSaleError) {
-          deps.metrics.reservations.inc({ activity: activityId, result: resultLabel[err.code] ?? 'error' });
+          count(activityId, resultLabel[err.code] ?? 'error');
           if (err.code === 'SOLD_OUT') deps.soldOut.markSoldOut(activityId, body.skuId);
         }
         throw err;
@@ -142,19 +173,18 @@ export function ordersRouter(deps: OrdersDeps): Router {
         // An activity nobody registered gets one shared label value: an api serving every
         // activity must not grow a metric series per made-up id.
         const activity = err.code === 'NOT_FOUND' ? UNKNOWN_ACTIVITY_LABEL : activityId;
-        deps.metrics.reservations.inc({ activity, result: resultLabel[err.code] ?? 'error' });
+        count(activity, resultLabel[err.code] ?? 'error');
       }
       throw err;
     }
-    deps.metrics.reservations.inc({ activity: activityId, result: 'duplicate' });
-    const payload = JSON.stringify({ reservationId: answer.reservationId, ...answer.view, replayed: true });
-    res.writeHead(202, {
-      'content-type': 'application/json; charset=utf-8',
-      'content-length': Buffer.byteLength(payload),
-      location: `/v1/activities/${activityId}/orders/${answer.reservationId}`,
-    });
-    res.end(payload);
-  });
+    count(activityId, 'duplicate');
+    answer202(
+      res,
+      activityId,
+      answer.reservationId,
+      JSON.stringify({ reservationId: answer.reservationId, ...answer.view, replayed: true }),
+    );
+  };
 
   router.get('/v1/activities/:activityId/orders/:reservationId', async (req: Request, res: Response) => {
     const activityId = activityOf(req);
@@ -192,5 +222,5 @@ export function ordersRouter(deps: OrdersDeps): Router {
     res.status(201).json({ orderCode: code, expiresInSeconds: deps.orderCodeTtlSeconds });
   });
 
-  return router;
+  return { submit, router };
 }

@@ -4,6 +4,28 @@ import { ErrorCodes, FlashSaleError } from '../../core/errors.js';
 import type { ErrorCode } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 
+/**
+ * res.locals key of the function that returns the request's rate-limit points
+ * (runtime/api/rate-limit.ts): a request answered with a 5xx was our failure, not the buyer's.
+ */
+export const GIVE_BACK = 'rateLimitGiveBack';
+
+const problemTypes = new Map<string, string>();
+const problemType = (code: ErrorCode): string => {
+  let t = problemTypes.get(code);
+  if (t === undefined) {
+    t = `https://flashsale.io/problems/${code.toLowerCase().replace(/_/g, '-')}`;
+    problemTypes.set(code, t);
+  }
+  return t;
+};
+
+/**
+ * Answers with a problem+json body. Written with writeHead-level calls, not res.status().type()
+ * .json(): the same status, headers and body (`application/problem+json; charset=utf-8`) without
+ * express' content-type lookup and send() machinery, on the path most requests of a sale take
+ * (SOLD_OUT). Headers set before (retry-after, x-request-id) are kept.
+ */
 export function sendProblem(
   res: Response,
   code: ErrorCode,
@@ -11,17 +33,23 @@ export function sendProblem(
   extra: Readonly<Record<string, unknown>> = {},
 ): void {
   const { status, title } = ErrorCodes[code];
-  res
-    .status(status)
-    .type('application/problem+json')
-    .json({
-      type: `https://flashsale.io/problems/${code.toLowerCase().replace(/_/g, '-')}`,
-      title,
-      status,
-      code,
-      detail: detail ?? title,
-      ...extra,
-    });
+  if (status >= 500) {
+    const giveBack = res.locals[GIVE_BACK] as (() => void) | undefined;
+    res.locals[GIVE_BACK] = undefined;
+    giveBack?.();
+  }
+  const body = JSON.stringify({
+    type: problemType(code),
+    title,
+    status,
+    code,
+    detail: detail ?? title,
+    ...extra,
+  });
+  res.statusCode = status;
+  res.setHeader('content-type', 'application/problem+json; charset=utf-8');
+  res.setHeader('content-length', Buffer.byteLength(body));
+  res.end(body);
 }
 
 /** Fields of FlashSaleError.extra a client may see; anything else (script data) stays inside. */

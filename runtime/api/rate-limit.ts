@@ -20,7 +20,7 @@ import type { Metrics } from '../../core/metrics.js';
 import type { RedisClient } from '../../core/scripts.js';
 import type { RateLimit, TrafficPolicy } from '../../core/traffic-policy.js';
 import type { PolicyCache } from './policy-cache.js';
-import { sendProblem } from './problem.js';
+import { GIVE_BACK, sendProblem } from './problem.js';
 import { servedActivity } from './schemas.js';
 
 export interface RateLimitDeps {
@@ -42,6 +42,8 @@ export const LIMITED_ROUTES = [
 type Reason = 'buyer' | 'address';
 
 interface ActivityLimiters {
+  /** The policy object these were built from: the same object (cached) needs no comparison. */
+  policy: TrafficPolicy;
   signature: string;
   buyer: RateLimiterAbstract | undefined;
   address: RateLimiterAbstract | undefined;
@@ -93,6 +95,10 @@ class BlockedBuyers {
     this.until.set(`${activityId}\n${buyer}`, untilMs);
   }
 
+  get size(): number {
+    return this.until.size;
+  }
+
   /** Milliseconds the buyer stays blocked, or 0. */
   remainingMs(activityId: string, buyer: string, now = Date.now()): number {
     const key = `${activityId}\n${buyer}`;
@@ -117,6 +123,9 @@ export interface RateLimitStages {
   beforeAuth: Router;
   /** After authentication: the per-buyer limit, by the verified buyer id. */
   afterAuth: Router;
+  /** The same two stages as handlers, for a route that mounts them in its own handler stack. */
+  beforeAuthHandler: RequestHandler;
+  afterAuthHandler: RequestHandler;
 }
 
 export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
@@ -124,11 +133,16 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
   const blocked = new BlockedBuyers();
 
   const limitersFor = (activityId: string, policy: TrafficPolicy): ActivityLimiters => {
-    const signature = JSON.stringify([policy.shaping.perBuyer, policy.shaping.perAddress]);
     const known = byActivity.get(activityId);
-    if (known?.signature === signature) return known;
+    if (known?.policy === policy) return known;
+    const signature = JSON.stringify([policy.shaping.perBuyer, policy.shaping.perAddress]);
+    if (known?.signature === signature) {
+      known.policy = policy;
+      return known;
+    }
     const k = activityKeys(activityId);
     const built: ActivityLimiters = {
+      policy,
       signature,
       buyer: limiter(deps.redis, k.rateLimitPrefix('buyer'), policy.shaping.perBuyer),
       address: limiter(deps.redis, k.rateLimitPrefix('address'), policy.shaping.perAddress),
@@ -168,10 +182,14 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
       return false;
     }
     // A request we failed (5xx: a dependency down, a crash point) gives its point back: a buyer
-    // retrying through an outage is not rate-limited for our failure.
-    res.once('finish', () => {
-      if (res.statusCode >= 500) l.reward(subject, 1).catch(() => undefined);
-    });
+    // retrying through an outage is not rate-limited for our failure. Every 5xx of these routes
+    // is written by sendProblem() (runtime/api/problem.ts), which calls this; a 'finish' listener
+    // per request would cost every successful request for the rare failed one.
+    const earlier = res.locals[GIVE_BACK] as (() => void) | undefined;
+    res.locals[GIVE_BACK] = (): void => {
+      earlier?.();
+      l.reward(subject, 1).catch(() => undefined);
+    };
     return true;
   };
 
@@ -193,12 +211,16 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
 
   const beforeAuth: RequestHandler = async (req, res, next) => {
     const active = await activeLimiters(req);
+    // Handed to afterAuth: the same request needs the same limiters (one policy lookup).
+    res.locals.rateLimits = active ?? null;
     if (!active) {
       next();
       return;
     }
     const { activityId, limiters } = active;
-    const claimed = claimedBuyer(req.headers.authorization);
+    // Decoding the token's claims costs a base64 decode and a JSON.parse: only worth it when
+    // somebody is blocked at all.
+    const claimed = blocked.size === 0 ? undefined : claimedBuyer(req.headers.authorization);
     const ms = claimed === undefined ? 0 : blocked.remainingMs(activityId, claimed);
     if (ms > 0) {
       refuse(res, activityId, 'buyer', Math.max(1, Math.ceil(ms / 1000)));
@@ -210,7 +232,8 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
   };
 
   const afterAuth: RequestHandler = async (req, res, next) => {
-    const active = await activeLimiters(req);
+    const known = res.locals.rateLimits as Awaited<ReturnType<typeof activeLimiters>> | null | undefined;
+    const active = known === undefined ? await activeLimiters(req) : (known ?? undefined);
     if (!active?.limiters.buyer) {
       next();
       return;
@@ -224,5 +247,5 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
   before.post(LIMITED_ROUTES, beforeAuth);
   const after = Router();
   after.post(LIMITED_ROUTES, afterAuth);
-  return { beforeAuth: before, afterAuth: after };
+  return { beforeAuth: before, afterAuth: after, beforeAuthHandler: beforeAuth, afterAuthHandler: afterAuth };
 }

@@ -1,0 +1,142 @@
+/**
+ * Starts the floor servers of bench/floors/server.ts (a bare node:http server and a minimal
+ * express route, each with the api's token check and reserve call) as their own processes, so
+ * their CPU is read from /proc exactly like the api's.
+ */
+import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { createWriteStream } from 'node:fs';
+import { join } from 'node:path';
+import type { LoadResult } from './http-load.js';
+import { imageNodeOptions } from './runtime.js';
+import { freePort, log, procStatusKb, waitFor } from './util.js';
+
+export type FloorKind = 'node-http' | 'express';
+
+export interface FloorProcess {
+  kind: FloorKind;
+  pid: number;
+  port: number;
+  child: ChildProcess;
+  exited: Promise<unknown>;
+}
+
+/** The floors' figures of one run: order submissions on each, /healthz on the bare one. */
+export interface FloorResults {
+  nodeHttp?: LoadResult;
+  express?: LoadResult;
+  nodeHttpHealthz?: LoadResult;
+  /** VmRSS once listening and VmHWM after the load, per floor (MB). */
+  rss?: Partial<Record<FloorKind, { idleMb: number; peakMb: number }>>;
+}
+
+export interface FloorOptions {
+  repo: string;
+  distDir: string;
+  luaDir: string;
+  logDir: string;
+  redisUrl: string;
+  secret: string;
+}
+
+export async function startFloor(kind: FloorKind, o: FloorOptions): Promise<FloorProcess> {
+  const port = await freePort();
+  const out = createWriteStream(join(o.logDir, `floor-${kind}.log`));
+  const child = spawn(process.execPath, ['--import', 'tsx', join(o.repo, 'bench', 'floors', 'server.ts')], {
+    cwd: o.repo,
+    env: {
+      PATH: process.env.PATH ?? '/usr/bin:/bin',
+      HOME: process.env.HOME ?? '/tmp',
+      NODE_ENV: 'production',
+      NODE_OPTIONS: imageNodeOptions(),
+      FLOOR_KIND: kind,
+      FLOOR_DIST: o.distDir,
+      FLASHSALE_LUA_DIR: o.luaDir,
+      PORT: String(port),
+      REDIS_URL: o.redisUrl,
+      JWT_HS256_SECRET: o.secret,
+      JWT_MAX_TOKEN_AGE_SECONDS: '21600',
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let listening = false;
+  child.stdout?.on('data', (d: Buffer) => {
+    out.write(d);
+    if (d.toString().includes('listening')) listening = true;
+  });
+  child.stderr?.on('data', (d: Buffer) => out.write(d));
+  let dead = false;
+  const exited = new Promise((resolve) =>
+    child.on('exit', () => {
+      dead = true;
+      out.end();
+      resolve(undefined);
+    }),
+  );
+  const p: FloorProcess = { kind, pid: child.pid ?? -1, port, child, exited };
+  try {
+    await waitFor(`floor ${kind}`, 60_000, async () => {
+      if (dead) throw new Error(`floor ${kind} exited during start-up (log in ${o.logDir})`);
+      return listening ? true : undefined;
+    });
+  } catch (err) {
+    await stopFloor(p);
+    throw err;
+  }
+  log(`floor ${kind} ready (pid ${p.pid}, port ${port})`);
+  return p;
+}
+
+export async function stopFloor(p: FloorProcess): Promise<void> {
+  p.child.kill('SIGTERM');
+  const timer = setTimeout(() => p.child.kill('SIGKILL'), 5_000);
+  await p.exited;
+  clearTimeout(timer);
+}
+
+/**
+ * Submissions on each floor (the same activity, SKU, buyers and load as the api's submit run) and
+ * /healthz on the bare one, each with a warm-up; `withCpu` adds the server's CPU per response.
+ */
+export async function measureFloors(
+  o: FloorOptions,
+  run: {
+    warmupS: number;
+    submit: (base: string, seconds: number) => Promise<LoadResult>;
+    healthz: (base: string, seconds: number) => Promise<LoadResult>;
+    withCpu: (pid: number, f: () => Promise<LoadResult>) => Promise<LoadResult>;
+    seconds: number;
+  },
+): Promise<FloorResults> {
+  const out: FloorResults = {};
+  for (const kind of ['node-http', 'express'] as const) {
+    const p = await startFloor(kind, o);
+    const idleKb = procStatusKb(p.pid, 'VmRSS') ?? NaN;
+    try {
+      const base = `http://127.0.0.1:${p.port}`;
+      await run.submit(base, run.warmupS);
+      const r = await run.withCpu(p.pid, () => run.submit(base, run.seconds));
+      log(
+        `floor ${kind} submit: ${Math.round(r.rps)} req/s, ${r.cpu?.api?.toFixed(0) ?? '?'} µs CPU/request`,
+      );
+      if (kind === 'node-http') {
+        out.nodeHttp = r;
+        await run.healthz(base, run.warmupS);
+        out.nodeHttpHealthz = await run.withCpu(p.pid, () => run.healthz(base, run.seconds));
+        log(`floor ${kind} /healthz: ${out.nodeHttpHealthz.cpu?.api?.toFixed(0) ?? '?'} µs CPU/request`);
+      } else {
+        out.express = r;
+      }
+      out.rss = {
+        ...out.rss,
+        [kind]: { idleMb: idleKb / 1024, peakMb: (procStatusKb(p.pid, 'VmHWM') ?? NaN) / 1024 },
+      };
+      log(
+        `floor ${kind} RSS: ${Math.round(idleKb / 1024)} MB idle, ${Math.round(out.rss[kind]!.peakMb)} MB peak`,
+      );
+    } finally {
+      await stopFloor(p);
+    }
+  }
+  return out;
+}
