@@ -532,3 +532,39 @@ export async function closeUnpaidOrders(
   );
   return res.rows;
 }
+
+/** One order as the cache restore rebuilds its reservation and its buyer's slot from it. */
+export interface RestoreOrderRow {
+  id: string;
+  reservationId: string;
+  userId: string;
+  skuId: string;
+  slot: number;
+  quantity: number;
+  unitPrice: string;
+  itemName: string;
+  status: OrderStatus;
+  traceId: string;
+  reservedAtMs: number;
+}
+
+/**
+ * A page of the activity's orders (every status) in id order after `afterId`, for the cache
+ * restore (core/cache-restore.ts). Keyset pagination: a restore of a large sale never holds every
+ * order in memory at once.
+ */
+export async function ordersForRestore(
+  db: Queryable,
+  activityId: string,
+  afterId: string,
+  limit: number,
+): Promise<RestoreOrderRow[]> {
+  const res = await db.query<RestoreOrderRow>(
+    `SELECT id::text AS id, reservation_id AS "reservationId", user_id AS "userId", sku_id AS "skuId", slot,
+            quantity, unit_price::text AS "unitPrice", item_name AS "itemName", status,
+            trace_id AS "traceId", (extract(epoch FROM reserved_at) * 1000)::float8 AS "reservedAtMs"
+       FROM orders WHERE activity_id = $1 AND id > $2::bigint ORDER BY id LIMIT $3`,
+    [activityId, afterId, limit],
+  );
+  return res.rows;
+}
