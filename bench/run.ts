@@ -12,7 +12,8 @@
  *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_ONLY (phases, comma separated)
  *   BENCH_REDIS_APPENDFSYNC (everysec; 'keep' keeps env-up's setting)  BENCH_OUT  BENCH_JSON
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
- * Phases: redis submit db soldout profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts).
+ * Phases: redis submit db soldout profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts)
+ * durability (bench/lib/durability.ts: the PostgreSQL guard's and Redis WAIT's cost).
  */
 import { randomBytes } from 'node:crypto';
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -28,6 +29,7 @@ import { dbOnly, insertCeiling, pgSettings } from './lib/pg-ref.js';
 import { microBenchmarks } from './lib/micro.js';
 import { pipelineAndDrain } from './lib/pipeline.js';
 import { fairness } from './lib/fairness.js';
+import { durability } from './lib/durability.js';
 import { summarizeProfile } from './lib/profile.js';
 import type { ProfileSummary } from './lib/profile.js';
 import { prepareRedisRef, redisRef } from './lib/redis-ref.js';
@@ -429,6 +431,11 @@ async function main(): Promise<void> {
     // --- 6. Fairness under bots: shaping off, then on ------------------------------------------------
     if (has('fairness')) {
       results.fairness = await phase(results, 'fairness', () => fairness(c));
+    }
+
+    // --- 7. Cost of durability (last: it attaches a replica to Redis for a while) ---------------
+    if (has('durability')) {
+      results.durability = await phase(results, 'durability', () => durability(c));
     }
 
     const psiEnd = cpuPressureTotalUs();

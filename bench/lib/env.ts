@@ -27,6 +27,7 @@ export const PHASES = [
   'warmup',
   'pipeline',
   'fairness',
+  'durability',
 ] as const;
 export type Phase = (typeof PHASES)[number];
 
