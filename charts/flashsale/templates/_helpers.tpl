@@ -99,6 +99,9 @@ app.kubernetes.io/component: operator
 {{- if and .Values.operator.watchAllNamespaces .Values.operator.watchNamespaces -}}
 {{- fail "operator: set watchNamespaces or watchAllNamespaces, not both" -}}
 {{- end -}}
+{{- if and .Values.runtime.redis.sentinels (not .Values.runtime.redis.sentinelMaster) -}}
+{{- fail "runtime.redis.sentinels needs runtime.redis.sentinelMaster (the master name the Sentinels monitor)" -}}
+{{- end -}}
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) -}}
 {{- fail "operator.leaderElection.enabled=false needs operator.replicas=1: two active operators would drive the same sale twice" -}}
 {{- end -}}
@@ -107,7 +110,7 @@ app.kubernetes.io/component: operator
 {{/* True ("true") when the connection settings are incomplete (no existing Secret, a value missing). */}}
 {{- define "flashsale.connectionMissing" -}}
 {{- $r := .Values.runtime -}}
-{{- if and (not $r.existingSecret) (or (not $r.database.url) (not $r.redis.url) (not $r.kafka.brokers) (and (not $r.jwt.hs256Secret) (not $r.jwt.rs256PublicKey) (not $r.jwt.jwks))) -}}
+{{- if and (not $r.existingSecret) (or (not $r.database.url) (and (not $r.redis.url) (not $r.redis.sentinels)) (not $r.kafka.brokers) (and (not $r.jwt.hs256Secret) (not $r.jwt.rs256PublicKey) (not $r.jwt.jwks))) -}}
 true
 {{- end -}}
 {{- end -}}
