@@ -27,6 +27,7 @@ import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { KafkaAdminAccess } from '../../../operator/reconcile/kafka-access.js';
 import { restoreCache } from '../../../operator/reconcile/restore-cache.js';
+import { reconcileActivity } from '../../../runtime/jobs/reconciliation.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recorded } from '../../faults/harness/results.js';
@@ -211,6 +212,16 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
         // A later pass finds the restored cache consistent and starts nothing.
         await pass();
         expect(await openRestore(pool, activityId)).toBeUndefined();
+        // The stock audit agrees with the restored cache and names the restore it found.
+        const audit = await reconcileActivity({
+          activityId,
+          redis: r,
+          pool,
+          logger: log,
+          remeasureDelayMs: 200,
+        });
+        expect(audit.mismatches).toEqual([]);
+        expect(audit.figures).toMatchObject({ restoreEpoch: 1, restoreReason: 'CacheEmpty' });
 
         const live = await pool.query<{ live: string; prevented: string }>(
           `SELECT coalesce(sum(quantity) FILTER (WHERE status <> 'CLOSED'), 0)::text AS live,
