@@ -551,7 +551,8 @@ export interface RestoreOrderRow {
 /**
  * A page of the activity's orders (every status) in id order after `afterId`, for the cache
  * restore (core/cache-restore.ts). Keyset pagination: a restore of a large sale never holds every
- * order in memory at once.
+ * order in memory at once. The ORDER BY names the table's column: the output's `id` is text, and
+ * ordering by it would repeat rows across pages.
  */
 export async function ordersForRestore(
   db: Queryable,
@@ -563,7 +564,7 @@ export async function ordersForRestore(
     `SELECT id::text AS id, reservation_id AS "reservationId", user_id AS "userId", sku_id AS "skuId", slot,
             quantity, unit_price::text AS "unitPrice", item_name AS "itemName", status,
             trace_id AS "traceId", (extract(epoch FROM reserved_at) * 1000)::float8 AS "reservedAtMs"
-       FROM orders WHERE activity_id = $1 AND id > $2::bigint ORDER BY id LIMIT $3`,
+       FROM orders o WHERE o.activity_id = $1 AND o.id > $2::bigint ORDER BY o.id LIMIT $3`,
     [activityId, afterId, limit],
   );
   return res.rows;

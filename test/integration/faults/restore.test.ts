@@ -220,6 +220,18 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
           logger: log,
           remeasureDelayMs: 200,
         });
+        if (audit.mismatches.length > 0) {
+          const [row] = await restoresOf(pool, activityId, 1);
+          const late = await pool.query(
+            `SELECT id, reservation_id, user_id, status, reserved_at, created_at FROM orders
+              WHERE activity_id = $1 ORDER BY id LIMIT 20`,
+            [activityId],
+          );
+          process.stderr.write(`window 13 orders: ${JSON.stringify(late.rows)}\n`);
+          process.stderr.write(
+            `window 13 audit: ${JSON.stringify(audit)}\nrestore: ${JSON.stringify(row)}\n${s.output()}\n`,
+          );
+        }
         expect(audit.mismatches).toEqual([]);
         expect(audit.figures).toMatchObject({ restoreEpoch: 1, restoreReason: 'CacheEmpty' });
 
