@@ -171,9 +171,9 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
 });
 
 // Fault window 14 with a real failover: RESERVE_ACK=local (the api answers 202 before any
-// replica has the reservation) and a replica that falls behind (SIGSTOPped, a stalled machine)
+// replica has the reservation) and a replica that falls behind (its replication link cut)
 // while the primary acknowledges a first wave whose orders reach PostgreSQL. The primary is then
-// SIGKILLed, the replica resumes without those writes and Sentinel promotes it: Redis has its
+// SIGKILLed and Sentinel promotes the replica, which never got those writes: Redis has its
 // stock back and sells it a second time. The PostgreSQL guard (core/stock-guard.ts) keeps the live
 // units at the stock; the count it closed is the report's figure. The operator is not running
 // here, so the guard alone is what is proven (with it, restore-cache.ts would find the promoted
@@ -239,28 +239,34 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
             ).rows[0]!.n,
           );
 
-        // The replica stalls; the primary goes on acknowledging (RESERVE_ACK=local waits for nobody).
-        const replicaPid = Number(
-          readFileSync(join(priv.state, 'redis-sentinel-replica.pid'), 'utf8').trim(),
+        // The replica falls behind: the primary refuses it replication (ACL) and drops its link,
+        // so it keeps retrying without receiving anything while the primary goes on acknowledging
+        // (RESERVE_ACK=local waits for nobody). A stopped replica would not do: the kernel keeps
+        // receiving the stream into its socket for it.
+        const primaryPort = e.REDIS_SENTINEL_PRIMARY_PORT!;
+        await redisCli(primaryPort, 'acl', 'setuser', 'default', '-psync', '-sync');
+        await redisCli(primaryPort, 'client', 'kill', 'type', 'replica');
+        await waitFor(
+          'the replica cut off',
+          async () =>
+            /master_link_status:down/.test(
+              await redisCli(e.REDIS_SENTINEL_REPLICA_PORT!, 'info', 'replication'),
+            ),
+          30_000,
+          100,
         );
-        process.kill(replicaPid, 'SIGSTOP');
-        let wave1;
-        try {
-          wave1 = await buyers(
-            s,
-            activityId,
-            Array.from({ length: 10 }, (_, i) => `${activityId}-a${i}`),
-            { skuId: 'rice' },
-          );
-          await waitFor('the first wave in PostgreSQL', async () => (await ordersNow()) === 10, 120_000);
-          // The primary dies; the replica resumes without the first wave and is promoted.
-          process.kill(
-            Number(readFileSync(join(priv.state, 'redis-sentinel-primary.pid'), 'utf8').trim()),
-            'SIGKILL',
-          );
-        } finally {
-          process.kill(replicaPid, 'SIGCONT');
-        }
+        const wave1 = await buyers(
+          s,
+          activityId,
+          Array.from({ length: 10 }, (_, i) => `${activityId}-a${i}`),
+          { skuId: 'rice' },
+        );
+        await waitFor('the first wave in PostgreSQL', async () => (await ordersNow()) === 10, 120_000);
+        // The primary dies; the replica, without the first wave, is promoted.
+        process.kill(
+          Number(readFileSync(join(priv.state, 'redis-sentinel-primary.pid'), 'utf8').trim()),
+          'SIGKILL',
+        );
         expect(wave1.filter((a) => a.status === 202)).toHaveLength(10);
         const sentinelPort = String(servers.sentinel!.sentinels[0]!.port);
         await waitFor(
