@@ -201,12 +201,12 @@ export async function reloadFromPostgres(
         ts: Math.round(o.reservedAtMs),
         trace: o.traceId,
       });
-      // A released unit still counts against the buyer when released stock does not reopen slots.
-      if (state !== 'RELEASED' || !t.reopenOnRelease) {
-        const h = hold(o.userId, o.skuId);
-        h.quantity += o.quantity;
-        if (state !== 'RELEASED') h.slots.set(o.slot, o.reservationId);
-      }
+      // Every buyer with an order of the SKU is rewritten (a closed order's slot must not stay
+      // taken in a cache that came back behind); a released unit still counts against the buyer
+      // when released stock does not reopen slots.
+      const h = hold(o.userId, o.skuId);
+      if (state !== 'RELEASED' || !t.reopenOnRelease) h.quantity += o.quantity;
+      if (state !== 'RELEASED') h.slots.set(o.slot, o.reservationId);
     }
     p.zrem(k.ledger, ...page.map((o) => o.reservationId));
     await p.exec();

@@ -25,6 +25,7 @@ export interface RestoreDivergence {
 export interface RestoreReload {
   skus: { skuId: string; initial: number; live: number; inFlight: number; remaining: number }[];
   orders: number;
+  /** (buyer, SKU) pairs whose held quantity and slots were rewritten. */
   buyers: number;
 }
 

@@ -119,6 +119,8 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
   const t = targetOf(ctx, row);
 
   if (row.step === 'detected') {
+    // Recorded even when the hold fails (Redis still down): the pass's error says why.
+    condition(ctx, 'False', Reason.RestorePausing, `restore ${row.epoch} (${row.reason}): pausing the gate`);
     const before = await holdForRestore(redis, t);
     crashPoint('operator-after-restore-hold');
     await advanceRestore(pool, ctx.activityId, row.epoch, 'detected');
