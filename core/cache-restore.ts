@@ -73,6 +73,9 @@ async function measure(
   return { kind: behind ? 'CacheBehind' : 'consistent', divergence };
 }
 
+/** Above this many SKUs, checkCache compares marks only (see there). */
+export const UNIT_CHECK_MAX_SKUS = 5000;
+
 /**
  * Whether the cache still holds what PostgreSQL proves was sold: empty (no meta, or a meta the
  * restore's hold wrote with no load mark), behind (an epoch older than `expectedEpoch`, or a SKU
@@ -88,6 +91,24 @@ export async function checkCache(
   expectedEpoch: number,
   remeasureMs = 1000,
 ): Promise<CacheCheck> {
+  // The unit comparison reads every SKU; an activity above UNIT_CHECK_MAX_SKUS is checked by its
+  // marks only (empty, older epoch) on each pass, which keeps a pass cheap for huge catalogs.
+  const k = activityKeys(activityId);
+  const [gen, epoch, skuCount] = await Promise.all([
+    redis.hget(k.meta, 'gen'),
+    redis.hget(k.meta, 'epoch'),
+    redis.scard(k.skuIndex),
+  ]);
+  if (gen && Number(epoch ?? 0) >= expectedEpoch && skuCount > UNIT_CHECK_MAX_SKUS) {
+    return {
+      kind: 'consistent',
+      divergence: {
+        redis: { present: true, generation: Number(gen), epoch: Number(epoch ?? 0) },
+        expectedEpoch,
+        skus: [],
+      },
+    };
+  }
   const first = await measure(
     redis,
     pool,
