@@ -13,7 +13,8 @@
  *   BENCH_REDIS_APPENDFSYNC (everysec; 'keep' keeps env-up's setting)  BENCH_OUT  BENCH_JSON
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
  * Phases: redis submit db soldout floors profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts)
- * capacity (bench/lib/capacity.ts: CPU per operation per stage, written into docs/capacity.md).
+ * capacity (bench/lib/capacity.ts: CPU per operation per stage, written into docs/capacity.md)
+ * durability (bench/lib/durability.ts: the PostgreSQL guard's and Redis WAIT's cost).
  */
 import { randomBytes } from 'node:crypto';
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -31,6 +32,7 @@ import { pipelineAndDrain } from './lib/pipeline.js';
 import { fairness } from './lib/fairness.js';
 import { capacity, writeCapacityPage } from './lib/capacity.js';
 import { measureFloors } from './lib/floors.js';
+import { durability } from './lib/durability.js';
 import { summarizeProfile } from './lib/profile.js';
 import type { ProfileSummary } from './lib/profile.js';
 import { prepareRedisRef, redisRef } from './lib/redis-ref.js';
@@ -471,6 +473,11 @@ async function main(): Promise<void> {
     if (has('capacity')) {
       const figures = await phase(results, 'capacity', () => capacity(c));
       if (figures) writeCapacityPage(c, figures);
+    }
+
+    // --- 7. Cost of durability (last: it attaches a replica to Redis for a while) ---------------
+    if (has('durability')) {
+      results.durability = await phase(results, 'durability', () => durability(c));
     }
 
     const psiEnd = cpuPressureTotalUs();

@@ -29,7 +29,11 @@ export type CrashPoint =
   | 'operator-after-drain'
   | 'operator-after-freeze'
   | 'operator-after-write-back'
-  | 'operator-after-cleanup';
+  | 'operator-after-cleanup'
+  | 'operator-after-restore-begin'
+  | 'operator-after-restore-hold'
+  | 'operator-after-restore-reload'
+  | 'operator-after-restore-resume';
 
 export function crashPoint(name: CrashPoint): void {
   if (point !== name) return;

@@ -10,6 +10,7 @@
  */
 import { Decimal } from 'decimal.js';
 import { readResult } from './activity-cache.js';
+import { restoredAt } from './cache-restore.js';
 import { saleWindowPosition } from './db/activity-registry-store.js';
 import { findLifecycleByReservationId } from './db/orders-store.js';
 import type { LifecycleOrderRow } from './db/orders-store.js';
@@ -98,6 +99,11 @@ export async function lookupOrder(deps: ViewDeps, input: LookupInput): Promise<B
   }
   if (rsv?.state === 'RELEASED' || rsv?.state === 'CANCELLED') return { status: 'FAILED', reason: rsv.state };
   if (rsv) return { status: 'QUEUED' };
+  // The cache was restored from PostgreSQL (core/cache-restore.ts) after Redis lost its data: a
+  // submission neither PostgreSQL nor the restored cache knows was acknowledged before the loss
+  // and never reached Kafka. The restore waited for every message already in Kafka, so no order
+  // can appear for it any more: the buyer reads FAILED instead of an unknown reservation.
+  if (await restoredAt(deps.redis, activityId)) return { status: 'FAILED', reason: 'RESERVATION_LOST' };
   throw new FlashSaleError('UNKNOWN_RESERVATION');
 }
 

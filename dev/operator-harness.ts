@@ -214,6 +214,7 @@ export async function startOperator(o: OperatorOptions): Promise<OperatorProcess
       STATUS_REFRESH_SECONDS: '2',
       DRAIN_CHECK_SECONDS: '1',
       CLEANUP_RETRY_SECONDS: '1',
+      RESTORE_SETTLE_SECONDS: '1',
       RELIST_SECONDS: '30',
       KAFKAJS_NO_PARTITIONER_WARNING: '1',
       ...(o.crashPoint ? { FLASHSALE_CRASH_POINT: o.crashPoint } : {}),

@@ -127,6 +127,12 @@ export const operatorConfigSchema = z
     DRAIN_CHECK_SECONDS: durationSeconds(2, 0.1),
     CLEANUP_RETRY_SECONDS: durationSeconds(5, 0.1),
     /**
+     * A cache restore (operator/reconcile/restore-cache.ts) reloads only once the gate has been
+     * paused this long and the backlog is empty: a relay that read a batch just before Redis lost
+     * it produces it to Kafka within this time, and the wait for consumer lag 0 then covers it.
+     */
+    RESTORE_SETTLE_SECONDS: durationSeconds(15, 0),
+    /**
      * Settling: payments and refunds change an activity's orders without any Kubernetes event,
      * so the settlement is re-checked this often (besides the exact instant of the last deadline).
      */
@@ -231,6 +237,7 @@ export interface OperatorConfig {
   statusRefreshMs: number;
   drainCheckMs: number;
   cleanupRetryMs: number;
+  restoreSettleMs: number;
   settleCheckMs: number;
   orderGapThresholdMs: number;
   retryBaseMs: number;
@@ -286,6 +293,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
     statusRefreshMs: c.STATUS_REFRESH_SECONDS * 1000,
     drainCheckMs: c.DRAIN_CHECK_SECONDS * 1000,
     cleanupRetryMs: c.CLEANUP_RETRY_SECONDS * 1000,
+    restoreSettleMs: c.RESTORE_SETTLE_SECONDS * 1000,
     settleCheckMs: c.SETTLE_CHECK_SECONDS * 1000,
     orderGapThresholdMs: c.ORDER_GAP_THRESHOLD_SECONDS * 1000,
     retryBaseMs: c.RETRY_BASE_MS,

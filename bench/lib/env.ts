@@ -29,6 +29,7 @@ export const PHASES = [
   'pipeline',
   'fairness',
   'capacity',
+  'durability',
 ] as const;
 export type Phase = (typeof PHASES)[number];
 

@@ -1,4 +1,6 @@
 /** Renders the results as docs/benchmarks.md: the summary table first, then the details. */
+import { renderDurability } from './durability.js';
+import type { DurabilityResult } from './durability.js';
 import type { FairnessRun } from './fairness.js';
 import type { FloorResults } from './floors.js';
 import type { LoadResult } from './http-load.js';
@@ -53,6 +55,8 @@ export interface Results {
   micro?: MicroResult[];
   /** Shaping off, then on (bench/lib/fairness.ts). */
   fairness?: FairnessRun[];
+  /** The guard's and WAIT's cost (bench/lib/durability.ts). */
+  durability?: DurabilityResult;
   failures: Record<string, string>;
 }
 
@@ -637,6 +641,7 @@ export function renderReport(r: Results, analysis: string): string {
   if (r.pipeline?.profiles?.consumer) {
     L.push('', '### Consumer during the pipeline run', '', ...profileTable(r.pipeline.profiles.consumer));
   }
+  L.push(...renderDurability(r.durability));
   L.push('', analysis.trim(), '');
   return L.join('\n');
 }

@@ -417,4 +417,32 @@ CREATE TRIGGER orders_sold_delete AFTER DELETE ON orders REFERENCING OLD TABLE A
 -- (The guard sums a buyer's live quantity per SKU through orders_live_buyer_slot's prefix.)
 `,
   },
+  {
+    version: 8,
+    name: 'cache-restores',
+    sql: `
+-- A Redis that came back empty or behind mid-sale is restored from PostgreSQL by the operator
+-- (operator/reconcile/restore-cache.ts, docs/faults.md window 13). One row per restore: its epoch
+-- (the mark written into the cache's meta hash when the reload is done), what was found, and the
+-- step reached. The step only moves forward through conditional updates, so an operator killed at
+-- any line resumes the same restore, and a second operator cannot start another one for the same
+-- activity while it is open (the partial unique index).
+CREATE TABLE cache_restores (
+  activity_id  text        NOT NULL,
+  epoch        integer     NOT NULL CHECK (epoch >= 1),
+  reason       text        NOT NULL CHECK (reason IN ('CacheEmpty', 'CacheBehind')),
+  step         text        NOT NULL DEFAULT 'detected'
+                 CHECK (step IN ('detected', 'paused', 'drained', 'reloaded', 'resumed')),
+  divergence   jsonb       NOT NULL DEFAULT '{}'::jsonb,
+  reloaded     jsonb       NOT NULL DEFAULT '{}'::jsonb,
+  detected_at  timestamptz NOT NULL DEFAULT now(),
+  paused_at    timestamptz,
+  drained_at   timestamptz,
+  reloaded_at  timestamptz,
+  resumed_at   timestamptz,
+  PRIMARY KEY (activity_id, epoch)
+);
+CREATE UNIQUE INDEX cache_restores_one_open ON cache_restores (activity_id) WHERE step <> 'resumed';
+`,
+  },
 ];

@@ -532,3 +532,40 @@ export async function closeUnpaidOrders(
   );
   return res.rows;
 }
+
+/** One order as the cache restore rebuilds its reservation and its buyer's slot from it. */
+export interface RestoreOrderRow {
+  id: string;
+  reservationId: string;
+  userId: string;
+  skuId: string;
+  slot: number;
+  quantity: number;
+  unitPrice: string;
+  itemName: string;
+  status: OrderStatus;
+  traceId: string;
+  reservedAtMs: number;
+}
+
+/**
+ * A page of the activity's orders (every status) in id order after `afterId`, for the cache
+ * restore (core/cache-restore.ts). Keyset pagination: a restore of a large sale never holds every
+ * order in memory at once. The ORDER BY names the table's column: the output's `id` is text, and
+ * ordering by it would repeat rows across pages.
+ */
+export async function ordersForRestore(
+  db: Queryable,
+  activityId: string,
+  afterId: string,
+  limit: number,
+): Promise<RestoreOrderRow[]> {
+  const res = await db.query<RestoreOrderRow>(
+    `SELECT id::text AS id, reservation_id AS "reservationId", user_id AS "userId", sku_id AS "skuId", slot,
+            quantity, unit_price::text AS "unitPrice", item_name AS "itemName", status,
+            trace_id AS "traceId", (extract(epoch FROM reserved_at) * 1000)::float8 AS "reservedAtMs"
+       FROM orders o WHERE o.activity_id = $1 AND o.id > $2::bigint ORDER BY o.id LIMIT $3`,
+    [activityId, afterId, limit],
+  );
+  return res.rows;
+}

@@ -31,9 +31,11 @@ export async function detectFailure(ctx: ReconcileContext): Promise<StepResult> 
     case Phase.Ready:
     case Phase.Active:
     case Phase.Draining:
+      // A cache lost while it is live is restored from PostgreSQL (restore-cache.ts).
+      return CONTINUE;
     case Phase.WritingBack: {
       if (await readMeta(redis, ctx.activityId)) return CONTINUE;
-      if (ctx.phase === Phase.WritingBack && (await readWriteBack(pool, ctx.activityId))) return CONTINUE;
+      if (await readWriteBack(pool, ctx.activityId)) return CONTINUE;
       if (ctx.status.cache?.loadedGeneration === undefined) return CONTINUE; // never loaded (deleted early)
       return fail(
         ctx,

@@ -17,6 +17,7 @@ import { observeRuntime } from './observe-runtime.js';
 import { openGate } from './open-gate.js';
 import { protectApi } from './protect-api.js';
 import { removeFinalizer } from './remove-finalizer.js';
+import { restoreCache } from './restore-cache.js';
 import { scaleRuntime } from './scale-runtime.js';
 import { settle } from './settle.js';
 import { syncSpec } from './sync-spec.js';
@@ -32,6 +33,7 @@ export const STEPS: readonly (readonly [string, Step])[] = [
   ['scale-runtime', scaleRuntime],
   ['observe-runtime', observeRuntime],
   ['protect-api', protectApi],
+  ['restore-cache', restoreCache],
   ['warm-up', warmUp],
   ['sync-spec', syncSpec],
   ['open-gate', openGate],

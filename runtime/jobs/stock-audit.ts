@@ -14,6 +14,9 @@
  * released), no negative stock, no unresolved stock return, every paid order has exactly one
  * applied payment and every applied payment a paid order.
  *
+ * After a cache restore (core/cache-restore.ts) the figures name the last one: what it found and
+ * what it reloaded; while one is in progress the run is skipped.
+ *
  * Redis and PostgreSQL cannot be read atomically together; a run that finds a mismatch measures
  * once more after a short pause and reports the second measurement, so orders moving between the
  * two reads during a live sale do not raise false alarms.
@@ -24,6 +27,7 @@ import { findByReservationIds, orderQuantities } from '../../core/db/orders-stor
 import { paymentFigures } from '../../core/db/payments-store.js';
 import { refundConsistency, refundCounts } from '../../core/db/refunds-store.js';
 import type { Pool } from '../../core/db/pool.js';
+import { restoresOf } from '../../core/db/cache-restores-store.js';
 import { insertReport } from '../../core/db/reconciliation-store.js';
 import type { Mismatch, ReconciliationBasis } from '../../core/db/reconciliation-store.js';
 import { readStockRows, readWriteBack } from '../../core/db/stock-store.js';
@@ -67,6 +71,17 @@ async function measure(d: StockAuditDeps): Promise<Measurement> {
     return { basis: 'skipped', mismatches: [], figures: { why: 'not loaded' }, stockDelta: 0 };
   if (meta?.gate === 'frozen' && !wb) {
     return { basis: 'skipped', mismatches: [], figures: { why: 'write-back in progress' }, stockDelta: 0 };
+  }
+  // A cache restore (core/cache-restore.ts) rebuilds Redis from PostgreSQL: the two disagree by
+  // design until it is done, and its own report row says what it found and did.
+  const [restore] = await restoresOf(d.pool, a, 1);
+  if (restore && restore.step !== 'resumed') {
+    return {
+      basis: 'skipped',
+      mismatches: [],
+      figures: { why: 'cache restore in progress', restoreEpoch: restore.epoch, restoreStep: restore.step },
+      stockDelta: 0,
+    };
   }
   const maxLedger = d.maxLedger ?? 100_000;
   const k = activityKeys(a);
@@ -123,6 +138,16 @@ async function measure(d: StockAuditDeps): Promise<Measurement> {
     refundsSucceeded: refundStates.SUCCEEDED,
     refundsFailed: refundStates.FAILED,
   };
+  if (restore) {
+    // The last restore of the cache: what it found (Redis vs PostgreSQL) and what it reloaded.
+    Object.assign(figures, {
+      restoreEpoch: restore.epoch,
+      restoreReason: restore.reason,
+      restoredAt: restore.resumedAt?.toISOString() ?? '',
+      restoreDivergence: JSON.stringify(restore.divergence.skus),
+      restoreReloaded: JSON.stringify('skus' in restore.reloaded ? restore.reloaded.skus : []),
+    });
+  }
   if (stock) {
     Object.assign(figures, {
       redisInitial: stock.initial,

@@ -99,6 +99,9 @@ app.kubernetes.io/component: operator
 {{- if and .Values.operator.watchAllNamespaces .Values.operator.watchNamespaces -}}
 {{- fail "operator: set watchNamespaces or watchAllNamespaces, not both" -}}
 {{- end -}}
+{{- if and .Values.runtime.redis.sentinels (not .Values.runtime.redis.sentinelMaster) -}}
+{{- fail "runtime.redis.sentinels needs runtime.redis.sentinelMaster (the master name the Sentinels monitor)" -}}
+{{- end -}}
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) -}}
 {{- fail "operator.leaderElection.enabled=false needs operator.replicas=1: two active operators would drive the same sale twice" -}}
 {{- end -}}
@@ -117,7 +120,7 @@ app.kubernetes.io/component: operator
 {{- $missing := list -}}
 {{- if not $r.existingSecret -}}
 {{- if not $r.database.url }}{{ $missing = append $missing "runtime.database.url (DATABASE_URL)" }}{{ end -}}
-{{- if not $r.redis.url }}{{ $missing = append $missing "runtime.redis.url (REDIS_URL)" }}{{ end -}}
+{{- if and (not $r.redis.url) (not $r.redis.sentinels) }}{{ $missing = append $missing "runtime.redis.url (REDIS_URL) or runtime.redis.sentinels" }}{{ end -}}
 {{- if not $r.kafka.brokers }}{{ $missing = append $missing "runtime.kafka.brokers (KAFKA_BROKERS)" }}{{ end -}}
 {{- if and (not $r.jwt.hs256Secret) (not $r.jwt.rs256PublicKey) (not $r.jwt.jwks) }}{{ $missing = append $missing "a buyer token key (runtime.jwt.hs256Secret, rs256PublicKey or jwks)" }}{{ end -}}
 {{- end -}}

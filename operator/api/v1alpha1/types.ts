@@ -58,6 +58,11 @@ export const ConditionType = {
    * figures); warm-up ends in Ready only when it is True (docs/operator.md "Runtime readiness").
    */
   RuntimeReady: 'RuntimeReady',
+  /**
+   * The Redis cache holds what PostgreSQL proves was sold (True), or a restore from PostgreSQL is
+   * under way (False, the reason names its step): operator/reconcile/restore-cache.ts.
+   */
+  CacheConsistent: 'CacheConsistent',
 } as const;
 export type ConditionType = (typeof ConditionType)[keyof typeof ConditionType];
 
@@ -97,6 +102,14 @@ export const Reason = {
   NoRuntime: 'NoRuntime',
   // Degraded: the runtime is not available when buyers need it
   RuntimeNotReady: 'RuntimeNotReady',
+  // CacheConsistent
+  CacheMatches: 'CacheMatches',
+  /** A restore's steps (False while under way), then Restored (True). */
+  RestorePausing: 'RestorePausing',
+  RestoreDraining: 'RestoreDraining',
+  RestoreReloading: 'RestoreReloading',
+  RestoreResuming: 'RestoreResuming',
+  Restored: 'Restored',
   // Failed (Succeeded=False)
   CacheLost: 'CacheLost',
   ScheduleMissed: 'ScheduleMissed',
@@ -128,6 +141,12 @@ export const EventReason = {
   Completed: 'Completed',
   Failed: 'Failed',
   FinalizerRemoved: 'FinalizerRemoved',
+  /** Redis came back empty or behind mid-sale: a restore from PostgreSQL began (Warning). */
+  CacheDivergenceDetected: 'CacheDivergenceDetected',
+  CacheRestorePaused: 'CacheRestorePaused',
+  CacheRestoreDrained: 'CacheRestoreDrained',
+  CacheRestoreReloaded: 'CacheRestoreReloaded',
+  CacheRestoreResumed: 'CacheRestoreResumed',
 } as const;
 export type EventReason = (typeof EventReason)[keyof typeof EventReason];
 

@@ -7,10 +7,14 @@ import { loadOperatorConfig, operatorConfigSchema } from '../../../operator/conf
 import { loadRuntimeConfig } from '../../../runtime/config.js';
 import {
   at,
+  chartDir,
   findObject,
   helmBinary,
+  kubeVersion,
   parseManifests,
   renderChart,
+  run,
+  valuesArgs,
   valuesSets,
   type K8sObject,
 } from './chart-helpers.js';
@@ -218,4 +222,67 @@ it('passes the default runtime resources to the operator unchanged', () => {
     requests: { cpu: '250m', memory: '256Mi' },
     limits: { memory: '512Mi' },
   });
+});
+
+it('carries a Sentinel-managed Redis to the operator and every role, and RESERVE_ACK to the api', () => {
+  const sentinel = [
+    ...connection.filter((c) => !c.startsWith('runtime.redis.url=')),
+    'runtime.redis.sentinels={redis-sentinel-0.redis.svc:26379,redis-sentinel-1.redis.svc:26379,redis-sentinel-2.redis.svc:26379}',
+    'runtime.redis.sentinelMaster=flashsale',
+    'runtime.redis.sentinelPassword=sentinel-secret',
+    'runtime.redis.reserveAck=replica',
+  ];
+  const objects = parseManifests(renderChart(helm, [], sentinel));
+  const container = at(findObject(objects, 'Deployment', '-operator'), 'spec.template.spec.containers.0') as {
+    env: EnvVar[];
+  };
+  // No REDIS_URL in the Secret: the operator's reference to it is optional then.
+  const operatorEnv = resolveEnv(container.env, objects, 'flashsale');
+  expect(operatorEnv.REDIS_URL).toBeUndefined();
+  const operator = loadOperatorConfig(operatorEnv);
+  expect(operator.redis).toMatchObject({
+    sentinels: [
+      { host: 'redis-sentinel-0.redis.svc', port: 26379 },
+      { host: 'redis-sentinel-1.redis.svc', port: 26379 },
+      { host: 'redis-sentinel-2.redis.svc', port: 26379 },
+    ],
+    sentinelMaster: 'flashsale',
+    sentinelPassword: 'sentinel-secret',
+  });
+  for (const role of ['api', 'relay', 'consumer'] as const) {
+    const secret = roleSecretData(objects, operator.runtime.secretName, role);
+    const cfg = loadRuntimeConfig(role, { ...secret, ACTIVITY_ID: 'a1' });
+    expect(cfg).toMatchObject({
+      REDIS_SENTINEL_MASTER: 'flashsale',
+      REDIS_SENTINEL_PASSWORD: 'sentinel-secret',
+    });
+    // The wait for the replicas is the api's decision alone.
+    expect(secret.RESERVE_ACK).toBe(role === 'api' ? 'replica' : undefined);
+  }
+
+  // Sentinels without a master name are refused at render time, with the reason.
+  const refused = run(helm, [
+    'template',
+    'flashsale',
+    chartDir,
+    '--kube-version',
+    kubeVersion,
+    ...valuesArgs(
+      [],
+      sentinel.filter((c) => !c.startsWith('runtime.redis.sentinelMaster=')),
+    ),
+  ]);
+  expect(refused.status).not.toBe(0);
+  expect(refused.stderr).toContain('runtime.redis.sentinels needs runtime.redis.sentinelMaster');
+  // And a value that is not host:port is refused by the values schema.
+  const badAddress = run(helm, [
+    'template',
+    'flashsale',
+    chartDir,
+    '--kube-version',
+    kubeVersion,
+    ...valuesArgs([], [...sentinel, 'runtime.redis.sentinels={redis-sentinel}']),
+  ]);
+  expect(badAddress.status).not.toBe(0);
+  expect(badAddress.stderr).toContain('sentinels');
 });

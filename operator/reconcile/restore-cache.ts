@@ -1,0 +1,229 @@
+/**
+ * Step 3c (after observe-runtime, before warm-up/sync-spec/open-gate/drain): a Redis that came
+ * back empty or behind while the cache is live (Ready, Active, Draining) is restored from
+ * PostgreSQL's truth (docs/faults.md window 13, docs/runbooks/cache-restore.md):
+ *
+ *   detected -> paused    the gate is paused (an empty cache gets a meta hash holding only that)
+ *   paused   -> drained   the outbox is empty and the consumer group's lag is 0, both after the
+ *                         gate has been paused for RESTORE_SETTLE_SECONDS: everything that had
+ *                         reached Kafka is in PostgreSQL
+ *   drained  -> reloaded  reservations, buyers' slots and each SKU's stock = initial − live
+ *                         orders − proven in-flight reservations; the epoch mark is written last
+ *   reloaded -> resumed   only with the cache carrying the restore's epoch, the gate goes back to
+ *                         what the phase wants
+ *
+ * The step's truth is the `cache_restores` row (one open restore per activity, moved forward by
+ * conditional updates) and Redis itself; nothing is kept in memory, so an operator killed at any
+ * line repeats the current step's idempotent side effect on the next pass. Each step is recorded
+ * as the CacheConsistent condition and an Event. While a restore is open the pass ends here, so
+ * sync-spec, open-gate and drain never act on a half-rebuilt cache.
+ */
+import { setGate } from '../../core/activity-cache.js';
+import {
+  cacheEpoch,
+  checkCache,
+  holdForRestore,
+  outboxLength,
+  reloadFromPostgres,
+} from '../../core/cache-restore.js';
+import type { RestoreTarget } from '../../core/cache-restore.js';
+import {
+  advanceRestore,
+  beginRestore,
+  lastReloadedEpoch,
+  openRestore,
+} from '../../core/db/cache-restores-store.js';
+import type { CacheRestoreRow, RestoreDivergence } from '../../core/db/cache-restores-store.js';
+import { inTransaction } from '../../core/db/pool.js';
+import { insertReport } from '../../core/db/reconciliation-store.js';
+import { crashPoint } from '../../core/crash.js';
+import type { GateState } from '../../core/model.js';
+import { setCondition } from '../api/v1alpha1/conditions.js';
+import { ConditionType, EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
+import type { ReconcileContext, StepResult } from './context.js';
+import { CONTINUE, DONE } from './context.js';
+
+const LIVE_PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
+
+function condition(ctx: ReconcileContext, status: 'True' | 'False', reason: string, message: string): void {
+  ctx.status.conditions = setCondition(
+    ctx.status.conditions,
+    { type: ConditionType.CacheConsistent, status, reason, message },
+    ctx.generation,
+    ctx.now,
+  );
+}
+
+/** The gate the phase wants once the cache is whole again. */
+export function gateAfterRestore(ctx: ReconcileContext): GateState {
+  if (ctx.phase === Phase.Ready) return 'pending';
+  if (ctx.phase === Phase.Draining) return 'closed';
+  return ctx.fsa.spec.paused ? 'paused' : 'open';
+}
+
+function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): RestoreTarget {
+  const spec = ctx.fsa.spec;
+  return {
+    activityId: ctx.activityId,
+    epoch: row.epoch,
+    generation: ctx.status.cache?.loadedGeneration ?? ctx.generation,
+    startMs: ctx.schedule.startAt.getTime(),
+    endMs: ctx.schedule.endAt.getTime(),
+    requireOrderCode: spec.requireOrderCode,
+    reopenOnRelease: spec.reopenOnRelease,
+    ownerUid: ctx.fsa.metadata.uid,
+  };
+}
+
+function describe(d: RestoreDivergence): string {
+  const redis = d.redis.present
+    ? `generation ${d.redis.generation ?? 0}, epoch ${d.redis.epoch ?? 0} (expected ${d.expectedEpoch})`
+    : 'empty';
+  const skus = d.skus
+    .filter((s) => s.redisTaken === null || s.postgresLive > s.redisTaken)
+    .map((s) => `${s.skuId}: Redis ${s.redisTaken ?? 'absent'} taken, PostgreSQL ${s.postgresLive} live`)
+    .slice(0, 5);
+  return `Redis ${redis}${skus.length > 0 ? `; ${skus.join('; ')}` : ''}`;
+}
+
+export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
+  if (ctx.deleting || !LIVE_PHASES.includes(ctx.phase)) return CONTINUE;
+  // Never loaded: warm-up loads it; there is nothing to restore.
+  if (ctx.status.cache?.loadedGeneration === undefined) return CONTINUE;
+  ctx.requireOwnership();
+  const { redis, pool, kafka, config } = ctx.deps;
+
+  let row = await openRestore(pool, ctx.activityId);
+  if (!row) {
+    const check = await checkCache(
+      redis,
+      pool,
+      ctx.activityId,
+      await lastReloadedEpoch(pool, ctx.activityId),
+    );
+    if (check.kind === 'consistent') {
+      const previous = ctx.status.conditions?.find((c) => c.type === ConditionType.CacheConsistent);
+      if (previous?.reason !== Reason.Restored) {
+        condition(ctx, 'True', Reason.CacheMatches, 'Redis holds every unit PostgreSQL holds as live orders');
+      }
+      return CONTINUE;
+    }
+    row = await beginRestore(pool, ctx.activityId, check.kind, check.divergence);
+    crashPoint('operator-after-restore-begin');
+    await ctx.event(
+      'Warning',
+      EventReason.CacheDivergenceDetected,
+      `${check.kind}: ${describe(check.divergence)}; restoring the cache from PostgreSQL (epoch ${row.epoch})`,
+    );
+  }
+  const t = targetOf(ctx, row);
+
+  if (row.step === 'detected') {
+    // Recorded even when the hold fails (Redis still down): the pass's error says why.
+    condition(ctx, 'False', Reason.RestorePausing, `restore ${row.epoch} (${row.reason}): pausing the gate`);
+    const before = await holdForRestore(redis, t);
+    crashPoint('operator-after-restore-hold');
+    await advanceRestore(pool, ctx.activityId, row.epoch, 'detected');
+    await ctx.event(
+      'Normal',
+      EventReason.CacheRestorePaused,
+      `gate paused for the restore (was ${before || 'absent: the cache is empty'})`,
+    );
+    condition(
+      ctx,
+      'False',
+      Reason.RestoreDraining,
+      `restore ${row.epoch}: gate paused; waiting for the backlog`,
+    );
+    ctx.requeueAfter(config.drainCheckMs);
+    return DONE;
+  }
+
+  if (row.step === 'paused') {
+    // The hold again (idempotent): a Redis that lost its data once more since starts paused too.
+    await holdForRestore(redis, t);
+    const [outbox, lag] = await Promise.all([
+      outboxLength(redis, ctx.activityId),
+      kafka.lag(ctx.activityId).catch((err: unknown) => {
+        ctx.log.warn({ err: String(err) }, 'consumer lag unavailable');
+        return undefined;
+      }),
+    ]);
+    const settled = (row.pausedForSeconds ?? 0) * 1000 >= config.restoreSettleMs;
+    if (outbox > 0 || lag === undefined || lag > 0 || !settled) {
+      const left = [
+        ...(outbox > 0 ? [`${outbox} half message(s) not yet in Kafka`] : []),
+        ...(lag === undefined ? ['consumer lag unknown'] : lag > 0 ? [`consumer lag ${lag}`] : []),
+        ...(settled ? [] : ['settling after the pause']),
+      ];
+      condition(ctx, 'False', Reason.RestoreDraining, `restore ${row.epoch}: waiting for ${left.join(', ')}`);
+      ctx.requeueAfter(config.drainCheckMs);
+      return DONE;
+    }
+    await advanceRestore(pool, ctx.activityId, row.epoch, 'paused');
+    await ctx.event(
+      'Normal',
+      EventReason.CacheRestoreDrained,
+      'every order message that reached Kafka is in PostgreSQL (outbox empty, consumer lag 0)',
+    );
+    row = { ...row, step: 'drained' };
+  }
+
+  if (row.step === 'drained') {
+    condition(ctx, 'False', Reason.RestoreReloading, `restore ${row.epoch}: reloading from PostgreSQL`);
+    await holdForRestore(redis, t);
+    const reload = await reloadFromPostgres(redis, pool, t);
+    crashPoint('operator-after-restore-reload');
+    await advanceRestore(pool, ctx.activityId, row.epoch, 'drained', reload);
+    const figures = reload.skus
+      .slice(0, 5)
+      .map((s) => `${s.skuId}: ${s.remaining} = ${s.initial} − ${s.live} live − ${s.inFlight} in flight`)
+      .join('; ');
+    await ctx.event(
+      'Normal',
+      EventReason.CacheRestoreReloaded,
+      `reloaded ${reload.skus.length} sku(s), ${reload.orders} order(s), ${reload.buyers} buyer(s): ${figures}`,
+    );
+    row = { ...row, step: 'reloaded', reloaded: reload };
+  }
+
+  if (row.step === 'reloaded') {
+    // The gate opens only on a cache that carries this restore's mark: a Redis that lost its data
+    // again after the reload starts the restore over from the hold.
+    if ((await cacheEpoch(redis, ctx.activityId)) < row.epoch) {
+      condition(ctx, 'False', Reason.RestoreReloading, `restore ${row.epoch}: the reload is gone; reloading`);
+      await holdForRestore(redis, t);
+      await reloadFromPostgres(redis, pool, t);
+      ctx.requeueAfter(config.drainCheckMs);
+      return DONE;
+    }
+    condition(ctx, 'False', Reason.RestoreResuming, `restore ${row.epoch}: resuming`);
+    const gate = gateAfterRestore(ctx);
+    await setGate(redis, ctx.activityId, gate);
+    crashPoint('operator-after-restore-resume');
+    const r = row;
+    // The step and the reconciliation report of what was found and done commit together
+    // (docs/runbooks/cache-restore.md): a repeat finds the step moved and writes no second report.
+    await inTransaction(pool, async (c) => {
+      if (!(await advanceRestore(c, ctx.activityId, r.epoch, 'reloaded'))) return;
+      await insertReport(c, {
+        activityId: ctx.activityId,
+        basis: 'postgres',
+        ok: true,
+        mismatches: [],
+        figures: {
+          restore: { epoch: r.epoch, reason: r.reason, divergence: r.divergence, reloaded: r.reloaded },
+        },
+      });
+    });
+    await ctx.event(
+      'Normal',
+      EventReason.CacheRestoreResumed,
+      `cache restored (epoch ${row.epoch}); gate ${gate}`,
+    );
+    condition(ctx, 'True', Reason.Restored, `restore ${row.epoch} (${row.reason}) completed; gate ${gate}`);
+    ctx.requeueAfter(0);
+    return DONE;
+  }
+  return CONTINUE;
+}
