@@ -5,7 +5,9 @@
 #   DATABASE_URL, REDIS_URL, KAFKA_BROKERS, KUBECONFIG (or KUBEBUILDER_ASSETS for binaries).
 # Usage: env-up.sh [STATE_DIR]    FLASHSALE_SERVICES="postgres redis kafka kube" limits the set;
 # add redis-sentinel for an HA Redis (primary, replica, three Sentinels; start-redis-sentinel.sh),
-# or give one through REDIS_SENTINELS (+ REDIS_SENTINEL_MASTER).
+# or give one through REDIS_SENTINELS (+ REDIS_SENTINEL_MASTER); add redis-cluster for a Redis
+# Cluster (three primaries, one replica each; start-redis-cluster.sh), or give one through
+# REDIS_CLUSTER_NODES.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib.sh
@@ -29,6 +31,7 @@ declare -A given=(
   [kube]="${KUBECONFIG:+KUBECONFIG=$KUBECONFIG}"
   [redis-sentinel]="${REDIS_SENTINELS:+REDIS_SENTINELS=$REDIS_SENTINELS}${REDIS_SENTINELS:+
 REDIS_SENTINEL_MASTER=${REDIS_SENTINEL_MASTER:-flashsale}}"
+  [redis-cluster]="${REDIS_CLUSTER_NODES:+REDIS_CLUSTER_NODES=$REDIS_CLUSTER_NODES}"
 )
 declare -A jobs=()
 elapsed() { local d=$(( ($(date +%s%N) - $1) / 100000000 )); echo "$((d / 10)).$((d % 10))"; }
