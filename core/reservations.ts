@@ -3,7 +3,10 @@
  * the scripts hold the rules, this module only supplies keys and arguments.
  */
 import { createHash } from 'node:crypto';
-import { activityKeys } from './keys.js';
+import { bucketLayout, completeTransfers, refillBucket } from './buckets.js';
+import { FlashSaleError } from './errors.js';
+import { activityKeys, BucketKeys } from './keys.js';
+import type { ScopeKeys } from './keys.js';
 import type { OrderMessage, ReservationState } from './model.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
@@ -30,12 +33,45 @@ export interface ReserveInput {
   orderCode?: string | undefined;
 }
 
-export type ReserveOutcome =
+export type ReserveOutcome = (
   | { kind: 'reserved'; reservationId: string; stockLeft: number }
-  | { kind: 'replayed'; reservationId: string; state: ReservationState };
+  | { kind: 'replayed'; reservationId: string; state: ReservationState }
+) & {
+  /** The scope (activity or stock bucket) the reservation lives in: its node for a replica wait. */
+  scope: ScopeKeys;
+};
 
+/** Whether a refill of the buyer's empty bucket may be tried (off only in the mutant test). */
+export const bucketRefill = { enabled: true };
+
+/**
+ * Reserves in the buyer's scope: the activity's, or the buyer's home bucket of a bucketed SKU.
+ * A home bucket out of units is refilled from the other buckets (crash-safe transfers,
+ * core/buckets.ts) and the reservation tried again, so SOLD_OUT means every bucket is empty.
+ */
 export async function reserve(redis: RedisClient, input: ReserveInput): Promise<ReserveOutcome> {
-  const k = activityKeys(input.activityId);
+  let layout = await bucketLayout(redis, input.activityId);
+  for (let attempt = 0; ; attempt += 1) {
+    const scope = layout.scopeFor(input.skuId, input.userId);
+    try {
+      return await reserveIn(redis, scope, input);
+    } catch (err) {
+      if (!(err instanceof FlashSaleError) || attempt >= 100) throw err;
+      if (err.code === 'BUCKETED') {
+        // A SKU bucketed by a load this process has not seen: read the layout again.
+        layout = await bucketLayout(redis, input.activityId, { refresh: true });
+        continue;
+      }
+      if (err.code !== 'SOLD_OUT' || !(scope instanceof BucketKeys) || !bucketRefill.enabled) throw err;
+      let moved = await refillBucket(redis, layout, input.skuId, scope, input.quantity);
+      // Units stranded by a transfer whose process died half-way count too.
+      if (moved === 0) moved = await completeTransfers(redis, layout, input.skuId);
+      if (moved === 0) throw err;
+    }
+  }
+}
+
+async function reserveIn(redis: RedisClient, k: ScopeKeys, input: ReserveInput): Promise<ReserveOutcome> {
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
   const reply = await runScript(
     redis,
@@ -61,8 +97,8 @@ export async function reserve(redis: RedisClient, input: ReserveInput): Promise<
       input.activityId,
     ],
   );
-  if (reply[0] === 1) return { kind: 'reserved', reservationId: rid, stockLeft: Number(reply[2]) };
-  return { kind: 'replayed', reservationId: rid, state: String(reply[2]) as ReservationState };
+  if (reply[0] === 1) return { kind: 'reserved', reservationId: rid, stockLeft: Number(reply[2]), scope: k };
+  return { kind: 'replayed', reservationId: rid, state: String(reply[2]) as ReservationState, scope: k };
 }
 
 export interface ReleaseInput {
@@ -76,7 +112,7 @@ export interface ReleaseInput {
 export type ReleaseOutcome = { kind: 'released'; stockAfter: number } | { kind: 'already-released' };
 
 export async function release(redis: RedisClient, input: ReleaseInput): Promise<ReleaseOutcome> {
-  const k = activityKeys(input.activityId);
+  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
   const reply = await runScript(
     redis,
     'release',
@@ -88,7 +124,7 @@ export async function release(redis: RedisClient, input: ReleaseInput): Promise<
       k.ledger,
       k.counters,
     ],
-    [input.reservationId, input.userId, input.skuId, input.reason, k.restockChannel],
+    [input.reservationId, input.userId, input.skuId, input.reason, activityKeys(input.activityId).restockChannel],
   );
   if (reply[0] === 1) return { kind: 'released', stockAfter: Number(reply[1]) };
   return { kind: 'already-released' };
@@ -119,25 +155,45 @@ export async function cancelBeforeReserve(
   input: { activityId: string; userId: string; requestId: string; reason: string },
   policy: CancelMarkerPolicy = DEFAULT_CANCEL_MARKER_POLICY,
 ): Promise<CancelMarkerOutcome> {
-  const k = activityKeys(input.activityId);
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
-  const reply = await runScript(
-    redis,
-    'cancelBeforeReserve',
-    [k.meta, k.reservation(rid), k.buyer(input.userId)],
-    [input.userId, input.reason, Math.max(1, policy.graceSeconds), Math.max(0, policy.maxPerBuyer)],
-  );
-  if (reply[0] === 1) return { kind: 'marked', ttlSeconds: Number(reply[1]) };
-  if (reply[0] === 2) return { kind: 'exists', state: String(reply[1]) as ReservationState };
-  return { kind: 'sale-over' };
+  // The submission's SKU is not known: its reservation would be in one of the buyer's scopes (the
+  // activity's, or the buyer's home bucket of a bucketed SKU), so each gets the marker.
+  const scopes = (await bucketLayout(redis, input.activityId)).scopesForUser(input.userId);
+  const outcomes: CancelMarkerOutcome[] = [];
+  for (const k of scopes) {
+    const reply = await runScript(
+      redis,
+      'cancelBeforeReserve',
+      [k.meta, k.reservation(rid), k.buyer(input.userId)],
+      [input.userId, input.reason, Math.max(1, policy.graceSeconds), Math.max(0, policy.maxPerBuyer)],
+    );
+    if (reply[0] === 2) return { kind: 'exists', state: String(reply[1]) as ReservationState };
+    outcomes.push(reply[0] === 1 ? { kind: 'marked', ttlSeconds: Number(reply[1]) } : { kind: 'sale-over' });
+  }
+  return outcomes.find((o) => o.kind === 'marked') ?? { kind: 'sale-over' };
+}
+
+/** Where a reservation is (buyer and SKU): which scope holds it. */
+export interface ReservationOwner {
+  userId: string;
+  skuId?: string | undefined;
+}
+
+/** The scopes a reservation of this owner can be in: one when the SKU is known. */
+async function scopesOf(redis: RedisClient, activityId: string, owner?: ReservationOwner): Promise<ScopeKeys[]> {
+  if (!owner) return [activityKeys(activityId)];
+  const layout = await bucketLayout(redis, activityId);
+  if (owner.skuId !== undefined) return [layout.scopeFor(owner.skuId, owner.userId)];
+  return layout.scopesForUser(owner.userId);
 }
 
 export async function confirmPaid(
   redis: RedisClient,
   activityId: string,
   reservationId: string,
+  owner?: ReservationOwner & { skuId: string },
 ): Promise<'paid' | 'already-paid'> {
-  const k = activityKeys(activityId);
+  const [k] = (await scopesOf(redis, activityId, owner)) as [ScopeKeys];
   const reply = await runScript(
     redis,
     'confirmPaid',
@@ -159,7 +215,7 @@ export async function reclaimPaid(
   redis: RedisClient,
   input: { activityId: string; reservationId: string; userId: string; skuId: string },
 ): Promise<ReclaimOutcome> {
-  const k = activityKeys(input.activityId);
+  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
   const reply = await runScript(
     redis,
     'reclaimPaid',
@@ -193,17 +249,33 @@ export async function reservationExists(
   redis: RedisClient,
   activityId: string,
   reservationId: string,
+  owner?: ReservationOwner,
 ): Promise<boolean> {
-  return (await redis.exists(activityKeys(activityId).reservation(reservationId))) === 1;
+  for (const k of await scopesOf(redis, activityId, owner)) {
+    if ((await redis.exists(k.reservation(reservationId))) === 1) return true;
+  }
+  return false;
 }
 
+/**
+ * The reservation (or cancel marker) under this id. Without its owner only the activity's own
+ * scope is searched; with the buyer, every scope the buyer's reservations can be in.
+ */
 export async function readReservation(
   redis: RedisClient,
   activityId: string,
   reservationId: string,
+  owner?: ReservationOwner | ScopeKeys,
 ): Promise<ReservationRecord | undefined> {
-  const h = await redis.hgetall(activityKeys(activityId).reservation(reservationId));
-  if (!h.state) return undefined;
+  const scopes = owner && 'prefix' in owner ? [owner] : await scopesOf(redis, activityId, owner);
+  for (const k of scopes) {
+    const h = await redis.hgetall(k.reservation(reservationId));
+    if (h.state) return recordOf(reservationId, h);
+  }
+  return undefined;
+}
+
+function recordOf(reservationId: string, h: Record<string, string>): ReservationRecord {
   return {
     reservationId,
     state: h.state as ReservationState,

@@ -6,7 +6,6 @@
  */
 import type { Server } from 'node:http';
 import { hostname } from 'node:os';
-import type { Redis } from 'ioredis';
 import type { Kafka } from 'kafkajs';
 import cron from 'node-cron';
 import { activityOfRestockChannel, activityKeys, RESTOCK_CHANNEL_PATTERN } from '../core/keys.js';
@@ -16,9 +15,10 @@ import { createMetrics } from '../core/metrics.js';
 import { migrate } from '../core/db/migrate.js';
 import { createPool } from '../core/db/pool.js';
 import type { Pool } from '../core/db/pool.js';
-import { createRedis, describeRedis, redisConnectionOf, usesSentinel } from '../core/redis.js';
-import { connectedReplicas, localAck, ReplicaAck } from '../core/durable-ack.js';
+import { createRedis, describeRedis, isCluster, redisConnectionOf, usesSentinel } from '../core/redis.js';
+import { ClusterReplicaAck, connectedReplicas, localAck, ReplicaAck } from '../core/durable-ack.js';
 import { registerScripts } from '../core/scripts.js';
+import type { RedisClient } from '../core/scripts.js';
 import { createApiApp } from './api/app.js';
 import { SoldOutFlags } from './api/sold-out.js';
 import { AdmissionControl } from './api/admission.js';
@@ -79,7 +79,7 @@ async function main(): Promise<void> {
   const redis = createRedis(redisConnection, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
   // ioredis reconnects by itself; without a listener every failed attempt is an "Unhandled error
   // event" on stderr. One warning per connection per 5 s is enough to see an outage in the logs.
-  const logRedisErrors = (client: Redis, connection: string): void => {
+  const logRedisErrors = (client: RedisClient, connection: string): void => {
     let last = 0;
     client.on('error', (err: Error) => {
       if (Date.now() - last < 5_000) return;
@@ -158,12 +158,17 @@ async function main(): Promise<void> {
     else await sub.psubscribe(RESTOCK_CHANNEL_PATTERN);
     closers.push(() => sub.quit());
     // RESERVE_ACK unset: wait for a replica whenever there is one to fail over to.
+    // On a cluster each reservation's WAIT goes to the node of its scope (ClusterReplicaAck).
     const ackMode =
       cfg.RESERVE_ACK ??
-      (usesSentinel(redisConnection) || (await connectedReplicas(redis)) > 0 ? 'replica' : 'local');
+      (usesSentinel(redisConnection) || isCluster(redis) || (await connectedReplicas(redis)) > 0
+        ? 'replica'
+        : 'local');
     const reservationAck =
       ackMode === 'replica'
-        ? new ReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
+        ? isCluster(redis)
+          ? new ClusterReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
+          : new ReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
         : localAck;
     logger.info(
       { reserveAck: ackMode, replicas: cfg.RESERVE_ACK_REPLICAS, timeoutMs: cfg.RESERVE_ACK_TIMEOUT_MS },
