@@ -4,14 +4,14 @@
  */
 import { randomBytes } from 'node:crypto';
 import { bucketLayout, bucketShare, forgetBucketLayout, unitsInFlight } from './buckets.js';
-import type { BucketLayout } from './buckets.js';
 import { FlashSaleError } from './errors.js';
-import { activityKeys } from './keys.js';
+import { activityKeys, homeBucket } from './keys.js';
 import type { ScopeKeys } from './keys.js';
 import type { ActivityDefinition, CatalogItem, GateState, ReservationResult } from './model.js';
 import { isCluster, primariesOf } from './redis.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
+import { ELIGIBILITY_FIELDS } from './traffic-policy.js';
 
 /** SKUs per script call while loading: keeps each call well under a few milliseconds. */
 export const LOAD_CHUNK = 2000;
@@ -105,6 +105,18 @@ async function loadBuckets(redis: RedisClient, a: ActivityDefinition, items: Cat
         if (gate && gate !== 'pending') await runScript(redis, 'setGate', [b.meta], [gate]);
         if (requireReg) await redis.hset(b.meta, 'requireReg', requireReg);
       }),
+    );
+    // Buyers the deny list named before the buckets existed (traffic-policy.ts flags the buckets
+    // of later ones itself).
+    const denied = await redis.smembers(k.denied);
+    await Promise.all(
+      denied.map((u) =>
+        redis.hset(
+          k.bucket(item.skuId, homeBucket(a.id, item.skuId, u, n), n).buyer(u),
+          ELIGIBILITY_FIELDS.denied,
+          '1',
+        ),
+      ),
     );
     await redis.hset(k.meta, k.bucketField(item.skuId), String(n));
     await redis.hset(k.sku(item.skuId), 'buckets', String(n));

@@ -161,7 +161,11 @@ async function transferIn(
  * Finishes every transfer of a SKU whose donor step ran and whose recipient step did not (a
  * process killed between them); returns the units that were in flight and are now in a bucket.
  */
-export async function completeTransfers(redis: RedisClient, layout: BucketLayout, skuId: string): Promise<number> {
+export async function completeTransfers(
+  redis: RedisClient,
+  layout: BucketLayout,
+  skuId: string,
+): Promise<number> {
   const buckets = layout.bucketsOf(skuId);
   if (buckets.length === 0) return 0;
   const records = await Promise.all(buckets.map((b) => redis.hgetall(b.transfers)));
@@ -183,7 +187,11 @@ export async function completeTransfers(redis: RedisClient, layout: BucketLayout
  * Units of a SKU taken from a donor bucket and not yet added to their recipient (write-back and
  * the stock audit count them as remaining: they are nobody's).
  */
-export async function unitsInFlight(redis: RedisClient, layout: BucketLayout, skuId: string): Promise<number> {
+export async function unitsInFlight(
+  redis: RedisClient,
+  layout: BucketLayout,
+  skuId: string,
+): Promise<number> {
   const buckets = layout.bucketsOf(skuId);
   if (buckets.length === 0) return 0;
   const records = await Promise.all(buckets.map((b) => redis.hgetall(b.transfers)));

@@ -83,7 +83,12 @@ export class ClusterReplicaAck implements ReservationAck {
     private readonly timeoutMs: number,
   ) {}
 
-  async confirm(activityId: string, reservationId: string, _replayed: boolean, scope?: ScopeKeys): Promise<void> {
+  async confirm(
+    activityId: string,
+    reservationId: string,
+    _replayed: boolean,
+    scope?: ScopeKeys,
+  ): Promise<void> {
     const probe = (scope ?? activityKeys(activityId)).ackProbe;
     const replies = await this.redis.pipeline().incr(probe).wait(this.replicas, this.timeoutMs).exec();
     const [err, acked] = replies?.[1] ?? [new Error('no reply to WAIT'), 0];

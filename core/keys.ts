@@ -160,7 +160,10 @@ export class BucketKeys extends ScopeKeys {
   readonly index: number;
 
   constructor(activityId: string, skuId: string, index: number, count: number) {
-    super(activityId, bucketTag(assertSafe('activity id', activityId), assertSafe('sku id', skuId), index, count));
+    super(
+      activityId,
+      bucketTag(assertSafe('activity id', activityId), assertSafe('sku id', skuId), index, count),
+    );
     this.skuId = skuId;
     this.index = index;
   }

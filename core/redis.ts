@@ -86,7 +86,10 @@ interface RedisEnv {
 export function redisEnvIssue(c: RedisEnv): { path: string; message: string } | undefined {
   if ((c.REDIS_CLUSTER_NODES?.length ?? 0) > 0) {
     if (c.REDIS_SENTINELS.length > 0) {
-      return { path: 'REDIS_CLUSTER_NODES', message: 'REDIS_SENTINELS and REDIS_CLUSTER_NODES exclude each other' };
+      return {
+        path: 'REDIS_CLUSTER_NODES',
+        message: 'REDIS_SENTINELS and REDIS_CLUSTER_NODES exclude each other',
+      };
     }
     return undefined;
   }
@@ -96,7 +99,8 @@ export function redisEnvIssue(c: RedisEnv): { path: string; message: string } | 
     }
     return undefined;
   }
-  if (!c.REDIS_URL) return { path: 'REDIS_URL', message: 'required (or REDIS_SENTINELS or REDIS_CLUSTER_NODES)' };
+  if (!c.REDIS_URL)
+    return { path: 'REDIS_URL', message: 'required (or REDIS_SENTINELS or REDIS_CLUSTER_NODES)' };
   return undefined;
 }
 

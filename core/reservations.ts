@@ -124,7 +124,13 @@ export async function release(redis: RedisClient, input: ReleaseInput): Promise<
       k.ledger,
       k.counters,
     ],
-    [input.reservationId, input.userId, input.skuId, input.reason, activityKeys(input.activityId).restockChannel],
+    [
+      input.reservationId,
+      input.userId,
+      input.skuId,
+      input.reason,
+      activityKeys(input.activityId).restockChannel,
+    ],
   );
   if (reply[0] === 1) return { kind: 'released', stockAfter: Number(reply[1]) };
   return { kind: 'already-released' };
@@ -180,7 +186,11 @@ export interface ReservationOwner {
 }
 
 /** The scopes a reservation of this owner can be in: one when the SKU is known. */
-async function scopesOf(redis: RedisClient, activityId: string, owner?: ReservationOwner): Promise<ScopeKeys[]> {
+async function scopesOf(
+  redis: RedisClient,
+  activityId: string,
+  owner?: ReservationOwner,
+): Promise<ScopeKeys[]> {
   if (!owner) return [activityKeys(activityId)];
   const layout = await bucketLayout(redis, activityId);
   if (owner.skuId !== undefined) return [layout.scopeFor(owner.skuId, owner.userId)];
@@ -271,6 +281,22 @@ export async function readReservation(
   for (const k of scopes) {
     const h = await redis.hgetall(k.reservation(reservationId));
     if (h.state) return recordOf(reservationId, h);
+  }
+  return undefined;
+}
+
+/**
+ * Finds a reservation whose buyer and SKU are not known (a ledger entry the order-gap repair
+ * found) in every scope of the activity, and says which scope holds it.
+ */
+export async function locateReservation(
+  redis: RedisClient,
+  activityId: string,
+  reservationId: string,
+): Promise<{ record: ReservationRecord; scope: ScopeKeys } | undefined> {
+  for (const scope of (await bucketLayout(redis, activityId)).allScopes()) {
+    const h = await redis.hgetall(scope.reservation(reservationId));
+    if (h.state) return { record: recordOf(reservationId, h), scope };
   }
   return undefined;
 }

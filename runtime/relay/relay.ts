@@ -253,7 +253,11 @@ export class Relay {
     crashPoint('relay-after-kafka-ack');
     const ids = entries.map((e) => e[0]);
     const stream = this.stream;
-    await this.options.redis.multi().xack(stream, RELAY_GROUP, ...ids).xdel(stream, ...ids).exec();
+    await this.options.redis
+      .multi()
+      .xack(stream, RELAY_GROUP, ...ids)
+      .xdel(stream, ...ids)
+      .exec();
     this.options.metrics.relayPublished.inc({ activity: this.options.activityId }, entries.length);
     if (reclaimed)
       this.options.metrics.relayReclaimed.inc({ activity: this.options.activityId }, entries.length);

@@ -267,7 +267,12 @@ export async function readFinalState(
   const skus: SkuFinal[] = [];
   for (const s of stock.skus) {
     const limit = await redis.hget(k.sku(s.skuId), 'limit');
-    skus.push({ skuId: s.skuId, initial: s.initial, remaining: s.remaining, limitPerUser: Number(limit ?? 1) });
+    skus.push({
+      skuId: s.skuId,
+      initial: s.initial,
+      remaining: s.remaining,
+      limitPerUser: Number(limit ?? 1),
+    });
   }
   const c = { reserved: stock.reserved, released: stock.released, reservations: stock.reservations };
   const reservations: ReservationFinal[] = [];

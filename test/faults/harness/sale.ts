@@ -36,7 +36,11 @@ export interface Servers {
 /** A client of the servers' Redis (through Sentinel when there is one). */
 export function redisOf(servers: Servers, options: { maxRetriesPerRequest?: number } = {}): RedisClient {
   return createRedis(
-    { url: servers.redisUrl, ...servers.sentinel, ...(servers.cluster ? { clusterNodes: servers.cluster } : {}) },
+    {
+      url: servers.redisUrl,
+      ...servers.sentinel,
+      ...(servers.cluster ? { clusterNodes: servers.cluster } : {}),
+    },
     options,
   );
 }
