@@ -207,6 +207,17 @@ export async function unitsInFlight(
 }
 
 /**
+ * Units of a SKU in all its buckets, transfers in flight included: what SOLD_OUT must find to be 0
+ * (a buyer whose refill lost every race to other refills tries again while this is not 0).
+ */
+export async function unitsLeft(redis: RedisClient, layout: BucketLayout, skuId: string): Promise<number> {
+  const stocks = await Promise.all(
+    layout.bucketsOf(skuId).map(async (b) => Number((await redis.hget(b.sku(skuId), 'stock')) ?? 0)),
+  );
+  return stocks.reduce((n, x) => n + x, 0) + (await unitsInFlight(redis, layout, skuId));
+}
+
+/**
  * Refills an empty bucket: takes half of the fullest other bucket's units (at least `needed`)
  * while any other bucket has units. Returns the units moved (0: every other bucket is empty, so
  * the SKU is sold out for this quantity).

@@ -202,3 +202,24 @@ function createCluster(conn: RedisConnection, options: RedisOptions): Cluster {
     clusterOptions,
   );
 }
+
+/**
+ * XGROUP CREATE (BUSYGROUP ignored). ioredis does not know XGROUP's key position, so on a cluster
+ * it would go to a random node (and an auto-pipelined MOVED is not followed): it is sent in a
+ * pipeline behind a keyed command on the stream, which routes the pipeline to the stream's node.
+ */
+export async function createStreamGroup(
+  redis: RedisClient,
+  stream: string,
+  group: string,
+  opts: { mkstream: boolean },
+): Promise<void> {
+  const args: string[] = ['CREATE', stream, group, '0', ...(opts.mkstream ? ['MKSTREAM'] : [])];
+  const replies = await redis
+    .pipeline()
+    .exists(stream)
+    .call('XGROUP', ...args)
+    .exec();
+  const err = replies?.[1]?.[0];
+  if (err && !/BUSYGROUP/.test(err.message)) throw err;
+}

@@ -3,7 +3,7 @@
  * the scripts hold the rules, this module only supplies keys and arguments.
  */
 import { createHash } from 'node:crypto';
-import { bucketLayout, completeTransfers, refillBucket } from './buckets.js';
+import { bucketLayout, completeTransfers, refillBucket, unitsLeft } from './buckets.js';
 import { FlashSaleError } from './errors.js';
 import { activityKeys, BucketKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
@@ -66,7 +66,8 @@ export async function reserve(redis: RedisClient, input: ReserveInput): Promise<
       let moved = await refillBucket(redis, layout, input.skuId, scope, input.quantity);
       // Units stranded by a transfer whose process died half-way count too.
       if (moved === 0) moved = await completeTransfers(redis, layout, input.skuId);
-      if (moved === 0) throw err;
+      // Every donor was emptied by other refills meanwhile: sold out only if no bucket has a unit.
+      if (moved === 0 && (await unitsLeft(redis, layout, input.skuId)) < input.quantity) throw err;
     }
   }
 }

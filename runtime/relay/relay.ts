@@ -22,6 +22,7 @@ import type { Producer } from 'kafkajs';
 import { CompressionTypes } from 'kafkajs';
 import { outboxStreams, readOutbox } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
+import { createStreamGroup } from '../../core/redis.js';
 import { activityKeys } from '../../core/keys.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
@@ -103,11 +104,7 @@ export class Relay {
     for (const stream of streams) {
       // A known stream's group exists (or its stream was cleaned up: never re-created here).
       if (!first && this.streams.includes(stream)) continue;
-      try {
-        await this.options.redis.xgroup('CREATE', stream, RELAY_GROUP, '0', 'MKSTREAM');
-      } catch (err) {
-        if (!/BUSYGROUP/.test((err as Error).message)) throw err;
-      }
+      await createStreamGroup(this.options.redis, stream, RELAY_GROUP, { mkstream: true });
     }
     this.streams = streams;
   }
@@ -181,9 +178,9 @@ export class Relay {
     await sleep(1_000);
     if ((await this.options.redis.exists(this.stream).catch(() => 0)) === 0) return;
     try {
-      await this.options.redis.xgroup('CREATE', this.stream, RELAY_GROUP, '0');
-    } catch (err) {
-      if (!/BUSYGROUP/.test((err as Error).message)) return;
+      await createStreamGroup(this.options.redis, this.stream, RELAY_GROUP, { mkstream: false });
+    } catch {
+      return;
     }
     this.idle = false;
     this.options.logger.info("the activity's outbox is back: the relay resumes");

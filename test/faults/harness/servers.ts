@@ -13,7 +13,7 @@ import { ROOT, waitFor } from '../../helpers/runtime.js';
 
 const run = promisify(execFile);
 
-export type ServerName = 'postgres' | 'redis' | 'kafka' | 'redis-sentinel';
+export type ServerName = 'postgres' | 'redis' | 'kafka' | 'redis-sentinel' | 'redis-cluster';
 
 export interface PrivateServers {
   state: string;
