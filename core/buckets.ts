@@ -207,14 +207,21 @@ export async function unitsInFlight(
 }
 
 /**
- * Units of a SKU in all its buckets, transfers in flight included: what SOLD_OUT must find to be 0
- * (a buyer whose refill lost every race to other refills tries again while this is not 0).
+ * An upper bound of the units a SKU has left in all its buckets, from each bucket's counters
+ * (loaded - reserved + released; transfers move units without touching them). The counters only
+ * grow, and each is read once, so the sum is never below what was left when the last one was read:
+ * when it is below the quantity asked for, the SKU was sold out at that instant. (Summing the
+ * buckets' stock instead could miss units moving between two buckets while they are read.)
  */
 export async function unitsLeft(redis: RedisClient, layout: BucketLayout, skuId: string): Promise<number> {
-  const stocks = await Promise.all(
-    layout.bucketsOf(skuId).map(async (b) => Number((await redis.hget(b.sku(skuId), 'stock')) ?? 0)),
+  const figures = await Promise.all(
+    layout.bucketsOf(skuId).map((b) => redis.hmget(b.counters, 'initial', 'reserved', 'released')),
   );
-  return stocks.reduce((n, x) => n + x, 0) + (await unitsInFlight(redis, layout, skuId));
+  return figures.reduce(
+    (n, [initial, reserved, released]) =>
+      n + Number(initial ?? 0) - Number(reserved ?? 0) + Number(released ?? 0),
+    0,
+  );
 }
 
 /**

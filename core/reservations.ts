@@ -41,9 +41,6 @@ export type ReserveOutcome = (
   scope: ScopeKeys;
 };
 
-/** Whether a refill of the buyer's empty bucket may be tried (off only in the mutant test). */
-export const bucketRefill = { enabled: true };
-
 /**
  * Reserves in the buyer's scope: the activity's, or the buyer's home bucket of a bucketed SKU.
  * A home bucket out of units is refilled from the other buckets (crash-safe transfers,
@@ -56,13 +53,13 @@ export async function reserve(redis: RedisClient, input: ReserveInput): Promise<
     try {
       return await reserveIn(redis, scope, input);
     } catch (err) {
-      if (!(err instanceof FlashSaleError) || attempt >= 100) throw err;
+      if (!(err instanceof FlashSaleError) || attempt >= 200) throw err;
       if (err.code === 'BUCKETED') {
         // A SKU bucketed by a load this process has not seen: read the layout again.
         layout = await bucketLayout(redis, input.activityId, { refresh: true });
         continue;
       }
-      if (err.code !== 'SOLD_OUT' || !(scope instanceof BucketKeys) || !bucketRefill.enabled) throw err;
+      if (err.code !== 'SOLD_OUT' || !(scope instanceof BucketKeys)) throw err;
       let moved = await refillBucket(redis, layout, input.skuId, scope, input.quantity);
       // Units stranded by a transfer whose process died half-way count too.
       if (moved === 0) moved = await completeTransfers(redis, layout, input.skuId);
