@@ -11,23 +11,8 @@ import type { BucketKeys, ScopeKeys } from './keys.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
 
-/** Above this many units a SKU without an explicit `buckets` is split automatically (0 = never). */
-export const DEFAULT_AUTO_BUCKET_STOCK = 0;
 /** Most buckets one SKU may have (the CRD's maximum). */
 export const MAX_BUCKETS = 64;
-
-/**
- * The bucket count a SKU gets: its explicit `buckets`, else (automatic buckets on) one bucket per
- * `autoStock` units, at most `autoMax`, never more buckets than units.
- */
-export function bucketsFor(
-  item: { stock: number; buckets?: number | undefined },
-  auto: { autoStock: number; autoMax: number } = { autoStock: DEFAULT_AUTO_BUCKET_STOCK, autoMax: 8 },
-): number {
-  if (item.buckets !== undefined) return Math.max(1, Math.min(item.buckets, item.stock));
-  if (auto.autoStock <= 0 || item.stock <= auto.autoStock) return 1;
-  return Math.max(1, Math.min(auto.autoMax, Math.floor(item.stock / auto.autoStock), item.stock));
-}
 
 /** Bucket i's share of `stock` split into `count` (the first `stock % count` get one more). */
 export function bucketShare(stock: number, index: number, count: number): number {
