@@ -8,6 +8,7 @@
 import { randomUUID } from 'node:crypto';
 import { activityKeys, homeBucket, ActivityKeys } from './keys.js';
 import type { BucketKeys, ScopeKeys } from './keys.js';
+import { isCluster } from './redis.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
 
@@ -123,8 +124,27 @@ export async function transferStock(
     ['out', transferId, wanted, to.index, from.skuId],
   );
   const moved = Number(out[1]);
-  if (moved > 0) await transferIn(redis, to, from.index, transferId, moved);
+  if (moved > 0 && (await donorReplicated(redis, from))) {
+    await transferIn(redis, to, from.index, transferId, moved);
+  }
   return { transferId, moved };
+}
+
+/**
+ * On a cluster the donor's record must survive a failover of the donor's node before the units
+ * land in the recipient (else a promoted replica would still have them, and they would exist
+ * twice): WAIT on the donor node's connection (after the script, on the same connection) for one
+ * replica. Not confirmed: the transfer stays in flight and `completeTransfers` lands it later
+ * from the record the donor's current primary holds. A node without replicas has nothing to wait for.
+ */
+async function donorReplicated(redis: RedisClient, from: BucketKeys): Promise<boolean> {
+  if (!isCluster(redis)) return true;
+  const replies = await redis.pipeline().exists(from.transfers).wait(1, 1000).exec();
+  const [err, acked] = replies?.[1] ?? [new Error('no reply'), 0];
+  if (err) return false;
+  if (Number(acked) >= 1) return true;
+  const info = await redis.pipeline().exists(from.transfers).info('replication').exec();
+  return /^connected_slaves:0/m.test(String(info?.[1]?.[1] ?? ''));
 }
 
 async function transferIn(
