@@ -12,7 +12,8 @@
  *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_ONLY (phases, comma separated)
  *   BENCH_REDIS_APPENDFSYNC (everysec; 'keep' keeps env-up's setting)  BENCH_OUT  BENCH_JSON
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
- * Phases: redis submit db soldout profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts).
+ * Phases: redis submit db soldout profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts)
+ *   buckets (stock buckets on a Redis Cluster, bench/lib/buckets.ts).
  */
 import { randomBytes } from 'node:crypto';
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -28,6 +29,7 @@ import { dbOnly, insertCeiling, pgSettings } from './lib/pg-ref.js';
 import { microBenchmarks } from './lib/micro.js';
 import { pipelineAndDrain } from './lib/pipeline.js';
 import { fairness } from './lib/fairness.js';
+import { bucketsBench } from './lib/buckets.js';
 import { summarizeProfile } from './lib/profile.js';
 import type { ProfileSummary } from './lib/profile.js';
 import { prepareRedisRef, redisRef } from './lib/redis-ref.js';
@@ -427,6 +429,9 @@ async function main(): Promise<void> {
     }
 
     // --- 6. Fairness under bots: shaping off, then on ------------------------------------------------
+    if (has('buckets')) {
+      results.buckets = await phase(results, 'buckets', () => bucketsBench(c));
+    }
     if (has('fairness')) {
       results.fairness = await phase(results, 'fairness', () => fairness(c));
     }

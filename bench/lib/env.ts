@@ -27,6 +27,7 @@ export const PHASES = [
   'warmup',
   'pipeline',
   'fairness',
+  'buckets',
 ] as const;
 export type Phase = (typeof PHASES)[number];
 

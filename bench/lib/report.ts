@@ -1,5 +1,7 @@
 /** Renders the results as docs/benchmarks.md: the summary table first, then the details. */
 import type { FairnessRun } from './fairness.js';
+import { renderBuckets } from './buckets.js';
+import type { BucketsResult } from './buckets.js';
 import type { LoadResult } from './http-load.js';
 import type { MicroResult } from './micro.js';
 import type { PgbenchResult } from './pg-ref.js';
@@ -49,6 +51,8 @@ export interface Results {
   micro?: MicroResult[];
   /** Shaping off, then on (bench/lib/fairness.ts). */
   fairness?: FairnessRun[];
+  /** Stock buckets on a Redis Cluster (bench/lib/buckets.ts). */
+  buckets?: BucketsResult;
   failures: Record<string, string>;
 }
 
@@ -506,6 +510,7 @@ export function renderReport(r: Results, analysis: string): string {
   );
   const fair = renderFairness(r.fairness);
   if (fair.length > 0) L.push('', ...fair);
+  if (r.buckets) L.push('', ...renderBuckets(r.buckets));
   L.push('', '## Where the time goes (node --cpu-prof of the api)', '');
   if (r.profiles.submit) {
     L.push(
