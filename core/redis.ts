@@ -15,6 +15,7 @@
  */
 import { Cluster, Redis } from 'ioredis';
 import type { ClusterOptions, RedisOptions } from 'ioredis';
+import { keyCountFirstCommands } from './scripts.js';
 import type { RedisClient } from './scripts.js';
 import { z } from 'zod';
 
@@ -183,6 +184,7 @@ function createCluster(conn: RedisConnection, options: RedisOptions): Cluster {
     // Writes and reads go to primaries: a replica's copy may lag behind a reservation.
     scaleReads: 'master',
     ...(enableAutoPipelining !== undefined ? { enableAutoPipelining } : {}),
+    ...(enableAutoPipelining ? { autoPipeliningIgnoredCommands: keyCountFirstCommands() } : {}),
     ...(lazyConnect !== undefined ? { lazyConnect } : {}),
     // After a primary dies its slots are unserved until a replica is promoted (a few seconds):
     // commands wait and retry meanwhile instead of failing at once.

@@ -85,6 +85,15 @@ async function reserveMany(
 }
 
 export async function bucketsBench(ctx: Ctx): Promise<BucketsResult> {
+  try {
+    return await bucketsBenchInner(ctx);
+  } catch (err) {
+    log(`buckets failed: ${(err as Error).stack ?? String(err)}`);
+    throw err;
+  }
+}
+
+async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
   const redisMod = (await import(
     pathToFileURL(join(ctx.cfg.distDir, 'core', 'redis.js')).href
   )) as typeof RedisModule;
