@@ -186,7 +186,7 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
         activityId: id,
         label: `relay-${buckets ?? 1}`,
         ...(ctx.cfg.roleEnv ? { roleEnv: ctx.cfg.roleEnv } : {}),
-        extraEnv: { REDIS_CLUSTER_NODES: nodesEnv, LOG_LEVEL: 'warn' },
+        extraEnv: { REDIS_CLUSTER_NODES: nodesEnv },
       });
       try {
         for (;;) {
