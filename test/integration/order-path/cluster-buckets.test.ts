@@ -4,9 +4,12 @@
 // The hot SKU's buyers are chosen so that no buyer is homed in bucket 0: its units can only be
 // sold through transfers between buckets, so a phantom sold-out (units left in a bucket nobody
 // reaches) leaves stock behind and fails the test (mutant test/faults/mutants/bucket-no-transfer).
-import { readStock } from '../../../core/activity-cache.js';
-import { homeBucket } from '../../../core/keys.js';
-import { parseSentinels } from '../../../core/redis.js';
+import { cleanupActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { createPool } from '../../../core/db/pool.js';
+import { createLogger } from '../../../core/logger.js';
+import { reconcileActivity } from '../../../runtime/jobs/reconciliation.js';
+import { activityKeys, homeBucket } from '../../../core/keys.js';
+import { parseSentinels, primariesOf } from '../../../core/redis.js';
 import type { SentinelAddress } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import { Sale, prepareActivity, recoverAndCheck, redisOf } from '../../faults/harness/sale.js';
@@ -125,16 +128,39 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
     expect(recovery.drained).toBe(true);
     expect(formatViolations(recovery.violations)).toBe('');
 
-    // Every unit sold: nothing left in any bucket (bucket 0 only through transfers).
+    // Every unit sold: nothing left in any bucket (bucket 0 only through transfers). The stock
+    // audit agrees over all buckets; freezing and cleanup cover every bucket on every primary.
     const redis = redisOf(servers);
+    const audit = createPool(db.url, 2, 'cluster-buckets-test');
     try {
       const stock = await readStock(redis, activityId);
       expect(stock.skus.map((s) => [s.skuId, s.initial, s.remaining])).toEqual([
         ['hot', HOT_STOCK, 0],
         ['plain', PLAIN_STOCK, 0],
       ]);
+      const rec = await reconcileActivity({
+        activityId,
+        redis,
+        pool: audit,
+        logger: createLogger('cluster-buckets-test', 'silent'),
+        remeasureDelayMs: 50,
+      });
+      expect(rec.mismatches).toEqual([]);
+      await sale!.stop();
+      sale = undefined;
+      await setGate(redis, activityId, 'frozen');
+      const cleaned = await cleanupActivity(redis, activityId, 60);
+      expect(cleaned.retained).toBe(1);
+      const left: string[] = [];
+      const k = activityKeys(activityId);
+      for (const node of primariesOf(redis)) {
+        for (const pattern of [k.scanPattern, k.bucketScanPattern]) left.push(...(await node.keys(pattern)));
+      }
+      // Only the buyers' results stay (with their TTL).
+      expect(left).toEqual([k.results]);
     } finally {
       redis.disconnect();
+      await audit.end();
     }
 
     // PostgreSQL: exactly one live order per 202, none above the limit.
