@@ -25,6 +25,8 @@ export interface BucketsResult {
   bucketCount: number;
   /** Share of the reserve script calls per primary (bucketed run), in %. */
   spreadPct: number[];
+  /** µs per reserve script call on each primary (commandstats): without buckets, then bucketed. */
+  usPerCall: { plain: number[]; bucketed: number[] };
   drain: {
     reservations: number;
     oneStreamS: number;
@@ -49,13 +51,16 @@ async function cpuS(nodes: Redis[]): Promise<number> {
   return s;
 }
 
-async function scriptCalls(nodes: Redis[]): Promise<number[]> {
+/** Reserve script calls per primary, and the primary's µs per call (INFO commandstats). */
+async function scriptCalls(nodes: Redis[]): Promise<{ calls: number; usPerCall: number }[]> {
   return Promise.all(
     nodes.map(async (n) => {
       const info = await n.info('commandstats');
-      const calls = (cmd: string): number =>
-        Number(new RegExp(`^cmdstat_${cmd}:calls=(\\d+)`, 'm').exec(info)?.[1] ?? 0);
-      return calls('evalsha') + calls('eval');
+      const stat = (cmd: string, field: string): number =>
+        Number(new RegExp(`^cmdstat_${cmd}:.*?\\b${field}=([\\d.]+)`, 'm').exec(info)?.[1] ?? 0);
+      const calls = stat('evalsha', 'calls') + stat('eval', 'calls');
+      const usec = stat('evalsha', 'usec') + stat('eval', 'usec');
+      return { calls, usPerCall: calls > 0 ? usec / calls : 0 };
     }),
   );
 }
@@ -149,7 +154,7 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
       id: string,
       buckets?: number,
       inFlight = 64,
-    ): Promise<{ cpu: number; calls: number[] }> => {
+    ): Promise<{ cpu: number; calls: { calls: number; usPerCall: number }[] }> => {
       await load(id, buckets);
       await reserveMany(ctx, p, id, 2_000, `${id}-w`, inFlight);
       await Promise.all(nodes.map((x) => x.config('RESETSTAT')));
@@ -164,7 +169,7 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
     // The same with three times as many in flight: each primary's command batches as large as the
     // single primary's were (Redis' per-batch costs: reads, writes and replication, shared alike).
     const equalBatch = await measure(`bkq-${ctx.runId}`, BUCKETS, 64 * nodes.length);
-    const totalCalls = bucketed.calls.reduce((a, b) => a + b, 0);
+    const totalCalls = bucketed.calls.reduce((a, b) => a + b.calls, 0);
 
     // 2. Drain: N reservations waiting in 1 stream vs 8 bucket streams, one relay role each time.
     const drainN = ctx.cfg.drainReservations;
@@ -220,7 +225,11 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
         bucketedEqualBatch: (equalBatch.cpu / n) * 1e6,
       },
       bucketCount: BUCKETS,
-      spreadPct: bucketed.calls.map((c) => (100 * c) / Math.max(1, totalCalls)),
+      spreadPct: bucketed.calls.map((c) => (100 * c.calls) / Math.max(1, totalCalls)),
+      usPerCall: {
+        plain: plain.calls.filter((c) => c.calls > 0).map((c) => c.usPerCall),
+        bucketed: bucketed.calls.map((c) => c.usPerCall),
+      },
       drain: {
         reservations: drainN,
         oneStreamS,
@@ -258,6 +267,7 @@ export function renderBuckets(r: BucketsResult): string[] {
     `| Bucketed / not bucketed | ${c.ratio.toFixed(2)}× | ≤ 1.2× | ${c.ratio <= 1.2 ? 'met' : 'missed'} |`,
     `| Redis CPU per reservation, ${r.bucketCount} buckets, 3× in flight (per-primary batches as large as without buckets) | ${c.bucketedEqualBatch.toFixed(1)} µs (${(c.bucketedEqualBatch / c.plain).toFixed(2)}×) | | |`,
     `| Reserve script calls per primary (${r.bucketCount} buckets) | ${r.spreadPct.map((s) => `${s.toFixed(1)} %`).join(' / ')} | each 33.3 % ± 15 % | ${spreadOk ? 'met' : 'missed'} |`,
+    `| µs per reserve script call, per primary (commandstats): without buckets / with | ${r.usPerCall.plain.map((x) => x.toFixed(1)).join(', ')} / ${r.usPerCall.bucketed.map((x) => x.toFixed(1)).join(', ')} | | |`,
     `| Relay drain of ${r.drain.reservations} reservations, 1 stream (relay start included) | ${r.drain.oneStreamS.toFixed(1)} s (${r.drain.oneRate.toFixed(0)}/s) | | |`,
     `| Relay drain of ${r.drain.reservations} reservations, 8 bucket streams (relay start included) | ${r.drain.eightStreamsS.toFixed(1)} s (${r.drain.eightRate.toFixed(0)}/s) | | |`,
     '',
