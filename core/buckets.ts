@@ -131,20 +131,28 @@ export async function transferStock(
 }
 
 /**
- * On a cluster the donor's record must survive a failover of the donor's node before the units
- * land in the recipient (else a promoted replica would still have them, and they would exist
- * twice): WAIT on the donor node's connection (after the script, on the same connection) for one
- * replica. Not confirmed: the transfer stays in flight and `completeTransfers` lands it later
- * from the record the donor's current primary holds. A node without replicas has nothing to wait for.
+ * The donor's record must survive a failover of the donor's node before the units land in the
+ * recipient (else a promoted replica would still have them, and they would exist twice): WAIT for
+ * one replica on the connection the donor's script ran on (on a cluster: a pipeline routed to the
+ * donor's node, after the script on that node's connection). Not confirmed: the transfer stays in
+ * flight and `completeTransfers` lands it later from the record the donor's current primary
+ * holds. A node without replicas has nothing to wait for.
  */
 async function donorReplicated(redis: RedisClient, from: BucketKeys): Promise<boolean> {
-  if (!isCluster(redis)) return true;
-  const replies = await redis.pipeline().exists(from.transfers).wait(1, 1000).exec();
-  const [err, acked] = replies?.[1] ?? [new Error('no reply'), 0];
-  if (err) return false;
-  if (Number(acked) >= 1) return true;
-  const info = await redis.pipeline().exists(from.transfers).info('replication').exec();
-  return /^connected_slaves:0/m.test(String(info?.[1]?.[1] ?? ''));
+  // Keyless commands follow a keyed one in a pipeline: on a cluster that routes them to the donor.
+  const onDonor = async (cmd: 'info' | 'wait'): Promise<unknown> => {
+    const p = isCluster(redis) ? redis.pipeline().exists(from.transfers) : redis.pipeline();
+    const replies = await (cmd === 'info' ? p.info('replication') : p.wait(1, 1000)).exec();
+    const [err, value] = replies?.[replies.length - 1] ?? [new Error('no reply'), undefined];
+    if (err) throw err;
+    return value;
+  };
+  try {
+    if (/^connected_slaves:0\b/m.test(String(await onDonor('info')))) return true;
+    return Number(await onDonor('wait')) >= 1;
+  } catch {
+    return false;
+  }
 }
 
 async function transferIn(
