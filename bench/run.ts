@@ -14,7 +14,8 @@
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
  * Phases: redis submit db soldout floors profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts)
  * capacity (bench/lib/capacity.ts: CPU per operation per stage, written into docs/capacity.md)
- * durability (bench/lib/durability.ts: the PostgreSQL guard's and Redis WAIT's cost).
+ * durability (bench/lib/durability.ts: the PostgreSQL guard's and Redis WAIT's cost)
+ * buckets (stock buckets on a Redis Cluster, bench/lib/buckets.ts).
  */
 import { randomBytes } from 'node:crypto';
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -33,6 +34,7 @@ import { fairness } from './lib/fairness.js';
 import { capacity, writeCapacityPage } from './lib/capacity.js';
 import { measureFloors } from './lib/floors.js';
 import { durability } from './lib/durability.js';
+import { bucketsBench } from './lib/buckets.js';
 import { summarizeProfile } from './lib/profile.js';
 import type { ProfileSummary } from './lib/profile.js';
 import { prepareRedisRef, redisRef } from './lib/redis-ref.js';
@@ -466,6 +468,9 @@ async function main(): Promise<void> {
     }
 
     // --- 6. Fairness under bots: shaping off, then on ------------------------------------------------
+    if (has('buckets')) {
+      results.buckets = await phase(results, 'buckets', () => bucketsBench(c));
+    }
     if (has('fairness')) {
       results.fairness = await phase(results, 'fairness', () => fairness(c));
     }

@@ -3,12 +3,15 @@
  * the gate, stock and outbox figures, buyer results, one-time order codes, and cleanup.
  */
 import { randomBytes } from 'node:crypto';
-import type { Cluster, Redis } from 'ioredis';
+import { bucketLayout, bucketShare, forgetBucketLayout, unitsInFlight } from './buckets.js';
 import { FlashSaleError } from './errors.js';
-import { activityKeys } from './keys.js';
-import type { ActivityDefinition, GateState, ReservationResult } from './model.js';
+import { activityKeys, homeBucket } from './keys.js';
+import type { ScopeKeys } from './keys.js';
+import type { ActivityDefinition, CatalogItem, GateState, ReservationResult } from './model.js';
+import { isCluster, primariesOf } from './redis.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
+import { ELIGIBILITY_FIELDS } from './traffic-policy.js';
 
 /** SKUs per script call while loading: keeps each call well under a few milliseconds. */
 export const LOAD_CHUNK = 2000;
@@ -27,10 +30,14 @@ export interface LoadOutcome {
 export async function loadActivity(redis: RedisClient, a: ActivityDefinition): Promise<LoadOutcome> {
   const k = activityKeys(a.id);
   const total: LoadOutcome = { created: 0, topped: 0, skipped: 0, stockAdded: 0 };
+  const bucketed = a.items.filter((i) => (i.buckets ?? 1) > 1);
+  const bucketStock = bucketed.length > 0 ? await loadBuckets(redis, a, bucketed) : 0;
+  // A bucketed SKU's own hash (activity scope) holds no units: its stock is in its buckets.
+  const items = a.items.map((i): CatalogItem => ((i.buckets ?? 1) > 1 ? { ...i, stock: 0 } : i));
   const chunks = Math.max(1, Math.ceil(a.items.length / LOAD_CHUNK));
   const load = async (c: number): Promise<void> => {
-    const items = a.items.slice(c * LOAD_CHUNK, (c + 1) * LOAD_CHUNK);
-    const keys = [k.meta, k.counters, k.skuIndex, ...items.map((i) => k.sku(i.skuId))];
+    const chunk = items.slice(c * LOAD_CHUNK, (c + 1) * LOAD_CHUNK);
+    const keys = [k.meta, k.counters, k.skuIndex, ...chunk.map((i) => k.sku(i.skuId))];
     const args: (string | number)[] = [
       a.generation,
       a.startAt.getTime(),
@@ -39,7 +46,7 @@ export async function loadActivity(redis: RedisClient, a: ActivityDefinition): P
       a.reopenOnRelease ? '1' : '0',
       c === chunks - 1 ? '1' : '0',
     ];
-    for (const i of items) args.push(i.skuId, i.stock, i.limitPerUser, i.price, i.name);
+    for (const i of chunk) args.push(i.skuId, i.stock, i.limitPerUser, i.price, i.name);
     const r = await runScript(redis, 'loadItems', keys, args);
     total.created += Number(r[1]);
     total.topped += Number(r[2]);
@@ -54,9 +61,68 @@ export async function loadActivity(redis: RedisClient, a: ActivityDefinition): P
   const failed = first.find((r): r is PromiseRejectedResult => r.status === 'rejected');
   if (failed) throw failed.reason;
   await load(chunks - 1);
+  total.stockAdded += bucketStock;
+  forgetBucketLayout(a.id);
   return total;
 }
 
+/**
+ * Loads each bucket of the bucketed SKUs as a scope of its own (loadItems-var.lua on the bucket's
+ * keys: the same generation fence, the bucket's share of the stock, which only grows), copies the
+ * activity's gate into it, then records the layout: the meta field `bucket:<sku>` and the SKU's
+ * activity-scope hash field `buckets` (which makes reserve-8.lua send a stale caller to the
+ * buckets). The layout is written after the buckets, so a caller that sees it finds them loaded.
+ */
+async function loadBuckets(redis: RedisClient, a: ActivityDefinition, items: CatalogItem[]): Promise<number> {
+  const k = activityKeys(a.id);
+  let added = 0;
+  const gate = await redis.hget(k.meta, 'gate');
+  const requireReg = await redis.hget(k.meta, 'requireReg');
+  for (const item of items) {
+    const n = item.buckets!;
+    await Promise.all(
+      Array.from({ length: n }, async (_, i) => {
+        const b = k.bucket(item.skuId, i, n);
+        const r = await runScript(
+          redis,
+          'loadItems',
+          [b.meta, b.counters, b.skuIndex, b.sku(item.skuId)],
+          [
+            a.generation,
+            a.startAt.getTime(),
+            a.endAt.getTime(),
+            a.requireOrderCode ? '1' : '0',
+            a.reopenOnRelease ? '1' : '0',
+            '1',
+            item.skuId,
+            bucketShare(item.stock, i, n),
+            item.limitPerUser,
+            item.price,
+            item.name,
+          ],
+        );
+        added += Number(r[4]);
+        if (gate && gate !== 'pending') await runScript(redis, 'setGate', [b.meta], [gate]);
+        if (requireReg) await redis.hset(b.meta, 'requireReg', requireReg);
+      }),
+    );
+    // Buyers the deny list named before the buckets existed (traffic-policy.ts flags the buckets
+    // of later ones itself).
+    const denied = await redis.smembers(k.denied);
+    await Promise.all(
+      denied.map((u) =>
+        redis.hset(
+          k.bucket(item.skuId, homeBucket(a.id, item.skuId, u, n), n).buyer(u),
+          ELIGIBILITY_FIELDS.denied,
+          '1',
+        ),
+      ),
+    );
+    await redis.hset(k.meta, k.bucketField(item.skuId), String(n));
+    await redis.hset(k.sku(item.skuId), 'buckets', String(n));
+  }
+  return added;
+}
 export interface CacheMeta {
   gate: GateState;
   generation: number;
@@ -99,7 +165,15 @@ export async function claimCacheOwner(
   return { owner: owner ?? uid, loadedBefore: set === 1 && gate !== null && gate !== undefined };
 }
 
+/**
+ * Moves the gate of the activity and of every stock bucket (each bucket's reserve script reads its
+ * own copy). The buckets move first: once `frozen` is answered, no bucket takes a reservation or a
+ * transfer any more (write-back reads the snapshot after it). A repeat after a crash moves the
+ * ones left.
+ */
 export async function setGate(redis: RedisClient, activityId: string, gate: GateState): Promise<GateState> {
+  const layout = await bucketLayout(redis, activityId);
+  await Promise.all(layout.allBuckets().map((b) => runScript(redis, 'setGate', [b.meta], [gate])));
   const r = await runScript(redis, 'setGate', [activityKeys(activityId).meta], [gate]);
   return String(r[1]) as GateState;
 }
@@ -120,8 +194,48 @@ export interface StockFigures {
   reservations: number;
 }
 
+/**
+ * Stock and counters of the activity, every stock bucket included: a bucketed SKU's figures are
+ * the sums over its buckets, plus (as remaining) the units of transfers in flight between them.
+ */
 export async function readStock(redis: RedisClient, activityId: string): Promise<StockFigures> {
-  const k = activityKeys(activityId);
+  const layout = await bucketLayout(redis, activityId);
+  const bySku = new Map<string, SkuStock>();
+  let reserved = 0;
+  let released = 0;
+  let reservations = 0;
+  // One pipeline per scope: a cluster runs a pipeline only within one slot.
+  const scopes = await Promise.all(layout.allScopes().map((k) => readScopeStock(redis, k)));
+  for (const sc of scopes) {
+    for (const s of sc.skus) {
+      const sum = bySku.get(s.skuId) ?? { skuId: s.skuId, initial: 0, remaining: 0 };
+      sum.initial += s.initial;
+      sum.remaining += s.remaining;
+      bySku.set(s.skuId, sum);
+    }
+    reserved += Number(sc.counters.reserved ?? 0);
+    released += Number(sc.counters.released ?? 0);
+    reservations += Number(sc.counters.reservations ?? 0);
+  }
+  for (const sku of layout.counts.keys()) {
+    const sum = bySku.get(sku);
+    if (sum) sum.remaining += await unitsInFlight(redis, layout, sku);
+  }
+  const skus = [...bySku.values()].sort((a, b) => (a.skuId < b.skuId ? -1 : a.skuId > b.skuId ? 1 : 0));
+  return {
+    skus,
+    initial: skus.reduce((n, s) => n + s.initial, 0),
+    remaining: skus.reduce((n, s) => n + s.remaining, 0),
+    reserved,
+    released,
+    reservations,
+  };
+}
+
+async function readScopeStock(
+  redis: RedisClient,
+  k: ScopeKeys,
+): Promise<{ skus: SkuStock[]; counters: Record<string, string> }> {
   const skuIds = (await redis.smembers(k.skuIndex)).sort();
   const pipeline = redis.pipeline();
   for (const s of skuIds) pipeline.hmget(k.sku(s), 'initial', 'stock');
@@ -133,14 +247,7 @@ export async function readStock(redis: RedisClient, activityId: string): Promise
     return { skuId, initial: Number(initial ?? 0), remaining: Number(stock ?? 0) };
   });
   const counters = (replies[skuIds.length]?.[1] as Record<string, string> | undefined) ?? {};
-  return {
-    skus,
-    initial: skus.reduce((n, s) => n + s.initial, 0),
-    remaining: skus.reduce((n, s) => n + s.remaining, 0),
-    reserved: Number(counters.reserved ?? 0),
-    released: Number(counters.released ?? 0),
-    reservations: Number(counters.reservations ?? 0),
-  };
+  return { skus, counters };
 }
 
 export interface OutboxFigures {
@@ -154,14 +261,28 @@ export async function readOutbox(
   activityId: string,
   nowMs = Date.now(),
 ): Promise<OutboxFigures> {
-  const k = activityKeys(activityId);
-  const [len, first] = await Promise.all([
-    redis.xlen(k.outbox),
-    redis.xrange(k.outbox, '-', '+', 'COUNT', 1),
-  ]);
-  const firstId = first[0]?.[0];
-  const oldestMs = firstId ? Number(firstId.split('-')[0]) : nowMs;
-  return { halfMessages: len, oldestAgeSeconds: Math.max(0, (nowMs - oldestMs) / 1000) };
+  const layout = await bucketLayout(redis, activityId);
+  // Every outbox: the activity's and each stock bucket's.
+  const figures = await Promise.all(
+    layout.allScopes().map(async (k) => {
+      const [len, first] = await Promise.all([
+        redis.xlen(k.outbox),
+        redis.xrange(k.outbox, '-', '+', 'COUNT', 1),
+      ]);
+      const firstId = first[0]?.[0];
+      return { len, oldestMs: firstId ? Number(firstId.split('-')[0]) : nowMs };
+    }),
+  );
+  const oldestMs = Math.min(nowMs, ...figures.map((f) => f.oldestMs));
+  return {
+    halfMessages: figures.reduce((n, f) => n + f.len, 0),
+    oldestAgeSeconds: Math.max(0, (nowMs - oldestMs) / 1000),
+  };
+}
+
+/** The outbox streams of the activity: its own and one per stock bucket (the relay reads all). */
+export async function outboxStreams(redis: RedisClient, activityId: string): Promise<string[]> {
+  return (await bucketLayout(redis, activityId, { refresh: true })).allScopes().map((k) => k.outbox);
 }
 
 /** Writes buyers' results and confirms the reservations in the ledger (after the DB commit). */
@@ -172,19 +293,34 @@ export async function recordResults(
 ): Promise<void> {
   if (results.length === 0) return;
   const k = activityKeys(activityId);
+  const layout = await bucketLayout(redis, activityId);
   const flat: string[] = [];
   for (const r of results) flat.push(r.reservationId, JSON.stringify({ ...r.result, userId: r.userId }));
-  await redis
-    .multi()
-    .hset(k.results, ...flat)
-    .zrem(k.ledger, ...results.map((r) => r.reservationId))
-    .exec();
+  // Results first, then each scope's ledger (one slot per command on a cluster): a crash between
+  // them leaves a ledger entry that the next confirmation (or the gap job) removes.
+  const byLedger = new Map<string, string[]>();
+  for (const r of results) {
+    const scope = r.skuId === undefined ? k : layout.scopeFor(r.skuId, r.userId);
+    byLedger.set(scope.ledger, [...(byLedger.get(scope.ledger) ?? []), r.reservationId]);
+  }
+  if (byLedger.size === 1 && byLedger.has(k.ledger)) {
+    await redis
+      .multi()
+      .hset(k.results, ...flat)
+      .zrem(k.ledger, ...results.map((r) => r.reservationId))
+      .exec();
+    return;
+  }
+  await redis.hset(k.results, ...flat);
+  await Promise.all([...byLedger].map(([ledger, ids]) => redis.zrem(ledger, ...ids)));
 }
 
 /** A buyer's result with its owner, so lookups stay owner-checked after cleanup. */
 export interface StoredResult {
   reservationId: string;
   userId: string;
+  /** The reservation's SKU (which scope's ledger confirms it); absent: the activity's own. */
+  skuId?: string | undefined;
   result: ReservationResult;
 }
 
@@ -200,24 +336,29 @@ export async function readResult(
 }
 
 /** Reservations older than `olderThanMs` that are not yet confirmed as orders. */
+/** Reservations not yet confirmed as orders, from every scope's ledger, with their scope. */
 export async function unconfirmedReservations(
   redis: RedisClient,
   activityId: string,
   olderThanMs: number,
   limit = 1000,
-): Promise<{ reservationId: string; reservedAt: number }[]> {
-  const flat = await redis.zrangebyscore(
-    activityKeys(activityId).ledger,
-    '-inf',
-    `(${olderThanMs}`,
-    'WITHSCORES',
-    'LIMIT',
-    0,
-    limit,
-  );
-  const out: { reservationId: string; reservedAt: number }[] = [];
-  for (let i = 0; i + 1 < flat.length; i += 2)
-    out.push({ reservationId: flat[i]!, reservedAt: Number(flat[i + 1]) });
+): Promise<{ reservationId: string; reservedAt: number; scope: ScopeKeys }[]> {
+  const layout = await bucketLayout(redis, activityId);
+  const out: { reservationId: string; reservedAt: number; scope: ScopeKeys }[] = [];
+  for (const scope of layout.allScopes()) {
+    if (out.length >= limit) break;
+    const flat = await redis.zrangebyscore(
+      scope.ledger,
+      '-inf',
+      `(${olderThanMs}`,
+      'WITHSCORES',
+      'LIMIT',
+      0,
+      limit - out.length,
+    );
+    for (let i = 0; i + 1 < flat.length; i += 2)
+      out.push({ reservationId: flat[i]!, reservedAt: Number(flat[i + 1]), scope });
+  }
   return out;
 }
 
@@ -226,7 +367,11 @@ export async function countUnconfirmed(
   activityId: string,
   olderThanMs: number,
 ): Promise<number> {
-  return redis.zcount(activityKeys(activityId).ledger, '-inf', `(${olderThanMs}`);
+  const layout = await bucketLayout(redis, activityId);
+  const counts = await Promise.all(
+    layout.allScopes().map((k) => redis.zcount(k.ledger, '-inf', `(${olderThanMs}`)),
+  );
+  return counts.reduce((n, c) => n + c, 0);
 }
 
 /** Issues a one-time order code bound to buyer, sku and activity. */
@@ -242,7 +387,8 @@ export async function issueOrderCode(
   ttlSeconds: number,
   maxPerBuyerPerSku = 0,
 ): Promise<string> {
-  const k = activityKeys(activityId);
+  // The code lives in the scope the buyer's reservation of this SKU will be made in.
+  const k = (await bucketLayout(redis, activityId)).scopeFor(skuId, userId);
   const code = randomBytes(16).toString('base64url');
   await runScript(
     redis,
@@ -262,10 +408,6 @@ export interface CleanupOutcome {
   retained: number;
 }
 
-function isCluster(redis: RedisClient): redis is Cluster {
-  return typeof (redis as Cluster).nodes === 'function' && 'slots' in redis;
-}
-
 /**
  * Stateful cleanup: deletes this activity's keys only (SCAN over its own prefix, never KEYS or a
  * global pattern) and keeps the buyers' results for `retentionSeconds`. Refuses while half
@@ -279,7 +421,10 @@ export async function cleanupActivity(
 ): Promise<CleanupOutcome> {
   const k = activityKeys(activityId);
   if (!opts.force) {
-    const [outbox, ledger] = await Promise.all([redis.xlen(k.outbox), redis.zcard(k.ledger)]);
+    const [{ halfMessages: outbox }, ledger] = await Promise.all([
+      readOutbox(redis, activityId),
+      countUnconfirmed(redis, activityId, Number.MAX_SAFE_INTEGER),
+    ]);
     if (outbox > 0 || ledger > 0) {
       throw new FlashSaleError(
         'UNAVAILABLE',
@@ -287,18 +432,26 @@ export async function cleanupActivity(
       );
     }
   }
-  const nodes: Redis[] = isCluster(redis) ? redis.nodes('master') : [redis as Redis];
   let deleted = 0;
   let retained = 0;
-  for (const node of nodes) {
-    let cursor = '0';
-    do {
-      const [next, keys] = await node.scan(cursor, 'MATCH', k.scanPattern, 'COUNT', 500);
-      cursor = next;
-      const doomed = keys.filter((key) => key !== k.results);
-      if (doomed.length > 0) deleted += await node.unlink(...doomed);
-    } while (cursor !== '0');
+  // SCAN runs per primary on a cluster; the buckets' keys (their own hash tags) are matched by
+  // their own prefix. The activity's meta (with the bucket layout) goes last, so a cleanup killed
+  // half-way still finds the buckets when it runs again.
+  for (const pattern of [k.bucketScanPattern, k.scanPattern]) {
+    for (const node of primariesOf(redis)) {
+      let cursor = '0';
+      do {
+        const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', 500);
+        cursor = next;
+        const doomed = keys.filter((key) => key !== k.results && key !== k.meta);
+        // On a cluster keys of different slots cannot share a command: one UNLINK per key there.
+        if (doomed.length > 0 && !isCluster(redis)) deleted += await node.unlink(...doomed);
+        else for (const key of doomed) deleted += await node.unlink(key);
+      } while (cursor !== '0');
+    }
   }
+  deleted += await redis.unlink(k.meta);
+  forgetBucketLayout(activityId);
   if ((await redis.exists(k.results)) === 1) {
     await redis.expire(k.results, Math.max(1, retentionSeconds));
     retained = 1;

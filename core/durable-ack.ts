@@ -12,14 +12,15 @@
  * reservation or SOLD_OUT if a failover lost it). No 202 is ever given for a reservation that a
  * failover can lose.
  */
-import type { Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import { FlashSaleError } from './errors.js';
 import { activityKeys } from './keys.js';
+import type { ScopeKeys } from './keys.js';
 
 export interface ReservationAck {
   readonly mode: 'replica' | 'local';
   /** Resolves once the reservation is as durable as configured; throws NOT_REPLICATED if not. */
-  confirm(activityId: string, reservationId: string, replayed: boolean): Promise<void>;
+  confirm(activityId: string, reservationId: string, replayed: boolean, scope?: ScopeKeys): Promise<void>;
 }
 
 export const localAck: ReservationAck = {
@@ -63,6 +64,42 @@ export class ReplicaAck implements ReservationAck {
     this.queued = q;
     this.running = q.catch(() => undefined);
     return q;
+  }
+}
+
+/**
+ * The same guarantee on a Redis Cluster: WAIT covers the writes of the connection it runs on, and
+ * a cluster client has one connection per node, so the WAIT must reach the node of the
+ * reservation's scope. A pipeline goes to the node of its keys: a write to the scope's probe key
+ * and the WAIT behind it, on that node's connection (after the script's write, and after any
+ * other process' write of a replayed reservation).
+ */
+export class ClusterReplicaAck implements ReservationAck {
+  readonly mode = 'replica' as const;
+
+  constructor(
+    private readonly redis: Cluster,
+    private readonly replicas: number,
+    private readonly timeoutMs: number,
+  ) {}
+
+  async confirm(
+    activityId: string,
+    reservationId: string,
+    _replayed: boolean,
+    scope?: ScopeKeys,
+  ): Promise<void> {
+    const probe = (scope ?? activityKeys(activityId)).ackProbe;
+    const replies = await this.redis.pipeline().incr(probe).wait(this.replicas, this.timeoutMs).exec();
+    const [err, acked] = replies?.[1] ?? [new Error('no reply to WAIT'), 0];
+    if (err) throw err;
+    if (Number(acked) < this.replicas) {
+      throw new FlashSaleError(
+        'NOT_REPLICATED',
+        `the reservation reached ${Number(acked)} of ${this.replicas} replica(s) within ${this.timeoutMs} ms; retry with the same requestId`,
+        { reservationId },
+      );
+    }
   }
 }
 

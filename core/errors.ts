@@ -58,6 +58,7 @@ export const ErrorCodes = {
   REGISTRATION_CLOSED: { status: 409, title: 'Registration for this sale is closed' },
   REGISTRATION_DISABLED: { status: 409, title: 'This activity does not use pre-registration' },
   ORDER_CODE_LIMIT: { status: 409, title: 'Order-code limit per buyer and sku reached' },
+  BUCKETED: { status: 503, title: "The SKU's stock is split into buckets; retry" },
   NOT_WRITTEN_BACK: {
     status: 503,
     title: 'The cache is frozen but the stock is not written back yet; retry',
@@ -104,6 +105,7 @@ export const ScriptErrorCodes: Readonly<Record<number, ErrorCode>> = {
   [-17]: 'STOCK_DECREASE',
   [-18]: 'STALE_GENERATION',
   [-19]: 'CANCEL_MARKER_LIMIT',
+  [-20]: 'BUCKETED',
   // Eligibility (reserve-8.lua's eligibility block, issueOrderCode-3.lua): numbered apart from the
   // codes above so other scripts can grow without renumbering these.
   [-40]: 'BUYER_DENIED',

@@ -2,8 +2,18 @@
  * The one place that composes Redis keys and channel names. Every key of an activity carries the
  * hash tag `{<activityId>}` so all of them live in one Redis Cluster slot and every script that
  * touches them stays atomic. Nothing else in the code base concatenates key strings.
+ *
+ * A hot SKU's stock can be split into buckets (ARCHITECTURE.md "Stock buckets"): each bucket is a
+ * reservation scope of its own, with the same key names as the activity's reservation keys under
+ * its own hash tag `{<activityId>/<skuId>/<tag>}`, so buckets spread over the cluster's slots.
+ * A reservation of a bucketed SKU lives entirely in its buyer's home bucket (`homeBucket`).
  */
+import { createHash } from 'node:crypto';
+import calculateSlot from 'cluster-key-slot';
+
 const PREFIX = 'fs';
+/** Redis Cluster's hash slots. */
+const SLOTS = 16384;
 
 /** Activity and SKU ids become parts of keys: keep them to a safe alphabet. */
 const SAFE_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
@@ -17,17 +27,21 @@ function assertSafe(kind: string, id: string): string {
   return id;
 }
 
-export class ActivityKeys {
+/**
+ * The keys one reserve script call touches: the activity's own (`ActivityKeys`), or one stock
+ * bucket's (`BucketKeys`). Every key of a scope shares its hash tag (one slot).
+ */
+export class ScopeKeys {
   readonly activityId: string;
-  /** Prefix shared by every key of this activity; cleanup scans exactly this prefix. */
+  /** Prefix shared by every key of this scope. */
   readonly prefix: string;
 
-  constructor(activityId: string) {
+  protected constructor(activityId: string, tag: string) {
     this.activityId = assertSafe('activity id', activityId);
-    this.prefix = `${PREFIX}:{${activityId}}:`;
+    this.prefix = `${PREFIX}:{${tag}}:`;
   }
 
-  /** Hash: gate, load generation, sale window, policies. */
+  /** Hash: gate, load generation, sale window, policies (a bucket's: a copy of the activity's). */
   get meta(): string {
     return `${this.prefix}meta`;
   }
@@ -74,6 +88,21 @@ export class ActivityKeys {
   get ackProbe(): string {
     return `${this.prefix}ackprobe`;
   }
+  /** Placeholder in the same slot for scripts whose optional key is absent. */
+  get none(): string {
+    return `${this.prefix}none`;
+  }
+  /** Hash (bucket scopes): `out:<transferId>` / `in:<transferId>` records of stock transfers. */
+  get transfers(): string {
+    return `${this.prefix}xfer`;
+  }
+}
+
+export class ActivityKeys extends ScopeKeys {
+  constructor(activityId: string) {
+    super(activityId, activityId);
+  }
+
   /** String: the activity's traffic policy (JSON, core/traffic-policy.ts), written by the operator. */
   get policy(): string {
     return `${this.prefix}policy`;
@@ -89,20 +118,90 @@ export class ActivityKeys {
   rateLimitPrefix(kind: 'buyer' | 'address'): string {
     return `${this.prefix}rl:${kind}`;
   }
-  /** Placeholder in the same slot for scripts whose optional key is absent. */
-  get none(): string {
-    return `${this.prefix}none`;
-  }
-  /** SCAN pattern covering every key of this activity and nothing else. */
+  /** SCAN pattern covering every key of this activity's own slot and nothing else. */
   get scanPattern(): string {
     // `{`, `}` and the id's characters are not glob metacharacters except `[`/`*`/`?`, which
     // SAFE_ID excludes, so the prefix matches literally.
     return `${this.prefix}*`;
   }
+  /**
+   * SCAN pattern covering every key of every stock bucket of this activity and nothing else: `/`
+   * cannot occur in an activity id, so `fs:{<id>/` is no other activity's prefix.
+   */
+  get bucketScanPattern(): string {
+    return `${PREFIX}:{${this.activityId}/*`;
+  }
+  /** Meta hash field holding a bucketed SKU's bucket count (the activity's bucket layout). */
+  bucketField(skuId: string): string {
+    return `bucket:${assertSafe('sku id', skuId)}`;
+  }
+  /** The SKU id of a meta field written by `bucketField`, or undefined. */
+  static skuOfBucketField(field: string): string | undefined {
+    return field.startsWith('bucket:') ? field.slice('bucket:'.length) : undefined;
+  }
+  /** Bucket `index` (0-based) of `skuId` split into `count` buckets. */
+  bucket(skuId: string, index: number, count: number): BucketKeys {
+    return new BucketKeys(this.activityId, skuId, index, count);
+  }
   /** Pub/sub channel announcing that stock of a SKU came back (resets sold-out flags). */
   get restockChannel(): string {
     return `${this.prefix}restock`;
   }
+}
+
+/**
+ * One stock bucket of a hot SKU: a reservation scope under its own hash tag. The tag's suffix is
+ * chosen (deterministically) so that bucket i of n hashes into the middle of the i-th n-th of the
+ * slot space: a cluster whose primaries own contiguous, equal slot ranges (what `redis-cli
+ * --cluster create` and most operators produce) gets the buckets spread evenly over its primaries.
+ */
+export class BucketKeys extends ScopeKeys {
+  readonly skuId: string;
+  readonly index: number;
+
+  constructor(activityId: string, skuId: string, index: number, count: number) {
+    super(
+      activityId,
+      bucketTag(assertSafe('activity id', activityId), assertSafe('sku id', skuId), index, count),
+    );
+    this.skuId = skuId;
+    this.index = index;
+  }
+}
+
+const tagCache = new Map<string, string>();
+
+function bucketTag(activityId: string, skuId: string, index: number, count: number): string {
+  if (!Number.isInteger(count) || count < 1 || !Number.isInteger(index) || index < 0 || index >= count) {
+    throw new Error(`bucket ${index} of ${count} is not a bucket`);
+  }
+  const id = `${activityId}/${skuId}/${index}/${count}`;
+  const known = tagCache.get(id);
+  if (known) return known;
+  const width = SLOTS / count;
+  const lo = Math.floor((index + 0.25) * width);
+  const hi = Math.max(lo + 1, Math.floor((index + 0.75) * width));
+  let tag = `${activityId}/${skuId}/${index}`;
+  for (let salt = 0; salt < 100_000; salt += 1) {
+    const candidate = `${activityId}/${skuId}/${index}.${salt}`;
+    const slot = calculateSlot(candidate);
+    if (slot >= lo && slot < hi) {
+      tag = candidate;
+      break;
+    }
+  }
+  tagCache.set(id, tag);
+  return tag;
+}
+
+/**
+ * A buyer's home bucket of a SKU split into `count` buckets: every reservation of that buyer and
+ * SKU lives there, so the per-buyer limit is checked in the same script as the decrement.
+ */
+export function homeBucket(activityId: string, skuId: string, userId: string, count: number): number {
+  if (count <= 1) return 0;
+  const h = createHash('sha256').update(`${activityId}\n${skuId}\n${userId}`).digest();
+  return h.readUInt32BE(0) % count;
 }
 
 export function activityKeys(activityId: string): ActivityKeys {

@@ -26,21 +26,31 @@ export async function readLoadedDefinition(
   if (!meta.gate) return undefined;
   const skuIds = (await redis.smembers(k.skuIndex)).sort();
   const pipeline = redis.pipeline();
-  for (const s of skuIds) pipeline.hmget(k.sku(s), 'initial', 'limit', 'price', 'name');
+  for (const s of skuIds) pipeline.hmget(k.sku(s), 'initial', 'limit', 'price', 'name', 'buckets');
   const replies = (await pipeline.exec()) ?? [];
   const items: CatalogItem[] = [];
-  skuIds.forEach((skuId, i) => {
-    const [initial, limit, price, name] = ((replies[i]?.[1] as (string | null)[] | undefined) ?? []).map(
-      (v) => v ?? '',
-    );
+  for (const [i, skuId] of skuIds.entries()) {
+    const [initial, limit, price, name, buckets] = (
+      (replies[i]?.[1] as (string | null)[] | undefined) ?? []
+    ).map((v) => v ?? '');
+    const n = Number(buckets || 1);
+    // A bucketed SKU's units were loaded into its buckets: its initial stock is their sum.
+    let stock = Number(initial ?? 0);
+    if (n > 1) {
+      const shares = await Promise.all(
+        Array.from({ length: n }, (_, b) => redis.hget(k.bucket(skuId, b, n).sku(skuId), 'initial')),
+      );
+      stock = shares.reduce((sum, v) => sum + Number(v ?? 0), 0);
+    }
     items.push({
       skuId,
       name: name ?? '',
       price: price ?? '',
-      stock: Number(initial ?? 0),
+      stock,
       limitPerUser: Number(limit ?? 0),
+      ...(n > 1 ? { buckets: n } : {}),
     });
-  });
+  }
   return {
     generation: Number(meta.gen ?? 0),
     loads: Number(meta.loads ?? 0),

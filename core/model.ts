@@ -10,6 +10,11 @@ export interface CatalogItem {
   /** Initial stock of this SKU (grows only). */
   stock: number;
   limitPerUser: number;
+  /**
+   * Stock buckets of a hot SKU (ARCHITECTURE.md "Stock buckets"): 2 or more splits its stock over
+   * that many reservation scopes; absent or 1 keeps it in the activity's own scope.
+   */
+  buckets?: number | undefined;
 }
 
 /** What the cache needs to know of an activity; built by the operator from the custom resource. */

@@ -203,7 +203,10 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
     let toPostgres = 0;
     for (const o of frozen) {
       try {
-        const rsv = await readReservation(deps.redis, activityId, o.reservationId);
+        const rsv = await readReservation(deps.redis, activityId, o.reservationId, {
+          userId: o.userId,
+          skuId: o.skuId,
+        });
         if (rsv && (rsv.state === 'RELEASED' || rsv.state === 'CANCELLED')) {
           // Released before the freeze: already part of the write-back snapshot's remaining stock.
           summary.redis += await settle(deps, [o], 'redis');
@@ -357,7 +360,7 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
   const reservationId = cancelTargetId(input);
   for (let attempt = 0; attempt < 5; attempt += 1) {
     const [rsv, order] = await Promise.all([
-      readReservation(deps.redis, activityId, reservationId),
+      readReservation(deps.redis, activityId, reservationId, { userId }),
       findLifecycleByReservationId(deps.pool, reservationId),
     ]);
     if (

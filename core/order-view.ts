@@ -91,7 +91,7 @@ export async function lookupOrder(deps: ViewDeps, input: LookupInput): Promise<B
   }
   const [stored, rsv] = await Promise.all([
     readResult(deps.redis, activityId, reservationId),
-    readReservation(deps.redis, activityId, reservationId),
+    readReservation(deps.redis, activityId, reservationId, { userId }),
   ]);
   if (rsv && rsv.userId !== userId) throw new FlashSaleError('UNKNOWN_RESERVATION');
   if (stored && stored.userId === userId && stored.result.status === 'FAILED') {

@@ -5,9 +5,18 @@
  * `REDIS_URL` when given). Through Sentinel, ioredis asks the sentinels for the primary on every
  * (re)connect, checks that the node it reached is a primary, and follows `+switch-master` at once
  * (failoverDetector), so after a failover every client writes to the promoted replica.
+ *
+ * A Redis Cluster (`REDIS_CLUSTER_NODES`, a few of its nodes as seeds) gets an ioredis `Cluster`:
+ * it routes every command by its keys' slot, follows MOVED/ASK and re-reads the slot map after a
+ * failover. Scripts defined with `defineCommand` run as EVALSHA on the node of their keys and
+ * fall back to EVAL on NOSCRIPT per node, so nothing is preloaded. What a cluster changes for the
+ * callers: a pipeline or MULTI must keep to one slot (one scope of keys.ts), SCAN runs per
+ * primary (`redis.nodes('master')`), and pub/sub works unchanged (PUBLISH reaches every node).
  */
-import { Redis } from 'ioredis';
-import type { RedisOptions } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
+import type { ClusterOptions, RedisOptions } from 'ioredis';
+import { keyCountFirstCommands } from './scripts.js';
+import type { RedisClient } from './scripts.js';
 import { z } from 'zod';
 
 export interface SentinelAddress {
@@ -22,6 +31,8 @@ export interface RedisConnection {
   /** The master name the sentinels monitor. */
   sentinelMaster?: string | undefined;
   sentinelPassword?: string | undefined;
+  /** Seed nodes of a Redis Cluster; with them only user, password and TLS come from `url`. */
+  clusterNodes?: SentinelAddress[] | undefined;
 }
 
 /** `host:port,host:port` -> addresses; throws on a malformed entry. */
@@ -37,11 +48,10 @@ export function parseSentinels(list: readonly string[]): SentinelAddress[] {
 
 /**
  * The Redis variables every program reads (zod shape, merged into the program's schema):
- * REDIS_URL, REDIS_SENTINELS, REDIS_SENTINEL_MASTER, REDIS_SENTINEL_PASSWORD.
+ * REDIS_URL, REDIS_SENTINELS, REDIS_SENTINEL_MASTER, REDIS_SENTINEL_PASSWORD, REDIS_CLUSTER_NODES.
  */
-export const redisEnvShape = {
-  REDIS_URL: z.string().url().optional(),
-  REDIS_SENTINELS: z
+const addressList = () =>
+  z
     .string()
     .default('')
     .transform((v, ctx) => {
@@ -55,7 +65,12 @@ export const redisEnvShape = {
         ctx.addIssue({ code: z.ZodIssueCode.custom, message: (err as Error).message });
         return z.NEVER;
       }
-    }),
+    });
+
+export const redisEnvShape = {
+  REDIS_URL: z.string().url().optional(),
+  REDIS_SENTINELS: addressList(),
+  REDIS_CLUSTER_NODES: addressList(),
   REDIS_SENTINEL_MASTER: z.string().min(1).optional(),
   REDIS_SENTINEL_PASSWORD: z.string().min(1).optional(),
 };
@@ -63,19 +78,30 @@ export const redisEnvShape = {
 interface RedisEnv {
   REDIS_URL?: string | undefined;
   REDIS_SENTINELS: SentinelAddress[];
+  REDIS_CLUSTER_NODES?: SentinelAddress[] | undefined;
   REDIS_SENTINEL_MASTER?: string | undefined;
   REDIS_SENTINEL_PASSWORD?: string | undefined;
 }
 
-/** The cross-field rule: a URL or sentinels, and a master name with the sentinels. */
+/** The cross-field rule: a URL, sentinels or cluster nodes; a master name with the sentinels. */
 export function redisEnvIssue(c: RedisEnv): { path: string; message: string } | undefined {
+  if ((c.REDIS_CLUSTER_NODES?.length ?? 0) > 0) {
+    if (c.REDIS_SENTINELS.length > 0) {
+      return {
+        path: 'REDIS_CLUSTER_NODES',
+        message: 'REDIS_SENTINELS and REDIS_CLUSTER_NODES exclude each other',
+      };
+    }
+    return undefined;
+  }
   if (c.REDIS_SENTINELS.length > 0) {
     if (!c.REDIS_SENTINEL_MASTER) {
       return { path: 'REDIS_SENTINEL_MASTER', message: 'required with REDIS_SENTINELS' };
     }
     return undefined;
   }
-  if (!c.REDIS_URL) return { path: 'REDIS_URL', message: 'required (or REDIS_SENTINELS)' };
+  if (!c.REDIS_URL)
+    return { path: 'REDIS_URL', message: 'required (or REDIS_SENTINELS or REDIS_CLUSTER_NODES)' };
   return undefined;
 }
 
@@ -85,7 +111,22 @@ export function redisConnectionOf(c: RedisEnv): RedisConnection {
     sentinels: c.REDIS_SENTINELS,
     sentinelMaster: c.REDIS_SENTINEL_MASTER,
     sentinelPassword: c.REDIS_SENTINEL_PASSWORD,
+    clusterNodes: c.REDIS_CLUSTER_NODES,
   };
+}
+
+export function usesCluster(conn: RedisConnection): boolean {
+  return (conn.clusterNodes?.length ?? 0) > 0;
+}
+
+/** Whether a client is an ioredis Cluster (SCAN per node, pipelines per slot). */
+export function isCluster(redis: RedisClient): redis is Cluster {
+  return redis instanceof Cluster;
+}
+
+/** The primaries to run a keyless per-node command on (SCAN): every primary of a cluster. */
+export function primariesOf(redis: RedisClient): Redis[] {
+  return isCluster(redis) ? redis.nodes('master') : [redis];
 }
 
 export function usesSentinel(conn: RedisConnection): boolean {
@@ -94,6 +135,7 @@ export function usesSentinel(conn: RedisConnection): boolean {
 
 /** What to log about a connection (never a password). */
 export function describeRedis(conn: RedisConnection): string {
+  if (usesCluster(conn)) return `cluster ${conn.clusterNodes!.map((s) => `${s.host}:${s.port}`).join(',')}`;
   if (usesSentinel(conn)) {
     return `sentinel ${conn.sentinelMaster ?? ''}@${conn.sentinels!.map((s) => `${s.host}:${s.port}`).join(',')}`;
   }
@@ -105,8 +147,18 @@ export function describeRedis(conn: RedisConnection): string {
   }
 }
 
-/** A new client for the connection, with the caller's options (pipelining, retries, ...). */
-export function createRedis(conn: RedisConnection, options: RedisOptions = {}): Redis {
+/**
+ * A new client for the connection, with the caller's options (pipelining, retries, ...): a
+ * `Redis` for one node or Sentinel, a `Cluster` for a Redis Cluster.
+ */
+export function createRedis(conn: RedisConnection, options: RedisOptions = {}): RedisClient {
+  if (usesCluster(conn)) return createCluster(conn, options);
+  return createNodeRedis(conn, options);
+}
+
+/** A client of one node (or of the primary Sentinel names); never a cluster. */
+export function createNodeRedis(conn: RedisConnection, options: RedisOptions = {}): Redis {
+  if (usesCluster(conn)) throw new Error('a Redis Cluster connection needs createRedis()');
   if (usesSentinel(conn)) {
     const u = conn.url ? new URL(conn.url) : undefined;
     return new Redis({
@@ -123,4 +175,53 @@ export function createRedis(conn: RedisConnection, options: RedisOptions = {}): 
   }
   if (!conn.url) throw new Error('no Redis URL and no sentinels');
   return new Redis(conn.url, options);
+}
+
+function createCluster(conn: RedisConnection, options: RedisOptions): Cluster {
+  const u = conn.url ? new URL(conn.url) : undefined;
+  const { enableAutoPipelining, lazyConnect, ...nodeOptions } = options;
+  const clusterOptions: ClusterOptions = {
+    // Writes and reads go to primaries: a replica's copy may lag behind a reservation.
+    scaleReads: 'master',
+    ...(enableAutoPipelining !== undefined ? { enableAutoPipelining } : {}),
+    ...(enableAutoPipelining ? { autoPipeliningIgnoredCommands: keyCountFirstCommands() } : {}),
+    ...(lazyConnect !== undefined ? { lazyConnect } : {}),
+    // After a primary dies its slots are unserved until a replica is promoted (a few seconds):
+    // commands wait and retry meanwhile instead of failing at once.
+    retryDelayOnClusterDown: 200,
+    retryDelayOnFailover: 200,
+    retryDelayOnTryAgain: 100,
+    slotsRefreshTimeout: 2000,
+    redisOptions: {
+      ...(u?.username ? { username: decodeURIComponent(u.username) } : {}),
+      ...(u?.password ? { password: decodeURIComponent(u.password) } : {}),
+      ...(u?.protocol === 'rediss:' ? { tls: {} } : {}),
+      ...nodeOptions,
+    },
+  };
+  return new Cluster(
+    conn.clusterNodes!.map((n) => ({ host: n.host, port: n.port })),
+    clusterOptions,
+  );
+}
+
+/**
+ * XGROUP CREATE (BUSYGROUP ignored). ioredis does not know XGROUP's key position, so on a cluster
+ * it would go to a random node (and an auto-pipelined MOVED is not followed): it is sent in a
+ * pipeline behind a keyed command on the stream, which routes the pipeline to the stream's node.
+ */
+export async function createStreamGroup(
+  redis: RedisClient,
+  stream: string,
+  group: string,
+  opts: { mkstream: boolean },
+): Promise<void> {
+  const args: string[] = ['CREATE', stream, group, '0', ...(opts.mkstream ? ['MKSTREAM'] : [])];
+  const replies = await redis
+    .pipeline()
+    .exists(stream)
+    .call('XGROUP', ...args)
+    .exec();
+  const err = replies?.[1]?.[0];
+  if (err && !/BUSYGROUP/.test(err.message)) throw err;
 }

@@ -3,7 +3,10 @@
  * the scripts hold the rules, this module only supplies keys and arguments.
  */
 import { createHash } from 'node:crypto';
-import { activityKeys } from './keys.js';
+import { bucketLayout, completeTransfers, refillBucket, unitsLeft } from './buckets.js';
+import { FlashSaleError } from './errors.js';
+import { activityKeys, BucketKeys } from './keys.js';
+import type { ScopeKeys } from './keys.js';
 import { reservationRecordOf } from './order-message.js';
 import type { ReservationRecord, ReservationState } from './order-message.js';
 import type { RedisClient } from './scripts.js';
@@ -31,12 +34,43 @@ export interface ReserveInput {
   orderCode?: string | undefined;
 }
 
-export type ReserveOutcome =
+export type ReserveOutcome = (
   | { kind: 'reserved'; reservationId: string; stockLeft: number }
-  | { kind: 'replayed'; reservationId: string; state: ReservationState };
+  | { kind: 'replayed'; reservationId: string; state: ReservationState }
+) & {
+  /** The scope (activity or stock bucket) the reservation lives in: its node for a replica wait. */
+  scope: ScopeKeys;
+};
 
+/**
+ * Reserves in the buyer's scope: the activity's, or the buyer's home bucket of a bucketed SKU.
+ * A home bucket out of units is refilled from the other buckets (crash-safe transfers,
+ * core/buckets.ts) and the reservation tried again, so SOLD_OUT means every bucket is empty.
+ */
 export async function reserve(redis: RedisClient, input: ReserveInput): Promise<ReserveOutcome> {
-  const k = activityKeys(input.activityId);
+  let layout = await bucketLayout(redis, input.activityId);
+  for (let attempt = 0; ; attempt += 1) {
+    const scope = layout.scopeFor(input.skuId, input.userId);
+    try {
+      return await reserveIn(redis, scope, input);
+    } catch (err) {
+      if (!(err instanceof FlashSaleError) || attempt >= 200) throw err;
+      if (err.code === 'BUCKETED') {
+        // A SKU bucketed by a load this process has not seen: read the layout again.
+        layout = await bucketLayout(redis, input.activityId, { refresh: true });
+        continue;
+      }
+      if (err.code !== 'SOLD_OUT' || !(scope instanceof BucketKeys)) throw err;
+      let moved = await refillBucket(redis, layout, input.skuId, scope, input.quantity);
+      // Units stranded by a transfer whose process died half-way count too.
+      if (moved === 0) moved = await completeTransfers(redis, layout, input.skuId);
+      // Every donor was emptied by other refills meanwhile: sold out only if no bucket has a unit.
+      if (moved === 0 && (await unitsLeft(redis, layout, input.skuId)) < input.quantity) throw err;
+    }
+  }
+}
+
+async function reserveIn(redis: RedisClient, k: ScopeKeys, input: ReserveInput): Promise<ReserveOutcome> {
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
   const reply = await runScript(
     redis,
@@ -62,8 +96,8 @@ export async function reserve(redis: RedisClient, input: ReserveInput): Promise<
       input.activityId,
     ],
   );
-  if (reply[0] === 1) return { kind: 'reserved', reservationId: rid, stockLeft: Number(reply[2]) };
-  return { kind: 'replayed', reservationId: rid, state: String(reply[2]) as ReservationState };
+  if (reply[0] === 1) return { kind: 'reserved', reservationId: rid, stockLeft: Number(reply[2]), scope: k };
+  return { kind: 'replayed', reservationId: rid, state: String(reply[2]) as ReservationState, scope: k };
 }
 
 export interface ReleaseInput {
@@ -77,7 +111,7 @@ export interface ReleaseInput {
 export type ReleaseOutcome = { kind: 'released'; stockAfter: number } | { kind: 'already-released' };
 
 export async function release(redis: RedisClient, input: ReleaseInput): Promise<ReleaseOutcome> {
-  const k = activityKeys(input.activityId);
+  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
   const reply = await runScript(
     redis,
     'release',
@@ -89,7 +123,13 @@ export async function release(redis: RedisClient, input: ReleaseInput): Promise<
       k.ledger,
       k.counters,
     ],
-    [input.reservationId, input.userId, input.skuId, input.reason, k.restockChannel],
+    [
+      input.reservationId,
+      input.userId,
+      input.skuId,
+      input.reason,
+      activityKeys(input.activityId).restockChannel,
+    ],
   );
   if (reply[0] === 1) return { kind: 'released', stockAfter: Number(reply[1]) };
   return { kind: 'already-released' };
@@ -120,25 +160,49 @@ export async function cancelBeforeReserve(
   input: { activityId: string; userId: string; requestId: string; reason: string },
   policy: CancelMarkerPolicy = DEFAULT_CANCEL_MARKER_POLICY,
 ): Promise<CancelMarkerOutcome> {
-  const k = activityKeys(input.activityId);
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
-  const reply = await runScript(
-    redis,
-    'cancelBeforeReserve',
-    [k.meta, k.reservation(rid), k.buyer(input.userId)],
-    [input.userId, input.reason, Math.max(1, policy.graceSeconds), Math.max(0, policy.maxPerBuyer)],
-  );
-  if (reply[0] === 1) return { kind: 'marked', ttlSeconds: Number(reply[1]) };
-  if (reply[0] === 2) return { kind: 'exists', state: String(reply[1]) as ReservationState };
-  return { kind: 'sale-over' };
+  // The submission's SKU is not known: its reservation would be in one of the buyer's scopes (the
+  // activity's, or the buyer's home bucket of a bucketed SKU), so each gets the marker.
+  const scopes = (await bucketLayout(redis, input.activityId)).scopesForUser(input.userId);
+  const outcomes: CancelMarkerOutcome[] = [];
+  for (const k of scopes) {
+    const reply = await runScript(
+      redis,
+      'cancelBeforeReserve',
+      [k.meta, k.reservation(rid), k.buyer(input.userId)],
+      [input.userId, input.reason, Math.max(1, policy.graceSeconds), Math.max(0, policy.maxPerBuyer)],
+    );
+    if (reply[0] === 2) return { kind: 'exists', state: String(reply[1]) as ReservationState };
+    outcomes.push(reply[0] === 1 ? { kind: 'marked', ttlSeconds: Number(reply[1]) } : { kind: 'sale-over' });
+  }
+  return outcomes.find((o) => o.kind === 'marked') ?? { kind: 'sale-over' };
+}
+
+/** Where a reservation is (buyer and SKU): which scope holds it. */
+export interface ReservationOwner {
+  userId: string;
+  skuId?: string | undefined;
+}
+
+/** The scopes a reservation of this owner can be in: one when the SKU is known. */
+async function scopesOf(
+  redis: RedisClient,
+  activityId: string,
+  owner?: ReservationOwner,
+): Promise<ScopeKeys[]> {
+  if (!owner) return [activityKeys(activityId)];
+  const layout = await bucketLayout(redis, activityId);
+  if (owner.skuId !== undefined) return [layout.scopeFor(owner.skuId, owner.userId)];
+  return layout.scopesForUser(owner.userId);
 }
 
 export async function confirmPaid(
   redis: RedisClient,
   activityId: string,
   reservationId: string,
+  owner?: ReservationOwner & { skuId: string },
 ): Promise<'paid' | 'already-paid'> {
-  const k = activityKeys(activityId);
+  const [k] = (await scopesOf(redis, activityId, owner)) as [ScopeKeys];
   const reply = await runScript(
     redis,
     'confirmPaid',
@@ -160,7 +224,7 @@ export async function reclaimPaid(
   redis: RedisClient,
   input: { activityId: string; reservationId: string; userId: string; skuId: string },
 ): Promise<ReclaimOutcome> {
-  const k = activityKeys(input.activityId);
+  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
   const reply = await runScript(
     redis,
     'reclaimPaid',
@@ -183,17 +247,44 @@ export async function reservationExists(
   redis: RedisClient,
   activityId: string,
   reservationId: string,
+  owner?: ReservationOwner,
 ): Promise<boolean> {
-  return (await redis.exists(activityKeys(activityId).reservation(reservationId))) === 1;
+  for (const k of await scopesOf(redis, activityId, owner)) {
+    if ((await redis.exists(k.reservation(reservationId))) === 1) return true;
+  }
+  return false;
 }
 
+/**
+ * The reservation (or cancel marker) under this id. Without its owner only the activity's own
+ * scope is searched; with the buyer, every scope the buyer's reservations can be in.
+ */
 export async function readReservation(
   redis: RedisClient,
   activityId: string,
   reservationId: string,
+  owner?: ReservationOwner | ScopeKeys,
 ): Promise<ReservationRecord | undefined> {
-  return reservationRecordOf(
-    reservationId,
-    await redis.hgetall(activityKeys(activityId).reservation(reservationId)),
-  );
+  const scopes = owner && 'prefix' in owner ? [owner] : await scopesOf(redis, activityId, owner);
+  for (const k of scopes) {
+    const record = reservationRecordOf(reservationId, await redis.hgetall(k.reservation(reservationId)));
+    if (record) return record;
+  }
+  return undefined;
+}
+
+/**
+ * Finds a reservation whose buyer and SKU are not known (a ledger entry the order-gap repair
+ * found) in every scope of the activity, and says which scope holds it.
+ */
+export async function locateReservation(
+  redis: RedisClient,
+  activityId: string,
+  reservationId: string,
+): Promise<{ record: ReservationRecord; scope: ScopeKeys } | undefined> {
+  for (const scope of (await bucketLayout(redis, activityId)).allScopes()) {
+    const record = reservationRecordOf(reservationId, await redis.hgetall(scope.reservation(reservationId)));
+    if (record) return { record, scope };
+  }
+  return undefined;
 }

@@ -71,6 +71,15 @@ const registered = new WeakSet<object>();
 
 type Invoker = (...args: (string | number)[]) => Promise<unknown>;
 
+/**
+ * Commands of the `-var` scripts, whose first argument is the key count, not a key: ioredis'
+ * auto-pipelining on a cluster groups a command by its first argument when it does not know the
+ * command, and would put such a call into another node's pipeline (core/redis.ts leaves them out).
+ */
+export function keyCountFirstCommands(): string[] {
+  return [...sources().values()].filter((s) => s.numberOfKeys === undefined).map((s) => `fs_${s.name}`);
+}
+
 /** Registers every script on this connection (idempotent). */
 export function registerScripts(redis: RedisClient): void {
   if (registered.has(redis)) return;

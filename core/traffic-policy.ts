@@ -8,6 +8,7 @@
 import { z } from 'zod';
 import { FlashSaleError } from './errors.js';
 import { activityKeys } from './keys.js';
+import { bucketLayout } from './buckets.js';
 import type { RedisClient } from './scripts.js';
 
 export const rateLimitSchema = z
@@ -70,11 +71,33 @@ export async function writeTrafficPolicy(
 ): Promise<void> {
   const k = activityKeys(activityId);
   const valid = trafficPolicySchema.parse(policy);
-  await redis
-    .multi()
-    .set(k.policy, JSON.stringify(valid))
-    .hset(k.meta, 'requireReg', valid.eligibility.preRegistration ? '1' : '0')
-    .exec();
+  const requireReg = valid.eligibility.preRegistration ? '1' : '0';
+  // Each stock bucket's reserve script reads its own meta's copy.
+  const layout = await bucketLayout(redis, activityId);
+  await Promise.all(layout.allBuckets().map((b) => redis.hset(b.meta, 'requireReg', requireReg)));
+  await redis.multi().set(k.policy, JSON.stringify(valid)).hset(k.meta, 'requireReg', requireReg).exec();
+}
+
+/**
+ * Sets or clears an eligibility flag in the buyer's hash of every stock bucket the buyer's
+ * reservations can be in (one command per bucket: each has its own slot).
+ */
+async function bucketFlags(
+  redis: RedisClient,
+  activityId: string,
+  userIds: readonly string[],
+  field: string,
+  set: boolean,
+): Promise<void> {
+  const layout = await bucketLayout(redis, activityId);
+  if (layout.counts.size === 0) return;
+  const writes: Promise<unknown>[] = [];
+  for (const u of userIds) {
+    for (const scope of layout.scopesForUser(u).slice(1)) {
+      writes.push(set ? redis.hset(scope.buyer(u), field, '1') : redis.hdel(scope.buyer(u), field));
+    }
+  }
+  await Promise.all(writes);
 }
 
 /** The policy in Redis, or undefined when none was written (the api then uses the defaults). */
@@ -122,6 +145,8 @@ export async function registerBuyer(
   if (gate === 'closed' || gate === 'frozen' || now >= Number(startMs)) {
     throw new FlashSaleError('REGISTRATION_CLOSED', 'registration closes when the sale starts');
   }
+  // The buyer's stock buckets first: the activity's flag is what a repeat checks.
+  await bucketFlags(redis, activityId, [userId], ELIGIBILITY_FIELDS.registered, true);
   const added = await redis.hsetnx(k.buyer(userId), ELIGIBILITY_FIELDS.registered, '1');
   return added === 1 ? 'registered' : 'already-registered';
 }
@@ -159,6 +184,8 @@ export async function syncDenyList(
   const CHUNK = 1000;
   for (let i = 0; i < add.length; i += CHUNK) {
     const part = add.slice(i, i + CHUNK);
+    // The buyers' stock buckets before the set: a repeat skips buyers the set already names.
+    await bucketFlags(redis, activityId, part, ELIGIBILITY_FIELDS.denied, true);
     // The set is written first: a crash in between leaves a listed buyer whose flag the repeat
     // still writes (it is in `wanted`, and HSET is idempotent), never a flag nobody tracks.
     const p = redis.pipeline().sadd(k.denied, ...part);
@@ -167,6 +194,7 @@ export async function syncDenyList(
   }
   for (let i = 0; i < remove.length; i += CHUNK) {
     const part = remove.slice(i, i + CHUNK);
+    await bucketFlags(redis, activityId, part, ELIGIBILITY_FIELDS.denied, false);
     const p = redis.pipeline();
     for (const u of part) p.hdel(k.buyer(u), ELIGIBILITY_FIELDS.denied);
     p.srem(k.denied, ...part);

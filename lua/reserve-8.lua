@@ -3,6 +3,9 @@
   message) in the same step: there is no instant in which stock is gone and no outbox entry
   exists.
 
+  Every key is of one reservation scope (core/keys.ts): the activity's own, or, for a SKU split
+  into stock buckets, the buyer's home bucket of that SKU (its own hash tag, its own outbox).
+
   Input:
     KEYS[1] meta hash            (gate, startMs, endMs, requireCode)
     KEYS[2] sku hash             (stock, limit, price, name)
@@ -36,6 +39,8 @@
     -9  NOT_LOADED   the activity is not in the cache
     -10 IDEMPOTENCY_CONFLICT  the requestId was used for a different sku or quantity
     -14 MISMATCH     a reservation of another buyer holds this id (cannot happen with derived ids)
+    -20 BUCKETED     the SKU's stock lives in buckets (its activity-scope hash has 'buckets'):
+                     the caller re-reads the bucket layout and calls the buyer's home bucket
     -40 BUYER_DENIED    the buyer is on the activity's deny list (buyer hash field '~deny')
     -41 NOT_REGISTERED  the activity requires pre-registration (meta 'requireReg' = '1') and the
                         buyer hash has no '~reg' field
@@ -74,8 +79,9 @@ if elig[1] then return {-40} end
 if not elig[2] and redis.call('HGET', KEYS[1], 'requireReg') == '1' then return {-41} end
 -- End of eligibility.
 
-local item = redis.call('HMGET', KEYS[2], 'stock', 'limit', 'price', 'name')
+local item = redis.call('HMGET', KEYS[2], 'stock', 'limit', 'price', 'name', 'buckets')
 if not item[1] then return {-6} end
+if item[5] then return {-20} end
 local stock, limit = tonumber(item[1]), tonumber(item[2])
 
 if meta[4] == '1' then

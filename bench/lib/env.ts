@@ -30,6 +30,7 @@ export const PHASES = [
   'fairness',
   'capacity',
   'durability',
+  'buckets',
 ] as const;
 export type Phase = (typeof PHASES)[number];
 

@@ -3,6 +3,8 @@ import { renderDurability } from './durability.js';
 import type { DurabilityResult } from './durability.js';
 import type { FairnessRun } from './fairness.js';
 import type { FloorResults } from './floors.js';
+import { renderBuckets } from './buckets.js';
+import type { BucketsResult } from './buckets.js';
 import type { LoadResult } from './http-load.js';
 import type { MicroResult } from './micro.js';
 import type { PgbenchResult } from './pg-ref.js';
@@ -57,6 +59,8 @@ export interface Results {
   fairness?: FairnessRun[];
   /** The guard's and WAIT's cost (bench/lib/durability.ts). */
   durability?: DurabilityResult;
+  /** Stock buckets on a Redis Cluster (bench/lib/buckets.ts). */
+  buckets?: BucketsResult;
   failures: Record<string, string>;
 }
 
@@ -605,6 +609,7 @@ export function renderReport(r: Results, analysis: string): string {
   }
   const fair = renderFairness(r.fairness);
   if (fair.length > 0) L.push('', ...fair);
+  if (r.buckets) L.push('', ...renderBuckets(r.buckets));
   L.push('', '## Where the time goes (node --cpu-prof of the api)', '');
   if (r.profiles.submit) {
     L.push(

@@ -5,10 +5,10 @@
  * recorded in the API server before any side effect of the next phase happens.
  */
 import type { AppsV1Api, CoreV1Api, PolicyV1Api, V1Deployment } from '@kubernetes/client-node';
-import type { Redis } from 'ioredis';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { OperatorMetrics } from '../../core/metrics.js';
+import type { RedisClient } from '../../core/scripts.js';
 import type { OperatorConfig } from '../config.js';
 import { enterPhase, derivePhase } from '../api/v1alpha1/conditions.js';
 import type { EffectiveSchedule } from '../api/v1alpha1/funcs.js';
@@ -34,7 +34,7 @@ export interface ReconcileDeps {
   events: EventSink;
   /** The Deployment informer's cache. */
   deployment: (namespace: string, name: string) => V1Deployment | undefined;
-  redis: Redis;
+  redis: RedisClient;
   pool: Pool;
   kafka: KafkaAccess;
   metrics: OperatorMetrics;

@@ -20,6 +20,7 @@ export function itemsFromSpec(items: readonly ItemSpec[]): CatalogItem[] {
     price: normalizePrice(i.price),
     stock: i.stock,
     limitPerUser: i.limitPerUser,
+    ...(i.buckets !== undefined && i.buckets > 1 ? { buckets: i.buckets } : {}),
   }));
 }
 
@@ -105,6 +106,10 @@ export function diffDefinition(
     if (next.name !== old.name) note(`sku ${old.skuId}: name changed`, live);
     if (next.limitPerUser !== old.limitPerUser) {
       note(`sku ${old.skuId}: limitPerUser ${old.limitPerUser} -> ${next.limitPerUser}`, live);
+    }
+    // The stock was split when it was loaded; the CRD refuses the edit, this catches the rest.
+    if ((next.buckets ?? 1) !== (old.buckets ?? 1)) {
+      note(`sku ${old.skuId}: buckets ${old.buckets ?? 1} -> ${next.buckets ?? 1} (fixed once loaded)`, true);
     }
   }
   const known = new Set(loaded.items.map((i) => i.skuId));

@@ -109,7 +109,15 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
       deps.soldOut.isSoldOut(activityId, body.skuId) &&
       // A retry of a submission that did reserve (its answer lost to a crash or a timeout) must
       // get its reservation back, not SOLD_OUT: it goes on to the script, which replays it.
-      !(await reservationExists(deps.redis, activityId, reservationIdFor(activityId, userId, body.requestId)))
+      !(await reservationExists(
+        deps.redis,
+        activityId,
+        reservationIdFor(activityId, userId, body.requestId),
+        {
+          userId,
+          skuId: body.skuId,
+        },
+      ))
     ) {
       // The answer most requests of a sale get: no reserve script, no Error (its stack trace), no
       // trip through express' error handlers. Same problem+json as the script's SOLD_OUT.
@@ -137,6 +145,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
           activityId,
           outcome.reservationId,
           outcome.kind === 'replayed',
+          outcome.scope,
         );
       }
       count(activityId, outcome.kind === 'reserved' ? 'ok' : 'duplicate');

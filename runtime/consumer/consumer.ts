@@ -425,6 +425,7 @@ export class OrderConsumer {
       results.push({
         reservationId: rid,
         userId: byRid.get(rid)!.userId,
+        skuId: byRid.get(rid)!.skuId,
         result: reason ? { status: 'FAILED', reason } : { status: 'CREATED', orderId },
       });
     }
@@ -434,7 +435,12 @@ export class OrderConsumer {
         row.status === 'CLOSED'
           ? { status: 'FAILED' as const, reason: 'CLOSED' }
           : { status: 'CREATED' as const, orderId: row.id };
-      results.push({ reservationId: rid, userId: byRid.get(rid)!.userId, result });
+      results.push({
+        reservationId: rid,
+        userId: byRid.get(rid)!.userId,
+        skuId: byRid.get(rid)!.skuId,
+        result,
+      });
     }
     for (const rid of outcome.rejected) {
       // Another live order holds this buyer slot: the database refused a second one. Return the
@@ -456,6 +462,7 @@ export class OrderConsumer {
       results.push({
         reservationId: rid,
         userId: o.userId,
+        skuId: o.skuId,
         result: { status: 'FAILED', reason: 'LIMIT_REACHED' },
       });
     }

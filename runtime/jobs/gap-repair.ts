@@ -18,7 +18,7 @@ import { activityKeys } from '../../core/keys.js';
 import { isValidOrderMessage } from '../../core/order-message.js';
 import { closeInFlight, settleStock } from '../../core/order-lifecycle.js';
 import type { LifecycleDeps } from '../../core/order-lifecycle.js';
-import { orderMessageOf, readReservation, release } from '../../core/reservations.js';
+import { locateReservation, orderMessageOf, release } from '../../core/reservations.js';
 
 export interface GapRepairDeps extends LifecycleDeps {
   activityId: string;
@@ -85,11 +85,13 @@ async function repairOne(
   count: (action: keyof GapRepairReport, rid: string) => void,
 ): Promise<void> {
   const a = d.activityId;
-  const rsv = await readReservation(d.redis, a, rid);
+  // In whichever scope holds it: the activity's, or a stock bucket's.
+  const found = await locateReservation(d.redis, a, rid);
+  const rsv = found?.record;
   if (!rsv || rsv.state !== 'RESERVED') {
     // Released or cancelled entries leave the ledger in the same script; anything else is odd.
-    if (rsv && (rsv.state === 'RELEASED' || rsv.state === 'CANCELLED')) {
-      await d.redis.zrem(activityKeys(a).ledger, rid);
+    if (found && rsv && (rsv.state === 'RELEASED' || rsv.state === 'CANCELLED')) {
+      await d.redis.zrem(found.scope.ledger, rid);
     } else
       d.logger.warn({ activity: a, reservationId: rid, state: rsv?.state }, 'order gap: odd ledger entry');
     count('skipped', rid);

@@ -57,6 +57,7 @@ export async function checkOrderGap(
     rows.map((r) => ({
       reservationId: r.reservationId,
       userId: r.userId,
+      skuId: r.skuId,
       result:
         r.status === 'CLOSED'
           ? { status: 'FAILED', reason: r.closeReason ?? 'CLOSED' }

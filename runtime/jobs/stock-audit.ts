@@ -22,7 +22,7 @@
  * two reads during a live sale do not raise false alarms.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
-import { readMeta, readStock } from '../../core/activity-cache.js';
+import { countUnconfirmed, readMeta, readStock, unconfirmedReservations } from '../../core/activity-cache.js';
 import { findByReservationIds, orderQuantities } from '../../core/db/orders-store.js';
 import { paymentFigures } from '../../core/db/payments-store.js';
 import { refundConsistency, refundCounts } from '../../core/db/refunds-store.js';
@@ -31,7 +31,6 @@ import { restoresOf } from '../../core/db/cache-restores-store.js';
 import { insertReport } from '../../core/db/reconciliation-store.js';
 import type { Mismatch, ReconciliationBasis } from '../../core/db/reconciliation-store.js';
 import { readStockRows, readWriteBack } from '../../core/db/stock-store.js';
-import { activityKeys } from '../../core/keys.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import { readReservation } from '../../core/reservations.js';
@@ -84,15 +83,17 @@ async function measure(d: StockAuditDeps): Promise<Measurement> {
     };
   }
   const maxLedger = d.maxLedger ?? 100_000;
-  const k = activityKeys(a);
   // Redis first, PostgreSQL second: an order written in between is found by its reservation id.
-  const [stock, ledgerSize, ledger] = meta
+  // Every ledger: the activity's and each stock bucket's (readStock sums the buckets too).
+  const [stock, ledgerSize, entries] = meta
     ? await Promise.all([
         readStock(d.redis, a),
-        d.redis.zcard(k.ledger),
-        d.redis.zrange(k.ledger, 0, maxLedger - 1),
+        countUnconfirmed(d.redis, a, Number.MAX_SAFE_INTEGER),
+        unconfirmedReservations(d.redis, a, Number.MAX_SAFE_INTEGER, maxLedger),
       ])
-    : [undefined, 0, [] as string[]];
+    : [undefined, 0, [] as Awaited<ReturnType<typeof unconfirmedReservations>>];
+  const ledger = entries.map((e) => e.reservationId);
+  const scopeOf = new Map(entries.map((e) => [e.reservationId, e.scope]));
   const [q, pay, pgStock, refunds, refundStates] = await Promise.all([
     orderQuantities(d.pool, a),
     paymentFigures(d.pool, a),
@@ -104,7 +105,7 @@ async function measure(d: StockAuditDeps): Promise<Measurement> {
   let inFlight = 0;
   let inFlightReservations = 0;
   for (const rid of ledger.filter((r) => !ordered.has(r))) {
-    const rsv = await readReservation(d.redis, a, rid);
+    const rsv = await readReservation(d.redis, a, rid, scopeOf.get(rid));
     if (rsv?.state === 'RESERVED') {
       inFlight += rsv.quantity;
       inFlightReservations += 1;

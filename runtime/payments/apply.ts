@@ -193,7 +193,10 @@ export async function acceptPayment(
   }
   if (result.outcome !== 'REFUND_PENDING' && PAID_STATUSES.includes(order.status)) {
     try {
-      await confirmPaid(deps.redis, order.activityId, order.reservationId);
+      await confirmPaid(deps.redis, order.activityId, order.reservationId, {
+        userId: order.userId,
+        skuId: order.skuId,
+      });
     } catch (err) {
       if (err instanceof FlashSaleError && (err.code === 'FROZEN' || err.code === 'UNKNOWN_RESERVATION')) {
         return result;

@@ -8,6 +8,11 @@
  * A send that fails is retried with a fresh producer (new producer id): an idempotent producer
  * whose sequence state the broker lost in a restart would otherwise fail every later send.
  *
+ * Streams: the activity's outbox and, for SKUs split into stock buckets, one outbox per bucket
+ * (each under its bucket's hash tag, so on a cluster each is read from its own node). Every loop
+ * works all of them in turn; the list is re-read from the bucket layout every few seconds (a SKU
+ * loaded later). With one stream the loop blocks on it as before.
+ *
  * Partition key: the buyer id. One buyer's messages stay in order on one partition, and buyers
  * spread evenly; a hot SKU does not pin one partition.
  */
@@ -15,8 +20,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { hostname } from 'node:os';
 import type { Message, Producer } from 'kafkajs';
 import { CompressionTypes } from 'kafkajs';
-import { readOutbox } from '../../core/activity-cache.js';
+import { outboxStreams, readOutbox } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
+import { createStreamGroup } from '../../core/redis.js';
 import { activityKeys } from '../../core/keys.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
@@ -73,6 +79,8 @@ export function kafkaMessageOf(fields: string[]): Message {
     headers: { 'trace-id': traceId ?? '', 'reservation-id': reservationId ?? '' },
   };
 }
+/** How often the list of outbox streams is re-read. */
+const STREAMS_REFRESH_MS = 5_000;
 
 export class Relay {
   private running = false;
@@ -83,18 +91,22 @@ export class Relay {
   private producer: Producer | undefined;
   /** The outbox stream (and its group) is gone: the activity was cleaned up. */
   private idle = false;
+  /** The outbox streams worked (the activity's first), and when the list was read. */
+  private streams: string[];
+  private streamsReadAt = 0;
+  /** Next stream to read (round robin) and the stream of the batch in hand. */
+  private turn = 0;
+  private stream: string;
 
   constructor(private readonly options: RelayOptions) {
     this.keys = activityKeys(options.activityId);
     this.name = options.consumerName ?? hostname();
+    this.streams = [this.keys.outbox];
+    this.stream = this.keys.outbox;
   }
 
   async start(): Promise<void> {
-    try {
-      await this.options.redis.xgroup('CREATE', this.keys.outbox, RELAY_GROUP, '0', 'MKSTREAM');
-    } catch (err) {
-      if (!/BUSYGROUP/.test((err as Error).message)) throw err;
-    }
+    await this.refreshStreams(true);
     await this.connectProducer();
     this.running = true;
     this.loop = this.run();
@@ -113,21 +125,48 @@ export class Relay {
     this.producer = fresh;
   }
 
+  /**
+   * Re-reads the outbox streams (the bucket layout) and creates the relay group on new ones. Only
+   * while the activity is loaded: after cleanup the layout is empty and nothing is re-created.
+   */
+  private async refreshStreams(first = false): Promise<void> {
+    this.streamsReadAt = Date.now();
+    const streams = await outboxStreams(this.options.redis, this.options.activityId);
+    for (const stream of streams) {
+      // A known stream's group exists (or its stream was cleaned up: never re-created here).
+      if (!first && this.streams.includes(stream)) continue;
+      await createStreamGroup(this.options.redis, stream, RELAY_GROUP, { mkstream: true });
+    }
+    this.streams = streams;
+  }
+
   private async run(): Promise<void> {
-    // Our own entries left pending by a previous incarnation with the same name come first.
-    let backlogCursor: string | undefined = '0';
+    // Our own entries left pending by a previous incarnation with the same name come first, on
+    // every stream.
+    const backlog = new Map<string, string>(this.streams.map((s) => [s, '0']));
+    const reclaimedAt = new Map<string, number>();
     while (this.running) {
       try {
-        if (backlogCursor !== undefined) {
-          const mine = await this.read(backlogCursor, false);
-          if (mine.length === 0) backlogCursor = undefined;
+        if (this.streams.length > 1 && Date.now() - this.streamsReadAt >= STREAMS_REFRESH_MS) {
+          await this.refreshStreams();
+          for (const s of this.streams) if (!reclaimedAt.has(s)) backlog.set(s, backlog.get(s) ?? '0');
+        }
+        const [pending] = backlog.entries();
+        if (pending) {
+          const [stream, cursor] = pending;
+          this.stream = stream;
+          const mine = await this.read(cursor, false);
+          if (mine.length === 0) backlog.delete(stream);
           else {
             await this.publish(mine, false);
-            backlogCursor = mine[mine.length - 1]![0];
+            backlog.set(stream, mine[mine.length - 1]![0]);
           }
           continue;
         }
-        if (Date.now() - this.lastReclaim >= Math.min(this.options.reclaimIdleMs, 5_000)) {
+        this.stream = this.streams[this.turn % this.streams.length]!;
+        this.turn += 1;
+        if (Date.now() - (reclaimedAt.get(this.stream) ?? 0) >= Math.min(this.options.reclaimIdleMs, 5_000)) {
+          reclaimedAt.set(this.stream, Date.now());
           this.lastReclaim = Date.now();
           const reclaimed = await this.reclaim();
           if (reclaimed.length > 0) {
@@ -135,6 +174,8 @@ export class Relay {
             continue;
           }
         }
+        // One stream: block on it. Several (stock buckets, on several nodes): a blocking read
+        // cannot span slots, so each gets a short blocking read in turn.
         const fresh = await this.read('>', true);
         if (fresh.length > 0) await this.publish(fresh, false);
       } catch (err) {
@@ -166,11 +207,11 @@ export class Relay {
       this.options.logger.info("the activity's outbox is gone (cleaned up): the relay idles");
     }
     await sleep(1_000);
-    if ((await this.options.redis.exists(this.keys.outbox).catch(() => 0)) === 0) return;
+    if ((await this.options.redis.exists(this.stream).catch(() => 0)) === 0) return;
     try {
-      await this.options.redis.xgroup('CREATE', this.keys.outbox, RELAY_GROUP, '0');
-    } catch (err) {
-      if (!/BUSYGROUP/.test((err as Error).message)) return;
+      await createStreamGroup(this.options.redis, this.stream, RELAY_GROUP, { mkstream: false });
+    } catch {
+      return;
     }
     this.idle = false;
     this.options.logger.info("the activity's outbox is back: the relay resumes");
@@ -179,8 +220,8 @@ export class Relay {
   private async read(cursor: string, block: boolean): Promise<StreamEntry[]> {
     const client = block ? this.options.blockingRedis : this.options.redis;
     const args: (string | number)[] = ['GROUP', RELAY_GROUP, this.name, 'COUNT', this.options.batchSize];
-    if (block) args.push('BLOCK', 1000);
-    args.push('STREAMS', this.keys.outbox, cursor);
+    if (block) args.push('BLOCK', this.streams.length > 1 ? 50 : 1000);
+    args.push('STREAMS', this.stream, cursor);
     const reply = (await (client.xreadgroup as (...a: (string | number)[]) => Promise<unknown>)(...args)) as
       [string, StreamEntry[]][] | null;
     return (reply?.[0]?.[1] ?? []).filter((e) => e[1] !== null && e[1].length > 0);
@@ -188,7 +229,7 @@ export class Relay {
 
   private async reclaim(): Promise<StreamEntry[]> {
     const reply = (await this.options.redis.xautoclaim(
-      this.keys.outbox,
+      this.stream,
       RELAY_GROUP,
       this.name,
       this.options.reclaimIdleMs,
@@ -199,7 +240,7 @@ export class Relay {
     const claimed = reply[1] ?? [];
     // Entries whose payload vanished (deleted while pending) are only acknowledged.
     const deleted = reply[2] ?? [];
-    if (deleted.length > 0) await this.options.redis.xack(this.keys.outbox, RELAY_GROUP, ...deleted);
+    if (deleted.length > 0) await this.options.redis.xack(this.stream, RELAY_GROUP, ...deleted);
     return claimed.filter((e) => e[1] !== null);
   }
 
@@ -223,10 +264,11 @@ export class Relay {
     }
     crashPoint('relay-after-kafka-ack');
     const ids = entries.map((e) => e[0]);
+    const stream = this.stream;
     await this.options.redis
       .multi()
-      .xack(this.keys.outbox, RELAY_GROUP, ...ids)
-      .xdel(this.keys.outbox, ...ids)
+      .xack(stream, RELAY_GROUP, ...ids)
+      .xdel(stream, ...ids)
       .exec();
     this.options.metrics.relayPublished.inc({ activity: this.options.activityId }, entries.length);
     if (reclaimed)

@@ -5,9 +5,9 @@
  * notification routes. Returns the express app; the caller serves it (roles/process.ts serveHttp).
  */
 import type { Express } from 'express';
-import { connectedReplicas, localAck, ReplicaAck } from '../../core/durable-ack.js';
+import { ClusterReplicaAck, connectedReplicas, localAck, ReplicaAck } from '../../core/durable-ack.js';
 import { activityKeys, activityOfRestockChannel, RESTOCK_CHANNEL_PATTERN } from '../../core/keys.js';
-import { usesSentinel } from '../../core/redis.js';
+import { isCluster, usesSentinel } from '../../core/redis.js';
 import { AdmissionControl } from '../api/admission.js';
 import { createApiApp } from '../api/app.js';
 import { cancelRouter } from '../api/cancel-routes.js';
@@ -45,12 +45,17 @@ export async function startApi(
   closers.push({ stage: 'clients', name: 'restock subscriber', close: () => sub.quit() });
 
   // RESERVE_ACK unset: wait for a replica whenever there is one to fail over to.
+  // On a cluster each reservation's WAIT goes to the node of its scope (ClusterReplicaAck).
   const ackMode =
     cfg.RESERVE_ACK ??
-    (usesSentinel(ctx.redisConnection) || (await connectedReplicas(redis)) > 0 ? 'replica' : 'local');
+    (usesSentinel(ctx.redisConnection) || isCluster(redis) || (await connectedReplicas(redis)) > 0
+      ? 'replica'
+      : 'local');
   const reservationAck =
     ackMode === 'replica'
-      ? new ReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
+      ? isCluster(redis)
+        ? new ClusterReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
+        : new ReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
       : localAck;
   logger.info(
     { reserveAck: ackMode, replicas: cfg.RESERVE_ACK_REPLICAS, timeoutMs: cfg.RESERVE_ACK_TIMEOUT_MS },

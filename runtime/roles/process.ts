@@ -7,7 +7,7 @@
  */
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { Express } from 'express';
-import type { Redis, RedisOptions } from 'ioredis';
+import type { RedisOptions } from 'ioredis';
 import type { Kafka } from 'kafkajs';
 import type { Pool } from '../../core/db/pool.js';
 import { topicsFor, waitForTopics } from '../../core/kafka.js';
@@ -16,6 +16,7 @@ import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import { createRedis, redisConnectionOf } from '../../core/redis.js';
 import type { RedisConnection } from '../../core/redis.js';
+import type { RedisClient } from '../../core/scripts.js';
 import type { RuntimeConfig } from '../config.js';
 import { createMetricsApp, createServiceApp } from '../http.js';
 import type { Readiness } from '../http.js';
@@ -98,10 +99,10 @@ export interface RoleContext {
   logger: Logger;
   metrics: Metrics;
   /** The commands connection (auto-pipelined, scripts registered). */
-  redis: Redis;
+  redis: RedisClient;
   redisConnection: RedisConnection;
   /** Another Redis connection of this process, its errors logged like the commands one's. */
-  connectRedis: (name: string, options?: RedisOptions) => Redis;
+  connectRedis: (name: string, options?: RedisOptions) => RedisClient;
   readiness: RoleReadiness;
 }
 
@@ -109,7 +110,7 @@ export interface RoleContext {
  * ioredis reconnects by itself; without a listener every failed attempt is an "Unhandled error
  * event" on stderr. One warning per connection per 5 s is enough to see an outage in the logs.
  */
-function logRedisErrors(client: Redis, connection: string, logger: Logger): void {
+function logRedisErrors(client: RedisClient, connection: string, logger: Logger): void {
   let last = 0;
   client.on('error', (err: Error) => {
     if (Date.now() - last < 5_000) return;

@@ -5,8 +5,10 @@
 #   DATABASE_URL, REDIS_URL, KAFKA_BROKERS, KUBECONFIG (or KUBEBUILDER_ASSETS for binaries).
 # Usage: env-up.sh [STATE_DIR]    FLASHSALE_SERVICES="postgres redis kafka kube" limits the set;
 # add redis-sentinel for an HA Redis (primary, replica, three Sentinels; start-redis-sentinel.sh),
-# or give one through REDIS_SENTINELS (+ REDIS_SENTINEL_MASTER); add kafka-cluster for a three-broker
-# Kafka beside the single one (start-kafka-cluster.sh), or give one through KAFKA_CLUSTER_BROKERS.
+# or give one through REDIS_SENTINELS (+ REDIS_SENTINEL_MASTER); add redis-cluster for a Redis
+# Cluster (three primaries, one replica each; start-redis-cluster.sh), or give one through
+# REDIS_CLUSTER_NODES; add kafka-cluster for a three-broker Kafka beside the single one
+# (start-kafka-cluster.sh), or give one through KAFKA_CLUSTER_BROKERS.
 # KAFKA_BROKERS_COUNT=3 makes the suite's own Kafka (KAFKA_BROKERS) a three-broker cluster instead.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -32,6 +34,7 @@ declare -A given=(
   [kafka-cluster]="${KAFKA_CLUSTER_BROKERS:+KAFKA_CLUSTER_BROKERS=$KAFKA_CLUSTER_BROKERS}"
   [redis-sentinel]="${REDIS_SENTINELS:+REDIS_SENTINELS=$REDIS_SENTINELS}${REDIS_SENTINELS:+
 REDIS_SENTINEL_MASTER=${REDIS_SENTINEL_MASTER:-flashsale}}"
+  [redis-cluster]="${REDIS_CLUSTER_NODES:+REDIS_CLUSTER_NODES=$REDIS_CLUSTER_NODES}"
 )
 declare -A jobs=()
 elapsed() { local d=$(( ($(date +%s%N) - $1) / 100000000 )); echo "$((d / 10)).$((d % 10))"; }

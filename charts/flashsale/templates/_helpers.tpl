@@ -120,7 +120,7 @@ app.kubernetes.io/component: operator
 {{- $missing := list -}}
 {{- if not $r.existingSecret -}}
 {{- if not $r.database.url }}{{ $missing = append $missing "runtime.database.url (DATABASE_URL)" }}{{ end -}}
-{{- if and (not $r.redis.url) (not $r.redis.sentinels) }}{{ $missing = append $missing "runtime.redis.url (REDIS_URL) or runtime.redis.sentinels" }}{{ end -}}
+{{- if and (not $r.redis.url) (not $r.redis.sentinels) (not $r.redis.clusterNodes) }}{{ $missing = append $missing "runtime.redis.url (REDIS_URL), runtime.redis.sentinels or runtime.redis.clusterNodes" }}{{ end -}}
 {{- if not $r.kafka.brokers }}{{ $missing = append $missing "runtime.kafka.brokers (KAFKA_BROKERS)" }}{{ end -}}
 {{- if and (not $r.jwt.hs256Secret) (not $r.jwt.rs256PublicKey) (not $r.jwt.jwks) }}{{ $missing = append $missing "a buyer token key (runtime.jwt.hs256Secret, rs256PublicKey or jwks)" }}{{ end -}}
 {{- end -}}

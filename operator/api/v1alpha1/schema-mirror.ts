@@ -73,6 +73,7 @@ export const specMirror: Mirror<FlashSaleActivitySpec> = {
         price: str(true),
         stock: int(true),
         limitPerUser: int(true),
+        buckets: int(false),
       },
     },
   },

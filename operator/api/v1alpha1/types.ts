@@ -174,6 +174,8 @@ export interface ItemSpec {
   price: string;
   stock: number;
   limitPerUser: number;
+  /** Stock buckets of a hot SKU (2..64, at most `stock`; fixed once warm-up began). */
+  buckets?: number;
 }
 
 export interface CatalogRef {

@@ -258,6 +258,36 @@ describe('FlashSaleActivity CRD on the API server', () => {
   );
 
   it(
+    'refuses impossible stock buckets: 0, more than the units, a change once warm-up began',
+    async () => {
+      const withBuckets = (n: number): Spec => {
+        const s = valid();
+        s.items = [{ skuId: 'phone', name: '手机', price: '1999.00', stock: 10, buckets: n }];
+        return s;
+      };
+      expect(await refusal(create('bkt-zero', withBuckets(0)))).toMatch(
+        /spec\.items\[0\]\.buckets: .*buckets must be at least 1/,
+      );
+      expect(await refusal(create('bkt-many', withBuckets(11)))).toMatch(
+        /spec\.items\[0\]\.buckets: .*buckets cannot exceed stock/,
+      );
+      await create('bkt', withBuckets(8));
+      // Before warm-up the split can still change; from warm-up on (Active included) it cannot.
+      expect(
+        await refusal(patch('bkt', [{ op: 'replace', path: '/spec/items/0/buckets', value: 4 }])),
+      ).toBeUndefined();
+      await setPhase('bkt', 'Active');
+      expect(
+        await refusal(patch('bkt', [{ op: 'replace', path: '/spec/items/0/buckets', value: 8 }])),
+      ).toMatch(/spec\.items: .*buckets cannot change once warm-up has begun/);
+      expect(
+        await refusal(patch('bkt', [{ op: 'replace', path: '/spec/items/0/stock', value: 12 }])),
+      ).toBeUndefined();
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'allows only safe edits once the sale is Active, and none once it has ended',
     async () => {
       await create('live', valid());

@@ -2,9 +2,12 @@
 // PostgreSQL (orders, order_journal) and Redis (SKU stock, counters, reservation ledger entries,
 // outbox, unconfirmed ledger). `checkInvariants` is pure (unit-tested in test/unit/faults/);
 // `readFinalState` gathers its input from the real servers.
-import type { Redis } from 'ioredis';
 import type pg from 'pg';
+import { countUnconfirmed, readOutbox, readStock } from '../../../core/activity-cache.js';
+import { bucketLayout } from '../../../core/buckets.js';
 import { activityKeys } from '../../../core/keys.js';
+import { primariesOf } from '../../../core/redis.js';
+import type { RedisClient } from '../../../core/scripts.js';
 
 export type ReservationStateName = 'RESERVED' | 'RELEASED' | 'CANCELLED' | 'PAID';
 
@@ -253,49 +256,54 @@ function isState(s: string | undefined): s is ReservationStateName {
 
 /** Reads the final state of one activity from the real Redis and PostgreSQL. */
 export async function readFinalState(
-  redis: Redis,
+  redis: RedisClient,
   sql: pg.Pool,
   activityId: string,
   reported?: ReportedCounters,
 ): Promise<FinalState> {
   const k = activityKeys(activityId);
-  const skuIds = (await redis.smembers(k.skuIndex)).sort();
+  // Stock and counters summed over the activity's scopes (its stock buckets included).
+  const stock = await readStock(redis, activityId);
   const skus: SkuFinal[] = [];
-  for (const skuId of skuIds) {
-    const [initial, stock, limit] = await redis.hmget(k.sku(skuId), 'initial', 'stock', 'limit');
+  for (const s of stock.skus) {
+    const limit = await redis.hget(k.sku(s.skuId), 'limit');
     skus.push({
-      skuId,
-      initial: Number(initial ?? 0),
-      remaining: Number(stock ?? 0),
+      skuId: s.skuId,
+      initial: s.initial,
+      remaining: s.remaining,
       limitPerUser: Number(limit ?? 1),
     });
   }
-  const c = await redis.hgetall(k.counters);
-  const keys: string[] = [];
-  let cursor = '0';
-  do {
-    const [next, batch] = await redis.scan(cursor, 'MATCH', k.reservation('*'), 'COUNT', 1000);
-    cursor = next;
-    keys.push(...batch);
-  } while (cursor !== '0');
-  const prefix = k.reservation('');
+  const c = { reserved: stock.reserved, released: stock.released, reservations: stock.reservations };
   const reservations: ReservationFinal[] = [];
-  for (let i = 0; i < keys.length; i += 500) {
-    const chunk = keys.slice(i, i + 500);
-    const p = redis.pipeline();
-    for (const key of chunk) p.hmget(key, 'state', 'user', 'sku', 'qty');
-    const replies = (await p.exec()) ?? [];
-    chunk.forEach((key, j) => {
-      const [state, user, sku, qty] = (replies[j]?.[1] as (string | null)[] | undefined) ?? [];
-      if (!isState(state ?? undefined)) return;
-      reservations.push({
-        reservationId: key.slice(prefix.length),
-        state: state as ReservationStateName,
-        userId: user ?? '',
-        skuId: sku ?? '',
-        quantity: Number(qty ?? 0),
+  for (const scope of (await bucketLayout(redis, activityId, { refresh: true })).allScopes()) {
+    const keys: string[] = [];
+    for (const node of primariesOf(redis)) {
+      let cursor = '0';
+      do {
+        const [next, batch] = await node.scan(cursor, 'MATCH', scope.reservation('*'), 'COUNT', 1000);
+        cursor = next;
+        keys.push(...batch);
+      } while (cursor !== '0');
+    }
+    const prefix = scope.reservation('');
+    for (let i = 0; i < keys.length; i += 500) {
+      const chunk = keys.slice(i, i + 500);
+      const p = redis.pipeline();
+      for (const key of chunk) p.hmget(key, 'state', 'user', 'sku', 'qty');
+      const replies = (await p.exec()) ?? [];
+      chunk.forEach((key, j) => {
+        const [state, user, sku, qty] = (replies[j]?.[1] as (string | null)[] | undefined) ?? [];
+        if (!isState(state ?? undefined)) return;
+        reservations.push({
+          reservationId: key.slice(prefix.length),
+          state: state as ReservationStateName,
+          userId: user ?? '',
+          skuId: sku ?? '',
+          quantity: Number(qty ?? 0),
+        });
       });
-    });
+    }
   }
   const orders = await sql.query<{
     reservation_id: string;
@@ -312,14 +320,17 @@ export async function readFinalState(
       GROUP BY reservation_id`,
     [activityId],
   );
-  const [halfMessages, unconfirmed] = await Promise.all([redis.xlen(k.outbox), redis.zcard(k.ledger)]);
+  const [{ halfMessages }, unconfirmed] = await Promise.all([
+    readOutbox(redis, activityId),
+    countUnconfirmed(redis, activityId, Number.MAX_SAFE_INTEGER),
+  ]);
   return {
     activityId,
     skus,
     counters: {
-      reserved: Number(c.reserved ?? 0),
-      released: Number(c.released ?? 0),
-      reservations: Number(c.reservations ?? 0),
+      reserved: c.reserved,
+      released: c.released,
+      reservations: c.reservations,
     },
     reservations,
     orders: orders.rows.map((o) => ({
@@ -338,7 +349,7 @@ export async function readFinalState(
 
 /** Reads the final state and checks it. */
 export async function checkActivity(
-  redis: Redis,
+  redis: RedisClient,
   sql: pg.Pool,
   activityId: string,
   reported?: ReportedCounters,

@@ -5,16 +5,15 @@
 import { mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { Redis } from 'ioredis';
 import pg from 'pg';
-import { loadActivity, setGate } from '../../../core/activity-cache.js';
+import { countUnconfirmed, loadActivity, readOutbox, setGate } from '../../../core/activity-cache.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import type { CatalogItem } from '../../../core/model.js';
-import { activityKeys } from '../../../core/keys.js';
 import { createRedis } from '../../../core/redis.js';
-import type { RedisConnection } from '../../../core/redis.js';
+import type { RedisConnection, SentinelAddress } from '../../../core/redis.js';
 import { registerScripts } from '../../../core/scripts.js';
+import type { RedisClient } from '../../../core/scripts.js';
 import { httpClient, startRole, tokenFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 import { checkActivity } from './invariants.js';
@@ -30,11 +29,20 @@ export interface Servers {
   kafkaBrokers: string[];
   /** A Sentinel-managed Redis (window 12): used instead of redisUrl by the roles and the checks. */
   sentinel?: Required<Pick<RedisConnection, 'sentinels' | 'sentinelMaster'>>;
+  /** A Redis Cluster's seed nodes: used instead of redisUrl by the roles and the checks. */
+  cluster?: SentinelAddress[];
 }
 
 /** A client of the servers' Redis (through Sentinel when there is one). */
-export function redisOf(servers: Servers, options: { maxRetriesPerRequest?: number } = {}): Redis {
-  return createRedis({ url: servers.redisUrl, ...servers.sentinel }, options);
+export function redisOf(servers: Servers, options: { maxRetriesPerRequest?: number } = {}): RedisClient {
+  return createRedis(
+    {
+      url: servers.redisUrl,
+      ...servers.sentinel,
+      ...(servers.cluster ? { clusterNodes: servers.cluster } : {}),
+    },
+    options,
+  );
 }
 
 export function sleep(ms: number): Promise<void> {
@@ -115,6 +123,7 @@ export class Sale {
             REDIS_SENTINEL_MASTER: s.sentinel.sentinelMaster,
           }
         : {}),
+      ...(s.cluster ? { REDIS_CLUSTER_NODES: s.cluster.map((x) => `${x.host}:${x.port}`).join(',') } : {}),
       KAFKA_BROKERS: s.kafkaBrokers.join(','),
       // A stable relay name: a restarted relay picks up its own pending entries at once.
       RELAY_CONSUMER_NAME: 'relay-0',
@@ -282,13 +291,16 @@ export async function recoverAndCheck(
   registerScripts(redis);
   const sql = new pg.Pool({ connectionString: servers.databaseUrl, max: 2 });
   try {
-    const k = activityKeys(activityId);
     const deadline = Date.now() + timeoutMs;
     let drained = false;
     while (Date.now() < deadline) {
       try {
-        const [len, ledger] = await Promise.all([redis.xlen(k.outbox), redis.zcard(k.ledger)]);
-        if (len === 0 && ledger === 0) {
+        // Every outbox and ledger of the activity (its stock buckets' too).
+        const [outbox, ledger] = await Promise.all([
+          readOutbox(redis, activityId),
+          countUnconfirmed(redis, activityId, Number.MAX_SAFE_INTEGER),
+        ]);
+        if (outbox.halfMessages === 0 && ledger === 0) {
           drained = true;
           break;
         }

@@ -8,7 +8,7 @@
 // reconciliation report of the restore.
 import { rmSync, readdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '../../../core/scripts.js';
 import { readStock } from '../../../core/activity-cache.js';
 import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { openRestore, restoresOf } from '../../../core/db/cache-restores-store.js';
@@ -27,7 +27,7 @@ import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { KafkaAdminAccess } from '../../../operator/reconcile/kafka-access.js';
 import { restoreCache } from '../../../operator/reconcile/restore-cache.js';
-import { reconcileActivity } from '../../../runtime/jobs/reconciliation.js';
+import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recorded } from '../../faults/harness/results.js';
@@ -40,9 +40,9 @@ import {
   stopPrivateServers,
 } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
-import { httpClient, tokenFor, waitFor } from '../../helpers/runtime.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { httpClient, tokenFor, waitFor } from '../../../dev/roles.js';
 
 const STOCK = 30;
 const item = { skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: STOCK, limitPerUser: 1 };
@@ -54,7 +54,7 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
   let pool: Pool;
   let sale: Sale | undefined;
   let kafka: KafkaAdminAccess | undefined;
-  let redis: Redis | undefined;
+  let redis: RedisClient | undefined;
 
   beforeAll(async () => {
     priv = await startPrivateServers(['redis']);
@@ -232,7 +232,7 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
         await pass();
         expect(await openRestore(pool, activityId)).toBeUndefined();
         // The stock audit agrees with the restored cache and names the restore it found.
-        const audit = await reconcileActivity({
+        const audit = await auditStock({
           activityId,
           redis: r,
           pool,

@@ -21,8 +21,8 @@ import { insertOrders } from '../../../core/db/orders-store.js';
 import { activityKeys } from '../../../core/keys.js';
 import type { CatalogItem, OrderMessage } from '../../../core/model.js';
 import { registerScripts } from '../../../core/scripts.js';
-import { freshDatabase, testEnv, uniqueId } from '../../helpers/env.js';
-import type { FreshDatabase } from '../../helpers/env.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 
 describe('cache restore steps (core/cache-restore.ts)', () => {
   let db: FreshDatabase;

@@ -1,6 +1,12 @@
 import { loadRuntimeConfig } from '../../../runtime/config.js';
 import { loadOperatorConfig } from '../../../operator/config.js';
-import { describeRedis, parseSentinels, redisConnectionOf, usesSentinel } from '../../../core/redis.js';
+import {
+  describeRedis,
+  parseSentinels,
+  redisConnectionOf,
+  usesCluster,
+  usesSentinel,
+} from '../../../core/redis.js';
 
 const base = {
   DATABASE_URL: 'postgres://u:p@127.0.0.1:5432/db',
@@ -32,7 +38,7 @@ describe('Redis topology from the environment (core/redis.ts)', () => {
     expect(describeRedis(conn)).toBe('sentinel flashsale@s1:26379,s2:26379,s3:26379');
     expect(describeRedis(conn)).not.toContain('secret');
     expect(() => loadRuntimeConfig('relay', { ...base })).toThrow(
-      /REDIS_URL: required \(or REDIS_SENTINELS\)/,
+      /REDIS_URL: required \(or REDIS_SENTINELS or REDIS_CLUSTER_NODES\)/,
     );
     expect(() => loadRuntimeConfig('relay', { ...base, REDIS_SENTINELS: 's1:26379' })).toThrow(
       /REDIS_SENTINEL_MASTER: required with REDIS_SENTINELS/,
@@ -40,6 +46,29 @@ describe('Redis topology from the environment (core/redis.ts)', () => {
     expect(() =>
       loadRuntimeConfig('relay', { ...base, REDIS_SENTINELS: 's1', REDIS_SENTINEL_MASTER: 'm' }),
     ).toThrow(/REDIS_SENTINELS: "s1" is not host:port/);
+  });
+
+  it('a Redis Cluster from REDIS_CLUSTER_NODES (credentials from REDIS_URL), never with sentinels', () => {
+    const c = loadRuntimeConfig('relay', {
+      ...base,
+      REDIS_CLUSTER_NODES: 'n1:7000, n2:7001,n3:7002',
+      REDIS_URL: 'redis://:secret@ignored:6379',
+    });
+    const conn = redisConnectionOf(c);
+    expect(usesCluster(conn)).toBe(true);
+    expect(usesSentinel(conn)).toBe(false);
+    expect(describeRedis(conn)).toBe('cluster n1:7000,n2:7001,n3:7002');
+    expect(() =>
+      loadRuntimeConfig('relay', {
+        ...base,
+        REDIS_CLUSTER_NODES: 'n1:7000',
+        REDIS_SENTINELS: 's1:26379',
+        REDIS_SENTINEL_MASTER: 'm',
+      }),
+    ).toThrow(/REDIS_SENTINELS and REDIS_CLUSTER_NODES exclude each other/);
+    expect(() => loadRuntimeConfig('relay', { ...base, REDIS_CLUSTER_NODES: 'n1' })).toThrow(
+      /REDIS_CLUSTER_NODES: "n1" is not host:port/,
+    );
   });
 
   it('the operator reads the same variables', () => {

@@ -1,0 +1,275 @@
+/**
+ * `BENCH_ONLY=buckets`: stock buckets on a Redis Cluster (docs/install.md "Redis Cluster and stock
+ * buckets"). On a loopback cluster of three primaries with a replica each
+ * (test/env/start-redis-cluster.sh, or the one REDIS_CLUSTER_NODES names):
+ * - Redis CPU per reservation (all primaries, INFO cpu) of one SKU without buckets and the same SKU
+ *   in 12 buckets (a multiple of the three primaries), through core/reservations.ts reserve();
+ * - how the reserve script calls spread over the primaries (INFO commandstats evalsha), with buckets;
+ * - the relay's drain of BENCH_DRAIN_N reservations (100,000) from 8 bucket streams vs 1 stream:
+ *   the real relay role, from the first entry to an empty outbox.
+ * Stock is far above the load, so no bucket runs empty (no transfers) while measuring.
+ */
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import type { Cluster, Redis } from 'ioredis';
+import type * as RedisModule from '../../core/redis.js';
+import type { Ctx } from './context.js';
+import { startRole, stopRole } from './runtime.js';
+import { log, mustRun, runCmd } from './util.js';
+
+export interface BucketsResult {
+  nodes: string;
+  reservations: number;
+  /** Redis CPU µs per reservation, summed over the primaries. */
+  cpuUsPerReservation: { plain: number; bucketed: number; ratio: number; bucketedEqualBatch: number };
+  bucketCount: number;
+  /** Share of the reserve script calls per primary (bucketed run), in %. */
+  spreadPct: number[];
+  /** µs per reserve script call on each primary (commandstats): without buckets, then bucketed. */
+  usPerCall: { plain: number[]; bucketed: number[] };
+  drain: {
+    reservations: number;
+    oneStreamS: number;
+    eightStreamsS: number;
+    oneRate: number;
+    eightRate: number;
+  };
+}
+
+interface Primaries {
+  cluster: Cluster;
+  nodes: Redis[];
+}
+
+async function cpuS(nodes: Redis[]): Promise<number> {
+  let s = 0;
+  for (const n of nodes) {
+    const info = await n.info('cpu');
+    const get = (k: string): number => Number(new RegExp(`^${k}:([\\d.]+)`, 'm').exec(info)?.[1] ?? NaN);
+    s += get('used_cpu_sys') + get('used_cpu_user');
+  }
+  return s;
+}
+
+/** Reserve script calls per primary, and the primary's µs per call (INFO commandstats). */
+async function scriptCalls(nodes: Redis[]): Promise<{ calls: number; usPerCall: number }[]> {
+  return Promise.all(
+    nodes.map(async (n) => {
+      const info = await n.info('commandstats');
+      const stat = (cmd: string, field: string): number =>
+        Number(new RegExp(`^cmdstat_${cmd}:.*?\\b${field}=([\\d.]+)`, 'm').exec(info)?.[1] ?? 0);
+      const calls = stat('evalsha', 'calls') + stat('eval', 'calls');
+      const usec = stat('evalsha', 'usec') + stat('eval', 'usec');
+      return { calls, usPerCall: calls > 0 ? usec / calls : 0 };
+    }),
+  );
+}
+
+/** Reserves `n` units with `concurrency` buyers in flight, each a distinct buyer. */
+async function reserveMany(
+  ctx: Ctx,
+  p: Primaries,
+  activityId: string,
+  n: number,
+  tag: string,
+  inFlight = 64,
+): Promise<void> {
+  let next = 0;
+  const worker = async (): Promise<void> => {
+    for (let i = next++; i < n; i = next++) {
+      await ctx.core.reservations.reserve(p.cluster, {
+        activityId,
+        userId: `${tag}-${i}`,
+        skuId: 'hot',
+        quantity: 1,
+        requestId: 'r',
+        traceId: 't',
+      });
+    }
+  };
+  await Promise.all(Array.from({ length: inFlight }, worker));
+}
+
+export async function bucketsBench(ctx: Ctx): Promise<BucketsResult> {
+  try {
+    return await bucketsBenchInner(ctx);
+  } catch (err) {
+    log(`buckets failed: ${(err as Error).stack ?? String(err)}`);
+    throw err;
+  }
+}
+
+async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
+  const redisMod = (await import(
+    pathToFileURL(join(ctx.cfg.distDir, 'core', 'redis.js')).href
+  )) as typeof RedisModule;
+  let nodesEnv = process.env.REDIS_CLUSTER_NODES;
+  const state = join(ctx.cfg.stateDir, 'redis-cluster');
+  if (!nodesEnv) {
+    log('starting a Redis Cluster (test/env/start-redis-cluster.sh)');
+    await mustRun('bash', [join(ctx.cfg.repo, 'test', 'env', 'start-redis-cluster.sh'), state], {
+      cwd: ctx.cfg.repo,
+      timeoutMs: 120_000,
+    });
+    const env = (await runCmd('cat', [join(state, 'redis-cluster.env')])).stdout;
+    nodesEnv = /^REDIS_CLUSTER_NODES=(.*)$/m.exec(env)?.[1];
+  }
+  if (!nodesEnv) throw new Error('no Redis Cluster');
+  const clusterNodes = redisMod.parseSentinels(nodesEnv.split(','));
+  const cluster = redisMod.createRedis({ clusterNodes }, { enableAutoPipelining: true }) as Cluster;
+  try {
+    await new Promise<void>((resolve, reject) => {
+      cluster.once('ready', resolve);
+      cluster.once('error', reject);
+    });
+    const nodes = cluster.nodes('master');
+    const p: Primaries = { cluster, nodes };
+    const n = Math.min(ctx.cfg.drainReservations, 30_000);
+    const big = 1_000_000_000;
+    const item = (buckets?: number) => ({
+      skuId: 'hot',
+      name: 'Bench hot item',
+      price: '19.99',
+      stock: big,
+      limitPerUser: 1,
+      ...(buckets ? { buckets } : {}),
+    });
+    const load = async (id: string, buckets?: number): Promise<void> => {
+      ctx.activities.add(id);
+      await ctx.core.cache.loadActivity(cluster, {
+        id,
+        generation: 1,
+        startAt: new Date(Date.now() - 60_000),
+        endAt: new Date(Date.now() + 6 * 3600_000),
+        requireOrderCode: false,
+        reopenOnRelease: false,
+        items: [item(buckets)],
+      });
+      await ctx.core.cache.setGate(cluster, id, 'open');
+    };
+
+    // 1. CPU per reservation, plain vs 12 buckets (warm-up runs first: scripts loaded, JIT warm).
+    const BUCKETS = 12;
+    const measure = async (
+      id: string,
+      buckets?: number,
+      inFlight = 64,
+    ): Promise<{ cpu: number; calls: { calls: number; usPerCall: number }[] }> => {
+      await load(id, buckets);
+      await reserveMany(ctx, p, id, 2_000, `${id}-w`, inFlight);
+      await Promise.all(nodes.map((x) => x.config('RESETSTAT')));
+      const c0 = await cpuS(nodes);
+      await reserveMany(ctx, p, id, n, `${id}-m`, inFlight);
+      const c1 = await cpuS(nodes);
+      return { cpu: c1 - c0, calls: await scriptCalls(nodes) };
+    };
+    log(`buckets: ${n} reservations without buckets, then in ${BUCKETS} buckets`);
+    const plain = await measure(`bkp-${ctx.runId}`);
+    const bucketed = await measure(`bkb-${ctx.runId}`, BUCKETS);
+    // The same with three times as many in flight: each primary's command batches as large as the
+    // single primary's were (Redis' per-batch costs: reads, writes and replication, shared alike).
+    const equalBatch = await measure(`bkq-${ctx.runId}`, BUCKETS, 64 * nodes.length);
+    const totalCalls = bucketed.calls.reduce((a, b) => a + b.calls, 0);
+
+    // 2. Drain: N reservations waiting in 1 stream vs 8 bucket streams, one relay role each time.
+    const drainN = ctx.cfg.drainReservations;
+    const drain = async (id: string, buckets?: number): Promise<number> => {
+      await load(id, buckets);
+      const kafka = ctx.core.kafka.createKafka(
+        ctx.servers.env.KAFKA_BROKERS!.split(','),
+        `bench-${ctx.runId}`,
+      );
+      const admin = kafka.admin();
+      await admin.connect();
+      const topics = ctx.core.kafka.topicsFor(id);
+      try {
+        await ctx.core.kafka.ensureTopics(admin, topics, 4, 1);
+        ctx.topics.add(topics.orders).add(topics.dlq);
+      } finally {
+        await admin.disconnect();
+      }
+      log(`buckets: ${drainN} reservations into ${buckets ?? 1} stream(s)`);
+      await reserveMany(ctx, p, id, drainN, `${id}-d`);
+      const t0 = performance.now();
+      const relay = await startRole('relay', {
+        distDir: ctx.cfg.distDir,
+        luaDir: ctx.cfg.luaDir,
+        logDir: ctx.logDir,
+        env: ctx.servers.env,
+        activityId: id,
+        label: `relay-${buckets ?? 1}`,
+        ...(ctx.cfg.roleEnv ? { roleEnv: ctx.cfg.roleEnv } : {}),
+        extraEnv: { REDIS_CLUSTER_NODES: nodesEnv },
+      });
+      try {
+        for (;;) {
+          const f = await ctx.core.cache.readOutbox(cluster, id);
+          if (f.halfMessages === 0) break;
+          await new Promise((r) => setTimeout(r, 100));
+        }
+        return (performance.now() - t0) / 1000;
+      } finally {
+        await stopRole(relay);
+      }
+    };
+    const oneStreamS = await drain(`bkd1-${ctx.runId}`);
+    const eightStreamsS = await drain(`bkd8-${ctx.runId}`, 8);
+
+    return {
+      nodes: nodesEnv,
+      reservations: n,
+      cpuUsPerReservation: {
+        plain: (plain.cpu / n) * 1e6,
+        bucketed: (bucketed.cpu / n) * 1e6,
+        ratio: bucketed.cpu / plain.cpu,
+        bucketedEqualBatch: (equalBatch.cpu / n) * 1e6,
+      },
+      bucketCount: BUCKETS,
+      spreadPct: bucketed.calls.map((c) => (100 * c.calls) / Math.max(1, totalCalls)),
+      usPerCall: {
+        plain: plain.calls.filter((c) => c.calls > 0).map((c) => c.usPerCall),
+        bucketed: bucketed.calls.map((c) => c.usPerCall),
+      },
+      drain: {
+        reservations: drainN,
+        oneStreamS,
+        eightStreamsS,
+        oneRate: drainN / oneStreamS,
+        eightRate: drainN / eightStreamsS,
+      },
+    };
+  } finally {
+    cluster.disconnect();
+    if (!process.env.REDIS_CLUSTER_NODES) {
+      await runCmd('bash', [join(ctx.cfg.repo, 'test', 'env', 'env-down.sh'), state], {
+        cwd: ctx.cfg.repo,
+        timeoutMs: 60_000,
+      });
+    }
+  }
+}
+
+/** The report's section (docs/benchmarks.md). */
+export function renderBuckets(r: BucketsResult): string[] {
+  const c = r.cpuUsPerReservation;
+  const third = 100 / 3;
+  const spreadOk = r.spreadPct.every((s) => Math.abs(s - third) <= third * 0.15);
+  return [
+    '## Stock buckets on a Redis Cluster',
+    '',
+    `Loopback Redis Cluster of three primaries with one replica each (${r.nodes}), reservations through ` +
+      `core/reservations.ts from the benchmark process (64 in flight), ${r.reservations} per run after 2,000 warm-up ones.`,
+    '',
+    '| Figure | Value | Target | Verdict |',
+    '|---|---:|---|---|',
+    `| Redis CPU per reservation, one SKU without buckets (all primaries) | ${c.plain.toFixed(1)} µs | | |`,
+    `| Redis CPU per reservation, the SKU in ${r.bucketCount} buckets | ${c.bucketed.toFixed(1)} µs | | |`,
+    `| Bucketed / not bucketed | ${c.ratio.toFixed(2)}× | ≤ 1.2× | ${c.ratio <= 1.2 ? 'met' : 'missed'} |`,
+    `| Redis CPU per reservation, ${r.bucketCount} buckets, 3× in flight (per-primary batches as large as without buckets) | ${c.bucketedEqualBatch.toFixed(1)} µs (${(c.bucketedEqualBatch / c.plain).toFixed(2)}×) | | |`,
+    `| Reserve script calls per primary (${r.bucketCount} buckets) | ${r.spreadPct.map((s) => `${s.toFixed(1)} %`).join(' / ')} | each 33.3 % ± 15 % | ${spreadOk ? 'met' : 'missed'} |`,
+    `| µs per reserve script call, per primary (commandstats): without buckets / with | ${r.usPerCall.plain.map((x) => x.toFixed(1)).join(', ')} / ${r.usPerCall.bucketed.map((x) => x.toFixed(1)).join(', ')} | | |`,
+    `| Relay drain of ${r.drain.reservations} reservations, 1 stream (relay start included) | ${r.drain.oneStreamS.toFixed(1)} s (${r.drain.oneRate.toFixed(0)}/s) | | |`,
+    `| Relay drain of ${r.drain.reservations} reservations, 8 bucket streams (relay start included) | ${r.drain.eightStreamsS.toFixed(1)} s (${r.drain.eightRate.toFixed(0)}/s) | | |`,
+    '',
+  ];
+}

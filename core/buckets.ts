@@ -1,0 +1,270 @@
+/**
+ * Stock buckets of hot SKUs (ARCHITECTURE.md "Stock buckets"): which SKUs are split into how many
+ * buckets (the activity's bucket layout, in its meta hash), which reservation scope a buyer's
+ * reservation of a SKU lives in (the buyer's home bucket), and the transfer of units from a bucket
+ * that has them to one that ran out (lua/transferStock-4.lua), so no bucket says "sold out" while
+ * another still has units.
+ */
+import { randomUUID } from 'node:crypto';
+import { activityKeys, homeBucket, ActivityKeys } from './keys.js';
+import type { BucketKeys, ScopeKeys } from './keys.js';
+import { isCluster } from './redis.js';
+import type { RedisClient } from './scripts.js';
+import { runScript } from './scripts.js';
+
+/** Most buckets one SKU may have (the CRD's maximum). */
+export const MAX_BUCKETS = 64;
+
+/** Bucket i's share of `stock` split into `count` (the first `stock % count` get one more). */
+export function bucketShare(stock: number, index: number, count: number): number {
+  return Math.floor(stock / count) + (index < stock % count ? 1 : 0);
+}
+
+export class BucketLayout {
+  readonly keys: ActivityKeys;
+  constructor(
+    readonly activityId: string,
+    /** sku id -> bucket count, for bucketed SKUs only (count >= 2). */
+    readonly counts: ReadonlyMap<string, number>,
+  ) {
+    this.keys = activityKeys(activityId);
+  }
+
+  countOf(skuId: string): number {
+    return this.counts.get(skuId) ?? 1;
+  }
+
+  /** The scope a buyer's reservations of a SKU live in. */
+  scopeFor(skuId: string, userId: string): ScopeKeys {
+    const n = this.countOf(skuId);
+    if (n <= 1) return this.keys;
+    return this.keys.bucket(skuId, homeBucket(this.activityId, skuId, userId, n), n);
+  }
+
+  /** Every scope a reservation of this buyer can be in (when the SKU is not known). */
+  scopesForUser(userId: string): ScopeKeys[] {
+    return [this.keys, ...[...this.counts.keys()].map((sku) => this.scopeFor(sku, userId))];
+  }
+
+  bucketsOf(skuId: string): BucketKeys[] {
+    const n = this.countOf(skuId);
+    if (n <= 1) return [];
+    return Array.from({ length: n }, (_, i) => this.keys.bucket(skuId, i, n));
+  }
+
+  /** Every bucket of every bucketed SKU. */
+  allBuckets(): BucketKeys[] {
+    return [...this.counts.keys()].sort().flatMap((sku) => this.bucketsOf(sku));
+  }
+
+  /** The activity's own scope first, then every bucket. */
+  allScopes(): ScopeKeys[] {
+    return [this.keys, ...this.allBuckets()];
+  }
+}
+
+const cache = new Map<string, BucketLayout>();
+
+/**
+ * The activity's bucket layout as loaded (meta fields `bucket:<sku>`). A SKU's bucket count never
+ * changes once loaded (the CRD refuses the edit), so a process keeps the layout; `refresh` re-reads
+ * it (a SKU added by a later load, or a reserve script that found a bucketed SKU's activity hash).
+ */
+export async function bucketLayout(
+  redis: RedisClient,
+  activityId: string,
+  opts: { refresh?: boolean } = {},
+): Promise<BucketLayout> {
+  const known = cache.get(activityId);
+  if (known && !opts.refresh) return known;
+  const k = activityKeys(activityId);
+  const meta = await redis.hgetall(k.meta);
+  const counts = new Map<string, number>();
+  for (const [field, value] of Object.entries(meta)) {
+    const sku = ActivityKeys.skuOfBucketField(field);
+    if (sku !== undefined && Number(value) > 1) counts.set(sku, Number(value));
+  }
+  const layout = new BucketLayout(activityId, counts);
+  // An activity not loaded yet is not remembered: its layout is still to come.
+  if (meta.gate) cache.set(activityId, layout);
+  else cache.delete(activityId);
+  return layout;
+}
+
+/** Forgets remembered layouts (tests that reuse activity ids; cleanup). */
+export function forgetBucketLayout(activityId?: string): void {
+  if (activityId === undefined) cache.clear();
+  else cache.delete(activityId);
+}
+
+export interface TransferOutcome {
+  transferId: string;
+  moved: number;
+}
+
+/**
+ * Moves up to `wanted` units of a SKU from bucket `from` to bucket `to`, exactly once, in two
+ * idempotent script calls keyed by one transfer id: the donor records `out:<id>` (units and
+ * recipient) in the step that takes the units, the recipient `in:<id>` in the step that adds them.
+ * A process killed between the two leaves the donor's record, and `completeTransfers` (run by the
+ * reserve path before it answers SOLD_OUT, by the jobs and by write-back) adds the units to the
+ * recipient; a repeat of either step changes nothing.
+ */
+export async function transferStock(
+  redis: RedisClient,
+  from: BucketKeys,
+  to: BucketKeys,
+  wanted: number,
+  transferId: string = randomUUID(),
+): Promise<TransferOutcome> {
+  const out = await runScript(
+    redis,
+    'transferStock',
+    [from.meta, from.sku(from.skuId), from.transfers, from.counters],
+    ['out', transferId, wanted, to.index, from.skuId],
+  );
+  const moved = Number(out[1]);
+  if (moved > 0 && (await donorReplicated(redis, from))) {
+    await transferIn(redis, to, from.index, transferId, moved);
+  }
+  return { transferId, moved };
+}
+
+/**
+ * The donor's record must survive a failover of the donor's node before the units land in the
+ * recipient (else a promoted replica would still have them, and they would exist twice): WAIT for
+ * one replica on the connection the donor's script ran on (on a cluster: a pipeline routed to the
+ * donor's node, after the script on that node's connection). Not confirmed: the transfer stays in
+ * flight and `completeTransfers` lands it later from the record the donor's current primary
+ * holds. A node without replicas has nothing to wait for.
+ */
+async function donorReplicated(redis: RedisClient, from: BucketKeys): Promise<boolean> {
+  // Keyless commands follow a keyed one in a pipeline: on a cluster that routes them to the donor.
+  const onDonor = async (cmd: 'info' | 'wait'): Promise<unknown> => {
+    const p = isCluster(redis) ? redis.pipeline().exists(from.transfers) : redis.pipeline();
+    const replies = await (cmd === 'info' ? p.info('replication') : p.wait(1, 1000)).exec();
+    const [err, value] = replies?.[replies.length - 1] ?? [new Error('no reply'), undefined];
+    if (err) throw err;
+    return value;
+  };
+  try {
+    if (/^connected_slaves:0\b/m.test(String(await onDonor('info')))) return true;
+    return Number(await onDonor('wait')) >= 1;
+  } catch {
+    return false;
+  }
+}
+
+async function transferIn(
+  redis: RedisClient,
+  to: BucketKeys,
+  fromIndex: number,
+  transferId: string,
+  units: number,
+): Promise<void> {
+  await runScript(
+    redis,
+    'transferStock',
+    [to.meta, to.sku(to.skuId), to.transfers, to.counters],
+    ['in', transferId, units, fromIndex, to.skuId],
+  );
+}
+
+/**
+ * Finishes every transfer of a SKU whose donor step ran and whose recipient step did not (a
+ * process killed between them); returns the units that were in flight and are now in a bucket.
+ */
+export async function completeTransfers(
+  redis: RedisClient,
+  layout: BucketLayout,
+  skuId: string,
+): Promise<number> {
+  const buckets = layout.bucketsOf(skuId);
+  if (buckets.length === 0) return 0;
+  const records = await Promise.all(buckets.map((b) => redis.hgetall(b.transfers)));
+  let landed = 0;
+  for (const [i, donor] of records.entries()) {
+    for (const [field, value] of Object.entries(donor)) {
+      if (!field.startsWith('out:')) continue;
+      const id = field.slice(4);
+      const [units, to] = value.split('|').map(Number) as [number, number];
+      if (units <= 0 || !buckets[to] || records[to]?.[`in:${id}`] !== undefined) continue;
+      await transferIn(redis, buckets[to], buckets[i]!.index, id, units);
+      landed += units;
+    }
+  }
+  return landed;
+}
+
+/**
+ * Units of a SKU taken from a donor bucket and not yet added to their recipient (write-back and
+ * the stock audit count them as remaining: they are nobody's).
+ */
+export async function unitsInFlight(
+  redis: RedisClient,
+  layout: BucketLayout,
+  skuId: string,
+): Promise<number> {
+  const buckets = layout.bucketsOf(skuId);
+  if (buckets.length === 0) return 0;
+  const records = await Promise.all(buckets.map((b) => redis.hgetall(b.transfers)));
+  let n = 0;
+  for (const donor of records) {
+    for (const [field, value] of Object.entries(donor)) {
+      if (!field.startsWith('out:')) continue;
+      const [units, to] = value.split('|').map(Number) as [number, number];
+      if (records[to]?.[`in:${field.slice(4)}`] === undefined) n += units;
+    }
+  }
+  return n;
+}
+
+/**
+ * An upper bound of the units a SKU has left in all its buckets, from each bucket's counters
+ * (loaded - reserved + released; transfers move units without touching them). The counters only
+ * grow, and each is read once, so the sum is never below what was left when the last one was read:
+ * when it is below the quantity asked for, the SKU was sold out at that instant. (Summing the
+ * buckets' stock instead could miss units moving between two buckets while they are read.)
+ */
+export async function unitsLeft(redis: RedisClient, layout: BucketLayout, skuId: string): Promise<number> {
+  const figures = await Promise.all(
+    layout.bucketsOf(skuId).map((b) => redis.hmget(b.counters, 'initial', 'reserved', 'released')),
+  );
+  return figures.reduce(
+    (n, [initial, reserved, released]) =>
+      n + Number(initial ?? 0) - Number(reserved ?? 0) + Number(released ?? 0),
+    0,
+  );
+}
+
+/**
+ * Refills an empty bucket: takes half of the fullest other bucket's units (at least `needed`)
+ * while any other bucket has units. Returns the units moved (0: every other bucket is empty, so
+ * the SKU is sold out for this quantity).
+ */
+export async function refillBucket(
+  redis: RedisClient,
+  layout: BucketLayout,
+  skuId: string,
+  target: BucketKeys,
+  needed: number,
+): Promise<number> {
+  const buckets = layout.bucketsOf(skuId);
+  const stocks = await Promise.all(
+    buckets.map(async (b) => Number((await redis.hget(b.sku(skuId), 'stock')) ?? 0)),
+  );
+  let moved = 0;
+  let have = stocks[target.index] ?? 0;
+  // Fullest donors first; each at most once per refill.
+  const donors = buckets
+    .filter((b) => b.index !== target.index && (stocks[b.index] ?? 0) > 0)
+    .sort((a, b) => (stocks[b.index] ?? 0) - (stocks[a.index] ?? 0));
+  for (const donor of donors) {
+    if (have >= needed) break;
+    const want = Math.max(needed - have, Math.ceil((stocks[donor.index] ?? 0) / 2));
+    const r = await transferStock(redis, donor, target, want);
+    moved += r.moved;
+    have += r.moved;
+  }
+  return moved;
+}

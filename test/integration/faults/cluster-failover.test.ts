@@ -1,0 +1,145 @@
+// A Redis Cluster primary SIGKILLed mid-sale and its replica promoted, with a hot SKU in 8 stock
+// buckets (over all three primaries) and an ordinary SKU: with RESERVE_ACK=replica the api answers
+// 202 only for reservations a replica has (core/durable-ack.ts ClusterReplicaAck), so every 202 is
+// exactly one order, nothing is oversold, and every unit is sold (demand exceeds supply; buckets
+// emptied by the failover are refilled by transfers). The killed node comes back as a replica.
+// Heavy (a private six-node cluster): it runs under `make faults` (FAULT_HEAVY=1) only.
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import pg from 'pg';
+import { readStock } from '../../../core/activity-cache.js';
+import { parseSentinels } from '../../../core/redis.js';
+import { formatViolations } from '../../faults/harness/invariants.js';
+import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf, sleep } from '../../faults/harness/sale.js';
+import type { Servers } from '../../faults/harness/sale.js';
+import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
+import type { PrivateServers } from '../../faults/harness/servers.js';
+import { waitFor } from '../../../dev/roles.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+
+const run = promisify(execFile);
+const heavy = process.env.FAULT_HEAVY === '1';
+const HOT = 64;
+const PLAIN = 16;
+
+(heavy ? describe : describe.skip)('window 18 (Redis part): a cluster primary SIGKILLed mid-sale', () => {
+  let priv: PrivateServers;
+  let db: FreshDatabase;
+  let servers: Servers;
+  let sale: Sale | undefined;
+
+  beforeAll(async () => {
+    priv = await startPrivateServers(['redis-cluster']);
+    db = await freshDatabase();
+    const nodes = parseSentinels(priv.env.REDIS_CLUSTER_NODES!.split(','));
+    servers = {
+      databaseUrl: db.url,
+      redisUrl: `redis://${nodes[0]!.host}:${nodes[0]!.port}`,
+      kafkaBrokers: testEnv().kafkaBrokers,
+      cluster: nodes,
+    };
+  }, 180_000);
+
+  afterAll(async () => {
+    await sale?.stop();
+    await db?.drop();
+    if (priv) await stopPrivateServers(priv);
+  }, 180_000);
+
+  test('0 oversold, every unit sold, every 202 exactly one order (RESERVE_ACK=replica)', async () => {
+    const activityId = uniqueId('f-clfail');
+    await prepareActivity(servers, activityId, [
+      {
+        skuId: 'hot',
+        name: '茅台 飞天 53度 500ml',
+        price: '1499.00',
+        stock: HOT,
+        limitPerUser: 1,
+        buckets: 8,
+      },
+      { skuId: 'plain', name: '五常大米 5kg', price: '89.90', stock: PLAIN, limitPerUser: 1 },
+    ]);
+    sale = new Sale({ servers, activityId, env: { RESERVE_ACK: 'replica', RESERVE_ACK_TIMEOUT_MS: '500' } });
+    const s = sale;
+    await s.start();
+    const hotLoad = buyers(
+      s,
+      activityId,
+      Array.from({ length: 160 }, (_, i) => `${activityId}-h${i}`),
+      { skuId: 'hot', concurrency: 6, maxAttempts: 400 },
+    );
+    const plainLoad = buyers(
+      s,
+      activityId,
+      Array.from({ length: 40 }, (_, i) => `${activityId}-p${i}`),
+      { skuId: 'plain', concurrency: 2, maxAttempts: 400 },
+    );
+
+    const watcher = redisOf(servers, { maxRetriesPerRequest: 3 });
+    try {
+      await waitFor('a fifth of the hot stock reserved', async () => {
+        const st = await readStock(watcher, activityId);
+        return st.reserved >= HOT / 5;
+      });
+    } finally {
+      watcher.disconnect();
+    }
+    // The first primary (slots 0-5460: the first buckets of the hot SKU) dies without a word.
+    const ports = priv.env.REDIS_CLUSTER_PORTS!.split(',');
+    process.kill(Number(readFileSync(join(priv.state, 'redis-cluster-1.pid'), 'utf8').trim()), 'SIGKILL');
+    const cli = async (port: string, ...args: string[]): Promise<string> =>
+      (await run('redis-cli', ['-p', port, ...args])).stdout;
+    await waitFor(
+      'the cluster to mark the killed primary failed',
+      async () =>
+        (await cli(ports[1]!, 'cluster', 'nodes'))
+          .split('\n')
+          .some((l) => l.includes(`:${ports[0]!}@`) && /\bfail\b/.test(l)),
+      60_000,
+      200,
+    );
+    await waitFor(
+      'a replica promoted and the cluster serving every slot',
+      async () => /^cluster_state:ok/m.test(await cli(ports[1]!, 'cluster', 'info')),
+      60_000,
+      200,
+    );
+    await sleep(500);
+    // The killed node restarts (as its pod would) and rejoins as a replica of its successor.
+    await run('redis-server', [priv.env.REDIS_CLUSTER_CONF_1!]);
+    await waitFor(
+      'the old primary to rejoin as a replica',
+      async () => /^role:slave/m.test(await cli(ports[0]!, 'info', 'replication')),
+      60_000,
+      200,
+    );
+
+    const answers = [...(await hotLoad), ...(await plainLoad)];
+    const rec = await recoverAndCheck(servers, activityId, 180_000);
+    await s.stop();
+    sale = undefined;
+    expect(rec.drained).toBe(true);
+    expect(formatViolations(rec.violations)).toBe('');
+
+    const accepted = answers.filter((a) => a.status === 202);
+    const sql = new pg.Pool({ connectionString: db.url, max: 1 });
+    try {
+      const rows = (
+        await sql.query<{ reservation_id: string; sku_id: string }>(
+          `SELECT reservation_id, sku_id FROM orders WHERE activity_id = $1 AND status <> 'CLOSED'`,
+          [activityId],
+        )
+      ).rows;
+      const live = new Set(rows.map((r) => r.reservation_id));
+      // Every 202 is a live order; nothing oversold; every unit sold.
+      expect(accepted.filter((a) => !live.has(a.reservationId!))).toEqual([]);
+      expect(rows.filter((r) => r.sku_id === 'hot')).toHaveLength(HOT);
+      expect(rows.filter((r) => r.sku_id === 'plain')).toHaveLength(PLAIN);
+    } finally {
+      await sql.end();
+    }
+  });
+});

@@ -1,0 +1,65 @@
+// Stock buckets as pure key and arithmetic logic: buckets spread over the slot space, a buyer's
+// home bucket is stable, shares add up to the stock.
+import calculateSlot from 'cluster-key-slot';
+import { bucketShare } from '../../../core/buckets.js';
+import { activityKeys, homeBucket } from '../../../core/keys.js';
+
+describe('stock buckets (core/keys.ts, core/buckets.ts)', () => {
+  it('puts every key of a bucket in one slot, and bucket i of n in the i-th n-th of the slot space', () => {
+    const k = activityKeys('sale-1');
+    for (const n of [2, 3, 8, 12]) {
+      for (let i = 0; i < n; i += 1) {
+        const b = k.bucket('hot', i, n);
+        const slots = new Set(
+          [
+            b.meta,
+            b.sku('hot'),
+            b.buyer('u1'),
+            b.reservation('r1'),
+            b.outbox,
+            b.ledger,
+            b.counters,
+            b.transfers,
+          ].map((key) => calculateSlot(key)),
+        );
+        expect(slots.size).toBe(1);
+        const [slot] = [...slots] as [number];
+        expect(slot).toBeGreaterThanOrEqual(Math.floor((i * 16384) / n));
+        expect(slot).toBeLessThan(Math.ceil(((i + 1) * 16384) / n));
+        // Matched by the activity's bucket pattern, never by its own slot's pattern.
+        expect(b.outbox.startsWith(k.bucketScanPattern.slice(0, -1))).toBe(true);
+        expect(b.outbox.startsWith(k.prefix)).toBe(false);
+      }
+    }
+    // Another activity whose id starts alike is not matched.
+    expect(
+      activityKeys('sale-10').bucket('hot', 0, 2).outbox.startsWith(k.bucketScanPattern.slice(0, -1)),
+    ).toBe(false);
+  });
+
+  it('homes a buyer in one bucket per SKU, spread evenly over the buckets', () => {
+    const counts = new Array<number>(8).fill(0);
+    for (let u = 0; u < 8000; u += 1) {
+      const h = homeBucket('sale-1', 'hot', `u${u}`, 8);
+      expect(homeBucket('sale-1', 'hot', `u${u}`, 8)).toBe(h);
+      counts[h]! += 1;
+    }
+    for (const c of counts) expect(Math.abs(c - 1000)).toBeLessThan(150);
+    expect(homeBucket('sale-1', 'hot', 'u1', 1)).toBe(0);
+  });
+
+  it('splits the stock into shares that add up to it and only grow with it', () => {
+    for (const [stock, n] of [
+      [8, 8],
+      [97, 8],
+      [100, 3],
+      [1_000_003, 64],
+    ] as const) {
+      const shares = Array.from({ length: n }, (_, i) => bucketShare(stock, i, n));
+      expect(shares.reduce((a, b) => a + b, 0)).toBe(stock);
+      expect(Math.min(...shares)).toBeGreaterThanOrEqual(1);
+      expect(Math.max(...shares) - Math.min(...shares)).toBeLessThanOrEqual(1);
+      for (let i = 0; i < n; i += 1) expect(bucketShare(stock + 5, i, n)).toBeGreaterThanOrEqual(shares[i]!);
+    }
+  });
+});
