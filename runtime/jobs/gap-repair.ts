@@ -14,7 +14,6 @@ import type { Producer } from 'kafkajs';
 import { appendJournal } from '../../core/db/journal-store.js';
 import { claimRepublish, recordGapAction } from '../../core/db/gap-repairs-store.js';
 import { findLiveSlotHolder } from '../../core/db/orders-store.js';
-import { activityKeys } from '../../core/keys.js';
 import { isValidOrderMessage } from '../../core/order-message.js';
 import { closeInFlight, settleStock } from '../../core/order-lifecycle.js';
 import type { LifecycleDeps } from '../../core/order-lifecycle.js';

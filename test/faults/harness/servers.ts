@@ -13,7 +13,8 @@ import { ROOT, waitFor } from '../../../dev/roles.js';
 
 const run = promisify(execFile);
 
-export type ServerName = 'postgres' | 'redis' | 'kafka' | 'redis-sentinel' | 'kafka-cluster' | 'redis-cluster';
+export type ServerName =
+  'postgres' | 'redis' | 'kafka' | 'redis-sentinel' | 'kafka-cluster' | 'redis-cluster';
 
 export interface PrivateServers {
   state: string;
