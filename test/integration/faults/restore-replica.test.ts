@@ -25,6 +25,7 @@ import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { activityKeys } from '../../../core/keys.js';
 import { createLogger } from '../../../core/logger.js';
+import { createOperatorMetrics } from '../../../core/metrics.js';
 import { parseSentinels } from '../../../core/redis.js';
 import type { RedisClient } from '../../../core/scripts.js';
 import { registerScripts } from '../../../core/scripts.js';
@@ -133,6 +134,7 @@ type Order = 'failover first' | 'restart first';
         partitions: 2,
         replicationFactor: 1,
       });
+      const metrics = createOperatorMetrics();
       const deps = {
         redis: r,
         pool: p,
@@ -141,6 +143,7 @@ type Order = 'failover first' | 'restart first';
         now: () => new Date(),
         log,
         config: { drainCheckMs: 200, restoreSettleMs: 2000 } as OperatorConfig,
+        metrics,
         events: {
           record: async (_f: FlashSaleActivity, type: string, reason: string) => {
             events.push(`${type} ${reason}`);
