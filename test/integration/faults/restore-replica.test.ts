@@ -51,8 +51,8 @@ import type { FreshDatabase } from '../../../dev/servers.js';
 
 const run = promisify(execFile);
 const heavy = process.env.FAULT_HEAVY === '1';
-const STOCK = 40;
-const BUYERS = 100;
+const STOCK = 60;
+const BUYERS = 150;
 
 async function redisCli(port: string, ...args: string[]): Promise<string> {
   return (await run('redis-cli', ['-p', port, ...args])).stdout.trim();
@@ -69,8 +69,10 @@ type Order = 'failover first' | 'restart first';
     let sale: Sale | undefined;
     let kafka: KafkaAdminAccess | undefined;
     let redis: RedisClient | undefined;
+    let reconciling = false;
 
     afterEach(async () => {
+      reconciling = false;
       await sale?.stop();
       sale = undefined;
       await kafka?.close();
@@ -192,7 +194,7 @@ type Order = 'failover first' | 'restart first';
       expect(events).toEqual([]);
 
       // The operator keeps reconciling through the whole fault, as it would.
-      let reconciling = true;
+      reconciling = true;
       const operatorLoop = (async () => {
         while (reconciling) {
           await pass();
@@ -200,9 +202,12 @@ type Order = 'failover first' | 'restart first';
         }
       })();
 
+      // The relay stalls (stopped, not dead) before the load: the acknowledged reservations wait in
+      // the outbox, which is in Redis only, when the machine is lost.
+      const relay = s.current.get('relay')!.proc;
+      relay.kill('SIGSTOP');
       const ids = Array.from({ length: BUYERS }, (_, i) => `${activityId}-b${i}`);
       const load = buyers(s, activityId, ids, { skuId: 'rice', concurrency: 6, maxAttempts: 400 });
-      const relay = s.current.get('relay')!.proc;
       const primaryPort = e.REDIS_SENTINEL_PRIMARY_PORT!;
       const sentinelPort = String(servers.sentinel!.sentinels[0]!.port);
       const masterPort = async (): Promise<string> =>
@@ -211,14 +216,12 @@ type Order = 'failover first' | 'restart first';
         )[1] ?? '';
       let outboxAtLoss = 0;
       try {
-        await waitFor('a fifth of the stock reserved', async () => {
-          const st = await readStock(r, activityId);
-          return st.reserved >= STOCK / 5;
-        });
-        // The relay stalls (stopped, not dead): the acknowledged reservations wait in the outbox,
-        // which is in Redis only, when the machine is lost.
-        relay.kill('SIGSTOP');
-        await waitFor('more reservations in the outbox', async () => (await r.xlen(k.outbox)) >= 5);
+        await waitFor(
+          'a fifth of the stock reserved',
+          async () => (await readStock(r, activityId)).reserved >= STOCK / 5,
+          60_000,
+          50,
+        );
         outboxAtLoss = await r.xlen(k.outbox);
         // The machine loss: SIGKILL, the data files gone (AOF directory, RDB), the config kept
         // (it is the pod's ConfigMap).
