@@ -223,6 +223,19 @@ type Order = 'failover first' | 'restart first';
           50,
         );
         outboxAtLoss = await r.xlen(k.outbox);
+        if (order === 'restart first') {
+          // A down-after-milliseconds longer than the restart takes (a node restarted in place at once):
+          // made certain here, not left to the machine's speed.
+          for (const sentinel of servers.sentinel!.sentinels)
+            await redisCli(
+              String(sentinel.port),
+              'sentinel',
+              'set',
+              e.REDIS_SENTINEL_MASTER!,
+              'down-after-milliseconds',
+              '30000',
+            );
+        }
         // The machine loss: SIGKILL, the data files gone (AOF directory, RDB), the config kept
         // (it is the pod's ConfigMap).
         const conf = e.REDIS_SENTINEL_PRIMARY_CONF!;
