@@ -335,6 +335,19 @@ export function createOperatorMetrics() {
       labelNames: ['activity', 'name', 'namespace', 'role', 'state'],
       registers: r,
     }),
+    // Cache restores (operator/reconcile/restore-cache.ts, docs/runbooks/cache-restore.md).
+    cacheRestores: new client.Counter({
+      name: 'flashsale_cache_restores_total',
+      help: "Restores of an activity's Redis cache from PostgreSQL begun by the operator, by reason (CacheEmpty, CacheBehind)",
+      labelNames: ['activity', 'name', 'namespace', 'reason'],
+      registers: r,
+    }),
+    cacheRestoreOpenSeconds: new client.Gauge({
+      name: 'flashsale_cache_restore_open_seconds',
+      help: "Seconds since the activity's open cache restore was detected, by its current step (detected, paused, drained, reloaded); absent when none is open",
+      labelNames: ['activity', 'name', 'namespace', 'step'],
+      registers: r,
+    }),
     ordersUnsettled: new client.Gauge({
       name: 'flashsale_orders_unsettled',
       help: 'Orders and payments of an activity not settled yet (Settling), by what is left: unpaid, closed_unsettled, refund_pending, refunding',

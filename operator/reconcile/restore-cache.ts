@@ -42,6 +42,7 @@ import { setCondition } from '../api/v1alpha1/conditions.js';
 import { ConditionType, EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
+import { countRestore, exportOpenRestore } from './restore-metrics.js';
 
 const LIVE_PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
 
@@ -106,9 +107,11 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
       if (previous?.reason !== Reason.Restored) {
         condition(ctx, 'True', Reason.CacheMatches, 'Redis holds every unit PostgreSQL holds as live orders');
       }
+      exportOpenRestore(ctx, undefined);
       return CONTINUE;
     }
     row = await beginRestore(pool, ctx.activityId, check.kind, check.divergence);
+    countRestore(ctx, row.reason);
     crashPoint('operator-after-restore-begin');
     await ctx.event(
       'Warning',
@@ -116,6 +119,7 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
       `${check.kind}: ${describe(check.divergence)}; restoring the cache from PostgreSQL (epoch ${row.epoch})`,
     );
   }
+  exportOpenRestore(ctx, row);
   const t = targetOf(ctx, row);
 
   if (row.step === 'detected') {
@@ -222,6 +226,7 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
       `cache restored (epoch ${row.epoch}); gate ${gate}`,
     );
     condition(ctx, 'True', Reason.Restored, `restore ${row.epoch} (${row.reason}) completed; gate ${gate}`);
+    exportOpenRestore(ctx, undefined);
     ctx.requeueAfter(0);
     return DONE;
   }

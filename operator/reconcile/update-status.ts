@@ -4,6 +4,7 @@
  * patch carrying the resourceVersion the pass started from (nothing is written when nothing
  * changed). Also the per-activity metrics.
  */
+import { RESTORE_STEPS } from '../../core/db/cache-restores-store.js';
 import { countUnconfirmed, readMeta, readOutbox, readStock } from '../../core/activity-cache.js';
 import { countOrders } from '../../core/db/orders-store.js';
 import { readStockRows, readWriteBack } from '../../core/db/stock-store.js';
@@ -194,6 +195,9 @@ export function forgetActivityMetrics(
     metrics.activityDlqDepth,
   ])
     g.remove(labels);
+  for (const step of RESTORE_STEPS) metrics.cacheRestoreOpenSeconds.remove({ ...labels, step });
+  for (const reason of ['CacheEmpty', 'CacheBehind'] as const)
+    metrics.cacheRestores.remove({ ...labels, reason });
 }
 
 /** Computes the final status of the pass and writes it. */

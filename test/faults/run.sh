@@ -3,7 +3,7 @@
 # docs/faults-report.md (scenario x runs x outcome, seeds) from the recorded outcomes.
 #   FAULT_RUNS   randomized runs (default 50)      FAULT_SEED   first seed (default: time-based)
 #   FAULT_FUZZ_RUNS  multiplier of the fuzzing run counts (default 1)
-#   FAULT_HEAVY  0 leaves out the heavy scenarios (windows 12 and 14 failover, window 17 recovery)
+#   FAULT_HEAVY  0 leaves out the heavy scenarios (windows 12, 13 with RESERVE_ACK=replica and 14 failover, window 17 recovery)
 #                and runs window 18 (Kafka broker) in its light variant
 # Servers: those given through DATABASE_URL, ... or a private set started by test/run.sh.
 set -euo pipefail

@@ -17,6 +17,7 @@ import type { Pool } from '../../../core/db/pool.js';
 import { latestReports } from '../../../core/db/reconciliation-store.js';
 import { activityKeys } from '../../../core/keys.js';
 import { createLogger } from '../../../core/logger.js';
+import { createOperatorMetrics } from '../../../core/metrics.js';
 import { registerScripts } from '../../../core/scripts.js';
 import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
@@ -98,6 +99,7 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
           partitions: 2,
           replicationFactor: 1,
         });
+        const metrics = createOperatorMetrics();
         const deps = {
           redis: r,
           pool,
@@ -106,6 +108,7 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
           now: () => new Date(),
           log,
           config: { drainCheckMs: 200, restoreSettleMs: 2000 } as OperatorConfig,
+          metrics,
           events: {
             record: async (_f: FlashSaleActivity, type: string, reason: string) => {
               events.push(`${type} ${reason}`);
@@ -210,6 +213,14 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
           'Normal CacheRestoreReloaded',
           'Normal CacheRestoreResumed',
         ]);
+        // The operator's restore series (docs/runbooks/FlashSaleCacheRestore.md): one restore
+        // counted, none open any more.
+        const restoreSeries = async (name: string) =>
+          (await metrics.registry.getSingleMetric(name)!.get()).values.map((x) => [x.labels, x.value]);
+        expect(await restoreSeries('flashsale_cache_restores_total')).toEqual([
+          [{ activity: activityId, name: activityId, namespace: 'default', reason: 'CacheEmpty' }, 1],
+        ]);
+        expect(await restoreSeries('flashsale_cache_restore_open_seconds')).toEqual([]);
         expect(fsa.status?.conditions?.find((c) => c.type === 'CacheConsistent')).toMatchObject({
           status: 'True',
           reason: 'Restored',
