@@ -286,3 +286,41 @@ it('carries a Sentinel-managed Redis to the operator and every role, and RESERVE
   expect(badAddress.status).not.toBe(0);
   expect(badAddress.stderr).toContain('sentinels');
 });
+
+it('gives the topics the operator and the after-sale role create the same replication settings', () => {
+  const namespace = 'flashsale-system';
+  const objects = parseManifests(
+    renderChart(
+      helm,
+      [],
+      [...connection, 'runtime.kafka.replicationFactor=3', 'runtime.kafka.minInsyncReplicas=2'],
+      namespace,
+    ),
+  );
+  const operatorEnv = at(
+    findObject(objects, 'Deployment', '-operator'),
+    'spec.template.spec.containers.0.env',
+  ) as EnvVar[];
+  const operator = loadOperatorConfig(resolveEnv(operatorEnv, objects, namespace));
+  expect(operator.kafka).toMatchObject({ replicationFactor: 3, minInsyncReplicas: 2 });
+
+  const afterSaleEnv = at(
+    findObject(objects, 'Deployment', '-after-sale'),
+    'spec.template.spec.containers.0.env',
+  ) as EnvVar[];
+  const secret = roleSecretData(objects, operator.runtime.secretName, 'after-sale');
+  const afterSale = loadRuntimeConfig('after-sale', {
+    ...secret,
+    ...resolveEnv(afterSaleEnv, objects, namespace),
+  });
+  expect(afterSale).toMatchObject({ KAFKA_REPLICATION_FACTOR: 3, KAFKA_MIN_INSYNC_REPLICAS: 2 });
+
+  // Unset, the after-sale role's topic gets the factor and the runtime's default min.insync.replicas.
+  const defaults = parseManifests(renderChart(helm, [], connection, namespace));
+  const defaultEnv = at(
+    findObject(defaults, 'Deployment', '-after-sale'),
+    'spec.template.spec.containers.0.env',
+  ) as EnvVar[];
+  expect(defaultEnv.map((e) => e.name)).toContain('KAFKA_REPLICATION_FACTOR');
+  expect(defaultEnv.map((e) => e.name)).not.toContain('KAFKA_MIN_INSYNC_REPLICAS');
+});
