@@ -42,6 +42,7 @@ import { setCondition } from '../api/v1alpha1/conditions.js';
 import { ConditionType, EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
+import { resolveItems } from './resolve-items.js';
 
 const LIVE_PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
 
@@ -61,8 +62,12 @@ export function gateAfterRestore(ctx: ReconcileContext): GateState {
   return ctx.fsa.spec.paused ? 'paused' : 'open';
 }
 
-function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): RestoreTarget {
+async function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): Promise<RestoreTarget> {
   const spec = ctx.fsa.spec;
+  // The bucket layout the warm-up loaded: the resource fixes each SKU's count once it began.
+  const buckets = new Map(
+    (await resolveItems(ctx)).filter((i) => (i.buckets ?? 1) > 1).map((i) => [i.skuId, i.buckets!] as const),
+  );
   return {
     activityId: ctx.activityId,
     epoch: row.epoch,
@@ -72,6 +77,7 @@ function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): RestoreTarget {
     requireOrderCode: spec.requireOrderCode,
     reopenOnRelease: spec.reopenOnRelease,
     ownerUid: ctx.fsa.metadata.uid,
+    buckets,
   };
 }
 
@@ -116,7 +122,7 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
       `${check.kind}: ${describe(check.divergence)}; restoring the cache from PostgreSQL (epoch ${row.epoch})`,
     );
   }
-  const t = targetOf(ctx, row);
+  const t = await targetOf(ctx, row);
 
   if (row.step === 'detected') {
     // Recorded even when the hold fails (Redis still down): the pass's error says why.
