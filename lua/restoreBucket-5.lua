@@ -49,9 +49,12 @@ redis.call('HSET', KEYS[4], 'stock', stock, 'initial', initial, 'limit', ARGV[5]
   'name', ARGV[7], 'gen', ARGV[2], 'repoch', epoch)
 redis.call('SADD', KEYS[3], ARGV[3])
 redis.call('DEL', KEYS[5])
+-- Units the restore moved in or out of this bucket (never written as '-0', which HINCRBY refuses).
 local moved = stock - (initial - reserved + released)
+local movedIn, movedOut = 0, 0
+if moved > 0 then movedIn = moved elseif moved < 0 then movedOut = -moved end
 redis.call('HSET', KEYS[2], 'initial', initial, 'reserved', reserved, 'released', released,
-  'reservations', ARGV[11], 'transferredIn', math.max(moved, 0), 'transferredOut', math.max(-moved, 0))
+  'reservations', ARGV[11], 'transferredIn', movedIn, 'transferredOut', movedOut)
 redis.call('HSET', KEYS[1], 'gen', ARGV[2], 'epoch', epoch, 'restoredAt', nowMs())
 redis.call('HSETNX', KEYS[1], 'loads', 1)
 redis.call('HDEL', KEYS[1], 'restoring')
