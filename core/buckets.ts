@@ -85,8 +85,10 @@ export async function bucketLayout(
     if (sku !== undefined && Number(value) > 1) counts.set(sku, Number(value));
   }
   const layout = new BucketLayout(activityId, counts);
-  // An activity not loaded yet is not remembered: its layout is still to come.
-  if (meta.gate) cache.set(activityId, layout);
+  // An activity not loaded yet is not remembered: its layout is still to come. Nor is a meta
+  // without the load mark `gen`: a half-done load, or the paused meta a cache restore holds an
+  // empty Redis with (core/cache-restore.ts), whose layout comes back with the reload.
+  if (meta.gate && meta.gen) cache.set(activityId, layout);
   else cache.delete(activityId);
   return layout;
 }

@@ -12,6 +12,7 @@
  * reloaded; a cache carrying an older one came back from before that restore.
  */
 import { LOAD_CHUNK } from './activity-cache.js';
+import { BucketLayout, bucketLayout, bucketShare, forgetBucketLayout, unitsLeft } from './buckets.js';
 import { readActivitySkus } from './db/activity-skus-store.js';
 import type { ActivitySkuRow } from './db/activity-skus-store.js';
 import type { RestoreDivergence, RestoreReason, RestoreReload } from './db/cache-restores-store.js';
@@ -19,6 +20,7 @@ import { findByReservationIds, ordersForRestore } from './db/orders-store.js';
 import type { OrderStatus } from './db/orders-store.js';
 import type { Pool } from './db/pool.js';
 import { activityKeys } from './keys.js';
+import type { ScopeKeys } from './keys.js';
 import { readReservation } from './reservations.js';
 import type { ReservationRecord } from './reservations.js';
 import type { RedisClient } from './scripts.js';
@@ -35,6 +37,11 @@ export interface RestoreTarget {
   requireOrderCode: boolean;
   reopenOnRelease: boolean;
   ownerUid: string;
+  /**
+   * The bucket count of each bucketed SKU as the resource fixes it (sku id -> count >= 2): an
+   * empty cache has forgotten its layout, and the api and relay expect the bucket scopes back.
+   */
+  buckets?: ReadonlyMap<string, number>;
 }
 
 export type CacheCheck =
@@ -56,6 +63,21 @@ async function measure(
   const pipeline = redis.pipeline();
   for (const s of skus) pipeline.hmget(k.sku(s.skuId), 'initial', 'stock');
   const replies = skus.length > 0 ? ((await pipeline.exec()) ?? []) : [];
+  // A bucketed SKU's units are in its buckets (its activity-scope hash holds none): the units it
+  // has taken are its buckets' initial stock less what their counters leave, which transfers in
+  // flight between two buckets do not change (core/buckets.ts unitsLeft).
+  const layout = await bucketLayout(redis, activityId, { refresh: true });
+  const bucketTaken = new Map<string, number | null>();
+  for (const s of skus) {
+    const buckets = layout.bucketsOf(s.skuId);
+    if (buckets.length === 0) continue;
+    const initials = await Promise.all(buckets.map((b) => redis.hget(b.sku(s.skuId), 'initial')));
+    const left = await unitsLeft(redis, layout, s.skuId);
+    bucketTaken.set(
+      s.skuId,
+      initials.some((v) => v === null) ? null : initials.reduce((n, v) => n + Number(v), 0) - left,
+    );
+  }
   const divergence: RestoreDivergence = {
     redis: meta.gate
       ? { present: true, generation: Number(meta.gen ?? 0), epoch: Number(meta.epoch ?? 0) }
@@ -63,7 +85,11 @@ async function measure(
     expectedEpoch,
     skus: skus.map((s, i) => {
       const [initial, stock] = (replies[i]?.[1] as (string | null)[] | undefined) ?? [];
-      const taken = initial == null || stock == null ? null : Number(initial) - Number(stock);
+      const taken = bucketTaken.has(s.skuId)
+        ? bucketTaken.get(s.skuId)!
+        : initial == null || stock == null
+          ? null
+          : Number(initial) - Number(stock);
       return { skuId: s.skuId, redisTaken: taken, postgresLive: live.get(s.skuId) ?? 0 };
     }),
   };
@@ -124,13 +150,31 @@ export async function checkCache(
 
 /** Step 1: keeps buyers out (gate `paused`; an empty cache gets a meta hash holding only that). */
 export async function holdForRestore(redis: RedisClient, t: RestoreTarget): Promise<string> {
-  const r = await runScript(
-    redis,
-    'holdForRestore',
-    [activityKeys(t.activityId).meta],
-    [t.epoch, t.startMs, t.endMs, t.requireOrderCode ? '1' : '0', t.reopenOnRelease ? '1' : '0', t.ownerUid],
-  );
+  const args = [
+    t.epoch,
+    t.startMs,
+    t.endMs,
+    t.requireOrderCode ? '1' : '0',
+    t.reopenOnRelease ? '1' : '0',
+    t.ownerUid,
+  ];
+  // Every bucket too (each bucket's reserve script reads its own gate), before the activity's.
+  const layout = await restoreLayout(redis, t);
+  await Promise.all(layout.allBuckets().map((b) => runScript(redis, 'holdForRestore', [b.meta], args)));
+  const r = await runScript(redis, 'holdForRestore', [activityKeys(t.activityId).meta], args);
   return String(r[1]);
+}
+
+/**
+ * The bucket layout a restore rebuilds: the resource's (fixed once warm-up began), with any
+ * bucketed SKU a cache that came back behind still names.
+ */
+async function restoreLayout(redis: RedisClient, t: RestoreTarget): Promise<BucketLayout> {
+  const counts = new Map(t.buckets ?? []);
+  for (const [sku, n] of (await bucketLayout(redis, t.activityId, { refresh: true })).counts) {
+    if (!counts.has(sku)) counts.set(sku, n);
+  }
+  return new BucketLayout(t.activityId, counts);
 }
 
 /** Half messages still in the cache's outbox (the relay empties it while the gate is paused). */
@@ -157,8 +201,13 @@ interface BuyerHold {
  * Step 3 (after the gate was paused and the backlog drained): rebuilds the cache from PostgreSQL.
  * Every order's reservation (so a buyer's retry is a replay and a later close returns its unit
  * exactly once), every buyer's held quantity and slots, then each SKU's stock = initial − live
- * orders − reservations still in flight (in the ledger, `RESERVED`, no order: only a cache that
+ * orders − reservations still in flight (in a ledger, `RESERVED`, no order: only a cache that
  * came back behind has any), and last the epoch mark. Nothing opens the gate here.
+ *
+ * A bucketed SKU is rebuilt as the warm-up laid it out (ARCHITECTURE.md "Stock buckets"): each
+ * reservation and buyer slot in the buyer's home bucket, each bucket's share of the remaining
+ * units (lua/restoreBucket-5.lua, fenced by the epoch on the bucket's meta), then the layout (the
+ * meta's `bucket:<sku>` and the SKU hash's `buckets`), then the activity's epoch mark.
  */
 export async function reloadFromPostgres(
   redis: RedisClient,
@@ -171,15 +220,30 @@ export async function reloadFromPostgres(
   if (skus.length === 0)
     throw new Error(`activity ${t.activityId} has no activity_skus rows to restore from`);
   const limits = new Map(skus.map((s) => [s.skuId, s.limitPerUser]));
+  const layout = await restoreLayout(redis, t);
 
-  // Reservations in flight that the cache can still prove (a cache that came back behind).
-  const ledger = await redis.zrange(k.ledger, 0, maxLedger - 1);
-  const ordered = new Set((await findByReservationIds(pool, ledger)).map((o) => o.reservationId));
+  // Reservations in flight that the cache can still prove (a cache that came back behind), in
+  // every ledger: the activity's and each bucket's.
+  const ledgers = await Promise.all(
+    layout
+      .allScopes()
+      .map(async (scope) => ({ scope, ids: await redis.zrange(scope.ledger, 0, maxLedger - 1) })),
+  );
+  const ordered = new Set(
+    (
+      await findByReservationIds(
+        pool,
+        ledgers.flatMap((l) => l.ids),
+      )
+    ).map((o) => o.reservationId),
+  );
   const inFlight: ReservationRecord[] = [];
-  for (const rid of ledger) {
-    if (ordered.has(rid)) continue;
-    const r = await readReservation(redis, t.activityId, rid);
-    if (r?.state === 'RESERVED' && limits.has(r.skuId)) inFlight.push(r);
+  for (const { scope, ids } of ledgers) {
+    for (const rid of ids) {
+      if (ordered.has(rid)) continue;
+      const r = await readReservation(redis, t.activityId, rid, scope);
+      if (r?.state === 'RESERVED' && limits.has(r.skuId)) inFlight.push(r);
+    }
   }
 
   const holds = new Map<string, BuyerHold>();
@@ -192,60 +256,93 @@ export async function reloadFromPostgres(
     }
     return h;
   };
+  // Counter figures per scope and SKU (a bucket's counters carry its home buyers' reservations).
+  const figures = new Map<string, Figures>();
+  const figure = (scope: ScopeKeys, skuId: string): Figures => {
+    const key = `${scope.prefix}\n${skuId}`;
+    let f = figures.get(key);
+    if (!f) {
+      f = { reserved: 0, released: 0, reservations: 0 };
+      figures.set(key, f);
+    }
+    return f;
+  };
   for (const r of inFlight) {
     const h = hold(r.userId, r.skuId);
     h.quantity += r.quantity;
     h.slots.set(r.slot, r.reservationId);
+    const f = figure(layout.scopeFor(r.skuId, r.userId), r.skuId);
+    f.reserved += r.quantity;
+    f.reservations += 1;
   }
 
   let orders = 0;
-  let reserved = inFlight.reduce((n, r) => n + r.quantity, 0);
-  let released = 0;
   for (let after = '0'; ;) {
     const page = await ordersForRestore(pool, t.activityId, after, PAGE);
     if (page.length === 0) break;
     after = page.at(-1)!.id;
-    const p = redis.pipeline();
+    // One pipeline per scope: a cluster runs a pipeline within one slot's node only.
+    const byScope = new Map<string, { scope: ScopeKeys; page: typeof page }>();
     for (const o of page) {
-      orders += 1;
-      reserved += o.quantity;
-      const state = reservationState(o.status);
-      if (state === 'RELEASED') released += o.quantity;
-      p.hset(k.reservation(o.reservationId), {
-        state,
-        user: o.userId,
-        sku: o.skuId,
-        qty: o.quantity,
-        slot: o.slot,
-        price: o.unitPrice,
-        name: o.itemName,
-        ts: Math.round(o.reservedAtMs),
-        trace: o.traceId,
-      });
-      // Every buyer with an order of the SKU is rewritten (a closed order's slot must not stay
-      // taken in a cache that came back behind); a released unit still counts against the buyer
-      // when released stock does not reopen slots.
-      const h = hold(o.userId, o.skuId);
-      if (state !== 'RELEASED' || !t.reopenOnRelease) h.quantity += o.quantity;
-      if (state !== 'RELEASED') h.slots.set(o.slot, o.reservationId);
+      const scope = layout.scopeFor(o.skuId, o.userId);
+      const group = byScope.get(scope.prefix) ?? { scope, page: [] };
+      group.page.push(o);
+      byScope.set(scope.prefix, group);
     }
-    p.zrem(k.ledger, ...page.map((o) => o.reservationId));
-    await p.exec();
+    for (const { scope, page: group } of byScope.values()) {
+      const p = redis.pipeline();
+      for (const o of group) {
+        orders += 1;
+        const state = reservationState(o.status);
+        const f = figure(scope, o.skuId);
+        f.reserved += o.quantity;
+        f.reservations += 1;
+        if (state === 'RELEASED') f.released += o.quantity;
+        p.hset(scope.reservation(o.reservationId), {
+          state,
+          user: o.userId,
+          sku: o.skuId,
+          qty: o.quantity,
+          slot: o.slot,
+          price: o.unitPrice,
+          name: o.itemName,
+          ts: Math.round(o.reservedAtMs),
+          trace: o.traceId,
+        });
+        // Every buyer with an order of the SKU is rewritten (a closed order's slot must not stay
+        // taken in a cache that came back behind); a released unit still counts against the
+        // buyer when released stock does not reopen slots.
+        const h = hold(o.userId, o.skuId);
+        if (state !== 'RELEASED' || !t.reopenOnRelease) h.quantity += o.quantity;
+        if (state !== 'RELEASED') h.slots.set(o.slot, o.reservationId);
+      }
+      p.zrem(scope.ledger, ...group.map((o) => o.reservationId));
+      await p.exec();
+    }
   }
 
-  // Each buyer's fields absolutely: slots of the SKU cleared, then the proven ones written.
-  const buyerList = [...holds.values()];
-  for (let i = 0; i < buyerList.length; i += PAGE) {
-    const m = redis.multi();
-    for (const h of buyerList.slice(i, i + PAGE)) {
-      const limit = limits.get(h.skuId) ?? 0;
-      const stale = Array.from({ length: limit }, (_, n) => `${h.skuId}:slot:${n + 1}`);
-      if (stale.length > 0) m.hdel(k.buyer(h.userId), ...stale);
-      const fields: Record<string, string | number> = { [`${h.skuId}:qty`]: h.quantity };
-      for (const [slot, rid] of h.slots) fields[`${h.skuId}:slot:${slot}`] = rid;
-      m.hset(k.buyer(h.userId), fields);
+  // Each buyer's fields absolutely, in the buyer's home scope of the SKU: slots of the SKU
+  // cleared, then the proven ones written. One transaction per scope (one slot each).
+  const buyersByScope = new Map<string, { scope: ScopeKeys; holds: BuyerHold[] }>();
+  for (const h of holds.values()) {
+    const scope = layout.scopeFor(h.skuId, h.userId);
+    const group = buyersByScope.get(scope.prefix) ?? { scope, holds: [] };
+    group.holds.push(h);
+    buyersByScope.set(scope.prefix, group);
+  }
+  for (const { scope, holds: list } of buyersByScope.values()) {
+    for (let i = 0; i < list.length; i += PAGE) {
+      const m = redis.multi();
+      for (const h of list.slice(i, i + PAGE)) {
+        const limit = limits.get(h.skuId) ?? 0;
+        const stale = Array.from({ length: limit }, (_, n) => `${h.skuId}:slot:${n + 1}`);
+        if (stale.length > 0) m.hdel(scope.buyer(h.userId), ...stale);
+        const fields: Record<string, string | number> = { [`${h.skuId}:qty`]: h.quantity };
+        for (const [slot, rid] of h.slots) fields[`${h.skuId}:slot:${slot}`] = rid;
+        m.hset(scope.buyer(h.userId), fields);
+      }
+      await m.exec();
     }
-    await m.exec();
   }
 
   const inFlightBySku = new Map<string, number>();
@@ -263,10 +360,52 @@ export async function reloadFromPostgres(
       name: s.itemName,
     };
   });
-  const initialTotal = rows.reduce((n, r) => n + r.initial, 0);
-  const chunks = Math.max(1, Math.ceil(rows.length / LOAD_CHUNK));
+
+  // Bucketed SKUs first: each bucket's share, then the layout that sends buyers to them.
+  for (const r of rows) {
+    const buckets = layout.bucketsOf(r.skuId);
+    if (buckets.length === 0) continue;
+    await Promise.all(
+      buckets.map((b) => {
+        const f = figures.get(`${b.prefix}\n${r.skuId}`) ?? { reserved: 0, released: 0, reservations: 0 };
+        return runScript(
+          redis,
+          'restoreBucket',
+          [b.meta, b.counters, b.skuIndex, b.sku(r.skuId), b.transfers],
+          [
+            t.epoch,
+            t.generation,
+            r.skuId,
+            bucketShare(r.initial, b.index, buckets.length),
+            r.limit,
+            r.price,
+            r.name,
+            bucketShare(r.remaining, b.index, buckets.length),
+            f.reserved,
+            f.released,
+            f.reservations,
+          ],
+        );
+      }),
+    );
+    // Absolute values the resource fixes once warm-up began: a repeat writes the same.
+    await redis.hset(k.meta, k.bucketField(r.skuId), String(buckets.length));
+    await redis.hset(k.sku(r.skuId), 'buckets', String(buckets.length));
+  }
+
+  // The activity's own scope: a bucketed SKU's hash holds no units (as loaded), and its counters
+  // only the figures of the SKUs that are not bucketed.
+  const own = rows.map((r) => (layout.countOf(r.skuId) > 1 ? { ...r, initial: 0, remaining: 0 } : r));
+  const ownFigures = own
+    .filter((r) => layout.countOf(r.skuId) <= 1)
+    .map((r) => figures.get(`${k.prefix}\n${r.skuId}`) ?? { reserved: 0, released: 0, reservations: 0 });
+  const initialTotal = own.reduce((n, r) => n + r.initial, 0);
+  const reserved = ownFigures.reduce((n, f) => n + f.reserved, 0);
+  const released = ownFigures.reduce((n, f) => n + f.released, 0);
+  const reservations = ownFigures.reduce((n, f) => n + f.reservations, 0);
+  const chunks = Math.max(1, Math.ceil(own.length / LOAD_CHUNK));
   for (let c = 0; c < chunks; c += 1) {
-    const chunk = rows.slice(c * LOAD_CHUNK, (c + 1) * LOAD_CHUNK);
+    const chunk = own.slice(c * LOAD_CHUNK, (c + 1) * LOAD_CHUNK);
     const args: (string | number)[] = [
       t.epoch,
       t.generation,
@@ -274,7 +413,7 @@ export async function reloadFromPostgres(
       initialTotal,
       reserved,
       released,
-      orders + inFlight.length,
+      reservations,
     ];
     for (const r of chunk) args.push(r.skuId, r.initial, r.limit, r.price, r.name, r.remaining);
     await runScript(
@@ -284,6 +423,8 @@ export async function reloadFromPostgres(
       args,
     );
   }
+  // This process's remembered layout may be the empty one of the hold's meta.
+  forgetBucketLayout(t.activityId);
   return {
     skus: rows.map(({ skuId, initial, live, inFlight: f, remaining }) => ({
       skuId,
@@ -295,6 +436,12 @@ export async function reloadFromPostgres(
     orders,
     buyers: holds.size,
   };
+}
+
+interface Figures {
+  reserved: number;
+  released: number;
+  reservations: number;
 }
 
 /** The epoch the cache carries (0: never restored, or empty). */

@@ -43,6 +43,7 @@ import { ConditionType, EventReason, Phase, Reason } from '../api/v1alpha1/types
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { countRestore, exportOpenRestore } from './restore-metrics.js';
+import { resolveItems } from './resolve-items.js';
 
 const LIVE_PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
 
@@ -62,8 +63,12 @@ export function gateAfterRestore(ctx: ReconcileContext): GateState {
   return ctx.fsa.spec.paused ? 'paused' : 'open';
 }
 
-function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): RestoreTarget {
+async function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): Promise<RestoreTarget> {
   const spec = ctx.fsa.spec;
+  // The bucket layout the warm-up loaded: the resource fixes each SKU's count once it began.
+  const buckets = new Map(
+    (await resolveItems(ctx)).filter((i) => (i.buckets ?? 1) > 1).map((i) => [i.skuId, i.buckets!] as const),
+  );
   return {
     activityId: ctx.activityId,
     epoch: row.epoch,
@@ -73,6 +78,7 @@ function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): RestoreTarget {
     requireOrderCode: spec.requireOrderCode,
     reopenOnRelease: spec.reopenOnRelease,
     ownerUid: ctx.fsa.metadata.uid,
+    buckets,
   };
 }
 
@@ -120,7 +126,7 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
     );
   }
   exportOpenRestore(ctx, row);
-  const t = targetOf(ctx, row);
+  const t = await targetOf(ctx, row);
 
   if (row.step === 'detected') {
     // Recorded even when the hold fails (Redis still down): the pass's error says why.

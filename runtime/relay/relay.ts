@@ -147,7 +147,10 @@ export class Relay {
     const reclaimedAt = new Map<string, number>();
     while (this.running) {
       try {
-        if (this.streams.length > 1 && Date.now() - this.streamsReadAt >= STREAMS_REFRESH_MS) {
+        // Re-read even with one stream known: a layout read while Redis was empty (lost, before the
+        // operator's cache restore rebuilt it, docs/operator.md "Cache restore") names the
+        // activity's stream only, and the buckets' streams come back with the restore.
+        if (Date.now() - this.streamsReadAt >= STREAMS_REFRESH_MS) {
           await this.refreshStreams();
           for (const s of this.streams) if (!reclaimedAt.has(s)) backlog.set(s, backlog.get(s) ?? '0');
         }

@@ -7,6 +7,7 @@
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { loadActivity, readMeta, readStock, setGate } from '../../../core/activity-cache.js';
+import { bucketLayout, forgetBucketLayout, unitsInFlight } from '../../../core/buckets.js';
 import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
 import type { RestoreTarget } from '../../../core/cache-restore.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
@@ -18,9 +19,10 @@ import {
   openRestore,
 } from '../../../core/db/cache-restores-store.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
-import { activityKeys } from '../../../core/keys.js';
+import { activityKeys, homeBucket } from '../../../core/keys.js';
 import type { CatalogItem, OrderMessage } from '../../../core/model.js';
-import { registerScripts } from '../../../core/scripts.js';
+import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
+import { registerScripts, runScript } from '../../../core/scripts.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 
@@ -42,10 +44,11 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     await db?.drop();
   });
 
-  /** Every key of the activity with its whole value, for comparing two states. */
+  /** Every key of the activity (its stock buckets' too) with its whole value, for comparing two states. */
   async function snapshot(activityId: string): Promise<Record<string, unknown>> {
     const out: Record<string, unknown> = {};
-    const keys = (await redis.keys(activityKeys(activityId).scanPattern)).sort();
+    const k = activityKeys(activityId);
+    const keys = [...(await redis.keys(k.scanPattern)), ...(await redis.keys(k.bucketScanPattern))].sort();
     for (const key of keys) {
       const type = await redis.type(key);
       if (type === 'hash') {
@@ -175,5 +178,190 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect((await checkCache(redis, sql, id, 2, 10)).kind).toBe('CacheBehind');
     // The next restore is epoch 2.
     expect((await beginRestore(sql, id, 'CacheBehind', check.divergence)).epoch).toBe(2);
+  });
+
+  test('a bucketed sale: healthy is never behind; an empty cache is rebuilt bucket by bucket', async () => {
+    const id = uniqueId('rsb');
+    const BUCKETS = 4;
+    const items: CatalogItem[] = [
+      { skuId: 'hot', name: '茅台', price: '1499.00', stock: 20, limitPerUser: 2, buckets: BUCKETS },
+      { skuId: 'cold', name: '粽子', price: '6.00', stock: 5, limitPerUser: 1 },
+    ];
+    const start = new Date(Date.now() - 60_000);
+    const end = new Date(Date.now() + 3_600_000);
+    await recordActivityItems(sql, id, 1, items);
+    await recordActivitySkus(sql, id, items, 'spec');
+    await loadActivity(redis, {
+      id,
+      generation: 1,
+      startAt: start,
+      endAt: end,
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      items,
+    });
+    await setGate(redis, id, 'open');
+    const k = activityKeys(id);
+
+    /** A buyer's reservation, and (as the consumer would) its order in PostgreSQL. */
+    let n = 0;
+    const buy = async (user: string, skuId: string, order = true): Promise<string | undefined> => {
+      n += 1;
+      try {
+        const r = await reserve(redis, {
+          activityId: id,
+          userId: user,
+          skuId,
+          quantity: 1,
+          requestId: `q${n}`,
+          traceId: 't',
+        });
+        const rec = await readReservation(redis, id, r.reservationId, r.scope);
+        if (order) await insertOrders(sql, [orderMessageOf(id, rec!)], 900);
+        return r.reservationId;
+      } catch (err) {
+        if (
+          (err as { code?: string }).code === 'SOLD_OUT' ||
+          (err as { code?: string }).code === 'LIMIT_REACHED'
+        )
+          return undefined;
+        throw err;
+      }
+    };
+
+    // Several detection passes with reservations flowing between them (orders in PostgreSQL, some
+    // in flight, a stock transfer between two buckets half done): never behind.
+    const kinds: string[] = [];
+    let halfDone = 0;
+    for (let pass = 0; pass < 4; pass += 1) {
+      for (let i = 0; i < 3; i += 1) await buy(`p${pass}u${i}`, 'hot', i !== 2);
+      await buy(`p${pass}c`, 'cold');
+      if (pass === 3) {
+        // The donor's step of a transfer only (a process killed between the two), from the
+        // fullest bucket: units in no bucket's stock.
+        const all = (await bucketLayout(redis, id)).bucketsOf('hot');
+        const stocks = await Promise.all(
+          all.map(async (b) => Number(await redis.hget(b.sku('hot'), 'stock'))),
+        );
+        const donor = all[stocks.indexOf(Math.max(...stocks))]!;
+        const to = all.find((b) => b.index !== donor.index)!;
+        const out = await runScript(
+          redis,
+          'transferStock',
+          [donor.meta, donor.sku('hot'), donor.transfers, donor.counters],
+          ['out', 'half-done', 2, to.index, 'hot'],
+        );
+        halfDone = Number(out[1]);
+      }
+      kinds.push((await checkCache(redis, sql, id, 0, 10)).kind);
+    }
+    expect(kinds).toEqual(['consistent', 'consistent', 'consistent', 'consistent']);
+
+    // Redis loses everything of the activity: its own keys and every bucket's.
+    const before = await readStock(redis, id);
+    expect(halfDone).toBe(2);
+    expect(await unitsInFlight(redis, await bucketLayout(redis, id), 'hot')).toBe(2);
+    for (const pattern of [k.scanPattern, k.bucketScanPattern]) {
+      const keys = await redis.keys(pattern);
+      if (keys.length > 0) await redis.del(...keys);
+    }
+    forgetBucketLayout(id);
+    const check = await checkCache(redis, sql, id, 0, 10);
+    expect(check.kind).toBe('CacheEmpty');
+    const row = await beginRestore(sql, id, 'CacheEmpty', check.divergence);
+    const t: RestoreTarget = {
+      activityId: id,
+      epoch: row.epoch,
+      generation: 1,
+      startMs: start.getTime(),
+      endMs: end.getTime(),
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      ownerUid: 'uid-1',
+      buckets: new Map([['hot', BUCKETS]]),
+    };
+    expect(await holdForRestore(redis, t)).toBe('');
+    const layout = (await bucketLayout(redis, id, { refresh: true })).keys;
+    const buckets = Array.from({ length: BUCKETS }, (_, i) => layout.bucket('hot', i, BUCKETS));
+    // Every bucket held paused too: no bucket sells before the reload.
+    expect(await Promise.all(buckets.map((b) => redis.hget(b.meta, 'gate')))).toEqual(
+      buckets.map(() => 'paused'),
+    );
+    const reload = await reloadFromPostgres(redis, sql, t);
+    const first = await snapshot(id);
+    expect(await reloadFromPostgres(redis, sql, t)).toEqual(reload);
+    expect(await snapshot(id)).toEqual(first);
+
+    // PostgreSQL holds 8 live units of hot (2 of every pass's 3 buyers; the third's reservation was
+    // in flight and is lost with the cache) and 4 of cold.
+    const live = await sql.query<{ sku_id: string; n: string }>(
+      `SELECT sku_id, sum(quantity)::text AS n FROM orders WHERE activity_id = $1 AND status <> 'CLOSED' GROUP BY sku_id ORDER BY sku_id`,
+      [id],
+    );
+    expect(live.rows.map((r) => [r.sku_id, Number(r.n)])).toEqual([
+      ['cold', 4],
+      ['hot', 8],
+    ]);
+    expect([...reload.skus].sort((x, y) => (x.skuId < y.skuId ? -1 : 1))).toEqual([
+      { skuId: 'cold', initial: 5, live: 4, inFlight: 0, remaining: 1 },
+      { skuId: 'hot', initial: 20, live: 8, inFlight: 0, remaining: 12 },
+    ]);
+    // Each bucket its share of the 12 left, no transfer record of the lost cache, the layout back.
+    expect(await Promise.all(buckets.map((b) => redis.hget(b.sku('hot'), 'stock')))).toEqual([
+      '3',
+      '3',
+      '3',
+      '3',
+    ]);
+    expect(await Promise.all(buckets.map((b) => redis.exists(b.transfers)))).toEqual([0, 0, 0, 0]);
+    expect(await redis.hget(k.meta, k.bucketField('hot'))).toBe(String(BUCKETS));
+    const stock = await readStock(redis, id);
+    expect(stock.skus.map((s) => [s.skuId, s.initial, s.remaining])).toEqual([
+      ['cold', 5, 1],
+      ['hot', 20, 12],
+    ]);
+    expect(before.initial).toBe(stock.initial);
+    // Each buyer's slot in the buyer's home bucket, and nowhere else.
+    const orders = await sql.query<{ user_id: string; reservation_id: string; slot: number }>(
+      `SELECT user_id, reservation_id, slot FROM orders WHERE activity_id = $1 AND sku_id = 'hot'`,
+      [id],
+    );
+    for (const o of orders.rows) {
+      const home = buckets[homeBucket(id, 'hot', o.user_id, BUCKETS)]!;
+      expect(await redis.hgetall(home.buyer(o.user_id))).toEqual({
+        'hot:qty': '1',
+        [`hot:slot:${o.slot}`]: o.reservation_id,
+      });
+      expect(await redis.hget(home.reservation(o.reservation_id), 'state')).toBe('RESERVED');
+      expect(await redis.exists(k.buyer(o.user_id))).toBe(0);
+    }
+    // Still paused everywhere; the mark is on every bucket and, last, on the activity.
+    expect(await redis.hmget(k.meta, 'gate', 'epoch')).toEqual(['paused', String(row.epoch)]);
+    expect(await Promise.all(buckets.map((b) => redis.hmget(b.meta, 'gate', 'epoch')))).toEqual(
+      buckets.map(() => ['paused', String(row.epoch)]),
+    );
+    await advanceRestore(sql, id, row.epoch, 'detected');
+    await advanceRestore(sql, id, row.epoch, 'paused');
+    await advanceRestore(sql, id, row.epoch, 'drained', reload);
+    await advanceRestore(sql, id, row.epoch, 'reloaded');
+    await setGate(redis, id, 'open');
+    expect((await checkCache(redis, sql, id, row.epoch, 10)).kind).toBe('consistent');
+
+    // The sale resumes with demand above supply: exactly the 12 left sell (transfers refill the
+    // buckets that run out), a buyer who already holds one gets one more at most.
+    const again = await Promise.all(orders.rows.map((o) => buy(o.user_id, 'hot')));
+    const third = await Promise.all(orders.rows.map((o) => buy(o.user_id, 'hot')));
+    expect(third.filter((r) => r !== undefined)).toEqual([]); // limit 2: never a third
+    const fresh: (string | undefined)[] = [];
+    for (let i = 0; i < 12; i += 1) fresh.push(await buy(`late${i}`, 'hot'));
+    const sold = again.filter((r) => r !== undefined).length + fresh.filter((r) => r !== undefined).length;
+    expect(sold).toBe(12);
+    expect((await readStock(redis, id)).skus.find((s) => s.skuId === 'hot')?.remaining).toBe(0);
+    const perBuyer = await sql.query<{ n: string }>(
+      `SELECT max(q)::text AS n FROM (SELECT sum(quantity) AS q FROM orders WHERE activity_id = $1 AND status <> 'CLOSED' GROUP BY user_id, sku_id) x`,
+      [id],
+    );
+    expect(Number(perBuyer.rows[0]!.n)).toBeLessThanOrEqual(2);
+    expect((await checkCache(redis, sql, id, row.epoch, 10)).kind).toBe('consistent');
   });
 });

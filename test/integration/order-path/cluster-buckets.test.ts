@@ -4,7 +4,17 @@
 // The hot SKU's buyers are chosen so that no buyer is homed in bucket 0: its units can only be
 // sold through transfers between buckets, so a phantom sold-out (units left in a bucket nobody
 // reaches) leaves stock behind and fails the test (mutant test/faults/mutants/bucket-no-transfer).
-import { cleanupActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { cleanupActivity, loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { forgetBucketLayout } from '../../../core/buckets.js';
+import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
+import type { RestoreTarget } from '../../../core/cache-restore.js';
+import { recordActivityItems } from '../../../core/db/activity-items-store.js';
+import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
+import { beginRestore } from '../../../core/db/cache-restores-store.js';
+import { insertOrders } from '../../../core/db/orders-store.js';
+import type { CatalogItem } from '../../../core/model.js';
+import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
+import { registerScripts } from '../../../core/scripts.js';
 import { createPool } from '../../../core/db/pool.js';
 import { createLogger } from '../../../core/logger.js';
 import { auditStock } from '../../../runtime/jobs/stock-audit.js';
@@ -178,6 +188,119 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
         perBuyer.set(`${r.user_id}/${r.sku_id}`, (perBuyer.get(`${r.user_id}/${r.sku_id}`) ?? 0) + 1);
       expect(Math.max(...perBuyer.values())).toBeLessThanOrEqual(LIMIT);
     } finally {
+      await sql.end();
+    }
+  });
+
+  // A cache restore (core/cache-restore.ts) of a bucketed SKU on the cluster: the buckets live on
+  // several primaries, and every one of them comes back empty.
+  test('a bucketed cache lost on every primary is restored bucket by bucket, then sells exactly the rest', async () => {
+    const id = uniqueId('cl-rst');
+    const items: CatalogItem[] = [
+      {
+        skuId: 'hot',
+        name: '茅台 飞天 53度 500ml',
+        price: '1499.00',
+        stock: 24,
+        limitPerUser: LIMIT,
+        buckets: BUCKETS,
+      },
+      { skuId: 'plain', name: '五常大米 5kg', price: '89.90', stock: 6, limitPerUser: 1 },
+    ];
+    const redis = redisOf(servers);
+    registerScripts(redis);
+    const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    try {
+      const start = new Date(Date.now() - 60_000);
+      const end = new Date(Date.now() + 3_600_000);
+      await recordActivityItems(sql, id, 1, items);
+      await recordActivitySkus(sql, id, items, 'spec');
+      await loadActivity(redis, {
+        id,
+        generation: 1,
+        startAt: start,
+        endAt: end,
+        requireOrderCode: false,
+        reopenOnRelease: true,
+        items,
+      });
+      await setGate(redis, id, 'open');
+      let n = 0;
+      const buy = async (user: string, skuId: string): Promise<boolean> => {
+        n += 1;
+        try {
+          const r = await reserve(redis, {
+            activityId: id,
+            userId: user,
+            skuId,
+            quantity: 1,
+            requestId: `q${n}`,
+            traceId: 't',
+          });
+          const rec = await readReservation(redis, id, r.reservationId, r.scope);
+          await insertOrders(sql, [orderMessageOf(id, rec!)], 900);
+          return true;
+        } catch (err) {
+          const code = (err as { code?: string }).code;
+          if (code === 'SOLD_OUT' || code === 'LIMIT_REACHED') return false;
+          throw err;
+        }
+      };
+      const first = Array.from({ length: 10 }, (_, i) => `${id}-a${i}`);
+      for (const b of first) await buy(b, 'hot');
+      await buy(`${id}-p0`, 'plain');
+      // Healthy: not behind, pass after pass.
+      for (let pass = 0; pass < 3; pass += 1) {
+        await buy(`${id}-p${pass + 1}`, 'plain');
+        expect((await checkCache(redis, sql, id, 0, 10)).kind).toBe('consistent');
+      }
+
+      const k = activityKeys(id);
+      for (const node of primariesOf(redis)) {
+        for (const pattern of [k.scanPattern, k.bucketScanPattern]) {
+          for (const key of await node.keys(pattern)) await node.del(key);
+        }
+      }
+      forgetBucketLayout(id);
+      const check = await checkCache(redis, sql, id, 0, 10);
+      expect(check.kind).toBe('CacheEmpty');
+      const row = await beginRestore(sql, id, 'CacheEmpty', check.divergence);
+      const t: RestoreTarget = {
+        activityId: id,
+        epoch: row.epoch,
+        generation: 1,
+        startMs: start.getTime(),
+        endMs: end.getTime(),
+        requireOrderCode: false,
+        reopenOnRelease: true,
+        ownerUid: 'uid-1',
+        buckets: new Map([['hot', BUCKETS]]),
+      };
+      await holdForRestore(redis, t);
+      const reload = await reloadFromPostgres(redis, sql, t);
+      expect(await reloadFromPostgres(redis, sql, t)).toEqual(reload); // a repeat after a crash
+      expect((await readStock(redis, id)).skus.map((s) => [s.skuId, s.initial, s.remaining])).toEqual([
+        ['hot', 24, 14],
+        ['plain', 6, 2],
+      ]);
+      await setGate(redis, id, 'open');
+      expect((await checkCache(redis, sql, id, row.epoch, 10)).kind).toBe('consistent');
+
+      // Demand above supply: the first buyers try twice more (limit 2), 30 new ones once.
+      let sold = 0;
+      for (const b of first) for (const _ of [0, 1]) if (await buy(b, 'hot')) sold += 1;
+      for (let i = 0; i < 30; i += 1) if (await buy(`${id}-b${i}`, 'hot')) sold += 1;
+      expect(sold).toBe(14);
+      expect((await readStock(redis, id)).skus.find((s) => s.skuId === 'hot')?.remaining).toBe(0);
+      const perBuyer = await sql.query<{ n: string }>(
+        `SELECT max(q)::text AS n FROM (SELECT sum(quantity) AS q FROM orders
+          WHERE activity_id = $1 AND status <> 'CLOSED' GROUP BY user_id, sku_id) x`,
+        [id],
+      );
+      expect(Number(perBuyer.rows[0]!.n)).toBe(LIMIT);
+      expect((await checkCache(redis, sql, id, row.epoch, 10)).kind).toBe('consistent');
+    } finally {
+      redis.disconnect();
       await sql.end();
     }
   });
