@@ -227,6 +227,8 @@ it('passes the default runtime resources to the operator unchanged', () => {
 it('carries a Sentinel-managed Redis to the operator and every role, and RESERVE_ACK to the api', () => {
   const sentinel = [
     ...connection.filter((c) => !c.startsWith('runtime.redis.url=')),
+    // renderChart starts from values-connection.yaml, which names a single Redis.
+    'runtime.redis.url=',
     'runtime.redis.sentinels={redis-sentinel-0.redis.svc:26379,redis-sentinel-1.redis.svc:26379,redis-sentinel-2.redis.svc:26379}',
     'runtime.redis.sentinelMaster=flashsale',
     'runtime.redis.sentinelPassword=sentinel-secret',

@@ -70,7 +70,9 @@ describe('connection settings', () => {
       'runtime.jwt.audience=a',
     ]);
     expect(one.status).not.toBe(0);
-    expect(one.stderr).toMatch(/runtime connection settings missing: runtime\.redis\.url \(REDIS_URL\)\./);
+    expect(one.stderr).toMatch(
+      /runtime connection settings missing: runtime\.redis\.url \(REDIS_URL\), runtime\.redis\.sentinels or runtime\.redis\.clusterNodes\./,
+    );
     // A malformed URL is refused by values.schema.json.
     const bad = run(helm, [
       'template',

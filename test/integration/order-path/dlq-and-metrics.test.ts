@@ -37,11 +37,12 @@ describe('poison messages and metrics', () => {
     await db.drop();
   });
 
+  // The sum over every series of `name` carrying `labels` (a counter is exported per reason from 0).
   const metric = (text: string, name: string, labels: string): number => {
-    const line = text
+    const lines = text
       .split('\n')
-      .find((l) => l.startsWith(`${name}{`) && labels.split(',').every((p) => l.includes(p)));
-    return line ? Number(line.split(' ').at(-1)) : NaN;
+      .filter((l) => l.startsWith(`${name}{`) && labels.split(',').every((p) => l.includes(p)));
+    return lines.length ? lines.reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0) : NaN;
   };
 
   test('a poison message goes to the DLQ after its attempts; good orders still flow', async () => {
