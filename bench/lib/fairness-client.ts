@@ -29,9 +29,11 @@ export const nowMs = (): number => performance.timeOrigin + performance.now();
 
 export function tokenSigner(secret: string): (sub: string) => string {
   const header = b64url(JSON.stringify({ alg: 'HS256', typ: 'JWT' }));
-  const exp = Math.floor(Date.now() / 1000) + 3600;
+  // The api requires `iat` (its maximum token age counts from it) as well as `sub` and `exp`.
+  const iat = Math.floor(Date.now() / 1000);
+  const exp = iat + 3600;
   return (sub) => {
-    const input = `${header}.${b64url(JSON.stringify({ sub, exp }))}`;
+    const input = `${header}.${b64url(JSON.stringify({ sub, iat, exp }))}`;
     return `${input}.${createHmac('sha256', secret).update(input).digest('base64url')}`;
   };
 }
