@@ -172,6 +172,33 @@ async function transferIn(
   );
 }
 
+/** A transfer whose donor step ran and whose recipient step did not (yet). */
+interface PendingTransfer {
+  id: string;
+  units: number;
+  from: number;
+  to: number;
+}
+
+async function pendingTransfers(
+  redis: RedisClient,
+  layout: BucketLayout,
+  skuId: string,
+): Promise<{ buckets: BucketKeys[]; pending: PendingTransfer[] }> {
+  const buckets = layout.bucketsOf(skuId);
+  const records = await Promise.all(buckets.map((b) => redis.hgetall(b.transfers)));
+  const pending: PendingTransfer[] = [];
+  for (const [from, donor] of records.entries()) {
+    for (const [field, value] of Object.entries(donor)) {
+      if (!field.startsWith('out:')) continue;
+      const id = field.slice(4);
+      const [units, to] = value.split('|').map(Number) as [number, number];
+      if (records[to]?.[`in:${id}`] === undefined) pending.push({ id, units, from, to });
+    }
+  }
+  return { buckets, pending };
+}
+
 /**
  * Finishes every transfer of a SKU whose donor step ran and whose recipient step did not (a
  * process killed between them); returns the units that were in flight and are now in a bucket.
@@ -181,19 +208,12 @@ export async function completeTransfers(
   layout: BucketLayout,
   skuId: string,
 ): Promise<number> {
-  const buckets = layout.bucketsOf(skuId);
-  if (buckets.length === 0) return 0;
-  const records = await Promise.all(buckets.map((b) => redis.hgetall(b.transfers)));
+  const { buckets, pending } = await pendingTransfers(redis, layout, skuId);
   let landed = 0;
-  for (const [i, donor] of records.entries()) {
-    for (const [field, value] of Object.entries(donor)) {
-      if (!field.startsWith('out:')) continue;
-      const id = field.slice(4);
-      const [units, to] = value.split('|').map(Number) as [number, number];
-      if (units <= 0 || !buckets[to] || records[to]?.[`in:${id}`] !== undefined) continue;
-      await transferIn(redis, buckets[to], buckets[i]!.index, id, units);
-      landed += units;
-    }
+  for (const t of pending) {
+    if (t.units <= 0 || !buckets[t.to]) continue;
+    await transferIn(redis, buckets[t.to]!, buckets[t.from]!.index, t.id, t.units);
+    landed += t.units;
   }
   return landed;
 }
@@ -207,18 +227,8 @@ export async function unitsInFlight(
   layout: BucketLayout,
   skuId: string,
 ): Promise<number> {
-  const buckets = layout.bucketsOf(skuId);
-  if (buckets.length === 0) return 0;
-  const records = await Promise.all(buckets.map((b) => redis.hgetall(b.transfers)));
-  let n = 0;
-  for (const donor of records) {
-    for (const [field, value] of Object.entries(donor)) {
-      if (!field.startsWith('out:')) continue;
-      const [units, to] = value.split('|').map(Number) as [number, number];
-      if (records[to]?.[`in:${field.slice(4)}`] === undefined) n += units;
-    }
-  }
-  return n;
+  const { pending } = await pendingTransfers(redis, layout, skuId);
+  return pending.reduce((n, t) => n + t.units, 0);
 }
 
 /**

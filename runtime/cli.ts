@@ -6,9 +6,20 @@
  * error).
  */
 import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import type { ParseArgsOptionsConfig } from 'node:util';
 
 /** A bad command line: printed with the usage, exit code 2. */
 export class UsageError extends Error {}
+
+/** The command line read by `node:util` parseArgs (positionals allowed); a refusal is a usage error. */
+export function commandLine<const O extends ParseArgsOptionsConfig>(argv: string[], options: O) {
+  try {
+    return parseArgs({ args: argv, allowPositionals: true, options });
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+}
 
 /** Prints one line of output. */
 export type PrintLine = (line: string) => void;

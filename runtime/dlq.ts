@@ -23,7 +23,6 @@
  * behind an unhandled one is counted until that one is handled too (`list` marks both).
  */
 import { randomBytes } from 'node:crypto';
-import { parseArgs } from 'node:util';
 import type { Admin, IHeaders, Kafka } from 'kafkajs';
 import {
   advanceHandled,
@@ -34,7 +33,7 @@ import {
   topicsFor,
 } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
-import { UsageError, cliCommand, missingVariable, runIfMain } from './cli.js';
+import { UsageError, cliCommand, commandLine, missingVariable, runIfMain } from './cli.js';
 
 export interface DlqMessage {
   partition: number;
@@ -145,21 +144,12 @@ interface Args {
 }
 
 function readArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
-  let parsed;
-  try {
-    parsed = parseArgs({
-      args: argv,
-      allowPositionals: true,
-      options: {
-        activity: { type: 'string' },
-        limit: { type: 'string' },
-        all: { type: 'boolean' },
-        json: { type: 'boolean' },
-      },
-    });
-  } catch (err) {
-    throw new UsageError((err as Error).message);
-  }
+  const parsed = commandLine(argv, {
+    activity: { type: 'string' },
+    limit: { type: 'string' },
+    all: { type: 'boolean' },
+    json: { type: 'boolean' },
+  });
   const [command = '', ...refs] = parsed.positionals;
   const { values } = parsed;
   const args: Args = {

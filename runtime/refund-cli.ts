@@ -12,7 +12,6 @@
  * Exit codes: 0 ok, 1 refused (the code is printed) or error, 2 usage.
  */
 import { randomUUID } from 'node:crypto';
-import { parseArgs } from 'node:util';
 import { createPool } from '../core/db/pool.js';
 import { listRefunds, reopenRefund } from '../core/db/refunds-store.js';
 import type { RefundState } from '../core/db/refunds-store.js';
@@ -20,7 +19,7 @@ import { FlashSaleError } from '../core/errors.js';
 import { isSafeId } from '../core/keys.js';
 import { createLogger } from '../core/logger.js';
 import { requestOrderRefund } from '../core/refunds.js';
-import { UsageError, cliCommand, missingVariable, runIfMain } from './cli.js';
+import { UsageError, cliCommand, commandLine, missingVariable, runIfMain } from './cli.js';
 
 const USAGE = `usage: refund <request|list|retry> [options]
   request <orderId> [--reason TEXT] [--by NAME]   refund a PAID order (order -> REFUNDING)
@@ -40,23 +39,14 @@ interface Args {
 }
 
 function readArgs(argv: string[], env: NodeJS.ProcessEnv): Args {
-  let parsed;
-  try {
-    parsed = parseArgs({
-      args: argv,
-      allowPositionals: true,
-      options: {
-        reason: { type: 'string' },
-        by: { type: 'string' },
-        activity: { type: 'string' },
-        state: { type: 'string' },
-        limit: { type: 'string' },
-        json: { type: 'boolean' },
-      },
-    });
-  } catch (err) {
-    throw new UsageError((err as Error).message);
-  }
+  const parsed = commandLine(argv, {
+    reason: { type: 'string' },
+    by: { type: 'string' },
+    activity: { type: 'string' },
+    state: { type: 'string' },
+    limit: { type: 'string' },
+    json: { type: 'boolean' },
+  });
   const [command = '', target, ...extra] = parsed.positionals;
   const { values } = parsed;
   if (extra.length > 0) throw new UsageError(`unexpected argument ${extra[0]!}`);

@@ -6,8 +6,7 @@
  */
 import type { AfterSaleConfig } from '../config.js';
 import { scheduleSettlementSweeper } from '../jobs/after-sale.js';
-import { startMoneyJobs } from '../jobs/money.js';
-import { providersFromEnv } from '../payments/hmac-provider.js';
+import { startMoneyJobsOf } from './jobs.js';
 import type { Closer, DatabaseClient, KafkaClient, RoleContext } from './process.js';
 
 export async function startAfterSaleWork(
@@ -17,17 +16,8 @@ export async function startAfterSaleWork(
 ): Promise<Closer[]> {
   const { logger, metrics, redis } = ctx;
   const sweeper = scheduleSettlementSweeper({ cfg, redis, pool, logger, metrics });
-  const money = await startMoneyJobs({
-    cfg,
-    activityId: undefined,
-    pool,
-    logger,
-    metrics,
-    kafka,
-    providers: providersFromEnv(cfg),
-  });
   return [
-    { stage: 'jobs', name: 'money jobs', close: () => money.stop() },
+    await startMoneyJobsOf(ctx, cfg, { pool, kafka }, undefined),
     { stage: 'jobs', name: 'settlement sweeper', close: () => sweeper.stop() },
   ];
 }

@@ -6,7 +6,7 @@
  */
 import cron from 'node-cron';
 import { idempotentProducer, topicsFor } from '../../core/kafka.js';
-import type { JobsConfig } from '../config.js';
+import type { AfterSaleConfig, JobsConfig } from '../config.js';
 import { scheduleAfterSaleJobs } from '../jobs/after-sale.js';
 import { gaugeSampler } from '../jobs/gauges.js';
 import { startMoneyJobs } from '../jobs/money.js';
@@ -53,6 +53,25 @@ export async function startJobs(
     metrics,
     producer: gapProducer,
   });
+  return [
+    await startMoneyJobsOf(ctx, cfg, { pool, kafka }, activityId),
+    { stage: 'jobs', name: 'gauges', close: async () => gauges.stop() },
+    { stage: 'jobs', name: 'after-sale jobs', close: () => afterSale.stop() },
+    { stage: 'jobs', name: 'gap repair producer', close: () => gapProducer.disconnect() },
+    { stage: 'jobs', name: 'jobs kafka admin', close: () => admin.disconnect() },
+  ];
+}
+
+/**
+ * The money jobs (refund worker, order-event relay) of one activity, or (`undefined`) of every
+ * activity: the after-sale role's run for as long as orders live.
+ */
+export async function startMoneyJobsOf(
+  { logger, metrics }: RoleContext,
+  cfg: JobsConfig | AfterSaleConfig,
+  { pool, kafka }: DatabaseClient & KafkaClient,
+  activityId: string | undefined,
+): Promise<Closer> {
   const money = await startMoneyJobs({
     cfg,
     activityId,
@@ -62,11 +81,5 @@ export async function startJobs(
     kafka,
     providers: providersFromEnv(cfg),
   });
-  return [
-    { stage: 'jobs', name: 'money jobs', close: () => money.stop() },
-    { stage: 'jobs', name: 'gauges', close: async () => gauges.stop() },
-    { stage: 'jobs', name: 'after-sale jobs', close: () => afterSale.stop() },
-    { stage: 'jobs', name: 'gap repair producer', close: () => gapProducer.disconnect() },
-    { stage: 'jobs', name: 'jobs kafka admin', close: () => admin.disconnect() },
-  ];
+  return { stage: 'jobs', name: 'money jobs', close: () => money.stop() };
 }
