@@ -73,6 +73,17 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
     pool = createPool(db.url, 4, 'restore-test');
   }, 120_000);
 
+  // After each variant, passed or failed: the next one starts its own sale on the same private
+  // Redis, and a failed one must not leave processes or clients behind (they keep jest alive).
+  afterEach(async () => {
+    await sale?.stop();
+    sale = undefined;
+    await kafka?.close();
+    kafka = undefined;
+    redis?.disconnect();
+    redis = undefined;
+  }, 120_000);
+
   afterAll(async () => {
     await sale?.stop();
     await kafka?.close();
@@ -368,13 +379,6 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
         (f) => f,
       );
       console.log(`window 13 (${label}) figures: ${JSON.stringify(figures)}`);
-      // The next variant starts its own sale on the same private Redis.
-      await sale?.stop();
-      sale = undefined;
-      await kafka?.close();
-      kafka = undefined;
-      redis?.disconnect();
-      redis = undefined;
     },
     300_000,
   );
