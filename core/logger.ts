@@ -3,21 +3,28 @@
  * system; warn = a retry or a refused state change; info = lifecycle; debug = per request.
  * Secrets never reach a log line: connection URLs are redacted with redactUrl().
  */
-import { pino } from 'pino';
+import { destination, pino } from 'pino';
 import type { Logger } from 'pino';
 
 export type { Logger };
 
 export function createLogger(name: string, level = process.env.LOG_LEVEL ?? 'info'): Logger {
-  return pino({
-    name,
-    level,
-    base: { component: name },
-    redact: {
-      paths: ['*.password', '*.secret', '*.token', 'req.headers.authorization'],
-      censor: '[redacted]',
+  return pino(
+    {
+      name,
+      level,
+      base: { component: name },
+      redact: {
+        paths: ['*.password', '*.secret', '*.token', 'req.headers.authorization'],
+        censor: '[redacted]',
+      },
     },
-  });
+    // Synchronous, like Node's own stdout on a pipe. pino's default stdout stream writes
+    // asynchronously, and the flush it runs at process.exit can overtake a write still in
+    // flight: the last lines of a graceful shutdown came out of order (the shutdown order is read
+    // from them). Per-request lines are debug-level, so the hot path does not pay for this.
+    destination({ dest: 1, sync: true }),
+  );
 }
 
 /** Query parameters that carry credentials (libpq's `password`, `sslpassword`, tokens, keys …). */
