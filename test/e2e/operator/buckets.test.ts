@@ -1,0 +1,199 @@
+// The real operator drives an activity with bucketed SKUs (spec.items[].buckets) through its
+// lifecycle on the real API server, Redis, Kafka and PostgreSQL, with the runtime roles as a local
+// process and buyers over HTTP: warm-up splits each bucketed SKU's stock into its buckets, the
+// oversubscribed sale sells every unit (bucket 0 of the hot SKU only through transfers: no buyer
+// is homed there), nobody above the limit, every 202 one order, write-back sums the remaining
+// stock over the buckets, and cleanup leaves no bucket key behind. The Redis Cluster side of
+// buckets (slots spread over primaries, a primary killed mid-sale) is covered by
+// test/integration/order-path/cluster-buckets.test.ts and test/integration/faults/cluster-failover.test.ts.
+import type { Redis } from 'ioredis';
+import { bucketShare } from '../../../core/buckets.js';
+import type { Pool } from '../../../core/db/pool.js';
+import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
+import { activityKeys, homeBucket } from '../../../core/keys.js';
+import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
+import { Phase } from '../../../operator/api/v1alpha1/types.js';
+import { uniqueId } from '../../../dev/servers.js';
+import { httpClient, pool as inParallel, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
+import {
+  activityBody,
+  admin,
+  createActivity,
+  eventsOf,
+  scanKeys,
+  startOperator,
+  waitForPhase,
+} from '../../../dev/operator-harness.js';
+import type { OperatorProcess } from '../../../dev/operator-harness.js';
+import { operatorWorld } from './setup.js';
+import type { OperatorWorld } from './setup.js';
+
+const TIMEOUT_MS = 150_000;
+const HOT = { skuId: 'hot', stock: 24, buckets: 4, limit: 2 };
+const WARM = { skuId: 'warm', stock: 10, buckets: 3 };
+
+describe('operator: an activity with stock buckets, end to end', () => {
+  const a = admin();
+  let world: OperatorWorld | undefined;
+  let operator: OperatorProcess | undefined;
+  let runtime: RoleProcess | undefined;
+  const activityId = uniqueId('bkt');
+
+  beforeAll(async () => {
+    world = await operatorWorld(a, { namespace: 'op-bkt', topicsOf: [activityId] });
+    [runtime, operator] = await Promise.all([
+      startRole('all', { activityId, databaseUrl: world.db.url }),
+      startOperator({ ns: world.ns, databaseUrl: world.db.url }),
+    ]);
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    await runtime?.stop();
+    await operator?.kill('SIGTERM');
+    await world?.close();
+  }, TIMEOUT_MS);
+
+  it(
+    'splits the stock at warm-up, sells every unit, writes back the sum over buckets, cleans every bucket',
+    async () => {
+      const w = world!;
+      const redis: Redis = w.redis;
+      const pg: Pool = w.pg;
+      const ns = w.ns.namespace;
+      const name = 'hot-sale';
+      const warmUpAt = new Date(Date.now() + 6_000);
+      const startAt = new Date(warmUpAt.getTime() + 8_000);
+      const endAt = new Date(startAt.getTime() + 15_000);
+      await createActivity(
+        a,
+        activityBody(ns, name, {
+          warmUpAt,
+          startAt,
+          endAt,
+          items: [
+            {
+              skuId: HOT.skuId,
+              name: '茅台 飞天 53度 500ml',
+              price: '1499.00',
+              stock: HOT.stock,
+              limitPerUser: HOT.limit,
+              buckets: HOT.buckets,
+            },
+            {
+              skuId: WARM.skuId,
+              name: '西湖龙井礼盒',
+              price: '199.90',
+              stock: WARM.stock,
+              limitPerUser: 1,
+              buckets: WARM.buckets,
+            },
+            { skuId: 'plain', name: '五常大米 5kg', price: '89.90', stock: 6, limitPerUser: 1 },
+          ],
+          // Unpaid orders stay open past the sale: the stock written back is exactly what the
+          // sale left, and the activity waits in Settling.
+          extraSpec: { activityId, payment: { timeout: '30m' } },
+        }),
+      );
+
+      // Warm-up split each bucketed SKU's stock into its buckets (the first `stock % n` buckets get
+      // one more unit); the SKU's own hash holds none, and the meta records the layout.
+      const k = activityKeys(activityId);
+      const ready = await waitForPhase(a, ns, name, [Phase.Ready, Phase.Active], 60_000);
+      expect(ready.status?.cache?.loads).toBe(1);
+      for (const sku of [HOT, WARM]) {
+        expect(await redis.hget(k.meta, k.bucketField(sku.skuId))).toBe(String(sku.buckets));
+        expect(await redis.hget(k.sku(sku.skuId), 'stock')).toBe('0');
+        const shares = await Promise.all(
+          Array.from({ length: sku.buckets }, (_, i) =>
+            redis.hget(k.bucket(sku.skuId, i, sku.buckets).sku(sku.skuId), 'stock'),
+          ),
+        );
+        expect(shares.map(Number)).toEqual(
+          Array.from({ length: sku.buckets }, (_, i) => bucketShare(sku.stock, i, sku.buckets)),
+        );
+      }
+      expect(await redis.hget(k.sku('plain'), 'stock')).toBe('6');
+
+      await waitForPhase(a, ns, name, Phase.Active, 60_000);
+      // Demand: 20 hot buyers x 3 requests for 24 units (limit 2), none homed in bucket 0, so its
+      // 6 units sell only through transfers; 4 buyers of 10 warm units; 4 buyers of 6 plain units.
+      const hotBuyers: string[] = [];
+      for (let i = 0; hotBuyers.length < 20; i += 1) {
+        const b = `h-buyer-${i}`;
+        if (homeBucket(activityId, HOT.skuId, b, HOT.buckets) !== 0) hotBuyers.push(b);
+      }
+      const submissions = [
+        ...hotBuyers.flatMap((u) => [0, 1, 2].map((n) => ({ u, skuId: HOT.skuId, requestId: `${u}-${n}` }))),
+        ...[0, 1, 2, 3].map((n) => ({ u: `w-buyer-${n}`, skuId: WARM.skuId, requestId: `w-${n}` })),
+        ...[0, 1, 2, 3].map((n) => ({ u: `p-buyer-${n}`, skuId: 'plain', requestId: `p-${n}` })),
+      ];
+      const http = httpClient(16);
+      const url = `${runtime?.url ?? ''}/v1/activities/${activityId}/orders`;
+      const answers = await inParallel(
+        8,
+        submissions.map((s) => async () => {
+          const r = await http.post(
+            url,
+            { skuId: s.skuId, quantity: 1, requestId: s.requestId },
+            await tokenFor(s.u),
+          );
+          return {
+            ...s,
+            status: r.status,
+            code: typeof r.json.code === 'string' ? r.json.code : '',
+            rid: typeof r.json.reservationId === 'string' ? r.json.reservationId : '',
+          };
+        }),
+      );
+      await http.close();
+      const accepted = answers.filter((r) => r.status === 202);
+      expect(accepted.filter((r) => r.skuId === HOT.skuId)).toHaveLength(HOT.stock);
+      expect(accepted.filter((r) => r.skuId === WARM.skuId)).toHaveLength(4);
+      expect(accepted.filter((r) => r.skuId === 'plain')).toHaveLength(4);
+      expect(
+        [...new Set(answers.filter((r) => r.status !== 202).map((r) => `${r.status} ${r.code}`))].sort(),
+      ).toEqual(['409 LIMIT_REACHED', '409 SOLD_OUT']);
+
+      // Drain, write-back and cleanup ran; the unpaid orders keep the activity in Settling.
+      const settling = await waitForPhase(a, ns, name, Phase.Settling, 90_000);
+      const rows = (
+        await pg.query<{ reservation_id: string; user_id: string; sku_id: string }>(
+          `SELECT reservation_id, user_id, sku_id FROM orders WHERE activity_id = $1`,
+          [activityId],
+        )
+      ).rows;
+      expect(rows.map((r) => r.reservation_id).sort()).toEqual(accepted.map((r) => r.rid).sort());
+      const perBuyer = new Map<string, number>();
+      for (const r of rows)
+        perBuyer.set(`${r.user_id}/${r.sku_id}`, (perBuyer.get(`${r.user_id}/${r.sku_id}`) ?? 0) + 1);
+      expect(Math.max(...perBuyer.values())).toBe(HOT.limit);
+
+      // Write-back: the remaining stock is the sum over the buckets (hot 0, warm 6) plus plain's 2.
+      expect(await readWriteBack(pg, activityId)).toMatchObject({
+        generation: 1,
+        initialTotal: 40,
+        remainingTotal: 8,
+        reservedTotal: 32,
+        ordersTotal: 32,
+      });
+      expect(await readStockRows(pg, activityId)).toEqual([
+        { skuId: HOT.skuId, initial: HOT.stock, remaining: 0 },
+        { skuId: 'plain', initial: 6, remaining: 2 },
+        { skuId: WARM.skuId, initial: WARM.stock, remaining: 6 },
+      ]);
+      expect(settling.status?.stock).toMatchObject({ initial: 40, remaining: 8, reserved: 32, ordered: 32 });
+      expect(findCondition(settling.status?.conditions, 'Degraded')).toMatchObject({ status: 'False' });
+
+      // Cleanup: no key of any bucket is left; of the activity's own slot only the results.
+      expect(await scanKeys(redis, k.bucketScanPattern)).toEqual([]);
+      expect(await scanKeys(redis, k.scanPattern)).toEqual([k.results]);
+      expect(await redis.hlen(k.results)).toBe(32);
+
+      const events = await eventsOf(a, ns, name);
+      expect(events.filter((e) => e.reason === 'WroteBack')).toHaveLength(1);
+      expect(events.filter((e) => e.type !== 'Normal')).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
+});
