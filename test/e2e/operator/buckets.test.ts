@@ -3,7 +3,9 @@
 // process and buyers over HTTP: warm-up splits each bucketed SKU's stock into its buckets, the
 // oversubscribed sale sells every unit (bucket 0 of the hot SKU only through transfers: no buyer
 // is homed there), nobody above the limit, every 202 one order, write-back sums the remaining
-// stock over the buckets, and cleanup leaves no bucket key behind. The Redis Cluster side of
+// stock over the buckets, and cleanup leaves no bucket key behind. A SKU without a count of its
+// own is split by spec.bucketing (automatic above a stock threshold); the count chosen at warm-up
+// is recorded (Redis, status) and a threshold edited mid-sale changes no loaded SKU. The Redis Cluster side of
 // buckets (slots spread over primaries, a primary killed mid-sale) is covered by
 // test/integration/order-path/cluster-buckets.test.ts and test/integration/faults/cluster-failover.test.ts.
 import type { Redis } from 'ioredis';
@@ -12,7 +14,7 @@ import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
 import { activityKeys, homeBucket } from '../../../core/keys.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
-import { Phase } from '../../../operator/api/v1alpha1/types.js';
+import { GROUP, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/types.js';
 import { uniqueId } from '../../../dev/servers.js';
 import { httpClient, pool as inParallel, startRole, tokenFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
@@ -21,8 +23,10 @@ import {
   admin,
   createActivity,
   eventsOf,
+  getActivity,
   scanKeys,
   startOperator,
+  waitFor,
   waitForPhase,
 } from '../../../dev/operator-harness.js';
 import type { OperatorProcess } from '../../../dev/operator-harness.js';
@@ -32,6 +36,8 @@ import type { OperatorWorld } from './setup.js';
 const TIMEOUT_MS = 150_000;
 const HOT = { skuId: 'hot', stock: 24, buckets: 4, limit: 2 };
 const WARM = { skuId: 'warm', stock: 10, buckets: 3 };
+/** No count of its own: spec.bucketing (threshold 8, 3 buckets) splits it. */
+const BULK = { skuId: 'bulk', stock: 8, buckets: 3 };
 
 describe('operator: an activity with stock buckets, end to end', () => {
   const a = admin();
@@ -64,7 +70,7 @@ describe('operator: an activity with stock buckets, end to end', () => {
       const name = 'hot-sale';
       const warmUpAt = new Date(Date.now() + 6_000);
       const startAt = new Date(warmUpAt.getTime() + 8_000);
-      const endAt = new Date(startAt.getTime() + 15_000);
+      const endAt = new Date(startAt.getTime() + 20_000);
       await createActivity(
         a,
         activityBody(ns, name, {
@@ -88,11 +94,16 @@ describe('operator: an activity with stock buckets, end to end', () => {
               limitPerUser: 1,
               buckets: WARM.buckets,
             },
+            { skuId: BULK.skuId, name: '东北大米 10kg', price: '129.00', stock: BULK.stock, limitPerUser: 1 },
             { skuId: 'plain', name: '五常大米 5kg', price: '89.90', stock: 6, limitPerUser: 1 },
           ],
           // Unpaid orders stay open past the sale: the stock written back is exactly what the
           // sale left, and the activity waits in Settling.
-          extraSpec: { activityId, payment: { timeout: '30m' } },
+          extraSpec: {
+            activityId,
+            payment: { timeout: '30m' },
+            bucketing: { stockThreshold: BULK.stock, buckets: BULK.buckets },
+          },
         }),
       );
 
@@ -101,7 +112,7 @@ describe('operator: an activity with stock buckets, end to end', () => {
       const k = activityKeys(activityId);
       const ready = await waitForPhase(a, ns, name, [Phase.Ready, Phase.Active], 60_000);
       expect(ready.status?.cache?.loads).toBe(1);
-      for (const sku of [HOT, WARM]) {
+      for (const sku of [HOT, WARM, BULK]) {
         expect(await redis.hget(k.meta, k.bucketField(sku.skuId))).toBe(String(sku.buckets));
         expect(await redis.hget(k.sku(sku.skuId), 'stock')).toBe('0');
         const shares = await Promise.all(
@@ -113,11 +124,42 @@ describe('operator: an activity with stock buckets, end to end', () => {
           Array.from({ length: sku.buckets }, (_, i) => bucketShare(sku.stock, i, sku.buckets)),
         );
       }
+      // Below the threshold: not split.
       expect(await redis.hget(k.sku('plain'), 'stock')).toBe('6');
+      expect(await redis.hget(k.meta, k.bucketField('plain'))).toBeNull();
+      // The choices, recorded before the load (what a resumed operator loads with) and in status.
+      expect(await redis.hgetall(k.bucketPlan)).toEqual({ hot: '4', warm: '3', bulk: '3', plain: '1' });
+      const loaded = await waitFor('the layout in status', async () => {
+        const fsa = await getActivity(a, ns, name);
+        return fsa?.status?.cache?.buckets ? fsa : undefined;
+      });
+      expect(loaded.status?.cache?.buckets).toEqual([
+        { skuId: BULK.skuId, buckets: BULK.buckets },
+        { skuId: HOT.skuId, buckets: HOT.buckets },
+        { skuId: WARM.skuId, buckets: WARM.buckets },
+      ]);
 
-      await waitForPhase(a, ns, name, Phase.Active, 60_000);
+      const active = await waitForPhase(a, ns, name, Phase.Active, 60_000);
+      // The threshold lowered mid-sale (it would split every SKU now): the operator takes the new
+      // generation and changes nothing loaded, refusing nothing either.
+      await a.custom.patchNamespacedCustomObject({
+        group: GROUP,
+        version: VERSION,
+        namespace: ns,
+        plural: PLURAL,
+        name,
+        body: [{ op: 'replace', path: '/spec/bucketing/stockThreshold', value: 3 }],
+      });
+      const edited = active.metadata.generation + 1;
+      await waitFor('the edit synced', async () => {
+        const fsa = await getActivity(a, ns, name);
+        return fsa?.status?.cache?.syncedGeneration === edited ? fsa : undefined;
+      });
+      expect(await redis.hget(k.meta, k.bucketField('plain'))).toBeNull();
+      expect(await redis.hget(k.sku('plain'), 'stock')).toBe('6');
+      expect(await redis.hget(k.meta, k.bucketField(BULK.skuId))).toBe('3');
       // Demand: 20 hot buyers x 3 requests for 24 units (limit 2), none homed in bucket 0, so its
-      // 6 units sell only through transfers; 4 buyers of 10 warm units; 4 buyers of 6 plain units.
+      // 6 units sell only through transfers; 4 buyers of 10 warm units, 5 of 8 bulk, 4 of 6 plain.
       const hotBuyers: string[] = [];
       for (let i = 0; hotBuyers.length < 20; i += 1) {
         const b = `h-buyer-${i}`;
@@ -126,6 +168,7 @@ describe('operator: an activity with stock buckets, end to end', () => {
       const submissions = [
         ...hotBuyers.flatMap((u) => [0, 1, 2].map((n) => ({ u, skuId: HOT.skuId, requestId: `${u}-${n}` }))),
         ...[0, 1, 2, 3].map((n) => ({ u: `w-buyer-${n}`, skuId: WARM.skuId, requestId: `w-${n}` })),
+        ...[0, 1, 2, 3, 4].map((n) => ({ u: `b-buyer-${n}`, skuId: BULK.skuId, requestId: `b-${n}` })),
         ...[0, 1, 2, 3].map((n) => ({ u: `p-buyer-${n}`, skuId: 'plain', requestId: `p-${n}` })),
       ];
       const http = httpClient(16);
@@ -150,6 +193,7 @@ describe('operator: an activity with stock buckets, end to end', () => {
       const accepted = answers.filter((r) => r.status === 202);
       expect(accepted.filter((r) => r.skuId === HOT.skuId)).toHaveLength(HOT.stock);
       expect(accepted.filter((r) => r.skuId === WARM.skuId)).toHaveLength(4);
+      expect(accepted.filter((r) => r.skuId === BULK.skuId)).toHaveLength(5);
       expect(accepted.filter((r) => r.skuId === 'plain')).toHaveLength(4);
       expect(
         [...new Set(answers.filter((r) => r.status !== 202).map((r) => `${r.status} ${r.code}`))].sort(),
@@ -169,26 +213,29 @@ describe('operator: an activity with stock buckets, end to end', () => {
         perBuyer.set(`${r.user_id}/${r.sku_id}`, (perBuyer.get(`${r.user_id}/${r.sku_id}`) ?? 0) + 1);
       expect(Math.max(...perBuyer.values())).toBe(HOT.limit);
 
-      // Write-back: the remaining stock is the sum over the buckets (hot 0, warm 6) plus plain's 2.
+      // Write-back: the remaining stock is the sum over the buckets (hot 0, warm 6, bulk 3) plus
+      // plain's 2; the generation is the one loaded at warm-up (the edit loaded nothing).
       expect(await readWriteBack(pg, activityId)).toMatchObject({
         generation: 1,
-        initialTotal: 40,
-        remainingTotal: 8,
-        reservedTotal: 32,
-        ordersTotal: 32,
+        initialTotal: 48,
+        remainingTotal: 11,
+        reservedTotal: 37,
+        ordersTotal: 37,
       });
       expect(await readStockRows(pg, activityId)).toEqual([
+        { skuId: BULK.skuId, initial: BULK.stock, remaining: 3 },
         { skuId: HOT.skuId, initial: HOT.stock, remaining: 0 },
         { skuId: 'plain', initial: 6, remaining: 2 },
         { skuId: WARM.skuId, initial: WARM.stock, remaining: 6 },
       ]);
-      expect(settling.status?.stock).toMatchObject({ initial: 40, remaining: 8, reserved: 32, ordered: 32 });
+      expect(settling.status?.stock).toMatchObject({ initial: 48, remaining: 11, reserved: 37, ordered: 37 });
+      expect(settling.status?.cache?.loads).toBe(1);
       expect(findCondition(settling.status?.conditions, 'Degraded')).toMatchObject({ status: 'False' });
 
       // Cleanup: no key of any bucket is left; of the activity's own slot only the results.
       expect(await scanKeys(redis, k.bucketScanPattern)).toEqual([]);
       expect(await scanKeys(redis, k.scanPattern)).toEqual([k.results]);
-      expect(await redis.hlen(k.results)).toBe(32);
+      expect(await redis.hlen(k.results)).toBe(37);
 
       const events = await eventsOf(a, ns, name);
       expect(events.filter((e) => e.reason === 'WroteBack')).toHaveLength(1);
