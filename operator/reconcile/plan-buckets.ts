@@ -9,6 +9,7 @@
  */
 import { chooseBuckets, defaultAutoBucketing, recordBucketPlan } from '../../core/buckets.js';
 import type { AutoBucketing } from '../../core/buckets.js';
+import { crashPoint } from '../../core/crash.js';
 import type { LoadedDefinition } from '../../core/loaded-definition.js';
 import type { CatalogItem } from '../../core/model.js';
 import { primariesOf } from '../../core/redis.js';
@@ -37,6 +38,7 @@ export async function planBuckets(
     if (!live.has(i.skuId)) chosen.set(i.skuId, chooseBuckets(i.stock, i.buckets, auto));
   }
   const recorded = await recordBucketPlan(ctx.deps.redis, ctx.activityId, chosen);
+  crashPoint('operator-after-bucket-plan');
   return items.map((i) => {
     // A live SKU's own spec count stays as written, so an edit of it reaches diffDefinition and
     // is refused there (behind the CRD's rule).

@@ -45,9 +45,10 @@ describe('operator: an activity with stock buckets, end to end', () => {
   let operator: OperatorProcess | undefined;
   let runtime: RoleProcess | undefined;
   const activityId = uniqueId('bkt');
+  const crashedId = uniqueId('bkt-crash');
 
   beforeAll(async () => {
-    world = await operatorWorld(a, { namespace: 'op-bkt', topicsOf: [activityId] });
+    world = await operatorWorld(a, { namespace: 'op-bkt', topicsOf: [activityId, crashedId] });
     [runtime, operator] = await Promise.all([
       startRole('all', { activityId, databaseUrl: world.db.url }),
       startOperator({ ns: world.ns, databaseUrl: world.db.url }),
@@ -240,6 +241,65 @@ describe('operator: an activity with stock buckets, end to end', () => {
       const events = await eventsOf(a, ns, name);
       expect(events.filter((e) => e.reason === 'WroteBack')).toHaveLength(1);
       expect(events.filter((e) => e.type !== 'Normal')).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'an operator SIGKILLed after choosing the counts and restarted with another setting loads the first choice',
+    async () => {
+      const w = world!;
+      const ns = w.ns.namespace;
+      // The operator of the first test leaves; one at a time holds the lease.
+      await operator?.kill('SIGTERM');
+      operator = undefined;
+      const name = 'crash-plan';
+      const now = Date.now();
+      await createActivity(
+        a,
+        activityBody(ns, name, {
+          warmUpAt: new Date(now),
+          startAt: new Date(now + 3_600_000),
+          endAt: new Date(now + 7_200_000),
+          items: [{ skuId: 'big', name: '洗衣液 3kg', price: '39.90', stock: 12, limitPerUser: 1 }],
+          extraSpec: { activityId: crashedId },
+        }),
+      );
+      const crashed = await startOperator({
+        ns: w.ns,
+        databaseUrl: w.db.url,
+        crashPoint: 'operator-after-bucket-plan',
+        waitFor: 'nothing',
+        env: { AUTO_BUCKETS_STOCK_THRESHOLD: '10', AUTO_BUCKETS: '2' },
+      });
+      const exit = await Promise.race([
+        crashed.exited,
+        new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 90_000).unref()),
+      ]);
+      expect(exit?.signal).toBe('SIGKILL');
+      const k = activityKeys(crashedId);
+      // Chosen and recorded, nothing loaded yet.
+      expect(await w.redis.hgetall(k.bucketPlan)).toEqual({ big: '2' });
+      expect(await w.redis.hget(k.meta, k.bucketField('big'))).toBeNull();
+
+      // Restarted with another setting: the load finishes with the count it began with.
+      operator = await startOperator({
+        ns: w.ns,
+        databaseUrl: w.db.url,
+        env: { AUTO_BUCKETS_STOCK_THRESHOLD: '10', AUTO_BUCKETS: '4' },
+      });
+      const ready = await waitForPhase(a, ns, name, Phase.Ready, 60_000);
+      expect(ready.status?.cache?.buckets).toEqual([{ skuId: 'big', buckets: 2 }]);
+      expect(await w.redis.hget(k.meta, k.bucketField('big'))).toBe('2');
+      const shares = await Promise.all(
+        [0, 1].map((i) => w.redis.hget(k.bucket('big', i, 2).sku('big'), 'stock')),
+      );
+      expect(shares).toEqual(['6', '6']);
+      // No key of another layout: every bucket key is one of the two buckets'.
+      const prefixes = [0, 1].map((i) => k.bucket('big', i, 2).prefix);
+      const bucketKeys = await scanKeys(w.redis, k.bucketScanPattern);
+      expect(bucketKeys.length).toBeGreaterThan(0);
+      expect(bucketKeys.filter((key) => !prefixes.some((p) => key.startsWith(p)))).toEqual([]);
     },
     TIMEOUT_MS,
   );
