@@ -5,8 +5,8 @@
  * benchmark's state dir), summed over the three brokers' processes (/proc). For each factor, a
  * topic of 4 partitions; the relay's producer (core/kafka.ts idempotentProducer: idempotent,
  * acks=all, one partition per request) sends N order-sized messages from 4 loops in batches of
- * 100, then a consumer group reads them all. The brokers' idle CPU over the same time (measured
- * before) is subtracted. Writes its block into docs/capacity.md (BENCH_CAPACITY_OUT).
+ * 100, then a consumer group reads them all; one unmeasured round of each factor first (the JVMs'
+ * JIT). The brokers' idle CPU over the same time (measured before) is subtracted. Writes its block into docs/capacity.md (BENCH_CAPACITY_OUT).
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -70,8 +70,8 @@ export async function kafkaReplication(ctx: Ctx): Promise<ReplicationFigures> {
         traceId: '0123456789abcdef0123456789abcdef',
         requestId: `req-${i}`,
       });
-    const measure = async (rf: number): Promise<{ produceUs: number; consumeUs: number }> => {
-      const topics = ctx.core.kafka.topicsFor(`bench-rf${rf}-${ctx.runId}`);
+    const measure = async (rf: number, round: string): Promise<{ produceUs: number; consumeUs: number }> => {
+      const topics = ctx.core.kafka.topicsFor(`bench-rf${rf}${round}-${ctx.runId}`);
       await ctx.core.kafka.ensureTopics(admin, topics, 4, rf);
       const producer = ctx.core.kafka.idempotentProducer(kafka);
       await producer.connect();
@@ -95,7 +95,7 @@ export async function kafkaReplication(ctx: Ctx): Promise<ReplicationFigures> {
       );
       const produceS = brokersCpuS(pids) - p0 - idleCoreS * ((performance.now() - pt) / 1000);
       await producer.disconnect();
-      const consumer = kafka.consumer({ groupId: `bench-rf${rf}-${ctx.runId}` });
+      const consumer = kafka.consumer({ groupId: `bench-rf${rf}${round}-${ctx.runId}` });
       await consumer.connect();
       await consumer.subscribe({ topic: topics.orders, fromBeginning: true });
       let seen = 0;
@@ -121,9 +121,12 @@ export async function kafkaReplication(ctx: Ctx): Promise<ReplicationFigures> {
       await consumer.disconnect();
       return { produceUs: (produceS / n) * 1e6, consumeUs: (consumeS / n) * 1e6 };
     };
-    log(`kafka-replication: ${n} messages at replication 1, then 3`);
-    const rf1 = await measure(1);
-    const rf3 = await measure(3);
+    // Fresh JVMs compile as they go: one unmeasured round of each first.
+    log(`kafka-replication: warm-up, then ${n} messages at replication 1, then 3`);
+    await measure(1, 'w');
+    await measure(3, 'w');
+    const rf1 = await measure(1, '');
+    const rf3 = await measure(3, '');
     await admin.disconnect();
     return {
       messages: n,
@@ -151,7 +154,7 @@ export function renderReplicationBlock(f: ReplicationFigures): string {
     '',
     `Measured on ${f.date}: three KRaft brokers on loopback (test/env/start-kafka-cluster.sh, ` +
       `log.flush.interval.messages=1 as in the test environment), ${f.messages} order-sized messages ` +
-      `per factor through the relay's producer (idempotent, acks=all, one partition per request, ` +
+      `per factor, after an unmeasured round of each, through the relay's producer (idempotent, acks=all, one partition per request, ` +
       `4 loops of 100-message batches), 4 partitions; load average ${f.load.before.toFixed(1)} before, ` +
       `${f.load.after.toFixed(1)} after. CPU of the three broker processes, their idle ` +
       `${f.idlePct.toFixed(1)} % of a core subtracted.`,
