@@ -95,30 +95,30 @@ export async function kafkaReplication(ctx: Ctx): Promise<ReplicationFigures> {
       );
       const produceS = brokersCpuS(pids) - p0 - idleCoreS * ((performance.now() - pt) / 1000);
       await producer.disconnect();
+      // From the group's join to the last message (the join is a few requests, not per message).
+      const c0 = brokersCpuS(pids);
+      const ct = performance.now();
       const consumer = kafka.consumer({ groupId: `bench-rf${rf}${round}-${ctx.runId}` });
-      await consumer.connect();
-      await consumer.subscribe({ topic: topics.orders, fromBeginning: true });
       let seen = 0;
-      let c0 = 0;
-      let ct = 0;
-      await consumer.run({
-        eachBatch: async ({ batch }) => {
-          // The clock starts at the first batch: the group's join is not per message.
-          if (ct === 0) {
-            c0 = brokersCpuS(pids);
-            ct = performance.now();
-          }
-          seen += batch.messages.length;
-        },
-      });
-      await waitFor(
-        `rf ${rf}: ${n + 1} messages consumed`,
-        300_000,
-        async () => (seen >= n + 1 ? true : undefined),
-        50,
-      );
-      const consumeS = brokersCpuS(pids) - c0 - idleCoreS * ((performance.now() - ct) / 1000);
-      await consumer.disconnect();
+      let consumeS: number;
+      try {
+        await consumer.connect();
+        await consumer.subscribe({ topic: topics.orders, fromBeginning: true });
+        await consumer.run({
+          eachBatch: async ({ batch }) => {
+            seen += batch.messages.length;
+          },
+        });
+        await waitFor(
+          `rf ${rf}: ${n + 1} messages consumed`,
+          300_000,
+          async () => (seen >= n + 1 ? true : undefined),
+          20,
+        );
+        consumeS = brokersCpuS(pids) - c0 - idleCoreS * ((performance.now() - ct) / 1000);
+      } finally {
+        await consumer.disconnect();
+      }
       return { produceUs: (produceS / n) * 1e6, consumeUs: (consumeS / n) * 1e6 };
     };
     // Fresh JVMs compile as they go: one unmeasured round of each first.
