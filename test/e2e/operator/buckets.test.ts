@@ -1,14 +1,20 @@
 // The real operator drives an activity with bucketed SKUs (spec.items[].buckets) through its
-// lifecycle on the real API server, Redis, Kafka and PostgreSQL, with the runtime roles as a local
-// process and buyers over HTTP: warm-up splits each bucketed SKU's stock into its buckets, the
+// lifecycle on the real API server, Kafka, PostgreSQL and a loopback Redis Cluster (three primaries
+// with a replica each: test/env/start-redis-cluster.sh, or the one REDIS_CLUSTER_NODES names), with
+// the runtime roles as a local process (RESERVE_ACK=replica, the cluster's default) and buyers over
+// HTTP: warm-up splits each bucketed SKU's stock into its buckets, the
 // oversubscribed sale sells every unit (bucket 0 of the hot SKU only through transfers: no buyer
 // is homed there), nobody above the limit, every 202 one order, write-back sums the remaining
-// stock over the buckets, and cleanup leaves no bucket key behind. A SKU without a count of its
+// stock over the buckets, and cleanup leaves no bucket key behind on any primary. A SKU without a count of its
 // own is split by spec.bucketing (automatic above a stock threshold); the count chosen at warm-up
 // is recorded (Redis, status) and a threshold edited mid-sale changes no loaded SKU. The Redis Cluster side of
-// buckets (slots spread over primaries, a primary killed mid-sale) is covered by
+// buckets in depth (slots spread over primaries, a primary killed mid-sale) is covered by
 // test/integration/order-path/cluster-buckets.test.ts and test/integration/faults/cluster-failover.test.ts.
 import type { Redis } from 'ioredis';
+import { createRedis, parseSentinels, primariesOf } from '../../../core/redis.js';
+import type { RedisClient } from '../../../core/scripts.js';
+import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
+import type { PrivateServers } from '../../faults/harness/servers.js';
 import { bucketShare } from '../../../core/buckets.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
@@ -42,16 +48,30 @@ const BULK = { skuId: 'bulk', stock: 8, buckets: 3 };
 describe('operator: an activity with stock buckets, end to end', () => {
   const a = admin();
   let world: OperatorWorld | undefined;
+  let priv: PrivateServers | undefined;
+  let redis: RedisClient;
+  /** The cluster for the operator and the runtime (REDIS_URL stays for credentials only). */
+  let clusterEnv: Record<string, string>;
+  /** Every key matching `pattern`, on every primary. */
+  const scanAll = async (pattern: string): Promise<string[]> =>
+    (await Promise.all(primariesOf(redis).map((n: Redis) => scanKeys(n, pattern)))).flat().sort();
   let operator: OperatorProcess | undefined;
   let runtime: RoleProcess | undefined;
   const activityId = uniqueId('bkt');
   const crashedId = uniqueId('bkt-crash');
 
   beforeAll(async () => {
+    let nodes = process.env.REDIS_CLUSTER_NODES;
+    if (!nodes) {
+      priv = await startPrivateServers(['redis-cluster']);
+      nodes = priv.env.REDIS_CLUSTER_NODES!;
+    }
+    clusterEnv = { REDIS_CLUSTER_NODES: nodes };
+    redis = createRedis({ clusterNodes: parseSentinels(nodes.split(',')) });
     world = await operatorWorld(a, { namespace: 'op-bkt', topicsOf: [activityId, crashedId] });
     [runtime, operator] = await Promise.all([
-      startRole('all', { activityId, databaseUrl: world.db.url }),
-      startOperator({ ns: world.ns, databaseUrl: world.db.url }),
+      startRole('all', { activityId, databaseUrl: world.db.url, env: clusterEnv }),
+      startOperator({ ns: world.ns, databaseUrl: world.db.url, env: clusterEnv }),
     ]);
   }, TIMEOUT_MS);
 
@@ -59,13 +79,14 @@ describe('operator: an activity with stock buckets, end to end', () => {
     await runtime?.stop();
     await operator?.kill('SIGTERM');
     await world?.close();
+    redis?.disconnect();
+    if (priv) await stopPrivateServers(priv);
   }, TIMEOUT_MS);
 
   it(
     'splits the stock at warm-up, sells every unit, writes back the sum over buckets, cleans every bucket',
     async () => {
       const w = world!;
-      const redis: Redis = w.redis;
       const pg: Pool = w.pg;
       const ns = w.ns.namespace;
       const name = 'hot-sale';
@@ -234,8 +255,8 @@ describe('operator: an activity with stock buckets, end to end', () => {
       expect(findCondition(settling.status?.conditions, 'Degraded')).toMatchObject({ status: 'False' });
 
       // Cleanup: no key of any bucket is left; of the activity's own slot only the results.
-      expect(await scanKeys(redis, k.bucketScanPattern)).toEqual([]);
-      expect(await scanKeys(redis, k.scanPattern)).toEqual([k.results]);
+      expect(await scanAll(k.bucketScanPattern)).toEqual([]);
+      expect(await scanAll(k.scanPattern)).toEqual([k.results]);
       expect(await redis.hlen(k.results)).toBe(37);
 
       const events = await eventsOf(a, ns, name);
@@ -270,7 +291,7 @@ describe('operator: an activity with stock buckets, end to end', () => {
         databaseUrl: w.db.url,
         crashPoint: 'operator-after-bucket-plan',
         waitFor: 'nothing',
-        env: { AUTO_BUCKETS_STOCK_THRESHOLD: '10', AUTO_BUCKETS: '2' },
+        env: { ...clusterEnv, AUTO_BUCKETS_STOCK_THRESHOLD: '10', AUTO_BUCKETS: '2' },
       });
       const exit = await Promise.race([
         crashed.exited,
@@ -279,25 +300,25 @@ describe('operator: an activity with stock buckets, end to end', () => {
       expect(exit?.signal).toBe('SIGKILL');
       const k = activityKeys(crashedId);
       // Chosen and recorded, nothing loaded yet.
-      expect(await w.redis.hgetall(k.bucketPlan)).toEqual({ big: '2' });
-      expect(await w.redis.hget(k.meta, k.bucketField('big'))).toBeNull();
+      expect(await redis.hgetall(k.bucketPlan)).toEqual({ big: '2' });
+      expect(await redis.hget(k.meta, k.bucketField('big'))).toBeNull();
 
       // Restarted with another setting: the load finishes with the count it began with.
       operator = await startOperator({
         ns: w.ns,
         databaseUrl: w.db.url,
-        env: { AUTO_BUCKETS_STOCK_THRESHOLD: '10', AUTO_BUCKETS: '4' },
+        env: { ...clusterEnv, AUTO_BUCKETS_STOCK_THRESHOLD: '10', AUTO_BUCKETS: '4' },
       });
       const ready = await waitForPhase(a, ns, name, Phase.Ready, 60_000);
       expect(ready.status?.cache?.buckets).toEqual([{ skuId: 'big', buckets: 2 }]);
-      expect(await w.redis.hget(k.meta, k.bucketField('big'))).toBe('2');
+      expect(await redis.hget(k.meta, k.bucketField('big'))).toBe('2');
       const shares = await Promise.all(
-        [0, 1].map((i) => w.redis.hget(k.bucket('big', i, 2).sku('big'), 'stock')),
+        [0, 1].map((i) => redis.hget(k.bucket('big', i, 2).sku('big'), 'stock')),
       );
       expect(shares).toEqual(['6', '6']);
       // No key of another layout: every bucket key is one of the two buckets'.
       const prefixes = [0, 1].map((i) => k.bucket('big', i, 2).prefix);
-      const bucketKeys = await scanKeys(w.redis, k.bucketScanPattern);
+      const bucketKeys = await scanAll(k.bucketScanPattern);
       expect(bucketKeys.length).toBeGreaterThan(0);
       expect(bucketKeys.filter((key) => !prefixes.some((p) => key.startsWith(p)))).toEqual([]);
     },
