@@ -15,7 +15,8 @@
  * Phases: redis submit db soldout floors profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts)
  * capacity (bench/lib/capacity.ts: CPU per operation per stage, written into docs/capacity.md)
  * durability (bench/lib/durability.ts: the PostgreSQL guard's and Redis WAIT's cost)
- * buckets (stock buckets on a Redis Cluster, bench/lib/buckets.ts).
+ * buckets (stock buckets on a Redis Cluster, bench/lib/buckets.ts); opt-in only: kafka-replication
+ * (Kafka broker CPU at replication 3 vs 1 on three brokers, bench/lib/kafka-replication.ts).
  */
 import { randomBytes } from 'node:crypto';
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -32,6 +33,7 @@ import { microBenchmarks } from './lib/micro.js';
 import { pipelineAndDrain } from './lib/pipeline.js';
 import { fairness } from './lib/fairness.js';
 import { capacity, writeCapacityPage } from './lib/capacity.js';
+import { kafkaReplication, writeReplicationBlock } from './lib/kafka-replication.js';
 import { measureFloors } from './lib/floors.js';
 import { durability } from './lib/durability.js';
 import { bucketsBench } from './lib/buckets.js';
@@ -478,6 +480,10 @@ async function main(): Promise<void> {
     if (has('capacity')) {
       const figures = await phase(results, 'capacity', () => capacity(c));
       if (figures) writeCapacityPage(c, figures);
+    }
+    if (has('kafka-replication')) {
+      const figures = await phase(results, 'kafka-replication', () => kafkaReplication(c));
+      if (figures) writeReplicationBlock(c, figures);
     }
 
     // --- 7. Cost of durability (last: it attaches a replica to Redis for a while) ---------------

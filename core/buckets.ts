@@ -15,6 +15,69 @@ import { runScript } from './scripts.js';
 /** Most buckets one SKU may have (the CRD's maximum). */
 export const MAX_BUCKETS = 64;
 
+/**
+ * Automatic bucketing: a SKU whose definition leaves its bucket count out is split into `buckets`
+ * buckets when its stock is at least `stockThreshold` (0 = never). docs/operator.md "Stock buckets".
+ */
+export interface AutoBucketing {
+  stockThreshold: number;
+  buckets: number;
+}
+
+/**
+ * The default threshold on a Redis Cluster of several primaries. A SKU loads Redis only while it
+ * has units (the api answers SOLD_OUT from its own flags afterwards), and one primary at the
+ * planning utilisation of docs/capacity.md (0.6 of a core, about 38 µs of Redis CPU per
+ * reservation) takes about 15,800 reservations a second: a SKU below 15,000 units is sold out by
+ * one primary within a second, so splitting it would buy nothing but transfers.
+ */
+export const AUTO_BUCKET_STOCK_THRESHOLD = 15_000;
+
+/**
+ * What applies where neither the resource nor the operator's settings say: on a Redis Cluster of
+ * several primaries, 2 buckets per primary (docs/capacity.md: two per primary leaves room to move
+ * one) above AUTO_BUCKET_STOCK_THRESHOLD; elsewhere off (on one node every bucket is on the same
+ * core, so buckets cost script calls and transfers and spread nothing).
+ */
+export function defaultAutoBucketing(primaries: number): AutoBucketing {
+  if (primaries < 2) return { stockThreshold: 0, buckets: 2 };
+  return { stockThreshold: AUTO_BUCKET_STOCK_THRESHOLD, buckets: Math.min(MAX_BUCKETS, 2 * primaries) };
+}
+
+/**
+ * A SKU's bucket count: the definition's own when it gives one, else the automatic choice (never
+ * more buckets than units, nor than MAX_BUCKETS; 1 = not split).
+ */
+export function chooseBuckets(stock: number, explicit: number | undefined, auto: AutoBucketing): number {
+  if (explicit !== undefined) return explicit;
+  if (auto.stockThreshold <= 0 || stock < auto.stockThreshold || auto.buckets < 2) return 1;
+  return Math.max(1, Math.min(auto.buckets, stock, MAX_BUCKETS));
+}
+
+/**
+ * Records each SKU's chosen bucket count before it is loaded, unless a count is recorded already
+ * (HSETNX: the first choice wins), and returns the recorded counts. A load cut by a crash is
+ * resumed with the counts it began with, whatever the automatic setting says by then.
+ */
+export async function recordBucketPlan(
+  redis: RedisClient,
+  activityId: string,
+  chosen: ReadonlyMap<string, number>,
+): Promise<Map<string, number>> {
+  const recorded = new Map<string, number>();
+  if (chosen.size === 0) return recorded;
+  const k = activityKeys(activityId);
+  const skus = [...chosen.keys()];
+  const p = redis.pipeline();
+  for (const sku of skus) p.hsetnx(k.bucketPlan, sku, String(chosen.get(sku)));
+  p.hmget(k.bucketPlan, ...skus);
+  const replies = (await p.exec()) ?? [];
+  for (const [err] of replies) if (err) throw err;
+  const values = (replies[replies.length - 1]?.[1] ?? []) as (string | null)[];
+  skus.forEach((sku, i) => recorded.set(sku, Number(values[i] ?? chosen.get(sku))));
+  return recorded;
+}
+
 /** Bucket i's share of `stock` split into `count` (the first `stock % count` get one more). */
 export function bucketShare(stock: number, index: number, count: number): number {
   return Math.floor(stock / count) + (index < stock % count ? 1 : 0);

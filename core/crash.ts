@@ -23,6 +23,8 @@ export type CrashPoint =
   // where a crash is hardest to recover from.
   | 'operator-after-finalizer'
   | 'operator-after-topics'
+  // The bucket counts are recorded, nothing of the SKUs loaded yet.
+  | 'operator-after-bucket-plan'
   | 'operator-after-load'
   | 'operator-after-open-gate'
   | 'operator-after-close-gate'

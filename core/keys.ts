@@ -107,6 +107,14 @@ export class ActivityKeys extends ScopeKeys {
   get policy(): string {
     return `${this.prefix}policy`;
   }
+  /**
+   * Hash: sku id -> the bucket count the operator chose for it before loading it (first choice
+   * wins, HSETNX): an operator resumed after a crash half-way through a load, or running with
+   * another automatic-bucketing setting, loads the rest with the same count (core/buckets.ts).
+   */
+  get bucketPlan(): string {
+    return `${this.prefix}bucketplan`;
+  }
   /** Set: buyers the deny list marked (so a later list can clear the ones it no longer names). */
   get denied(): string {
     return `${this.prefix}denied`;

@@ -279,7 +279,14 @@ export interface ActivityOptions {
   warmUpAt: Date;
   startAt: Date;
   endAt: Date;
-  items?: { skuId: string; name: string; price: string; stock: number; limitPerUser?: number }[];
+  items?: {
+    skuId: string;
+    name: string;
+    price: string;
+    stock: number;
+    limitPerUser?: number;
+    buckets?: number;
+  }[];
   catalogRef?: string;
   replicas?: Record<'warmUp' | 'active' | 'draining', { api: number; relay: number; consumer: number }>;
   drainTimeout?: string;

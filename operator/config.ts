@@ -9,6 +9,7 @@ import { redisConnectionOf, redisEnvIssue, redisEnvShape } from '../core/redis.j
 import type { RedisConnection } from '../core/redis.js';
 import { env, readConfig } from '../core/config.js';
 import { defaultMinInsyncReplicas, kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
+import { MAX_BUCKETS } from '../core/buckets.js';
 import { DEFAULT_TRAFFIC_POLICY } from '../core/traffic-policy.js';
 import type { TrafficPolicy } from '../core/traffic-policy.js';
 
@@ -196,6 +197,19 @@ export const operatorConfigSchema = z
     TRAFFIC_PER_ADDRESS_REQUESTS: env.int(D.shaping.perAddress.requests, 0),
     TRAFFIC_PER_ADDRESS_SECONDS: env.int(D.shaping.perAddress.perSeconds, 1),
     ORDER_CODES_PER_BUYER_PER_SKU: env.int(D.eligibility.orderCodesPerBuyerPerSku, 0),
+    /**
+     * Defaults of spec.bucketing: a SKU without its own bucket count and with at least this much
+     * stock is split (0 = never); unset = 15,000 on a Redis Cluster of several primaries, else 0
+     * (core/buckets.ts defaultAutoBucketing).
+     */
+    AUTO_BUCKETS_STOCK_THRESHOLD: z.coerce
+      .number()
+      .int()
+      .min(0)
+      .refine((n) => n === 0 || n >= 2, '0 (never split) or at least 2')
+      .optional(),
+    /** Buckets of such a SKU (2..64); unset = 2 per primary of the Redis Cluster. */
+    AUTO_BUCKETS: z.coerce.number().int().min(2).max(MAX_BUCKETS).optional(),
   })
   .superRefine((c, ctx) => {
     const issue = redisEnvIssue(c);
@@ -206,6 +220,17 @@ export const operatorConfigSchema = z
     message: 'KAFKA_MIN_INSYNC_REPLICAS must be at most KAFKA_REPLICATION_FACTOR',
     path: ['KAFKA_MIN_INSYNC_REPLICAS'],
   })
+  .refine(
+    (c) =>
+      c.AUTO_BUCKETS === undefined ||
+      !c.AUTO_BUCKETS_STOCK_THRESHOLD ||
+      c.AUTO_BUCKETS <= c.AUTO_BUCKETS_STOCK_THRESHOLD,
+    {
+      message:
+        'AUTO_BUCKETS cannot exceed AUTO_BUCKETS_STOCK_THRESHOLD (a SKU at the threshold needs a unit per bucket)',
+      path: ['AUTO_BUCKETS'],
+    },
+  )
   .refine((c) => c.LEASE_RENEW_DEADLINE_SECONDS < c.LEASE_DURATION_SECONDS, {
     message: 'LEASE_RENEW_DEADLINE_SECONDS must be less than LEASE_DURATION_SECONDS',
     path: ['LEASE_RENEW_DEADLINE_SECONDS'],
@@ -262,6 +287,8 @@ export interface OperatorConfig {
   logLevel: string;
   /** Applied where an activity's spec leaves trafficShaping / eligibility fields out. */
   trafficPolicy: TrafficPolicy;
+  /** Applied where spec.bucketing leaves a field out; unset = core/buckets.ts defaultAutoBucketing. */
+  autoBuckets: { stockThreshold?: number | undefined; buckets?: number | undefined };
 }
 
 export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env): OperatorConfig {
@@ -326,5 +353,6 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
         orderCodesPerBuyerPerSku: c.ORDER_CODES_PER_BUYER_PER_SKU,
       },
     },
+    autoBuckets: { stockThreshold: c.AUTO_BUCKETS_STOCK_THRESHOLD, buckets: c.AUTO_BUCKETS },
   };
 }

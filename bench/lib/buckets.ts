@@ -4,6 +4,10 @@
  * (test/env/start-redis-cluster.sh, or the one REDIS_CLUSTER_NODES names):
  * - Redis CPU per reservation (all primaries, INFO cpu) of one SKU without buckets and the same SKU
  *   in 12 buckets (a multiple of the three primaries), through core/reservations.ts reserve();
+ * - what Redis does per reservation in either case (commands, client read events, bytes in and
+ *   replicated: INFO stats), so the cost of buckets can be told apart from the script's work;
+ * - the same with the api's durable acknowledgement on a cluster (core/durable-ack.ts
+ *   ClusterReplicaAck, RESERVE_ACK=replica, the default there) after each reservation;
  * - how the reserve script calls spread over the primaries (INFO commandstats evalsha), with buckets;
  * - the relay's drain of BENCH_DRAIN_N reservations (100,000) from 8 bucket streams vs 1 stream:
  *   the real relay role, from the first entry to an empty outbox.
@@ -12,6 +16,7 @@
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { Cluster, Redis } from 'ioredis';
+import type * as DurableAckModule from '../../core/durable-ack.js';
 import type * as RedisModule from '../../core/redis.js';
 import type { Ctx } from './context.js';
 import { startRole, stopRole } from './runtime.js';
@@ -22,6 +27,10 @@ export interface BucketsResult {
   reservations: number;
   /** Redis CPU µs per reservation, summed over the primaries. */
   cpuUsPerReservation: { plain: number; bucketed: number; ratio: number; bucketedEqualBatch: number };
+  /** Per reservation, without buckets and bucketed (INFO stats and commandstats, all primaries). */
+  perReservation: { plain: RedisWork; bucketed: RedisWork };
+  /** Redis CPU µs per reservation with the api's replica acknowledgement after each one. */
+  withAck: { plain: number; bucketed: number; ratio: number; waits: { plain: number; bucketed: number } };
   bucketCount: number;
   /** Share of the reserve script calls per primary (bucketed run), in %. */
   spreadPct: number[];
@@ -34,6 +43,17 @@ export interface BucketsResult {
     oneRate: number;
     eightRate: number;
   };
+}
+
+/** What Redis did per reservation. */
+export interface RedisWork {
+  /** Commands, the script's own included. */
+  commands: number;
+  /** Reads from client sockets: each a batch of pipelined commands, with its replies and propagation. */
+  reads: number;
+  inBytes: number;
+  replBytes: number;
+  waits: number;
 }
 
 interface Primaries {
@@ -49,6 +69,20 @@ async function cpuS(nodes: Redis[]): Promise<number> {
     s += get('used_cpu_sys') + get('used_cpu_user');
   }
   return s;
+}
+
+async function work(nodes: Redis[]): Promise<RedisWork> {
+  const w: RedisWork = { commands: 0, reads: 0, inBytes: 0, replBytes: 0, waits: 0 };
+  for (const n of nodes) {
+    const info = await n.info('all');
+    const get = (k: string): number => Number(new RegExp(`^${k}:(\\d+)`, 'm').exec(info)?.[1] ?? 0);
+    w.commands += get('total_commands_processed');
+    w.reads += get('total_reads_processed');
+    w.inBytes += get('total_net_input_bytes');
+    w.replBytes += get('total_net_repl_output_bytes');
+    w.waits += Number(/^cmdstat_wait:calls=(\d+)/m.exec(info)?.[1] ?? 0);
+  }
+  return w;
 }
 
 /** Reserve script calls per primary, and the primary's µs per call (INFO commandstats). */
@@ -73,11 +107,12 @@ async function reserveMany(
   n: number,
   tag: string,
   inFlight = 64,
+  ack?: DurableAckModule.ReservationAck,
 ): Promise<void> {
   let next = 0;
   const worker = async (): Promise<void> => {
     for (let i = next++; i < n; i = next++) {
-      await ctx.core.reservations.reserve(p.cluster, {
+      const r = await ctx.core.reservations.reserve(p.cluster, {
         activityId,
         userId: `${tag}-${i}`,
         skuId: 'hot',
@@ -85,6 +120,7 @@ async function reserveMany(
         requestId: 'r',
         traceId: 't',
       });
+      if (ack && r.kind === 'reserved') await ack.confirm(activityId, r.reservationId, false, r.scope);
     }
   };
   await Promise.all(Array.from({ length: inFlight }, worker));
@@ -103,6 +139,9 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
   const redisMod = (await import(
     pathToFileURL(join(ctx.cfg.distDir, 'core', 'redis.js')).href
   )) as typeof RedisModule;
+  const ackMod = (await import(
+    pathToFileURL(join(ctx.cfg.distDir, 'core', 'durable-ack.js')).href
+  )) as typeof DurableAckModule;
   let nodesEnv = process.env.REDIS_CLUSTER_NODES;
   const state = join(ctx.cfg.stateDir, 'redis-cluster');
   if (!nodesEnv) {
@@ -154,14 +193,30 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
       id: string,
       buckets?: number,
       inFlight = 64,
-    ): Promise<{ cpu: number; calls: { calls: number; usPerCall: number }[] }> => {
+      ack?: DurableAckModule.ReservationAck,
+    ): Promise<{ cpu: number; calls: { calls: number; usPerCall: number }[]; work: RedisWork }> => {
       await load(id, buckets);
-      await reserveMany(ctx, p, id, 2_000, `${id}-w`, inFlight);
+      await reserveMany(ctx, p, id, 2_000, `${id}-w`, inFlight, ack);
       await Promise.all(nodes.map((x) => x.config('RESETSTAT')));
+      const w0 = await work(nodes);
       const c0 = await cpuS(nodes);
-      await reserveMany(ctx, p, id, n, `${id}-m`, inFlight);
+      await reserveMany(ctx, p, id, n, `${id}-m`, inFlight, ack);
       const c1 = await cpuS(nodes);
-      return { cpu: c1 - c0, calls: await scriptCalls(nodes) };
+      const w1 = await work(nodes);
+      // Per reservation; the INFO calls of the two readings are left out of the commands.
+      const per = (k: keyof RedisWork): number =>
+        (w1[k] - w0[k] - (k === 'commands' ? 2 * nodes.length : 0)) / n;
+      return {
+        cpu: c1 - c0,
+        calls: await scriptCalls(nodes),
+        work: {
+          commands: per('commands'),
+          reads: per('reads'),
+          inBytes: per('inBytes'),
+          replBytes: per('replBytes'),
+          waits: per('waits'),
+        },
+      };
     };
     log(`buckets: ${n} reservations without buckets, then in ${BUCKETS} buckets`);
     const plain = await measure(`bkp-${ctx.runId}`);
@@ -170,6 +225,10 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
     // single primary's were (Redis' per-batch costs: reads, writes and replication, shared alike).
     const equalBatch = await measure(`bkq-${ctx.runId}`, BUCKETS, 64 * nodes.length);
     const totalCalls = bucketed.calls.reduce((a, b) => a + b.calls, 0);
+    // The api's path on a cluster: each reservation confirmed on a replica (one replica, 1 s).
+    const ack = new ackMod.ClusterReplicaAck(cluster, 1, 1000);
+    const plainAck = await measure(`bkpa-${ctx.runId}`, undefined, 64, ack);
+    const bucketedAck = await measure(`bkba-${ctx.runId}`, BUCKETS, 64, ack);
 
     // 2. Drain: N reservations waiting in 1 stream vs 8 bucket streams, one relay role each time.
     const drainN = ctx.cfg.drainReservations;
@@ -224,6 +283,13 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
         ratio: bucketed.cpu / plain.cpu,
         bucketedEqualBatch: (equalBatch.cpu / n) * 1e6,
       },
+      perReservation: { plain: plain.work, bucketed: bucketed.work },
+      withAck: {
+        plain: (plainAck.cpu / n) * 1e6,
+        bucketed: (bucketedAck.cpu / n) * 1e6,
+        ratio: bucketedAck.cpu / plainAck.cpu,
+        waits: { plain: plainAck.work.waits, bucketed: bucketedAck.work.waits },
+      },
       bucketCount: BUCKETS,
       spreadPct: bucketed.calls.map((c) => (100 * c.calls) / Math.max(1, totalCalls)),
       usPerCall: {
@@ -252,6 +318,8 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
 /** The report's section (docs/benchmarks.md). */
 export function renderBuckets(r: BucketsResult): string[] {
   const c = r.cpuUsPerReservation;
+  const w = r.perReservation;
+  const a = r.withAck;
   const third = 100 / 3;
   const spreadOk = r.spreadPct.every((s) => Math.abs(s - third) <= third * 0.15);
   return [
@@ -266,6 +334,10 @@ export function renderBuckets(r: BucketsResult): string[] {
     `| Redis CPU per reservation, the SKU in ${r.bucketCount} buckets | ${c.bucketed.toFixed(1)} µs | | |`,
     `| Bucketed / not bucketed | ${c.ratio.toFixed(2)}× | ≤ 1.2× | ${c.ratio <= 1.2 ? 'met' : 'missed'} |`,
     `| Redis CPU per reservation, ${r.bucketCount} buckets, 3× in flight (per-primary batches as large as without buckets) | ${c.bucketedEqualBatch.toFixed(1)} µs (${(c.bucketedEqualBatch / c.plain).toFixed(2)}×) | | |`,
+    `| Per reservation without / with buckets: Redis commands (the script's own included) | ${w.plain.commands.toFixed(2)} / ${w.bucketed.commands.toFixed(2)} | | |`,
+    `| Per reservation without / with buckets: client socket reads (each one batch of pipelined commands) | ${w.plain.reads.toFixed(3)} / ${w.bucketed.reads.toFixed(3)} | | |`,
+    `| Per reservation without / with buckets: bytes in, bytes replicated | ${w.plain.inBytes.toFixed(0)}, ${w.plain.replBytes.toFixed(0)} / ${w.bucketed.inBytes.toFixed(0)}, ${w.bucketed.replBytes.toFixed(0)} | | |`,
+    `| With the api's replica acknowledgement (ClusterReplicaAck): Redis CPU per reservation without / with buckets | ${a.plain.toFixed(1)} / ${a.bucketed.toFixed(1)} µs (${a.ratio.toFixed(2)}×); WAITs per reservation ${a.waits.plain.toFixed(3)} / ${a.waits.bucketed.toFixed(3)} | | |`,
     `| Reserve script calls per primary (${r.bucketCount} buckets) | ${r.spreadPct.map((s) => `${s.toFixed(1)} %`).join(' / ')} | each 33.3 % ± 15 % | ${spreadOk ? 'met' : 'missed'} |`,
     `| µs per reserve script call, per primary (commandstats): without buckets / with | ${r.usPerCall.plain.map((x) => x.toFixed(1)).join(', ')} / ${r.usPerCall.bucketed.map((x) => x.toFixed(1)).join(', ')} | | |`,
     `| Relay drain of ${r.drain.reservations} reservations, 1 stream (relay start included) | ${r.drain.oneStreamS.toFixed(1)} s (${r.drain.oneRate.toFixed(0)}/s) | | |`,

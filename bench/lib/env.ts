@@ -31,6 +31,8 @@ export const PHASES = [
   'capacity',
   'durability',
   'buckets',
+  // Opt-in only (BENCH_ONLY): three more JVMs (bench/lib/kafka-replication.ts).
+  'kafka-replication',
 ] as const;
 export type Phase = (typeof PHASES)[number];
 
@@ -101,7 +103,9 @@ export function readConfig(): BenchConfig {
     warmupSkus: num('BENCH_WARMUP_SKUS', 100_000),
     budgetS: num('BENCH_BUDGET', 570),
     redisAppendfsync: process.env.BENCH_REDIS_APPENDFSYNC ?? 'everysec',
-    phases: new Set<Phase>(only.length > 0 ? (only as Phase[]) : PHASES),
+    phases: new Set<Phase>(
+      only.length > 0 ? (only as Phase[]) : PHASES.filter((p) => p !== 'kafka-replication'),
+    ),
     profileRoles: process.env.BENCH_PROFILE_ROLES === '1',
     roleEnv: Object.fromEntries(
       (process.env.BENCH_ROLE_ENV ?? '')

@@ -20,7 +20,8 @@ export function itemsFromSpec(items: readonly ItemSpec[]): CatalogItem[] {
     price: normalizePrice(i.price),
     stock: i.stock,
     limitPerUser: i.limitPerUser,
-    ...(i.buckets !== undefined && i.buckets > 1 ? { buckets: i.buckets } : {}),
+    // 1 stays: "not split" given by the spec is not left to the automatic choice.
+    ...(i.buckets !== undefined ? { buckets: i.buckets } : {}),
   }));
 }
 

@@ -66,9 +66,13 @@ export function gateAfterRestore(ctx: ReconcileContext): GateState {
 async function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): Promise<RestoreTarget> {
   const spec = ctx.fsa.spec;
   // The bucket layout the warm-up loaded: the resource fixes each SKU's count once it began.
-  const buckets = new Map(
-    (await resolveItems(ctx)).filter((i) => (i.buckets ?? 1) > 1).map((i) => [i.skuId, i.buckets!] as const),
-  );
+  // Automatic counts are not in the spec: the status recorded them when the SKUs were loaded.
+  const buckets = new Map([
+    ...(ctx.status.cache?.buckets ?? []).map((b) => [b.skuId, b.buckets] as const),
+    ...(await resolveItems(ctx))
+      .filter((i) => (i.buckets ?? 1) > 1)
+      .map((i) => [i.skuId, i.buckets!] as const),
+  ]);
   return {
     activityId: ctx.activityId,
     epoch: row.epoch,

@@ -17,6 +17,7 @@ import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE } from './context.js';
 import { buildDefinition, diffDefinition } from './definition.js';
+import { planBuckets } from './plan-buckets.js';
 import { resolveItems } from './resolve-items.js';
 import { syncTrafficPolicy } from './traffic-policy.js';
 
@@ -32,10 +33,11 @@ export type SyncOutcome =
  */
 export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<SyncOutcome> {
   const { redis } = ctx.deps;
-  const items = await resolveItems(ctx);
-  if (items.length === 0) return { kind: 'empty' };
-  const desired = buildDefinition(ctx.fsa, ctx.activityId, items);
+  const resolved = await resolveItems(ctx);
+  if (resolved.length === 0) return { kind: 'empty' };
   const loaded = await readLoadedDefinition(redis, ctx.activityId);
+  const items = await planBuckets(ctx, resolved, loaded);
+  const desired = buildDefinition(ctx.fsa, ctx.activityId, items);
   let changes: string[] = [];
   if (loaded) {
     // What is live is what the consumer checks orders against: a cache loaded before the items
@@ -94,6 +96,10 @@ export async function recordCache(ctx: ReconcileContext): Promise<void> {
     loads: loaded?.loads ?? ctx.status.cache?.loads ?? 0,
     skus: loaded?.items.length ?? ctx.status.cache?.skus ?? 0,
   };
+  const buckets = (loaded?.items ?? [])
+    .filter((i) => (i.buckets ?? 1) > 1)
+    .map((i) => ({ skuId: i.skuId, buckets: i.buckets! }));
+  if (buckets.length > 0) ctx.status.cache.buckets = buckets;
 }
 
 export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {

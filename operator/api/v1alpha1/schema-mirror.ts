@@ -78,6 +78,11 @@ export const specMirror: Mirror<FlashSaleActivitySpec> = {
     },
   },
   catalogRef: { type: 'object', required: false, properties: { name: str(true) } },
+  bucketing: {
+    type: 'object',
+    required: false,
+    properties: { stockThreshold: int(false), buckets: int(false) },
+  },
   requireOrderCode: bool(true),
   reopenOnRelease: bool(true),
   paused: bool(true),
@@ -147,6 +152,11 @@ export const statusMirror: Mirror<FlashSaleActivityStatus> = {
       syncedGeneration: int(false),
       loads: int(false),
       skus: int(false),
+      buckets: {
+        type: 'array',
+        required: false,
+        items: { type: 'object', properties: { skuId: str(true), buckets: int(true) } },
+      },
       refusal: {
         type: 'object',
         required: false,

@@ -178,6 +178,17 @@ export interface ItemSpec {
   buckets?: number;
 }
 
+/**
+ * Automatic stock buckets for the SKUs that give no `buckets` of their own (catalog items
+ * included); absent fields take the operator's AUTO_BUCKETS_STOCK_THRESHOLD and AUTO_BUCKETS.
+ */
+export interface BucketingSpec {
+  /** SKUs with at least this much stock are split; 0 = never. */
+  stockThreshold?: number;
+  /** Buckets of such a SKU (2..64, at most its stock). */
+  buckets?: number;
+}
+
 export interface CatalogRef {
   name: string;
 }
@@ -217,6 +228,7 @@ export interface FlashSaleActivitySpec {
   schedule: Schedule;
   items?: ItemSpec[];
   catalogRef?: CatalogRef;
+  bucketing?: BucketingSpec;
   requireOrderCode: boolean;
   reopenOnRelease: boolean;
   paused: boolean;
@@ -249,6 +261,8 @@ export interface CacheStatus {
   syncedGeneration?: number;
   loads?: number;
   skus?: number;
+  /** The bucket count of each bucketed SKU as loaded (fixed from its first load on). */
+  buckets?: { skuId: string; buckets: number }[];
   refusal?: { generation?: number; reason?: string; message?: string };
 }
 

@@ -288,6 +288,34 @@ describe('FlashSaleActivity CRD on the API server', () => {
   );
 
   it(
+    'refuses impossible automatic bucketing with a clear message, and lets a live sale edit it',
+    async () => {
+      const withBucketing = (bucketing: Record<string, number>): Spec => ({ ...valid(), bucketing });
+      const cases: [Record<string, number>, RegExp][] = [
+        [{ stockThreshold: 1 }, /spec\.bucketing\.stockThreshold: .*must be 0 \(never split\) or at least 2/],
+        [{ stockThreshold: -1 }, /spec\.bucketing\.stockThreshold/],
+        [{ buckets: 1 }, /spec\.bucketing\.buckets: .*must be at least 2/],
+        [{ buckets: 65 }, /spec\.bucketing\.buckets/],
+        [{ stockThreshold: 4, buckets: 8 }, /buckets cannot exceed bucketing\.stockThreshold/],
+      ];
+      for (const [i, [bucketing, message]] of cases.entries()) {
+        expect(await refusal(create(`auto-bad-${i}`, withBucketing(bucketing)))).toMatch(message);
+      }
+      await create('auto', withBucketing({ stockThreshold: 0, buckets: 8 }));
+      await create('auto-on', withBucketing({ stockThreshold: 10_000, buckets: 8 }));
+      // A SKU's count is fixed when it is loaded, so the setting may change while Active: it
+      // applies only to SKUs loaded after the edit (test/e2e/operator/buckets.test.ts).
+      await setPhase('auto-on', 'Active');
+      expect(
+        await refusal(
+          patch('auto-on', [{ op: 'replace', path: '/spec/bucketing/stockThreshold', value: 50 }]),
+        ),
+      ).toBeUndefined();
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'allows only safe edits once the sale is Active, and none once it has ended',
     async () => {
       await create('live', valid());

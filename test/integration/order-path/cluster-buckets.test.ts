@@ -19,7 +19,8 @@ import { createPool } from '../../../core/db/pool.js';
 import { createLogger } from '../../../core/logger.js';
 import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import { activityKeys, homeBucket } from '../../../core/keys.js';
-import { parseSentinels, primariesOf } from '../../../core/redis.js';
+import { isCluster, parseSentinels, primariesOf } from '../../../core/redis.js';
+import { ClusterReplicaAck } from '../../../core/durable-ack.js';
 import type { SentinelAddress } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import { Sale, prepareActivity, recoverAndCheck, redisOf } from '../../faults/harness/sale.js';
@@ -29,6 +30,8 @@ import type { PrivateServers } from '../../faults/harness/servers.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { httpClient, tokenFor } from '../../../dev/roles.js';
+import calculateSlot from 'cluster-key-slot';
+import type { Cluster } from 'ioredis';
 import pg from 'pg';
 
 const HOT_STOCK = 96;
@@ -302,6 +305,85 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
     } finally {
       redis.disconnect();
       await sql.end();
+    }
+  });
+
+  // RESERVE_ACK=replica on the cluster (core/durable-ack.ts ClusterReplicaAck): reservations spread
+  // over buckets on every primary are each confirmed by their own node's replica (read back from
+  // that replica), while the WAITs are shared per node; a replica count no node has is refused.
+  test('the replica acknowledgement confirms each reservation on its node, sharing the WAITs', async () => {
+    const id = uniqueId('cl-ack');
+    const client = redisOf(servers);
+    if (!isCluster(client)) throw new Error('not a cluster client');
+    const redis: Cluster = client;
+    registerScripts(redis);
+    try {
+      await loadActivity(redis, {
+        id,
+        generation: 1,
+        startAt: new Date(Date.now() - 60_000),
+        endAt: new Date(Date.now() + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: true,
+        items: [
+          { skuId: 'hot', name: '茅台', price: '1499.00', stock: 1000, limitPerUser: 1, buckets: BUCKETS },
+        ],
+      });
+      await setGate(redis, id, 'open');
+      await Promise.all(primariesOf(redis).map((n) => n.config('RESETSTAT')));
+      const ack = new ClusterReplicaAck(redis, 1, 5_000);
+      const N = 200;
+      const reserved = await Promise.all(
+        Array.from({ length: N }, async (_, i) => {
+          const r = await reserve(redis, {
+            activityId: id,
+            userId: `${id}-u${i}`,
+            skuId: 'hot',
+            quantity: 1,
+            requestId: 'r',
+            traceId: 't',
+          });
+          await ack.confirm(id, r.reservationId, false, r.scope);
+          return r;
+        }),
+      );
+      // Each reservation is on the replica of the node that holds its bucket.
+      const byAddress = new Map(redis.nodes('all').map((n) => [`${n.options.host}:${n.options.port}`, n]));
+      let onReplicas = 0;
+      for (const r of reserved) {
+        const key = r.scope.reservation(r.reservationId);
+        const replicaAddress = redis.slots[calculateSlot(key)]?.[1];
+        const replica = replicaAddress ? byAddress.get(replicaAddress) : undefined;
+        if (!replica) throw new Error(`no replica known for ${key}`);
+        const [, state] = (await replica.pipeline().readonly().hget(key, 'state').exec()) ?? [];
+        if (state?.[1] === 'RESERVED') onReplicas += 1;
+      }
+      expect(onReplicas).toBe(N);
+      // Shared: far fewer WAITs than reservations (one per reservation before).
+      let waits = 0;
+      for (const n of primariesOf(redis)) {
+        waits += Number(/^cmdstat_wait:calls=(\d+)/m.exec(await n.info('commandstats'))?.[1] ?? 0);
+      }
+      expect(waits).toBeGreaterThan(0);
+      expect(waits).toBeLessThanOrEqual(N / 2);
+
+      // Two replicas per reservation: no node has them.
+      const r = await reserve(redis, {
+        activityId: id,
+        userId: `${id}-x`,
+        skuId: 'hot',
+        quantity: 1,
+        requestId: 'r',
+        traceId: 't',
+      });
+      await expect(
+        new ClusterReplicaAck(redis, 2, 200).confirm(id, r.reservationId, false, r.scope),
+      ).rejects.toMatchObject({
+        code: 'NOT_REPLICATED',
+        extra: { reservationId: r.reservationId },
+      });
+    } finally {
+      redis.disconnect();
     }
   });
 });

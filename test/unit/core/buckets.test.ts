@@ -1,7 +1,13 @@
 // Stock buckets as pure key and arithmetic logic: buckets spread over the slot space, a buyer's
 // home bucket is stable, shares add up to the stock.
 import calculateSlot from 'cluster-key-slot';
-import { bucketShare } from '../../../core/buckets.js';
+import {
+  AUTO_BUCKET_STOCK_THRESHOLD,
+  MAX_BUCKETS,
+  bucketShare,
+  chooseBuckets,
+  defaultAutoBucketing,
+} from '../../../core/buckets.js';
 import { activityKeys, homeBucket } from '../../../core/keys.js';
 
 describe('stock buckets (core/keys.ts, core/buckets.ts)', () => {
@@ -61,5 +67,33 @@ describe('stock buckets (core/keys.ts, core/buckets.ts)', () => {
       expect(Math.max(...shares) - Math.min(...shares)).toBeLessThanOrEqual(1);
       for (let i = 0; i < n; i += 1) expect(bucketShare(stock + 5, i, n)).toBeGreaterThanOrEqual(shares[i]!);
     }
+  });
+
+  it('chooses automatic buckets only above the threshold, never more than the units or 64', () => {
+    const auto = { stockThreshold: 1000, buckets: 6 };
+    expect(chooseBuckets(999, undefined, auto)).toBe(1);
+    expect(chooseBuckets(1000, undefined, auto)).toBe(6);
+    expect(chooseBuckets(50_000, undefined, auto)).toBe(6);
+    // The spec's own count wins, 1 (not split) included.
+    expect(chooseBuckets(50_000, 1, auto)).toBe(1);
+    expect(chooseBuckets(50_000, 3, auto)).toBe(3);
+    expect(chooseBuckets(10, 3, { stockThreshold: 0, buckets: 6 })).toBe(3);
+    // Off.
+    expect(chooseBuckets(10_000_000, undefined, { stockThreshold: 0, buckets: 6 })).toBe(1);
+    // A threshold below the bucket count (operator settings and spec mixed): one unit per bucket.
+    expect(chooseBuckets(5, undefined, { stockThreshold: 2, buckets: 8 })).toBe(5);
+    expect(chooseBuckets(10_000, undefined, { stockThreshold: 2, buckets: 500 })).toBe(MAX_BUCKETS);
+  });
+
+  it('by default splits only on a Redis Cluster of several primaries, two buckets per primary', () => {
+    expect(defaultAutoBucketing(1).stockThreshold).toBe(0);
+    expect(defaultAutoBucketing(3)).toEqual({ stockThreshold: AUTO_BUCKET_STOCK_THRESHOLD, buckets: 6 });
+    expect(defaultAutoBucketing(40)).toEqual({
+      stockThreshold: AUTO_BUCKET_STOCK_THRESHOLD,
+      buckets: MAX_BUCKETS,
+    });
+    expect(chooseBuckets(AUTO_BUCKET_STOCK_THRESHOLD - 1, undefined, defaultAutoBucketing(3))).toBe(1);
+    expect(chooseBuckets(AUTO_BUCKET_STOCK_THRESHOLD, undefined, defaultAutoBucketing(3))).toBe(6);
+    expect(chooseBuckets(10_000_000, undefined, defaultAutoBucketing(1))).toBe(1);
   });
 });

@@ -16,6 +16,7 @@ describe('activity keys', () => {
       k.reservation('r1'),
       k.orderCode('c'),
       k.none,
+      k.bucketPlan,
     ];
     for (const key of keys) {
       expect(key.startsWith(k.prefix)).toBe(true);

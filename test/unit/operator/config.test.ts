@@ -62,6 +62,20 @@ describe('operator configuration', () => {
     ).toMatchObject({ replicationFactor: 5, minInsyncReplicas: 3 });
   });
 
+  it('leaves automatic bucketing to the Redis it finds unless told (AUTO_BUCKETS_*)', () => {
+    expect(loadOperatorConfig(required).autoBuckets).toEqual({
+      stockThreshold: undefined,
+      buckets: undefined,
+    });
+    expect(
+      loadOperatorConfig({ ...required, AUTO_BUCKETS_STOCK_THRESHOLD: '5000', AUTO_BUCKETS: '6' })
+        .autoBuckets,
+    ).toEqual({ stockThreshold: 5000, buckets: 6 });
+    expect(
+      loadOperatorConfig({ ...required, AUTO_BUCKETS_STOCK_THRESHOLD: '0', AUTO_BUCKETS: '64' }).autoBuckets,
+    ).toEqual({ stockThreshold: 0, buckets: 64 });
+  });
+
   it.each([
     [{ DATABASE_URL: undefined }, /DATABASE_URL/],
     [
@@ -80,6 +94,14 @@ describe('operator configuration', () => {
     [{ DEFAULT_WARM_UP_LEAD: '5 minutes' }, /DEFAULT_WARM_UP_LEAD: a duration/],
     [{ RUNTIME_RESOURCES: '{"cpu":1}' }, /RUNTIME_RESOURCES: not a resources object/],
     [{ RUNTIME_IMAGE_PULL_POLICY: 'Sometimes' }, /RUNTIME_IMAGE_PULL_POLICY/],
+    [{ AUTO_BUCKETS_STOCK_THRESHOLD: '1' }, /AUTO_BUCKETS_STOCK_THRESHOLD: 0 \(never split\) or at least 2/],
+    [{ AUTO_BUCKETS_STOCK_THRESHOLD: '-5' }, /AUTO_BUCKETS_STOCK_THRESHOLD/],
+    [{ AUTO_BUCKETS: '1' }, /AUTO_BUCKETS/],
+    [{ AUTO_BUCKETS: '65' }, /AUTO_BUCKETS/],
+    [
+      { AUTO_BUCKETS_STOCK_THRESHOLD: '4', AUTO_BUCKETS: '8' },
+      /AUTO_BUCKETS cannot exceed AUTO_BUCKETS_STOCK_THRESHOLD/,
+    ],
   ])('refuses %o naming the variable', (over, message) => {
     expect(() => loadOperatorConfig({ ...required, ...over })).toThrow(ConfigError);
     expect(() => loadOperatorConfig({ ...required, ...over })).toThrow(message);
