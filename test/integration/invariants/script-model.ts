@@ -1,5 +1,5 @@
 // A reference model of the activity's Redis state and of the Lua scripts that change it
-// (lua/reserve-8.lua, release-6.lua, confirmPaid-2.lua, setGate-1.lua, loadItems-var.lua) plus the
+// (lua/reserve-9.lua, release-6.lua, confirmPaid-2.lua, setGate-1.lua, loadItems-var.lua) plus the
 // two non-script writers the model-based test drives (the relay deleting acknowledged outbox
 // entries, the consumer confirming orders with recordResults) and cleanupActivity.
 //
@@ -161,7 +161,7 @@ export class ScriptModel {
     return `gate prev=${current}`;
   }
 
-  // ---- reserve-8.lua --------------------------------------------------------------------------
+  // ---- reserve-9.lua --------------------------------------------------------------------------
   reserve(user: string, req: string, sku: string, qty: number): string {
     const rid = this.cfg.ridOf(user, req);
     let prior = this.s.reservations.get(rid);
