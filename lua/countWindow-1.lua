@@ -14,6 +14,6 @@
 ]]
 --- @include "includes/buyerWindow"
 
-local consumed, ttl = countWindow(KEYS[1], tonumber(ARGV[2]))
+local consumed, ttl = countWindow(1, tonumber(ARGV[2]))
 if consumed > tonumber(ARGV[1]) then return {-43, ttl} end
 return {1, consumed, ttl}

@@ -91,7 +91,7 @@ end
 -- Rate limit (docs/operator.md "Traffic shaping and eligibility").
 local requests, consumed, windowMs = tonumber(ARGV[9]), 0, 0
 if requests > 0 then
-  consumed, windowMs = countWindow(KEYS[9], tonumber(ARGV[10]))
+  consumed, windowMs = countWindow(9, tonumber(ARGV[10]))
   if consumed > requests then return {-43, windowMs} end
 end
 -- End of rate limit.

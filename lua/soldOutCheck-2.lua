@@ -23,6 +23,6 @@
 if redis.call('EXISTS', KEYS[1]) == 1 then return {2} end
 local requests = tonumber(ARGV[1])
 if requests == 0 then return {1, 0, 0} end
-local consumed, ttl = countWindow(KEYS[2], tonumber(ARGV[2]))
+local consumed, ttl = countWindow(2, tonumber(ARGV[2]))
 if consumed > requests then return {-43, ttl} end
 return {1, consumed, ttl}
