@@ -338,7 +338,13 @@ export type SoldOutCheck =
  */
 export async function soldOutCheck(
   redis: RedisClient,
-  input: { activityId: string; userId: string; skuId: string; requestId: string; window?: BuyerWindow | undefined },
+  input: {
+    activityId: string;
+    userId: string;
+    skuId: string;
+    requestId: string;
+    window?: BuyerWindow | undefined;
+  },
 ): Promise<SoldOutCheck> {
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
   const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
