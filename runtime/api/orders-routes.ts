@@ -134,7 +134,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         throw err;
       }
       if (check.counted) {
-        limit?.counted(res, activityId, userId, check.counted);
+        limit?.counted(res);
         window = undefined;
       }
       if (check.kind === 'sold-out') {
@@ -156,7 +156,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         orderCode: body.orderCode,
         window,
       });
-      if (outcome.counted) limit?.counted(res, activityId, userId, outcome.counted);
+      if (outcome.counted) limit?.counted(res);
       crashPoint('api-after-reserve');
       const status =
         outcome.kind === 'reserved' || outcome.state === 'RESERVED' || outcome.state === 'PAID'
@@ -183,7 +183,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
       if (limited(err)) return;
       // The script counts before it reads the cache: a 5xx of the answer below gives it back.
       if (err instanceof FlashSaleError && err.code === 'NOT_LOADED' && window && window.requests > 0)
-        limit?.counted(res, activityId, userId, { consumed: 0, ttlMs: 0 });
+        limit?.counted(res);
       if (!(err instanceof FlashSaleError) || err.code !== 'NOT_LOADED') {
         if (err instanceof FlashSaleError) {
           count(activityId, resultLabel[err.code] ?? 'error');

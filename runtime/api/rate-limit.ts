@@ -26,7 +26,7 @@ import { activityKeys } from '../../core/keys.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import type { RedisClient } from '../../core/scripts.js';
-import type { BuyerWindow, WindowCount } from '../../core/reservations.js';
+import type { BuyerWindow } from '../../core/reservations.js';
 import type { RateLimit, TrafficPolicy } from '../../core/traffic-policy.js';
 import type { PolicyCache } from './policy-cache.js';
 import { GIVE_BACK, sendProblem } from './problem.js';
@@ -108,10 +108,6 @@ class BlockedBuyers {
     return this.until.size;
   }
 
-  unblock(activityId: string, buyer: string): void {
-    this.until.delete(`${activityId}\n${buyer}`);
-  }
-
   /** Milliseconds the buyer stays blocked, or 0. */
   remainingMs(activityId: string, buyer: string, now = Date.now()): number {
     const key = `${activityId}\n${buyer}`;
@@ -152,11 +148,8 @@ export interface SubmitLimit {
   afterAuthHandler: RequestHandler;
   /** The window the submission counts in, or undefined when the buyer is not limited. */
   windowOf(res: Response): BuyerWindow | undefined;
-  /**
-   * The script counted the submission: block the buyer in memory once the window is used up,
-   * and give the point back if the request ends in a 5xx.
-   */
-  counted(res: Response, activityId: string, buyer: string, count: WindowCount): void;
+  /** The script counted the submission: give the point back if the request ends in a 5xx. */
+  counted(res: Response): void;
   /** The script refused the submission (RATE_LIMITED): 429 with Retry-After, block in memory. */
   refuse(res: Response, activityId: string, buyer: string, ttlMs: number): void;
 }
@@ -286,18 +279,17 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
   const submit: SubmitLimit = {
     afterAuthHandler: submitAfterAuth,
     windowOf: (res) => res.locals.buyerWindow as BuyerWindow | undefined,
-    counted: (res, activityId, buyer, count) => {
-      const window = res.locals.buyerWindow as BuyerWindow | undefined;
-      const blocks = window !== undefined && count.consumed >= window.requests;
-      // As rate-limiter-flexible's inMemoryBlockOnConsumed: the last point of the window blocks.
-      if (blocks) blocked.block(activityId, buyer, Date.now() + count.ttlMs);
+    counted: (res) => {
+      // Blocking in memory waits for the first refusal (`refuse`), not the window's last point as
+      // the library's inMemoryBlockOnConsumed does: a replay, which the script answers without
+      // counting, stays answerable until then (one more Redis call per process and window).
       const active = res.locals.rateLimits as Awaited<ReturnType<typeof activeLimiters>> | null | undefined;
       const l = active?.limiters.buyer;
       if (!l) return;
+      const buyer = String(res.locals.userId);
       const earlier = res.locals[GIVE_BACK] as (() => void) | undefined;
       res.locals[GIVE_BACK] = (): void => {
         earlier?.();
-        if (blocks) blocked.unblock(activityId, buyer);
         // The same counter (ActivityKeys.rateLimitKey): the library's reward keeps its TTL.
         l.reward(buyer, 1).catch(() => undefined);
       };
