@@ -206,22 +206,120 @@ describe('traffic shaping and eligibility', () => {
       new RegExp(`flashsale_rate_limited_total\\{[^}]*activity="${activityId}"[^}]*reason="address"`),
     );
 
-    // Shaping off: the same buyer is no longer refused by the limiter.
+    // Shaping off: the same buyer is no longer refused by the limiter (a new submission, answered
+    // by the reservation path: the buyer holds their one unit).
     await writeTrafficPolicy(redis, activityId, policy({ enabled: false }));
+    let n = 0;
     await waitFor(
       'the policy reaching both processes',
       async () => {
+        n += 1;
         const r = await Promise.all(
-          [a, b].map((api) =>
-            send(`${api.url}${path}`, { token, body: { skuId: 'tea', quantity: 1, requestId: 'r0' } }),
+          [a, b].map((api, i) =>
+            send(`${api.url}${path}`, {
+              token,
+              body: { skuId: 'tea', quantity: 1, requestId: `off-${n}-${i}` },
+              headers: { 'x-forwarded-for': `192.0.2.${i}` },
+            }),
           ),
         );
-        return r.every((x) => x.status === 202);
+        return r.every((x) => x.status === 409 && x.code === 'LIMIT_REACHED');
       },
       30_000,
       250,
     );
   }, 180_000);
+
+  test('one Redis call per submission: the limit counted by the script, replays first and free, limit before sold-out', async () => {
+    const activityId = uniqueId('onecall');
+    await setUpActivity(activityId, [item(2)]);
+    await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 3, perSeconds: 600 } }));
+    const api = await startRole('api', { activityId, databaseUrl: db.url });
+    roles.push(api);
+    const base = `${api.url}/v1/activities/${activityId}`;
+    const tokens = Object.fromEntries(
+      await Promise.all(
+        ['u1', 'u2', 'bot', 'mixed', 'warm'].map(async (u) => [u, await tokenFor(u)] as const),
+      ),
+    );
+    const submit = async (user: string, requestId: string, skuId = 'tea') => {
+      const r = await request(`${base}/orders`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${tokens[user]}` },
+        body: JSON.stringify({ skuId, quantity: 1, requestId }),
+      });
+      const answer = (await r.body.json()) as { code?: string; replayed?: boolean };
+      const retry = r.headers['retry-after'];
+      return `${r.statusCode} ${answer.code ?? (answer.replayed ? 'replayed' : 'new')}${
+        typeof retry === 'string' && Number(retry) > 0 && Number(retry) <= 600 ? ' retry-after' : ''
+      }`;
+    };
+    // Every command the api sends while answering (MONITOR; the commands scripts run inside are
+    // reported with the source "lua" and left out), but the traffic policy's refresh, which runs
+    // on a timer whatever the requests.
+    const monitor = await redis.monitor();
+    const sent: string[] = [];
+    // MONITOR reports on its own connection, later than the answers: a command of ours after the
+    // requests marks the end of theirs.
+    const marker = activityKeys(activityId).none;
+    let markerSeen = false;
+    monitor.on('monitor', (_time: string, args: string[], source: string) => {
+      if (source === 'lua' || !args.some((x) => x.includes(activityId))) return;
+      if (args[1] === marker) {
+        markerSeen = true;
+        return;
+      }
+      if (args[0]?.toLowerCase() === 'get' && args[1] === activityKeys(activityId).policy) return;
+      // ioredis sends a script whole (EVAL) the first time on a connection, by its sha after.
+      const cmd = args[0]!.toLowerCase();
+      sent.push(cmd === 'eval' || cmd === 'evalsha' ? 'script' : cmd);
+    });
+    // The bucket layout is read once per process: before counting.
+    expect(await submit('warm', 'w1', 'other')).toBe('404 UNKNOWN_SKU');
+    sent.length = 0;
+    const answers = [
+      await submit('u1', 'r1'), // 1 call
+      await submit('u2', 'r1'), // 1 call: the last unit
+      await submit('bot', 'r1'), // 1 call: the script says SOLD_OUT, the process remembers it
+      await submit('bot', 'r2'), // 1 call: the sold-out check counts the point
+      await submit('u1', 'r1'), // 2 calls: the sold-out check finds the replay, the script replays it
+      await submit('bot', 'r3'), // 1 call: the window's last point
+      await submit('bot', 'r4'), // 1 call: past the limit, RATE_LIMITED (not SOLD_OUT)
+      await submit('bot', 'r5'), // no call: blocked in this process until the window ends
+      await submit('u1', 'r1'), // 2 calls: a replay again, still not counted
+    ];
+    await redis.exists(marker);
+    await waitFor('the monitor reaching the marker', () => Promise.resolve(markerSeen), 10_000, 20);
+    monitor.disconnect();
+    expect(answers).toEqual([
+      '202 new',
+      '202 new',
+      '409 SOLD_OUT',
+      '409 SOLD_OUT',
+      '202 replayed',
+      '409 SOLD_OUT',
+      '429 RATE_LIMITED retry-after',
+      '429 RATE_LIMITED retry-after',
+      '202 replayed',
+    ]);
+    expect(sent).toEqual(Array.from({ length: 10 }, () => 'script'));
+    const counter = (u: string) => redis.get(activityKeys(activityId).rateLimitKey('buyer', u));
+    expect(await counter('bot')).toBe('4');
+    expect(await counter('u1')).toBe('1');
+
+    // One window across the limited routes: order codes (rate-limiter-flexible) count in it too.
+    const code = await request(`${base}/order-codes`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${tokens.mixed}` },
+      body: JSON.stringify({ skuId: 'tea' }),
+    });
+    await code.body.dump();
+    expect(code.statusCode).toBe(409);
+    expect(await submit('mixed', 'm1')).toBe('409 SOLD_OUT');
+    expect(await submit('mixed', 'm2')).toBe('409 SOLD_OUT');
+    expect(await submit('mixed', 'm3')).toBe('429 RATE_LIMITED retry-after');
+    expect(await counter('mixed')).toBe('4');
+  }, 120_000);
 
   test('deny list and pre-registration refuse with stable codes and change nothing', async () => {
     const activityId = uniqueId('elig');
