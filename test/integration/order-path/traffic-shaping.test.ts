@@ -262,11 +262,11 @@ describe('traffic shaping and eligibility', () => {
     // MONITOR reports on its own connection, later than the answers: a command of ours after the
     // requests marks the end of theirs.
     const marker = activityKeys(activityId).none;
-    let markerSeen = false;
+    let markers = 0;
     monitor.on('monitor', (_time: string, args: string[], source: string) => {
       if (source === 'lua' || !args.some((x) => x.includes(activityId))) return;
       if (args[1] === marker) {
-        markerSeen = true;
+        markers += 1;
         return;
       }
       if (args[0]?.toLowerCase() === 'get' && args[1] === activityKeys(activityId).policy) return;
@@ -276,6 +276,13 @@ describe('traffic shaping and eligibility', () => {
     });
     // The bucket layout is read once per process: before counting.
     expect(await submit('warm', 'w1', 'other')).toBe('404 UNKNOWN_SKU');
+    /** Every command sent so far has been reported. */
+    const settled = async (): Promise<void> => {
+      const seen = markers;
+      await redis.exists(marker);
+      await waitFor('the monitor reaching the marker', () => Promise.resolve(markers > seen), 10_000, 20);
+    };
+    await settled();
     sent.length = 0;
     const answers = [
       await submit('u1', 'r1'), // 1 call
@@ -288,8 +295,7 @@ describe('traffic shaping and eligibility', () => {
       await submit('bot', 'r5'), // no call: blocked in this process until the window ends
       await submit('u1', 'r1'), // 2 calls: a replay again, still not counted
     ];
-    await redis.exists(marker);
-    await waitFor('the monitor reaching the marker', () => Promise.resolve(markerSeen), 10_000, 20);
+    await settled();
     monitor.disconnect();
     expect(answers).toEqual([
       '202 new',
