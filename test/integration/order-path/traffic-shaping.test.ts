@@ -232,14 +232,14 @@ describe('traffic shaping and eligibility', () => {
 
   test('one Redis call per submission: the limit counted by the script, replays first and free, limit before sold-out', async () => {
     const activityId = uniqueId('onecall');
-    await setUpActivity(activityId, [item(2)]);
+    await setUpActivity(activityId, [item(2), { ...item(100), skuId: 'pu' }]);
     await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 3, perSeconds: 600 } }));
     const api = await startRole('api', { activityId, databaseUrl: db.url });
     roles.push(api);
     const base = `${api.url}/v1/activities/${activityId}`;
     const tokens = Object.fromEntries(
       await Promise.all(
-        ['u1', 'u2', 'bot', 'mixed', 'warm'].map(async (u) => [u, await tokenFor(u)] as const),
+        ['u1', 'u2', 'bot', 'mixed', 'warm', 'eager'].map(async (u) => [u, await tokenFor(u)] as const),
       ),
     );
     const submit = async (user: string, requestId: string, skuId = 'tea') => {
@@ -294,6 +294,12 @@ describe('traffic shaping and eligibility', () => {
       await submit('bot', 'r4'), // 1 call: past the limit, RATE_LIMITED (not SOLD_OUT)
       await submit('bot', 'r5'), // no call: blocked in this process until the window ends
       await submit('u1', 'r1'), // 2 calls: a replay again, still not counted
+      // A SKU with stock: the reserve script itself counts and refuses.
+      await submit('eager', 'e1', 'pu'), // 1 call
+      await submit('eager', 'e2', 'pu'), // 1 call: the buyer's one unit is held
+      await submit('eager', 'e3', 'pu'), // 1 call
+      await submit('eager', 'e4', 'pu'), // 1 call: past the limit (not LIMIT_REACHED)
+      await submit('eager', 'e1', 'pu'), // no call: blocked in this process, replay or not
     ];
     await settled();
     monitor.disconnect();
@@ -307,11 +313,17 @@ describe('traffic shaping and eligibility', () => {
       '429 RATE_LIMITED retry-after',
       '429 RATE_LIMITED retry-after',
       '202 replayed',
+      '202 new',
+      '409 LIMIT_REACHED',
+      '409 LIMIT_REACHED',
+      '429 RATE_LIMITED retry-after',
+      '429 RATE_LIMITED retry-after',
     ]);
-    expect(sent).toEqual(Array.from({ length: 10 }, () => 'script'));
+    expect(sent).toEqual(Array.from({ length: 14 }, () => 'script'));
     const counter = (u: string) => redis.get(activityKeys(activityId).rateLimitKey('buyer', u));
     expect(await counter('bot')).toBe('4');
     expect(await counter('u1')).toBe('1');
+    expect(await counter('eager')).toBe('4');
 
     // One window across the limited routes: order codes (rate-limiter-flexible) count in it too.
     const code = await request(`${base}/order-codes`, {
