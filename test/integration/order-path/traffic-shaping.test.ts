@@ -5,6 +5,7 @@ import { Redis } from 'ioredis';
 import pg from 'pg';
 import { request } from 'undici';
 import { loadActivity, setGate } from '../../../core/activity-cache.js';
+import { serverSide } from '../../../bench/lib/fairness.js';
 import { activityKeys } from '../../../core/keys.js';
 import { syncDenyList, writeTrafficPolicy, DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
 import type { TrafficPolicy } from '../../../core/traffic-policy.js';
@@ -337,6 +338,11 @@ describe('traffic shaping and eligibility', () => {
     expect(await submit('mixed', 'm2')).toBe('409 SOLD_OUT');
     expect(await submit('mixed', 'm3')).toBe('429 RATE_LIMITED retry-after');
     expect(await counter('mixed')).toBe('4');
+
+    // The submit route's own series in the request histogram, as the fairness bench reads it
+    // from the metrics port (bench/lib/fairness.ts serverSide).
+    const inside = serverSide(await (await request(`${api.metricsUrl}/metrics`)).body.text());
+    expect(Number.isFinite(inside.p50Ms) && Number.isFinite(inside.p99Ms)).toBe(true);
   }, 120_000);
 
   test('deny list and pre-registration refuse with stable codes and change nothing', async () => {
