@@ -88,6 +88,19 @@ function answer202(res: Response, activityId: string, reservationId: string, pay
   res.end(payload);
 }
 
+/** Answers a RATE_LIMITED from a script call (429, Retry-After); false for any other error. */
+function refusedByScript(
+  limit: SubmitLimit | undefined,
+  res: Response,
+  activityId: string,
+  userId: string,
+  err: unknown,
+): boolean {
+  if (!(err instanceof FlashSaleError) || err.code !== 'RATE_LIMITED' || !limit) return false;
+  limit.refuse(res, activityId, userId, rateLimitedMs(err));
+  return true;
+}
+
 /** The order submission's route: mounted by runtime/api/app.ts with its own handler stack. */
 export const SUBMIT_ROUTE = '/v1/activities/:activityId/orders';
 
@@ -111,11 +124,6 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
     const limit = deps.limit;
     // The window the script calls count this submission in: one Redis call per submission.
     let window = limit?.windowOf(res);
-    const limited = (err: unknown): boolean => {
-      if (!(err instanceof FlashSaleError) || err.code !== 'RATE_LIMITED' || !limit) return false;
-      limit.refuse(res, activityId, userId, rateLimitedMs(err));
-      return true;
-    };
     if (deps.soldOut.isSoldOut(activityId, body.skuId)) {
       // A retry of a submission that did reserve (its answer lost to a crash or a timeout) must
       // get its reservation back, not SOLD_OUT: it goes on to the script, which replays it. One
@@ -130,7 +138,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
           window,
         });
       } catch (err) {
-        if (limited(err)) return;
+        if (refusedByScript(limit, res, activityId, userId, err)) return;
         throw err;
       }
       if (check.counted) {
@@ -180,7 +188,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
       );
       return;
     } catch (err) {
-      if (limited(err)) return;
+      if (refusedByScript(limit, res, activityId, userId, err)) return;
       // The script counts before it reads the cache: a 5xx of the answer below gives it back.
       if (err instanceof FlashSaleError && err.code === 'NOT_LOADED' && window && window.requests > 0)
         limit?.counted(res);
