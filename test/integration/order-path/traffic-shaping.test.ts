@@ -345,6 +345,32 @@ describe('traffic shaping and eligibility', () => {
     expect(Number.isFinite(inside.p50Ms) && Number.isFinite(inside.p99Ms)).toBe(true);
   }, 120_000);
 
+  test('a 5xx after the script counted the submission gives its point back; its retry is a replay and counts nothing', async () => {
+    const activityId = uniqueId('giveback');
+    await setUpActivity(activityId, [item(10)]);
+    await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 3, perSeconds: 600 } }));
+    // No replica behind this Redis: every reservation is refused 503 NOT_REPLICATED after the
+    // script made it (core/durable-ack.ts).
+    const api = await startRole('api', {
+      activityId,
+      databaseUrl: db.url,
+      env: { RESERVE_ACK: 'replica', RESERVE_ACK_REPLICAS: '1', RESERVE_ACK_TIMEOUT_MS: '20' },
+    });
+    roles.push(api);
+    const token = await tokenFor('unlucky');
+    const counter = activityKeys(activityId).rateLimitKey('buyer', 'unlucky');
+    for (let i = 0; i < 5; i += 1) {
+      const r = await send(`${api.url}/v1/activities/${activityId}/orders`, {
+        token,
+        body: { skuId: 'tea', quantity: 1, requestId: 'r1' },
+      });
+      expect([r.status, r.code]).toEqual([503, 'NOT_REPLICATED']);
+    }
+    // The first call counted and gave back; the retries were replays: the window is untouched.
+    await waitFor('the point given back', async () => (await redis.get(counter)) === '0', 10_000, 50);
+    expect(await redis.hget(activityKeys(activityId).sku('tea'), 'stock')).toBe('9');
+  }, 120_000);
+
   test('deny list and pre-registration refuse with stable codes and change nothing', async () => {
     const activityId = uniqueId('elig');
     const activity = await setUpActivity(activityId, [item(10)], { open: false, startInMs: 3_600_000 });
