@@ -52,7 +52,7 @@ async function main(): Promise<void> {
   const seconds = Number(secondsArg);
   const cfg = { ...readConfig(), build: false };
   const luaFor = (dist: string): string =>
-    existsSync(join(dist, '..', 'lua', 'reserve-8.lua')) ? resolve(dist, '..', 'lua') : join(cfg.repo, 'lua');
+    existsSync(join(dist, '..', 'lua', 'setGate-1.lua')) ? resolve(dist, '..', 'lua') : join(cfg.repo, 'lua');
   const core = await loadCore({ ...cfg, distDir: resolve(distA), luaDir: luaFor(resolve(distA)) });
   const servers = await serversUp(cfg);
   const logDir = join(cfg.stateDir, 'ab');

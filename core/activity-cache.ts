@@ -70,7 +70,7 @@ export async function loadActivity(redis: RedisClient, a: ActivityDefinition): P
  * Loads each bucket of the bucketed SKUs as a scope of its own (loadItems-var.lua on the bucket's
  * keys: the same generation fence, the bucket's share of the stock, which only grows), copies the
  * activity's gate into it, then records the layout: the meta field `bucket:<sku>` and the SKU's
- * activity-scope hash field `buckets` (which makes reserve-8.lua send a stale caller to the
+ * activity-scope hash field `buckets` (which makes reserve-9.lua send a stale caller to the
  * buckets). The layout is written after the buckets, so a caller that sees it finds them loaded.
  */
 async function loadBuckets(redis: RedisClient, a: ActivityDefinition, items: CatalogItem[]): Promise<number> {

@@ -106,11 +106,14 @@ export const ScriptErrorCodes: Readonly<Record<number, ErrorCode>> = {
   [-18]: 'STALE_GENERATION',
   [-19]: 'CANCEL_MARKER_LIMIT',
   [-20]: 'BUCKETED',
-  // Eligibility (reserve-8.lua's eligibility block, issueOrderCode-3.lua): numbered apart from the
+  // Eligibility (reserve-9.lua's eligibility block, issueOrderCode-3.lua): numbered apart from the
   // codes above so other scripts can grow without renumbering these.
   [-40]: 'BUYER_DENIED',
   [-41]: 'NOT_REGISTERED',
   [-42]: 'ORDER_CODE_LIMIT',
+  // The per-buyer rate limit counted inside the scripts (reserve-9.lua, soldOutCheck-2.lua,
+  // countWindow-1.lua); the reply's next element is the window's rest in ms.
+  [-43]: 'RATE_LIMITED',
 };
 
 export function scriptError(script: string, code: number, data: (string | number)[] = []): FlashSaleError {

@@ -126,6 +126,14 @@ export class ActivityKeys extends ScopeKeys {
   rateLimitPrefix(kind: 'buyer' | 'address'): string {
     return `${this.prefix}rl:${kind}`;
   }
+  /**
+   * A subject's rate-limit counter: the key rate-limiter-flexible composes from the prefix above
+   * (`<prefix>:<subject>`), so the scripts that count the per-buyer window (reserve-9.lua,
+   * soldOutCheck-2.lua, countWindow-1.lua) and the library count the same window.
+   */
+  rateLimitKey(kind: 'buyer' | 'address', subject: string): string {
+    return `${this.rateLimitPrefix(kind)}:${subject}`;
+  }
   /** SCAN pattern covering every key of this activity's own slot and nothing else. */
   get scanPattern(): string {
     // `{`, `}` and the id's characters are not glob metacharacters except `[`/`*`/`?`, which

@@ -1,5 +1,5 @@
 /**
- * The order message (the half message), defined once. reserve-8.lua writes it twice in the same
+ * The order message (the half message), defined once. reserve-9.lua writes it twice in the same
  * step: as the reservation hash (short field names, the ledger entry that gap repair and the after
  * order paths read back) and as the outbox stream entry (the JSON message, plus the Kafka key and
  * headers as separate fields so that the relay forwards the entry without parsing it). The type,
@@ -31,7 +31,7 @@ export const orderMessageSchema = z.object({
   requestId: z.string(),
 });
 
-/** The half message: the outbox entry written by reserve-8.lua, relayed to Kafka verbatim. */
+/** The half message: the outbox entry written by reserve-9.lua, relayed to Kafka verbatim. */
 export type OrderMessage = z.infer<typeof orderMessageSchema>;
 
 /** Whether a message (e.g. rebuilt from a ledger entry) is one the consumer would accept. */
@@ -42,7 +42,7 @@ export function isValidOrderMessage(m: unknown): m is OrderMessage {
 type LedgerField = Exclude<keyof OrderMessage, 'reservationId' | 'activityId'>;
 
 /**
- * The reservation hash's field for each message field (reserve-8.lua's HSET). The key is the
+ * The reservation hash's field for each message field (reserve-9.lua's HSET). The key is the
  * hash's own key (reservation id) and the activity is in its hash tag, so those two are not
  * stored. `satisfies` makes a schema field without a hash field (or the reverse) a compile error.
  */
@@ -95,7 +95,7 @@ export function orderMessageOf(activityId: string, r: ReservationRecord): OrderM
 }
 
 /**
- * The fields of an outbox stream entry (reserve-8.lua's XADD). `key` and `trace` repeat the
+ * The fields of an outbox stream entry (reserve-9.lua's XADD). `key` and `trace` repeat the
  * message's buyer and trace id so that the relay builds the Kafka message from the fields alone;
  * entries written before they existed carry only `rid` and `m` (the relay parses `m` for those).
  */

@@ -24,6 +24,25 @@ export function reservationIdFor(activityId: string, userId: string, requestId: 
     .slice(0, 22);
 }
 
+/**
+ * The per-buyer rate limit a submission counts against (docs/operator.md "Traffic shaping and
+ * eligibility"): a fixed window of `perSeconds`, counted in the buyer's counter
+ * (ActivityKeys.rateLimitKey) by the reservation's own script call.
+ */
+export interface BuyerWindow {
+  /** Submissions per window; 0: not limited. */
+  requests: number;
+  perSeconds: number;
+}
+
+/** The buyer's window after a submission counted in it. */
+export interface WindowCount {
+  /** Points of the window, this submission's included. */
+  consumed: number;
+  /** Milliseconds until the window ends. */
+  ttlMs: number;
+}
+
 export interface ReserveInput {
   activityId: string;
   userId: string;
@@ -32,6 +51,8 @@ export interface ReserveInput {
   requestId: string;
   traceId: string;
   orderCode?: string | undefined;
+  /** Count the submission in this window (absent: not counted, e.g. already counted). */
+  window?: BuyerWindow | undefined;
 }
 
 export type ReserveOutcome = (
@@ -40,7 +61,38 @@ export type ReserveOutcome = (
 ) & {
   /** The scope (activity or stock bucket) the reservation lives in: its node for a replica wait. */
   scope: ScopeKeys;
+  /** The buyer's window when this call counted the submission in it (never for a replay in the
+   * activity's scope, which is answered before the limit). */
+  counted?: WindowCount | undefined;
 };
+
+/** The window's rest in ms a RATE_LIMITED from a script carries (its reply's next element). */
+export function rateLimitedMs(err: FlashSaleError): number {
+  const data = (err.extra as { data?: unknown[] }).data;
+  const ms = Number(data?.[0]);
+  return Number.isFinite(ms) && ms > 0 ? ms : 1000;
+}
+
+function countOf(consumed: unknown, ttlMs: unknown): WindowCount {
+  return { consumed: Number(consumed), ttlMs: Number(ttlMs) };
+}
+
+/**
+ * Counts a submission in the buyer's window in a call of its own (countWindow-1.lua): for the
+ * scopes whose keys are not in the activity's slot (stock buckets). Throws RATE_LIMITED.
+ */
+async function countAlone(redis: RedisClient, activityId: string, userId: string, w: BuyerWindow) {
+  const reply = await runScript(
+    redis,
+    'countWindow',
+    [activityKeys(activityId).rateLimitKey('buyer', userId)],
+    [w.requests, w.perSeconds],
+  );
+  return countOf(reply[1], reply[2]);
+}
+
+const limited = (w: BuyerWindow | undefined): BuyerWindow | undefined =>
+  w && w.requests > 0 ? w : undefined;
 
 /**
  * Reserves in the buyer's scope: the activity's, or the buyer's home bucket of a bucketed SKU.
@@ -49,14 +101,29 @@ export type ReserveOutcome = (
  */
 export async function reserve(redis: RedisClient, input: ReserveInput): Promise<ReserveOutcome> {
   let layout = await bucketLayout(redis, input.activityId);
+  // The submission counts once in the buyer's window, however many attempts it takes.
+  let window = limited(input.window);
+  let counted: WindowCount | undefined;
   for (let attempt = 0; ; attempt += 1) {
     const scope = layout.scopeFor(input.skuId, input.userId);
+    if (window && scope instanceof BucketKeys) {
+      // The counter is in the activity's slot, the bucket's keys in another: two calls here.
+      counted = await countAlone(redis, input.activityId, input.userId, window);
+      window = undefined;
+    }
     try {
-      return await reserveIn(redis, scope, input);
+      const outcome = await reserveIn(redis, scope, input, window);
+      return outcome.counted || !counted ? outcome : { ...outcome, counted };
     } catch (err) {
       if (!(err instanceof FlashSaleError) || attempt >= 200) throw err;
       if (err.code === 'BUCKETED') {
-        // A SKU bucketed by a load this process has not seen: read the layout again.
+        // A SKU bucketed by a load this process has not seen: read the layout again. The
+        // activity-scope call counted the submission already.
+        if (window) {
+          const data = (err.extra as { data?: unknown[] }).data ?? [];
+          counted = countOf(data[0], data[1]);
+          window = undefined;
+        }
         layout = await bucketLayout(redis, input.activityId, { refresh: true });
         continue;
       }
@@ -70,8 +137,16 @@ export async function reserve(redis: RedisClient, input: ReserveInput): Promise<
   }
 }
 
-async function reserveIn(redis: RedisClient, k: ScopeKeys, input: ReserveInput): Promise<ReserveOutcome> {
+async function reserveIn(
+  redis: RedisClient,
+  k: ScopeKeys,
+  input: ReserveInput,
+  window: BuyerWindow | undefined,
+): Promise<ReserveOutcome> {
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
+  // Only an activity scope is passed a window (reserve() counts a bucket's apart): its counter
+  // shares the activity's hash tag.
+  const counter = window ? activityKeys(input.activityId).rateLimitKey('buyer', input.userId) : k.none;
   const reply = await runScript(
     redis,
     'reserve',
@@ -84,6 +159,7 @@ async function reserveIn(redis: RedisClient, k: ScopeKeys, input: ReserveInput):
       k.ledger,
       k.counters,
       input.orderCode ? k.orderCode(input.orderCode) : k.none,
+      counter,
     ],
     [
       rid,
@@ -94,9 +170,18 @@ async function reserveIn(redis: RedisClient, k: ScopeKeys, input: ReserveInput):
       input.traceId,
       input.orderCode ?? '',
       input.activityId,
+      window?.requests ?? 0,
+      window?.perSeconds ?? 0,
     ],
   );
-  if (reply[0] === 1) return { kind: 'reserved', reservationId: rid, stockLeft: Number(reply[2]), scope: k };
+  if (reply[0] === 1)
+    return {
+      kind: 'reserved',
+      reservationId: rid,
+      stockLeft: Number(reply[2]),
+      scope: k,
+      counted: window ? countOf(reply[3], reply[4]) : undefined,
+    };
   return { kind: 'replayed', reservationId: rid, state: String(reply[2]) as ReservationState, scope: k };
 }
 
@@ -239,20 +324,45 @@ export async function reclaimPaid(
 export type { ReservationRecord } from './order-message.js';
 export { orderMessageOf } from './order-message.js';
 
+export type SoldOutCheck =
+  /** A reservation or cancel marker exists under the derived id: reserve() replays it. */
+  | { kind: 'replay'; counted?: WindowCount | undefined }
+  /** Not a replay: the answer is SOLD_OUT. */
+  | { kind: 'sold-out'; counted?: WindowCount | undefined };
+
 /**
- * Whether a reservation (or a cancel marker) exists under this id: what makes a submission
- * a replay for reserve-8.lua. One EXISTS, for the sold-out fast path.
+ * The sold-out fast path's check (soldOutCheck-2.lua): a replay (which still gets its reservation,
+ * not SOLD_OUT), else the submission's point in the buyer's window, in one call in the activity's
+ * scope. A bucketed SKU's reservation is in another slot than the counter: two calls there.
+ * Throws RATE_LIMITED. A 'replay' that `counted` must not be counted again by reserve().
  */
-export async function reservationExists(
+export async function soldOutCheck(
   redis: RedisClient,
-  activityId: string,
-  reservationId: string,
-  owner?: ReservationOwner,
-): Promise<boolean> {
-  for (const k of await scopesOf(redis, activityId, owner)) {
-    if ((await redis.exists(k.reservation(reservationId))) === 1) return true;
+  input: {
+    activityId: string;
+    userId: string;
+    skuId: string;
+    requestId: string;
+    window?: BuyerWindow | undefined;
+  },
+): Promise<SoldOutCheck> {
+  const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
+  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
+  let window = limited(input.window);
+  let counted: WindowCount | undefined;
+  if (window && k instanceof BucketKeys) {
+    counted = await countAlone(redis, input.activityId, input.userId, window);
+    window = undefined;
   }
-  return false;
+  const counter = window ? activityKeys(input.activityId).rateLimitKey('buyer', input.userId) : k.none;
+  const reply = await runScript(
+    redis,
+    'soldOutCheck',
+    [k.reservation(rid), counter],
+    [window?.requests ?? 0, window?.perSeconds ?? 0],
+  );
+  if (window && reply[0] === 1) counted = countOf(reply[1], reply[2]);
+  return { kind: reply[0] === 2 ? 'replay' : 'sold-out', counted };
 }
 
 /**

@@ -30,7 +30,7 @@ export function luaDirectory(): string {
   let dir = dirname(fileURLToPath(import.meta.url));
   for (let i = 0; i < 4; i += 1) {
     const candidate = join(dir, 'lua');
-    if (existsSync(join(candidate, 'reserve-8.lua'))) return candidate;
+    if (existsSync(join(candidate, 'setGate-1.lua'))) return candidate;
     dir = dirname(dir);
   }
   throw new Error('cannot find the lua/ directory; set FLASHSALE_LUA_DIR');

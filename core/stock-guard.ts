@@ -77,7 +77,7 @@ export function decideGuard(
     const sku = skus.get(c.skuId);
     if (!sku) continue;
     if (c.slot > sku.limitPerUser) {
-      // A slot Redis never assigns (reserve-8.lua picks 1..limit): the slot key cannot bound it.
+      // A slot Redis never assigns (reserve-9.lua picks 1..limit): the slot key cannot bound it.
       closes.set(c.orderId, BUYER_LIMIT_EXCEEDED);
       sold.set(c.skuId, (sold.get(c.skuId) ?? 0) - c.quantity);
       continue;

@@ -62,7 +62,7 @@ export const DEFAULT_TRAFFIC_POLICY: TrafficPolicy = {
 
 /**
  * Writes the policy the api replicas enforce. Idempotent (a plain overwrite); the registration
- * flag also goes into the meta hash because reserve-8.lua reads it atomically with the reservation.
+ * flag also goes into the meta hash because reserve-9.lua reads it atomically with the reservation.
  */
 export async function writeTrafficPolicy(
   redis: RedisClient,
@@ -168,7 +168,7 @@ export interface DenyListOutcome {
 
 /**
  * Makes the deny flags of the activity's buyers equal to `userIds`: flags each listed buyer's hash
- * (reserve-8.lua refuses them atomically with the reservation) and clears buyers a previous list
+ * (reserve-9.lua refuses them atomically with the reservation) and clears buyers a previous list
  * named but this one does not. Idempotent; a repeat after a crash completes the same state.
  */
 export async function syncDenyList(

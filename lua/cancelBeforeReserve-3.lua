@@ -1,6 +1,6 @@
 --[[
   Records a buyer's cancellation of a submission that has not reached the cache yet (its 202 was
-  lost), so the late submission is refused with CANCELLED (reserve-8.lua). The reservation id is
+  lost), so the late submission is refused with CANCELLED (reserve-9.lua). The reservation id is
   derived by the caller from (activity, buyer, requestId): a buyer can only ever mark ids of their
   own submissions, and a marker can never stand in the way of another buyer's submission.
 

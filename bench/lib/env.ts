@@ -79,7 +79,7 @@ export function readConfig(): BenchConfig {
   const nextToDist = join(distDir, '..', 'lua');
   const luaDir = process.env.BENCH_LUA_DIR
     ? resolve(process.env.BENCH_LUA_DIR)
-    : existsSync(join(nextToDist, 'reserve-8.lua'))
+    : existsSync(join(nextToDist, 'setGate-1.lua'))
       ? nextToDist
       : join(repo, 'lua');
   const only = (process.env.BENCH_ONLY ?? '')

@@ -219,7 +219,8 @@ async function oneRun(ctx: Ctx, shaping: 'off' | 'on', o: FairnessOptions): Prom
   await worker.terminate();
   const durationS = (nowMs() - started) / 1000;
   await honest.close();
-  const server = serverSide(await (await fetch(`http://127.0.0.1:${api.port}/metrics`)).text());
+  // /metrics is served on the metrics port only (runtime/http.ts); the buyer port answers 404.
+  const server = serverSide(await (await fetch(`http://127.0.0.1:${api.metricsPort}/metrics`)).text());
   await stopRole(api);
   const sent: Sent[] = [...honest.sent, ...floodResult.sent];
   const lateSends = honest.lateSends + floodResult.lateSends;

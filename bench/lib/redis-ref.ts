@@ -43,9 +43,16 @@ export async function prepareRedisRef(ctx: Ctx, activityId: string): Promise<str
     k.counters,
     k.none,
   ];
-  if (script.numberOfKeys !== keys.length) throw new Error(`reserve takes ${script.numberOfKeys} keys`);
   // ARGV as reserve() passes them: rid, buyer, sku, qty, requestId, traceId, order code, activity.
   const argv = [`r${RAND}`, `u${RAND}`, 's1', '1', `q${RAND}`, `t${RAND}`, '', activityId];
+  if (script.numberOfKeys === 9) {
+    // reserve-9.lua counts the buyer's rate-limit window as the api's call does (the default
+    // per-buyer limit, core/traffic-policy.ts), so the reference does the api's Redis work.
+    const { requests, perSeconds } = ctx.core.policy.DEFAULT_TRAFFIC_POLICY.shaping.perBuyer;
+    keys.push(k.rateLimitKey('buyer', `u${RAND}`));
+    argv.push(String(requests), String(perSeconds));
+  }
+  if (script.numberOfKeys !== keys.length) throw new Error(`reserve takes ${script.numberOfKeys} keys`);
   return ['EVALSHA', sha, String(keys.length), ...keys, ...argv];
 }
 
@@ -168,9 +175,11 @@ export async function reserveBurst(
         const user = `u${next}`;
         const requestId = `q${next}`;
         const id = rid(activityId, user, requestId);
+        // reserve-9.lua takes the rate-limit counter too: not counted here (a window of 0).
+        const counted = script.numberOfKeys === 9;
         p.evalsha(
           script.sha1,
-          8,
+          counted ? 9 : 8,
           k.meta,
           k.sku('s1'),
           k.buyer(user),
@@ -179,6 +188,7 @@ export async function reserveBurst(
           k.ledger,
           k.counters,
           k.none,
+          ...(counted ? [k.none] : []),
           id,
           user,
           's1',
@@ -187,6 +197,7 @@ export async function reserveBurst(
           `t${next}`,
           '',
           activityId,
+          ...(counted ? ['0', '0'] : []),
         );
       }
       const replies = (await p.exec()) ?? [];

@@ -79,17 +79,18 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
   const limits = rateLimitStages(deps);
   const body = jsonBody(opts.bodyLimit);
   const auth = await bearerAuth(opts.auth);
-  const orders = ordersRoutes(deps);
+  const orders = ordersRoutes({ ...deps, limit: limits.submit });
   // The order submission, most of a sale's requests, is one route with its whole handler stack:
   // the same stages in the same order as the layers below (media type, address limit, body,
   // token, buyer limit), without walking and matching every layer of the app for each request.
+  // Its buyer limit is counted by the reservation's own script call (one Redis call).
   app.post(
     SUBMIT_ROUTE,
     jsonOnly,
     limits.beforeAuthHandler,
     body,
     auth,
-    limits.afterAuthHandler,
+    limits.submit.afterAuthHandler,
     orders.submit,
   );
   app.use('/v1', jsonOnly);

@@ -10,7 +10,7 @@ import type { Metrics } from '../../core/metrics.js';
 import { answerUnloadedSubmission, lookupOrder } from '../../core/order-view.js';
 import { localAck } from '../../core/durable-ack.js';
 import type { ReservationAck } from '../../core/durable-ack.js';
-import { reservationExists, reservationIdFor, reserve } from '../../core/reservations.js';
+import { rateLimitedMs, reservationIdFor, reserve, soldOutCheck } from '../../core/reservations.js';
 import { crashPoint } from '../../core/crash.js';
 import type { RedisClient } from '../../core/scripts.js';
 import {
@@ -24,6 +24,7 @@ import {
 import { sendProblem } from './problem.js';
 import type { SoldOutFlags } from './sold-out.js';
 import type { PolicyCache } from './policy-cache.js';
+import type { SubmitLimit } from './rate-limit.js';
 
 export interface OrdersDeps {
   redis: RedisClient;
@@ -37,6 +38,8 @@ export interface OrdersDeps {
   reservationAck?: ReservationAck | undefined;
   /** The activities' traffic policies (rate limits, eligibility; core/traffic-policy.ts). */
   policies: PolicyCache;
+  /** The per-buyer limit the submission's script call counts (runtime/api/rate-limit.ts). */
+  limit?: SubmitLimit | undefined;
 }
 
 const resultLabel: Partial<Record<ErrorCode, string>> = {
@@ -85,6 +88,19 @@ function answer202(res: Response, activityId: string, reservationId: string, pay
   res.end(payload);
 }
 
+/** Answers a RATE_LIMITED from a script call (429, Retry-After); false for any other error. */
+function refusedByScript(
+  limit: SubmitLimit | undefined,
+  res: Response,
+  activityId: string,
+  userId: string,
+  err: unknown,
+): boolean {
+  if (!(err instanceof FlashSaleError) || err.code !== 'RATE_LIMITED' || !limit) return false;
+  limit.refuse(res, activityId, userId, rateLimitedMs(err));
+  return true;
+}
+
 /** The order submission's route: mounted by runtime/api/app.ts with its own handler stack. */
 export const SUBMIT_ROUTE = '/v1/activities/:activityId/orders';
 
@@ -105,25 +121,37 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
     const activityId = activityOf(req);
     const body = parseSubmitOrder(req.body);
     const userId = res.locals.userId as string;
-    if (
-      deps.soldOut.isSoldOut(activityId, body.skuId) &&
+    const limit = deps.limit;
+    // The window the script calls count this submission in: one Redis call per submission.
+    let window = limit?.windowOf(res);
+    if (deps.soldOut.isSoldOut(activityId, body.skuId)) {
       // A retry of a submission that did reserve (its answer lost to a crash or a timeout) must
-      // get its reservation back, not SOLD_OUT: it goes on to the script, which replays it.
-      !(await reservationExists(
-        deps.redis,
-        activityId,
-        reservationIdFor(activityId, userId, body.requestId),
-        {
+      // get its reservation back, not SOLD_OUT: it goes on to the script, which replays it. One
+      // call checks that and counts the submission in the buyer's window (soldOutCheck-2.lua).
+      let check;
+      try {
+        check = await soldOutCheck(deps.redis, {
+          activityId,
           userId,
           skuId: body.skuId,
-        },
-      ))
-    ) {
-      // The answer most requests of a sale get: no reserve script, no Error (its stack trace), no
-      // trip through express' error handlers. Same problem+json as the script's SOLD_OUT.
-      count(activityId, 'sold_out');
-      sendProblem(res, 'SOLD_OUT', 'sold out');
-      return;
+          requestId: body.requestId,
+          window,
+        });
+      } catch (err) {
+        if (refusedByScript(limit, res, activityId, userId, err)) return;
+        throw err;
+      }
+      if (check.counted) {
+        limit?.counted(res);
+        window = undefined;
+      }
+      if (check.kind === 'sold-out') {
+        // The answer most requests of a sale get: no reserve script, no Error (its stack trace), no
+        // trip through express' error handlers. Same problem+json as the script's SOLD_OUT.
+        count(activityId, 'sold_out');
+        sendProblem(res, 'SOLD_OUT', 'sold out');
+        return;
+      }
     }
     try {
       const outcome = await reserve(deps.redis, {
@@ -134,7 +162,9 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         requestId: body.requestId,
         traceId: res.locals.traceId as string,
         orderCode: body.orderCode,
+        window,
       });
+      if (outcome.counted) limit?.counted(res);
       crashPoint('api-after-reserve');
       const status =
         outcome.kind === 'reserved' || outcome.state === 'RESERVED' || outcome.state === 'PAID'
@@ -158,6 +188,10 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
       );
       return;
     } catch (err) {
+      if (refusedByScript(limit, res, activityId, userId, err)) return;
+      // The script counts before it reads the cache: a 5xx of the answer below gives it back.
+      if (err instanceof FlashSaleError && err.code === 'NOT_LOADED' && window && window.requests > 0)
+        limit?.counted(res);
       if (!(err instanceof FlashSaleError) || err.code !== 'NOT_LOADED') {
         if (err instanceof FlashSaleError) {
           count(activityId, resultLabel[err.code] ?? 'error');

@@ -1,10 +1,18 @@
 /**
- * Rate limits per buyer and per client address, before the reservation script (docs/operator.md
- * "Traffic shaping and eligibility"). Counters are shared by every api replica through Redis
- * (rate-limiter-flexible, fixed windows of `perSeconds`); once a subject has used its window in
- * Redis, this process blocks it in memory until the window ends, so a flood from one buyer or
- * address costs Redis nothing after its first refusal. If Redis is unreachable an in-memory
- * insurance limiter with the same figures keeps limiting per process.
+ * Rate limits per buyer and per client address (docs/operator.md "Traffic shaping and
+ * eligibility"). Counters are shared by every api replica through Redis (fixed windows of
+ * `perSeconds`); once a subject has used its window in Redis, this process blocks it in memory
+ * until the window ends, so a flood from one buyer or address costs Redis nothing after that.
+ *
+ * The order submission's per-buyer point is counted by the reservation's own script call
+ * (reserve-9.lua, or soldOutCheck-2.lua on the sold-out fast path): one Redis call per submission.
+ * This module only hands the window's figures to the route and acts on the script's count
+ * (`submitLimit`). Order codes and registrations count in the same counter through
+ * rate-limiter-flexible (the scripts count exactly as its RateLimiterRedis does), so a buyer has
+ * one window across the limited routes. The per-address limit stays a call of its own before the
+ * body is read and the token verified: it must also stop floods of bad tokens, which never reach a
+ * script. If Redis is unreachable, the library's in-memory insurance limiter with the same figures
+ * keeps limiting those per process; a submission cannot be reserved without Redis anyway.
  *
  * Only submissions are limited (new orders, order codes, registrations): polling a result is
  * cheap and an honest buyer polls more than they click. A submission answered with a 5xx gives its
@@ -18,6 +26,7 @@ import { activityKeys } from '../../core/keys.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import type { RedisClient } from '../../core/scripts.js';
+import type { BuyerWindow } from '../../core/reservations.js';
 import type { RateLimit, TrafficPolicy } from '../../core/traffic-policy.js';
 import type { PolicyCache } from './policy-cache.js';
 import { GIVE_BACK, sendProblem } from './problem.js';
@@ -126,6 +135,23 @@ export interface RateLimitStages {
   /** The same two stages as handlers, for a route that mounts them in its own handler stack. */
   beforeAuthHandler: RequestHandler;
   afterAuthHandler: RequestHandler;
+  /** The order submission's per-buyer limit, counted by its script call. */
+  submit: SubmitLimit;
+}
+
+/**
+ * The per-buyer limit of the order submission, whose point the reservation's script counts
+ * (core/reservations.ts): this side finds the window's figures and acts on the script's answer.
+ */
+export interface SubmitLimit {
+  /** After authentication, instead of `afterAuthHandler`: finds the buyer's window, no Redis call. */
+  afterAuthHandler: RequestHandler;
+  /** The window the submission counts in, or undefined when the buyer is not limited. */
+  windowOf(res: Response): BuyerWindow | undefined;
+  /** The script counted the submission: give the point back if the request ends in a 5xx. */
+  counted(res: Response): void;
+  /** The script refused the submission (RATE_LIMITED): 429 with Retry-After, block in memory. */
+  refuse(res: Response, activityId: string, buyer: string, ttlMs: number): void;
 }
 
 export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
@@ -243,9 +269,46 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
     next();
   };
 
+  const submitAfterAuth: RequestHandler = async (req, res, next) => {
+    const known = res.locals.rateLimits as Awaited<ReturnType<typeof activeLimiters>> | null | undefined;
+    const active = known === undefined ? await activeLimiters(req) : (known ?? undefined);
+    res.locals.buyerWindow = active?.limiters.buyer ? active.limiters.policy.shaping.perBuyer : undefined;
+    next();
+  };
+
+  const submit: SubmitLimit = {
+    afterAuthHandler: submitAfterAuth,
+    windowOf: (res) => res.locals.buyerWindow as BuyerWindow | undefined,
+    counted: (res) => {
+      // Blocking in memory waits for the first refusal (`refuse`), not the window's last point as
+      // the library's inMemoryBlockOnConsumed does: a replay, which the script answers without
+      // counting, stays answerable until then (one more Redis call per process and window).
+      const active = res.locals.rateLimits as Awaited<ReturnType<typeof activeLimiters>> | null | undefined;
+      const l = active?.limiters.buyer;
+      if (!l) return;
+      const buyer = String(res.locals.userId);
+      const earlier = res.locals[GIVE_BACK] as (() => void) | undefined;
+      res.locals[GIVE_BACK] = (): void => {
+        earlier?.();
+        // The same counter (ActivityKeys.rateLimitKey): the library's reward keeps its TTL.
+        l.reward(buyer, 1).catch(() => undefined);
+      };
+    },
+    refuse: (res, activityId, buyer, ttlMs) => {
+      blocked.block(activityId, buyer, Date.now() + ttlMs);
+      refuse(res, activityId, 'buyer', Math.max(1, Math.ceil(ttlMs / 1000)));
+    },
+  };
+
   const before = Router();
   before.post(LIMITED_ROUTES, beforeAuth);
   const after = Router();
   after.post(LIMITED_ROUTES, afterAuth);
-  return { beforeAuth: before, afterAuth: after, beforeAuthHandler: beforeAuth, afterAuthHandler: afterAuth };
+  return {
+    beforeAuth: before,
+    afterAuth: after,
+    beforeAuthHandler: beforeAuth,
+    afterAuthHandler: afterAuth,
+    submit,
+  };
 }

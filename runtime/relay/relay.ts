@@ -52,7 +52,7 @@ type StreamEntry = [id: string, fields: string[]];
 /**
  * One outbox entry as the Kafka message the relay produces: the value is the entry's JSON message
  * byte for byte, the key (buyer id) and headers come from the entry's own fields. Only an entry
- * written before reserve-8.lua wrote those fields (a sale in flight across an upgrade) is parsed
+ * written before reserve-9.lua wrote those fields (a sale in flight across an upgrade) is parsed
  * for them. Exported for tests.
  */
 export function kafkaMessageOf(fields: string[]): Message {

@@ -136,7 +136,7 @@ export async function openActivity(
   return { activityId, skuId };
 }
 
-/** Reserves one unit for each user through reserve-8.lua; returns the reservation ids in order. */
+/** Reserves one unit for each user through reserve-9.lua; returns the reservation ids in order. */
 export async function reserveFor(
   redis: Redis,
   activityId: string,

@@ -4,6 +4,7 @@
 // (scripts-model.test.ts) explores sequences; this file pins the rules a reader can check by eye.
 // Each describe block is named by a mutant in test/faults/mutants/ (docs/mutants-report.md).
 import { Redis } from 'ioredis';
+import { RateLimiterRedis } from 'rate-limiter-flexible';
 import { loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
 import { FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
@@ -11,17 +12,22 @@ import type { CatalogItem, GateState } from '../../../core/model.js';
 import {
   cancelBeforeReserve,
   confirmPaid,
+  rateLimitedMs,
   readReservation,
   release,
   reservationIdFor,
   reserve,
+  soldOutCheck,
 } from '../../../core/reservations.js';
+import type { BuyerWindow } from '../../../core/reservations.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 
 const TIMEOUT_MS = 60_000;
 
 describe('script guards at their boundaries (real Redis)', () => {
   let redis: Redis;
+  /** The window's rest the last RATE_LIMITED carried. */
+  let lastRetryMs = 0;
   beforeAll(() => {
     redis = new Redis(testEnv().redisUrl, { maxRetriesPerRequest: 2 });
   });
@@ -75,7 +81,10 @@ describe('script guards at their boundaries (real Redis)', () => {
     try {
       return `ok:${(await call()).kind}`;
     } catch (err) {
-      if (err instanceof FlashSaleError) return err.code;
+      if (err instanceof FlashSaleError) {
+        if (err.code === 'RATE_LIMITED') lastRetryMs = rateLimitedMs(err);
+        return err.code;
+      }
       throw err;
     }
   }
@@ -130,6 +139,186 @@ describe('script guards at their boundaries (real Redis)', () => {
         expect(await shut.buy('u', 'r1', 's', 2)).toBe('ok:reserved');
         expect(await shut.rel('u', 'r1', 's')).toBe('ok:released');
         expect(await shut.buy('u', 'r2', 's', 1)).toBe('LIMIT_REACHED');
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('per-buyer rate limit counted by the reserve script', () => {
+    const window: BuyerWindow = { requests: 3, perSeconds: 600 };
+    /** A submission counted in the buyer's window, as the api's submit route sends it. */
+    const submit = (id: string, userId: string, requestId: string, skuId: string, quantity = 1) =>
+      outcome(() =>
+        reserve(redis, { activityId: id, userId, skuId, quantity, requestId, traceId: 't', window }),
+      );
+    const counter = (id: string, userId: string) => activityKeys(id).rateLimitKey('buyer', userId);
+
+    test(
+      'every new submission counts whatever its answer; the one past the limit is RATE_LIMITED and changes nothing',
+      async () => {
+        const a = await activity([item('s', 10, 1)]);
+        expect(await submit(a.id, 'u', 'r1', 's')).toBe('ok:reserved');
+        expect(await submit(a.id, 'u', 'r2', 's')).toBe('LIMIT_REACHED');
+        expect(await submit(a.id, 'u', 'r3', 'nope')).toBe('UNKNOWN_SKU');
+        lastRetryMs = 0;
+        expect(await submit(a.id, 'u', 'r4', 's')).toBe('RATE_LIMITED');
+        expect(lastRetryMs).toBeGreaterThan(0);
+        expect(lastRetryMs).toBeLessThanOrEqual(600_000);
+        // Counted past the limit, as rate-limiter-flexible counts; the window has a TTL.
+        expect(await redis.get(counter(a.id, 'u'))).toBe('4');
+        const ttl = await redis.pttl(counter(a.id, 'u'));
+        expect(ttl).toBeGreaterThan(0);
+        expect(ttl).toBeLessThanOrEqual(600_000);
+        expect(await redis.exists(activityKeys(a.id).reservation(a.rid('u', 'r4')))).toBe(0);
+        expect(await a.stock('s')).toBe(9);
+        // Other buyers have their own window.
+        expect(await submit(a.id, 'v', 'r1', 's')).toBe('ok:reserved');
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'the limit comes before the gate and before sold-out: a bot cannot hammer either for free',
+      async () => {
+        const closed = await activity([item('s', 10, 1)], 'pending');
+        for (const r of ['r1', 'r2', 'r3'])
+          expect(await submit(closed.id, 'bot', r, 's')).toBe('NOT_STARTED');
+        expect(await submit(closed.id, 'bot', 'r4', 's')).toBe('RATE_LIMITED');
+        const gone = await activity([item('s', 1, 1)]);
+        expect(await submit(gone.id, 'u', 'r1', 's')).toBe('ok:reserved');
+        for (const r of ['r1', 'r2', 'r3']) expect(await submit(gone.id, 'bot', r, 's')).toBe('SOLD_OUT');
+        expect(await submit(gone.id, 'bot', 'r4', 's')).toBe('RATE_LIMITED');
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'a replay is answered first and counts nothing, even with the window used up',
+      async () => {
+        const a = await activity([item('s', 10, 2)]);
+        expect(await submit(a.id, 'u', 'r1', 's')).toBe('ok:reserved');
+        expect(await submit(a.id, 'u', 'r2', 's')).toBe('ok:reserved');
+        expect(await submit(a.id, 'u', 'r3', 's')).toBe('LIMIT_REACHED');
+        expect(await submit(a.id, 'u', 'r4', 's')).toBe('RATE_LIMITED');
+        expect(await submit(a.id, 'u', 'r1', 's')).toBe('ok:replayed');
+        expect(await submit(a.id, 'u', 'r2', 's')).toBe('ok:replayed');
+        expect(await redis.get(counter(a.id, 'u'))).toBe('4');
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'the reserved outcome carries the window; the last point of the window says so',
+      async () => {
+        const a = await activity([item('s', 10, 3)]);
+        const first = await reserve(redis, {
+          activityId: a.id,
+          userId: 'u',
+          skuId: 's',
+          quantity: 1,
+          requestId: 'r1',
+          traceId: 't',
+          window,
+        });
+        expect(first.counted?.consumed).toBe(1);
+        await reserve(redis, {
+          activityId: a.id,
+          userId: 'u',
+          skuId: 's',
+          quantity: 1,
+          requestId: 'r2',
+          traceId: 't',
+          window,
+        });
+        const last = await reserve(redis, {
+          activityId: a.id,
+          userId: 'u',
+          skuId: 's',
+          quantity: 1,
+          requestId: 'r3',
+          traceId: 't',
+          window,
+        });
+        expect(last.counted?.consumed).toBe(3);
+        expect(last.counted?.ttlMs).toBeGreaterThan(0);
+        // Without a window nothing is counted (shaping off, or counted elsewhere).
+        const other = await reserve(redis, {
+          activityId: a.id,
+          userId: 'v',
+          skuId: 's',
+          quantity: 1,
+          requestId: 'r1',
+          traceId: 't',
+        });
+        expect(other.counted).toBeUndefined();
+        expect(await redis.exists(counter(a.id, 'v'))).toBe(0);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'one window with rate-limiter-flexible: the library (order codes, registrations) and the script share the counter',
+      async () => {
+        const a = await activity([item('s', 10, 3)]);
+        const library = new RateLimiterRedis({
+          storeClient: redis,
+          keyPrefix: activityKeys(a.id).rateLimitPrefix('buyer'),
+          points: window.requests,
+          duration: window.perSeconds,
+        });
+        await library.consume('u');
+        await library.consume('u');
+        expect(await submit(a.id, 'u', 'r1', 's')).toBe('ok:reserved');
+        expect(await submit(a.id, 'u', 'r2', 's')).toBe('RATE_LIMITED');
+        await expect(library.consume('u')).rejects.toMatchObject({ consumedPoints: 5 });
+        // Points given back by the library (a 5xx) are points for the script: 5 - 3 = 2 used.
+        await library.reward('u', 3);
+        expect(await submit(a.id, 'u', 'r3', 's')).toBe('ok:reserved');
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'the sold-out check: a replay first and free, then one point, then RATE_LIMITED',
+      async () => {
+        const a = await activity([item('s', 1, 1)]);
+        const check = (userId: string, requestId: string) =>
+          outcome(() => soldOutCheck(redis, { activityId: a.id, userId, skuId: 's', requestId, window }));
+        expect(await submit(a.id, 'u', 'r1', 's')).toBe('ok:reserved');
+        expect(await check('u', 'r1')).toBe('ok:replay');
+        expect(await redis.get(counter(a.id, 'u'))).toBe('1');
+        expect(await check('u', 'r2')).toBe('ok:sold-out');
+        expect(await check('u', 'r3')).toBe('ok:sold-out');
+        expect(await check('u', 'r4')).toBe('RATE_LIMITED');
+        // Still the replay, window used up or not.
+        expect(await check('u', 'r1')).toBe('ok:replay');
+        expect(await redis.get(counter(a.id, 'u'))).toBe('4');
+        // Without a window: only the replay check, no counter written.
+        expect(
+          await outcome(() =>
+            soldOutCheck(redis, { activityId: a.id, userId: 'w', skuId: 's', requestId: 'r' }),
+          ),
+        ).toBe('ok:sold-out');
+        expect(await redis.exists(counter(a.id, 'w'))).toBe(0);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      "a bucketed SKU counts once in the activity's counter (its own call), replays and refills included",
+      async () => {
+        const a = await activity([{ ...item('hot', 6, 1), buckets: 3 }]);
+        expect(await submit(a.id, 'u', 'r1', 'hot')).toBe('ok:reserved');
+        expect(await redis.get(counter(a.id, 'u'))).toBe('1');
+        expect(await submit(a.id, 'u', 'r2', 'hot')).toBe('LIMIT_REACHED');
+        expect(await submit(a.id, 'u', 'r3', 'hot')).toBe('LIMIT_REACHED');
+        expect(await submit(a.id, 'u', 'r4', 'hot')).toBe('RATE_LIMITED');
+        expect(await redis.get(counter(a.id, 'u'))).toBe('4');
+        // Buyers drain every bucket (refills move units between buckets): one point each.
+        for (let i = 0; i < 5; i += 1) expect(await submit(a.id, `b${i}`, 'r', 'hot')).toBe('ok:reserved');
+        expect(await submit(a.id, 'late', 'r', 'hot')).toBe('SOLD_OUT');
+        for (const b of ['b0', 'b1', 'b2', 'b3', 'b4', 'late'])
+          expect(await redis.get(counter(a.id, b))).toBe('1');
       },
       TIMEOUT_MS,
     );

@@ -1,5 +1,5 @@
 // A reference model of the activity's Redis state and of the Lua scripts that change it
-// (lua/reserve-8.lua, release-6.lua, confirmPaid-2.lua, setGate-1.lua, loadItems-var.lua) plus the
+// (lua/reserve-9.lua, release-6.lua, confirmPaid-2.lua, setGate-1.lua, loadItems-var.lua) plus the
 // two non-script writers the model-based test drives (the relay deleting acknowledged outbox
 // entries, the consumer confirming orders with recordResults) and cleanupActivity.
 //
@@ -28,6 +28,11 @@ export interface ModelConfig {
   endMs: number;
   /** reservationIdFor(activity, user, requestId), injected so the model stays pure. */
   ridOf: (user: string, req: string) => string;
+  /**
+   * The per-buyer rate limit reserve-9.lua counts (requests per window; 0: not passed). Windows
+   * are long enough that none ends during a sequence.
+   */
+  window: number;
 }
 
 type Hash = Map<string, string>;
@@ -51,6 +56,8 @@ export interface ModelState {
   results: Set<string>;
   /** Set by a cleanup: the results hash is kept with a TTL. */
   resultsExpire: boolean;
+  /** Per buyer: the points of their rate-limit window (key `rl:buyer:<buyer>`). */
+  windows: Map<string, number>;
 }
 
 export function emptyState(): ModelState {
@@ -65,6 +72,7 @@ export function emptyState(): ModelState {
     outbox: undefined,
     results: new Set(),
     resultsExpire: false,
+    windows: new Map(),
   };
 }
 
@@ -161,7 +169,7 @@ export class ScriptModel {
     return `gate prev=${current}`;
   }
 
-  // ---- reserve-8.lua --------------------------------------------------------------------------
+  // ---- reserve-9.lua --------------------------------------------------------------------------
   reserve(user: string, req: string, sku: string, qty: number): string {
     const rid = this.cfg.ridOf(user, req);
     let prior = this.s.reservations.get(rid);
@@ -178,6 +186,12 @@ export class ScriptModel {
       if (prior.get('sku') !== sku || Number(prior.get('qty')) !== qty)
         return err('IDEMPOTENCY_CONFLICT', rid);
       return `replayed ${prior.get('state')}`;
+    }
+    // SEMANTICS: the rate limit comes after the replay (free) and before every other refusal.
+    if (this.cfg.window > 0) {
+      const points = (this.s.windows.get(user) ?? 0) + 1;
+      this.s.windows.set(user, points);
+      if (points > this.cfg.window) return err('RATE_LIMITED');
     }
     const refusal = this.gateRefusal();
     if (refusal) return err(refusal);
@@ -353,6 +367,7 @@ export class ScriptModel {
     if (s.ledger.size > 0) out.push('ledger');
     if (s.outbox) out.push('outbox');
     if (s.results.size > 0) out.push('results');
+    for (const u of s.windows.keys()) out.push(`rl:buyer:${u}`);
     return out.sort();
   }
 }

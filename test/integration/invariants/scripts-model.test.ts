@@ -49,6 +49,7 @@ const MUST_SEE = [
   'reserve ERR NOT_STARTED',
   'reserve ERR UNKNOWN_SKU',
   'reserve ERR NOT_LOADED',
+  'reserve ERR RATE_LIMITED',
   'release released after',
   'release already-released',
   'release ERR ALREADY_PAID',
@@ -96,6 +97,8 @@ type ResolvedOp =
 interface Scenario {
   skus: { stock: number; limit: number }[];
   reopen: boolean;
+  /** The per-buyer rate limit passed to reserve (requests per hour; 0: none). */
+  window?: number;
   ops: Op[];
 }
 
@@ -158,6 +161,7 @@ const scenarioArb: fc.Arbitrary<Scenario> = fc.record({
     fc.record({ stock: fc.integer({ min: 0, max: 6 }), limit: fc.integer({ min: 1, max: 3 }) }),
   ),
   reopen: fc.boolean(),
+  window: fc.constantFrom(0, 0, 3, 6, 12),
   ops: fc.array(opArb, { maxLength: 40, size: 'max' }),
 });
 
@@ -167,7 +171,8 @@ async function answerOf(call: () => Promise<string>): Promise<string> {
     return await call();
   } catch (e) {
     if (!(e instanceof FlashSaleError)) throw e;
-    const data = (e.extra.data as (string | number)[] | undefined) ?? [];
+    // RATE_LIMITED carries the window's rest in ms, from the Redis clock: not compared.
+    const data = e.code === 'RATE_LIMITED' ? [] : ((e.extra.data as (string | number)[] | undefined) ?? []);
     return ['ERR', e.code, ...data.map(String)].join(' ');
   }
 }
@@ -191,6 +196,8 @@ interface Comparable {
   outbox: { rid: string; message: Record<string, unknown> }[] | undefined;
   results: string[];
   resultsExpire: boolean;
+  /** Per buyer: the points of their rate-limit window. */
+  windows: Record<string, string>;
 }
 
 const obj = (h: Map<string, string>): Record<string, string> => Object.fromEntries([...h].sort());
@@ -216,6 +223,7 @@ function modelComparable(s: ModelState, keys: string[]): Comparable {
     outbox: s.outbox?.map((e) => ({ rid: e.rid, message: e.message })),
     results: [...s.results].sort(),
     resultsExpire: s.resultsExpire,
+    windows: Object.fromEntries([...s.windows].sort().map(([u, n]) => [u, String(n)])),
   };
 }
 
@@ -266,6 +274,11 @@ async function realComparable(redis: Redis, activityId: string, rids: string[]):
       : undefined,
     results: (await redis.hkeys(k.results)).sort(),
     resultsExpire: (await redis.ttl(k.results)) > 0,
+    windows: Object.fromEntries(
+      (
+        await Promise.all(USERS.map(async (u) => [u, await redis.get(k.rateLimitKey('buyer', u))] as const))
+      ).filter((e): e is readonly [(typeof USERS)[number], string] => e[1] !== null),
+    ),
   };
 }
 
@@ -339,6 +352,7 @@ describe('the Lua scripts against a reference model (real Redis)', () => {
       startMs: now - 3_600_000,
       endMs: now + 3_600_000,
       ridOf,
+      window: sc.window ?? 0,
     };
     const model = new ScriptModel(cfg);
     let generation = 1;
@@ -414,6 +428,7 @@ describe('the Lua scripts against a reference model (real Redis)', () => {
                   quantity: o.qty,
                   requestId: o.req,
                   traceId: traceOf(o.req),
+                  window: { requests: cfg.window, perSeconds: 3_600 },
                 });
                 return r.kind === 'reserved' ? `reserved left=${r.stockLeft}` : `replayed ${r.state}`;
               },

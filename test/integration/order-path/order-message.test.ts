@@ -1,4 +1,4 @@
-// The order message is defined once (core/order-message.ts): what reserve-8.lua writes on the real
+// The order message is defined once (core/order-message.ts): what reserve-9.lua writes on the real
 // Redis (the reservation hash and the outbox entry) is exactly what the schema knows, and the relay
 // forwards an entry without parsing it, including entries a relay of the earlier format left in a
 // stream (written before the script wrote the Kafka key and trace id as fields of their own).
@@ -32,7 +32,7 @@ import type { TestActivity } from '../../../dev/roles.js';
 
 const ITEM = { skuId: 'tea', name: '西湖龙井 明前特级', price: '268.00', stock: 10, limitPerUser: 2 };
 
-describe('the order message written by reserve-8.lua', () => {
+describe('the order message written by reserve-9.lua', () => {
   let redis: Redis;
   let activity: TestActivity;
 

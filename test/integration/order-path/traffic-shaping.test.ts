@@ -5,6 +5,7 @@ import { Redis } from 'ioredis';
 import pg from 'pg';
 import { request } from 'undici';
 import { loadActivity, setGate } from '../../../core/activity-cache.js';
+import { serverSide } from '../../../bench/lib/fairness.js';
 import { activityKeys } from '../../../core/keys.js';
 import { syncDenyList, writeTrafficPolicy, DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
 import type { TrafficPolicy } from '../../../core/traffic-policy.js';
@@ -206,22 +207,169 @@ describe('traffic shaping and eligibility', () => {
       new RegExp(`flashsale_rate_limited_total\\{[^}]*activity="${activityId}"[^}]*reason="address"`),
     );
 
-    // Shaping off: the same buyer is no longer refused by the limiter.
+    // Shaping off: the same buyer is no longer refused by the limiter (a new submission, answered
+    // by the reservation path: the buyer holds their one unit).
     await writeTrafficPolicy(redis, activityId, policy({ enabled: false }));
+    let n = 0;
     await waitFor(
       'the policy reaching both processes',
       async () => {
+        n += 1;
         const r = await Promise.all(
-          [a, b].map((api) =>
-            send(`${api.url}${path}`, { token, body: { skuId: 'tea', quantity: 1, requestId: 'r0' } }),
+          [a, b].map((api, i) =>
+            send(`${api.url}${path}`, {
+              token,
+              body: { skuId: 'tea', quantity: 1, requestId: `off-${n}-${i}` },
+              headers: { 'x-forwarded-for': `192.0.2.${i}` },
+            }),
           ),
         );
-        return r.every((x) => x.status === 202);
+        return r.every((x) => x.status === 409 && x.code === 'LIMIT_REACHED');
       },
       30_000,
       250,
     );
   }, 180_000);
+
+  test('one Redis call per submission: the limit counted by the script, replays first and free, limit before sold-out', async () => {
+    const activityId = uniqueId('onecall');
+    await setUpActivity(activityId, [item(2), { ...item(100), skuId: 'pu' }]);
+    await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 3, perSeconds: 600 } }));
+    const api = await startRole('api', { activityId, databaseUrl: db.url });
+    roles.push(api);
+    const base = `${api.url}/v1/activities/${activityId}`;
+    const tokens = Object.fromEntries(
+      await Promise.all(
+        ['u1', 'u2', 'bot', 'mixed', 'warm', 'eager'].map(async (u) => [u, await tokenFor(u)] as const),
+      ),
+    );
+    const submit = async (user: string, requestId: string, skuId = 'tea') => {
+      const r = await request(`${base}/orders`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${tokens[user]}` },
+        body: JSON.stringify({ skuId, quantity: 1, requestId }),
+      });
+      const answer = (await r.body.json()) as { code?: string; replayed?: boolean };
+      const retry = r.headers['retry-after'];
+      return `${r.statusCode} ${answer.code ?? (answer.replayed ? 'replayed' : 'new')}${
+        typeof retry === 'string' && Number(retry) > 0 && Number(retry) <= 600 ? ' retry-after' : ''
+      }`;
+    };
+    // Every command the api sends while answering (MONITOR; the commands scripts run inside are
+    // reported with the source "lua" and left out), but the traffic policy's refresh, which runs
+    // on a timer whatever the requests.
+    const monitor = await redis.monitor();
+    const sent: string[] = [];
+    // MONITOR reports on its own connection, later than the answers: a command of ours after the
+    // requests marks the end of theirs.
+    const marker = activityKeys(activityId).none;
+    let markers = 0;
+    monitor.on('monitor', (_time: string, args: string[], source: string) => {
+      if (source === 'lua' || !args.some((x) => x.includes(activityId))) return;
+      if (args[1] === marker) {
+        markers += 1;
+        return;
+      }
+      if (args[0]?.toLowerCase() === 'get' && args[1] === activityKeys(activityId).policy) return;
+      // ioredis sends a script whole (EVAL) the first time on a connection, by its sha after.
+      const cmd = args[0]!.toLowerCase();
+      sent.push(cmd === 'eval' || cmd === 'evalsha' ? 'script' : cmd);
+    });
+    // The bucket layout is read once per process: before counting.
+    expect(await submit('warm', 'w1', 'other')).toBe('404 UNKNOWN_SKU');
+    /** Every command sent so far has been reported. */
+    const settled = async (): Promise<void> => {
+      const seen = markers;
+      await redis.exists(marker);
+      await waitFor('the monitor reaching the marker', () => Promise.resolve(markers > seen), 10_000, 20);
+    };
+    await settled();
+    sent.length = 0;
+    const answers = [
+      await submit('u1', 'r1'), // 1 call
+      await submit('u2', 'r1'), // 1 call: the last unit
+      await submit('bot', 'r1'), // 1 call: the script says SOLD_OUT, the process remembers it
+      await submit('bot', 'r2'), // 1 call: the sold-out check counts the point
+      await submit('u1', 'r1'), // 2 calls: the sold-out check finds the replay, the script replays it
+      await submit('bot', 'r3'), // 1 call: the window's last point
+      await submit('bot', 'r4'), // 1 call: past the limit, RATE_LIMITED (not SOLD_OUT)
+      await submit('bot', 'r5'), // no call: blocked in this process until the window ends
+      await submit('u1', 'r1'), // 2 calls: a replay again, still not counted
+      // A SKU with stock: the reserve script itself counts and refuses.
+      await submit('eager', 'e1', 'pu'), // 1 call
+      await submit('eager', 'e2', 'pu'), // 1 call: the buyer's one unit is held
+      await submit('eager', 'e3', 'pu'), // 1 call
+      await submit('eager', 'e4', 'pu'), // 1 call: past the limit (not LIMIT_REACHED)
+      await submit('eager', 'e1', 'pu'), // no call: blocked in this process, replay or not
+    ];
+    await settled();
+    monitor.disconnect();
+    expect(answers).toEqual([
+      '202 new',
+      '202 new',
+      '409 SOLD_OUT',
+      '409 SOLD_OUT',
+      '202 replayed',
+      '409 SOLD_OUT',
+      '429 RATE_LIMITED retry-after',
+      '429 RATE_LIMITED retry-after',
+      '202 replayed',
+      '202 new',
+      '409 LIMIT_REACHED',
+      '409 LIMIT_REACHED',
+      '429 RATE_LIMITED retry-after',
+      '429 RATE_LIMITED retry-after',
+    ]);
+    expect(sent).toEqual(Array.from({ length: 14 }, () => 'script'));
+    const counter = (u: string) => redis.get(activityKeys(activityId).rateLimitKey('buyer', u));
+    expect(await counter('bot')).toBe('4');
+    expect(await counter('u1')).toBe('1');
+    expect(await counter('eager')).toBe('4');
+
+    // One window across the limited routes: order codes (rate-limiter-flexible) count in it too.
+    const code = await request(`${base}/order-codes`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${tokens.mixed}` },
+      body: JSON.stringify({ skuId: 'tea' }),
+    });
+    await code.body.dump();
+    expect(code.statusCode).toBe(409);
+    expect(await submit('mixed', 'm1')).toBe('409 SOLD_OUT');
+    expect(await submit('mixed', 'm2')).toBe('409 SOLD_OUT');
+    expect(await submit('mixed', 'm3')).toBe('429 RATE_LIMITED retry-after');
+    expect(await counter('mixed')).toBe('4');
+
+    // The submit route's own series in the request histogram, as the fairness bench reads it
+    // from the metrics port (bench/lib/fairness.ts serverSide).
+    const inside = serverSide(await (await request(`${api.metricsUrl}/metrics`)).body.text());
+    expect(Number.isFinite(inside.p50Ms) && Number.isFinite(inside.p99Ms)).toBe(true);
+  }, 120_000);
+
+  test('a 5xx after the script counted the submission gives its point back; its retry is a replay and counts nothing', async () => {
+    const activityId = uniqueId('giveback');
+    await setUpActivity(activityId, [item(10)]);
+    await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 3, perSeconds: 600 } }));
+    // No replica behind this Redis: every reservation is refused 503 NOT_REPLICATED after the
+    // script made it (core/durable-ack.ts).
+    const api = await startRole('api', {
+      activityId,
+      databaseUrl: db.url,
+      env: { RESERVE_ACK: 'replica', RESERVE_ACK_REPLICAS: '1', RESERVE_ACK_TIMEOUT_MS: '20' },
+    });
+    roles.push(api);
+    const token = await tokenFor('unlucky');
+    const counter = activityKeys(activityId).rateLimitKey('buyer', 'unlucky');
+    for (let i = 0; i < 5; i += 1) {
+      const r = await send(`${api.url}/v1/activities/${activityId}/orders`, {
+        token,
+        body: { skuId: 'tea', quantity: 1, requestId: 'r1' },
+      });
+      expect([r.status, r.code]).toEqual([503, 'NOT_REPLICATED']);
+    }
+    // The first call counted and gave back; the retries were replays: the window is untouched.
+    await waitFor('the point given back', async () => (await redis.get(counter)) === '0', 10_000, 50);
+    expect(await redis.hget(activityKeys(activityId).sku('tea'), 'stock')).toBe('9');
+  }, 120_000);
 
   test('deny list and pre-registration refuse with stable codes and change nothing', async () => {
     const activityId = uniqueId('elig');

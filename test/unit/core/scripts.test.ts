@@ -17,7 +17,9 @@ describe('script registry', () => {
         'setGate',
       ]),
     );
-    expect(scripts.get('reserve')?.numberOfKeys).toBe(8);
+    expect(scripts.get('reserve')?.numberOfKeys).toBe(9);
+    expect(scripts.get('soldOutCheck')?.numberOfKeys).toBe(2);
+    expect(scripts.get('countWindow')?.numberOfKeys).toBe(1);
     expect(scripts.get('release')?.numberOfKeys).toBe(6);
     expect(scripts.get('cancelBeforeReserve')?.numberOfKeys).toBe(3);
     expect(scripts.get('loadItems')?.numberOfKeys).toBeUndefined();

@@ -31,14 +31,14 @@ describe('mutants (test/faults/mutants/*.mutant)', () => {
       '# mutant: demo',
       '# invariant: the demo invariant holds',
       '# must-fail: test/unit/faults/mutants.test.ts',
-      '@@ lua/reserve-8.lua',
+      '@@ lua/reserve-9.lua',
       '-this line is in no script',
       '+anything',
     ].join('\n');
     const gone = parseMutant('demo.mutant', text);
     expect(() => mutatedFiles(gone, ROOT)).toThrow(
       new MutantError(
-        'mutant demo no longer applies: snippet not found in lua/reserve-8.lua:\nthis line is in no script',
+        'mutant demo no longer applies: snippet not found in lua/reserve-9.lua:\nthis line is in no script',
       ),
     );
     const twice = parseMutant(
@@ -46,7 +46,7 @@ describe('mutants (test/faults/mutants/*.mutant)', () => {
       text.replace('-this line is in no script', "-redis.call('HINCRBY'"),
     );
     expect(() => mutatedFiles(twice, ROOT)).toThrow(
-      /mutant demo no longer applies: snippet found \d+ times in lua\/reserve-8.lua/,
+      /mutant demo no longer applies: snippet found \d+ times in lua\/reserve-9.lua/,
     );
     expect(() => parseMutant('other.mutant', text)).toThrow(/must equal the file name/);
     expect(() => parseMutant('demo.mutant', text.replace(/# must-fail.*\n/, ''))).toThrow(

@@ -15,6 +15,8 @@
     KEYS[6] ledger sorted set    (reservations not yet confirmed as orders)
     KEYS[7] counters hash
     KEYS[8] order code key       (or the activity's placeholder key when no code was sent)
+    KEYS[9] the buyer's rate-limit counter (core/keys.ts rateLimitKey('buyer', <buyer>)), or the
+            scope's placeholder key when ARGV[9] is 0
 
     ARGV[1] reservation id (derived from activity, buyer and requestId by the caller)
     ARGV[2] buyer id
@@ -24,9 +26,15 @@
     ARGV[6] trace id
     ARGV[7] order code ('' when none)
     ARGV[8] activity id
+    ARGV[9] the buyer's requests per rate-limit window (0: not counted here: shaping off, no
+            per-buyer limit, or a bucket scope, whose caller counts in countWindow-1.lua)
+    ARGV[10] the window's seconds
 
   Output:
-     {1, reservationId, stockLeft}            reserved now
+     {1, reservationId, stockLeft, consumed, ttlMs}
+                                              reserved now; consumed = points of the buyer's
+                                              window, this one included, ttlMs = the window's
+                                              rest (both 0 when not counted here)
      {2, reservationId, state}                replay of an earlier call with this requestId
     -1  NOT_STARTED  gate pending or before startAt
     -2  ENDED        gate closed/frozen or at/after endAt
@@ -40,10 +48,23 @@
     -10 IDEMPOTENCY_CONFLICT  the requestId was used for a different sku or quantity
     -14 MISMATCH     a reservation of another buyer holds this id (cannot happen with derived ids)
     -20 BUCKETED     the SKU's stock lives in buckets (its activity-scope hash has 'buckets'):
-                     the caller re-reads the bucket layout and calls the buyer's home bucket
+                     the caller re-reads the bucket layout and calls the buyer's home bucket;
+                     {-20, consumed, ttlMs}: the point this call counted, which the call in the
+                     bucket does not count again
     -40 BUYER_DENIED    the buyer is on the activity's deny list (buyer hash field '~deny')
     -41 NOT_REGISTERED  the activity requires pre-registration (meta 'requireReg' = '1') and the
                         buyer hash has no '~reg' field
+    -43 RATE_LIMITED {-43, ttlMs}: the buyer's window is used up (this submission counted all the
+                     same, as rate-limiter-flexible counts)
+
+  Order of the checks (ARCHITECTURE.md "One Redis call per submission"): a replay first, answered
+  without counting (it is a read of the buyer's own reservation, like a poll, and a retry after a
+  lost answer must not cost the buyer their window); then the rate limit, before every other
+  refusal, so that every new submission counts whatever it is answered (not started, sold out,
+  limit reached) as it did when the limiter was a call of its own: a bot hammering a closed gate or
+  a sold-out SKU spends its window and cannot keep a budget for the opening or a restock. The
+  counter and the reservation are one atomic step: no point is counted for a reservation that
+  failed half-way, and no reservation is made past the limit.
 
   A cancel marker (cancelBeforeReserve-3.lua) refuses only its own buyer's submission: one left
   under this id by another buyer (possible only with markers written before markers were bound to
@@ -53,6 +74,7 @@ local rid, user, sku, qty = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 
 --- @include "includes/nowMs"
 --- @include "includes/gateRefusal"
+--- @include "includes/buyerWindow"
 
 local prior = redis.call('HMGET', KEYS[4], 'state', 'sku', 'qty', 'user')
 if prior[1] and prior[4] ~= user then
@@ -65,6 +87,14 @@ if prior[1] then
   if prior[2] ~= sku or tonumber(prior[3]) ~= qty then return {-10, rid} end
   return {2, rid, prior[1]}
 end
+
+-- Rate limit (docs/operator.md "Traffic shaping and eligibility").
+local requests, consumed, windowMs = tonumber(ARGV[9]), 0, 0
+if requests > 0 then
+  consumed, windowMs = countWindow(9, tonumber(ARGV[10]))
+  if consumed > requests then return {-43, windowMs} end
+end
+-- End of rate limit.
 
 local now = nowMs()
 local meta = redis.call('HMGET', KEYS[1], 'gate', 'startMs', 'endMs', 'requireCode')
@@ -81,7 +111,7 @@ if not elig[2] and redis.call('HGET', KEYS[1], 'requireReg') == '1' then return 
 
 local item = redis.call('HMGET', KEYS[2], 'stock', 'limit', 'price', 'name', 'buckets')
 if not item[1] then return {-6} end
-if item[5] then return {-20} end
+if item[5] then return {-20, consumed, windowMs} end
 local stock, limit = tonumber(item[1]), tonumber(item[2])
 
 if meta[4] == '1' then
@@ -116,4 +146,4 @@ redis.call('ZADD', KEYS[6], now, rid)
 redis.call('HINCRBY', KEYS[7], 'reserved', qty)
 redis.call('HINCRBY', KEYS[7], 'reservations', 1)
 if meta[4] == '1' then redis.call('DEL', KEYS[8]) end
-return {1, rid, left}
+return {1, rid, left, consumed, windowMs}
