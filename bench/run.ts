@@ -13,7 +13,8 @@
  *   BENCH_ONLY (phases, comma separated)
  *   BENCH_REDIS_APPENDFSYNC (everysec; 'keep' keeps env-up's setting)  BENCH_OUT  BENCH_JSON
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
- * Phases: redis submit db soldout floors profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts)
+ * Phases: redis submit db soldout floors profile micro ceiling warmup pipeline backlog (the drain of a
+ * backlog built with the pipeline paused) fairness (bench/lib/fairness.ts)
  * capacity (bench/lib/capacity.ts: CPU per operation per stage, written into docs/capacity.md)
  * durability (bench/lib/durability.ts: the PostgreSQL guard's and Redis WAIT's cost)
  * buckets (stock buckets on a Redis Cluster, bench/lib/buckets.ts).
@@ -30,7 +31,7 @@ import { Buyers, describe, getLoad, orderLoad } from './lib/http-load.js';
 import type { LoadResult } from './lib/http-load.js';
 import { dbOnly, insertCeiling, pgSettings } from './lib/pg-ref.js';
 import { microBenchmarks } from './lib/micro.js';
-import { pipelineAndDrain } from './lib/pipeline.js';
+import { backlogDrain, pipelineAndDrain } from './lib/pipeline.js';
 import { fairness } from './lib/fairness.js';
 import { capacity, writeCapacityPage } from './lib/capacity.js';
 import { measureFloors } from './lib/floors.js';
@@ -465,6 +466,12 @@ async function main(): Promise<void> {
       const deadline = startedAt + cfg.budgetS * 1000 - 30_000;
       results.pipeline = await phase(results, 'pipeline', () =>
         pipelineAndDrain(c, `bpipe-${runId}`, cfg.drainReservations, deadline),
+      );
+    }
+    if (has('backlog')) {
+      const deadline = startedAt + cfg.budgetS * 1000 - 30_000;
+      results.backlog = await phase(results, 'backlog', () =>
+        backlogDrain(c, `bback-${runId}`, cfg.drainReservations, deadline),
       );
     }
 

@@ -27,6 +27,7 @@ export const PHASES = [
   'ceiling',
   'warmup',
   'pipeline',
+  'backlog',
   'fairness',
   'capacity',
   'durability',
