@@ -319,7 +319,9 @@ export async function recordResults(
   const byLedger = new Map<string, string[]>();
   for (const r of results) {
     const scope = r.skuId === undefined ? k : layout.scopeFor(r.skuId, r.userId);
-    byLedger.set(scope.ledger, [...(byLedger.get(scope.ledger) ?? []), r.reservationId]);
+    const ids = byLedger.get(scope.ledger);
+    if (ids) ids.push(r.reservationId);
+    else byLedger.set(scope.ledger, [r.reservationId]);
   }
   if (byLedger.size === 1 && byLedger.has(k.ledger)) {
     await redis
