@@ -31,17 +31,13 @@ if gen < loadedGen then return {-18} end
 local n = #KEYS - 3
 if #ARGV ~= 6 + 5 * n then return {-16} end
 
--- Check every SKU of the chunk before writing any; the reads are kept for the write pass. A
--- chunk none of whose SKU hashes exists yet (the first load, and every chunk a crashed load had
--- not reached) is checked with one EXISTS instead of a read per SKU: each read would find nothing.
-local none = {}
-local fresh = n > 0 and redis.call('EXISTS', unpack(KEYS, 4)) == 0
+-- Check every SKU of the chunk before writing any; the reads are kept for the write pass.
 local current = {}
 for i = 1, n do
   local base = 6 + 5 * (i - 1)
   local initial = tonumber(ARGV[base + 2])
   if not initial or initial < 0 or not tonumber(ARGV[base + 3]) then return {-16} end
-  local cur = fresh and none or redis.call('HMGET', KEYS[3 + i], 'initial', 'gen')
+  local cur = redis.call('HMGET', KEYS[3 + i], 'initial', 'gen')
   if cur[1] and tonumber(cur[2]) < gen and initial < tonumber(cur[1]) then return {-17, ARGV[base + 1]} end
   current[i] = cur
 end
