@@ -60,9 +60,9 @@ COPY runtime/api/openapi.yaml runtime/api/openapi.yaml
 # host, which an api under load fills before every scavenge (peak RSS 2.3× idle in
 # docs/benchmarks.md). 8 MB semi-spaces remove about two thirds of that growth for a few more,
 # cheap, scavenges. glibc gives each thread that allocates (V8's GC helpers, libuv's pool) a
-# malloc arena of its own, and freed memory stays in them: two arenas took 26-34 MB off the api's
-# peak at the same CPU per request (bench/ab.ts, bench/analysis.md). bench/run.ts starts the roles
-# and the floors with these same settings.
+# malloc arena of its own, and freed memory stays in them: two arenas took 2-34 MB off the api's
+# peak at the same CPU per request (bench/ab.ts and the bench's own phases, bench/analysis.md).
+# bench/run.ts starts the roles and the floors with these same settings.
 ENV NODE_OPTIONS="--max-semi-space-size=8"
 ENV MALLOC_ARENA_MAX=2
 LABEL org.opencontainers.image.title="flashsale-runtime" \
