@@ -58,9 +58,13 @@ FROM base AS runtime
 COPY runtime/api/openapi.yaml runtime/api/openapi.yaml
 # Node 24 sizes V8's young generation from the heap limit: up to 2 × 64 MB semi-spaces on a large
 # host, which an api under load fills before every scavenge (peak RSS 2.3× idle in
-# docs/benchmarks.md). 8 MB semi-spaces keep the peak within 1.6× idle for a few more, cheap,
-# scavenges (bench/run.ts starts the roles with this same setting).
+# docs/benchmarks.md). 8 MB semi-spaces remove about two thirds of that growth for a few more,
+# cheap, scavenges. glibc gives each thread that allocates (V8's GC helpers, libuv's pool) a
+# malloc arena of its own, and freed memory stays in them: two arenas took 2-34 MB off the api's
+# peak at the same CPU per request (bench/ab.ts and the bench's own phases, bench/analysis.md).
+# bench/run.ts starts the roles and the floors with these same settings.
 ENV NODE_OPTIONS="--max-semi-space-size=8"
+ENV MALLOC_ARENA_MAX=2
 LABEL org.opencontainers.image.title="flashsale-runtime" \
       org.opencontainers.image.description="Flash-sale order runtime: api, relay, consumer and jobs roles"
 EXPOSE 8080 9090

@@ -7,7 +7,8 @@
  *   node --import tsx bench/ab.ts <distA> <distB> [submit|soldout|healthz] [rounds] [seconds]
  *
  * AB_ENV_A / AB_ENV_B ("K=V,K=V") add environment variables to the A / B process (feature toggles
- * of an experiment build). Each dist is a compiled tree with core/ and runtime/ (e.g. a copy of the repo built with
+ * of an experiment build); AB_NODE_ARGS_A / AB_NODE_ARGS_B (space separated) add node options that
+ * NODE_OPTIONS does not accept (most V8 flags). Each dist is a compiled tree with core/ and runtime/ (e.g. a copy of the repo built with
  * `tsc -p tsconfig.build.json`); lua/ is taken from beside it, else from this repo. Servers as for
  * bench/run.ts (own ones via env-up, or DATABASE_URL / REDIS_URL / KAFKA_BROKERS).
  */
@@ -86,6 +87,7 @@ async function main(): Promise<void> {
           activityId: sale,
           label: `api-${label}`,
           roleEnv: cfg.roleEnv,
+          nodeArgs: (process.env[`AB_NODE_ARGS_${label}`] ?? '').split(' ').filter(Boolean),
           extraEnv: { ...envList(process.env[`AB_ENV_${label}`]), JWT_HS256_SECRET: c.secret },
         }),
       );

@@ -9,10 +9,12 @@
  * runtime roles run from a compiled build (core/ and runtime/, compiled into
  * node_modules/.cache/flashsale-bench/dist, or BENCH_DIST). Knobs (environment):
  *   BENCH_DURATION (10 s per measured run)  BENCH_WARMUP (3 s)  BENCH_CONNECTIONS (50)
- *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_ONLY (phases, comma separated)
+ *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_WARMUP_ROUNDS (3)
+ *   BENCH_ONLY (phases, comma separated)
  *   BENCH_REDIS_APPENDFSYNC (everysec; 'keep' keeps env-up's setting)  BENCH_OUT  BENCH_JSON
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
- * Phases: redis submit db soldout floors profile micro ceiling warmup pipeline fairness (bench/lib/fairness.ts)
+ * Phases: redis submit db soldout floors profile micro ceiling warmup pipeline backlog (the drain of a
+ * backlog built with the pipeline paused) fairness (bench/lib/fairness.ts)
  * capacity (bench/lib/capacity.ts: CPU per operation per stage, written into docs/capacity.md)
  * durability (bench/lib/durability.ts: the PostgreSQL guard's and Redis WAIT's cost)
  * buckets (stock buckets on a Redis Cluster, bench/lib/buckets.ts); opt-in only: kafka-replication
@@ -30,7 +32,7 @@ import { Buyers, describe, getLoad, orderLoad } from './lib/http-load.js';
 import type { LoadResult } from './lib/http-load.js';
 import { dbOnly, insertCeiling, pgSettings } from './lib/pg-ref.js';
 import { microBenchmarks } from './lib/micro.js';
-import { pipelineAndDrain } from './lib/pipeline.js';
+import { backlogDrain, pipelineAndDrain } from './lib/pipeline.js';
 import { fairness } from './lib/fairness.js';
 import { capacity, writeCapacityPage } from './lib/capacity.js';
 import { kafkaReplication, writeReplicationBlock } from './lib/kafka-replication.js';
@@ -459,13 +461,19 @@ async function main(): Promise<void> {
     }
     // --- 5. Warm-up --------------------------------------------------------------------------------
     if (has('warmup')) {
-      results.warmup = await phase(results, 'warmup', () => warmup(c, cfg.warmupSkus));
+      results.warmup = await phase(results, 'warmup', () => warmup(c, cfg.warmupSkus, cfg.warmupRounds));
     }
     if (has('pipeline')) {
       // The drain gets whatever is left of the budget, less what stopping everything takes.
       const deadline = startedAt + cfg.budgetS * 1000 - 30_000;
       results.pipeline = await phase(results, 'pipeline', () =>
         pipelineAndDrain(c, `bpipe-${runId}`, cfg.drainReservations, deadline),
+      );
+    }
+    if (has('backlog')) {
+      const deadline = startedAt + cfg.budgetS * 1000 - 30_000;
+      results.backlog = await phase(results, 'backlog', () =>
+        backlogDrain(c, `bback-${runId}`, cfg.drainReservations, deadline),
       );
     }
 

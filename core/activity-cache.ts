@@ -16,6 +16,14 @@ import { ELIGIBILITY_FIELDS } from './traffic-policy.js';
 /** SKUs per script call while loading: keeps each call well under a few milliseconds. */
 export const LOAD_CHUNK = 2000;
 
+/**
+ * Chunks in flight at once while loading. A few keep Redis busy while the next chunk is encoded;
+ * sending every chunk at once makes Redis wait until all of them are built (an auto-pipelined
+ * client writes them in one go) and holds every chunk's arguments in memory together
+ * (docs/benchmarks.md, warm-up).
+ */
+export const LOAD_WINDOW = 4;
+
 export interface LoadOutcome {
   created: number;
   topped: number;
@@ -53,13 +61,23 @@ export async function loadActivity(redis: RedisClient, a: ActivityDefinition): P
     total.skipped += Number(r[3]);
     total.stockAdded += Number(r[4]);
   };
-  // All chunks but the last are sent at once (one connection keeps them in order, and Redis runs
-  // them while the next ones are encoded). The last chunk marks the generation loaded, so it goes
-  // only after every other chunk succeeded; on a refusal the load stops there, as before, and a
-  // repeat of the load is idempotent.
-  const first = await Promise.allSettled(Array.from({ length: chunks - 1 }, (_, c) => load(c)));
-  const failed = first.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-  if (failed) throw failed.reason;
+  // All chunks but the last are sent a window at a time (one connection keeps them in order). The
+  // last chunk marks the generation loaded, so it goes only after every other chunk succeeded; on
+  // a refusal no further chunk is sent and the load stops there, as before, and a repeat of the
+  // load is idempotent.
+  let next = 0;
+  let failure: { reason: unknown } | undefined;
+  const sender = async (): Promise<void> => {
+    while (failure === undefined && next < chunks - 1) {
+      const c = next;
+      next += 1;
+      await load(c).catch((reason: unknown) => {
+        failure ??= { reason };
+      });
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(LOAD_WINDOW, chunks - 1) }, sender));
+  if (failure) throw failure.reason;
   await load(chunks - 1);
   total.stockAdded += bucketStock;
   forgetBucketLayout(a.id);
@@ -301,7 +319,9 @@ export async function recordResults(
   const byLedger = new Map<string, string[]>();
   for (const r of results) {
     const scope = r.skuId === undefined ? k : layout.scopeFor(r.skuId, r.userId);
-    byLedger.set(scope.ledger, [...(byLedger.get(scope.ledger) ?? []), r.reservationId]);
+    const ids = byLedger.get(scope.ledger);
+    if (ids) ids.push(r.reservationId);
+    else byLedger.set(scope.ledger, [r.reservationId]);
   }
   if (byLedger.size === 1 && byLedger.has(k.ledger)) {
     await redis

@@ -27,6 +27,7 @@ export const PHASES = [
   'ceiling',
   'warmup',
   'pipeline',
+  'backlog',
   'fairness',
   'capacity',
   'durability',
@@ -51,6 +52,8 @@ export interface BenchConfig {
   connections: number;
   drainReservations: number;
   warmupSkus: number;
+  /** Rounds of the warm-up comparison (medians are reported). */
+  warmupRounds: number;
   /** The whole run must end within this many seconds (the drain wait is cut to fit). */
   budgetS: number;
   /** appendfsync for a Redis the benchmark started itself ('keep' leaves env-up's setting). */
@@ -101,6 +104,7 @@ export function readConfig(): BenchConfig {
     connections: num('BENCH_CONNECTIONS', 50),
     drainReservations: num('BENCH_DRAIN_N', 100_000),
     warmupSkus: num('BENCH_WARMUP_SKUS', 100_000),
+    warmupRounds: Math.round(num('BENCH_WARMUP_ROUNDS', 3)),
     budgetS: num('BENCH_BUDGET', 570),
     redisAppendfsync: process.env.BENCH_REDIS_APPENDFSYNC ?? 'everysec',
     phases: new Set<Phase>(

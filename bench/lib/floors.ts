@@ -8,7 +8,7 @@ import type { ChildProcess } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
 import { join } from 'node:path';
 import type { LoadResult } from './http-load.js';
-import { imageNodeOptions } from './runtime.js';
+import { imageEnv } from './runtime.js';
 import { freePort, log, procStatusKb, waitFor } from './util.js';
 
 export type FloorKind = 'node-http' | 'express';
@@ -48,7 +48,7 @@ export async function startFloor(kind: FloorKind, o: FloorOptions): Promise<Floo
       PATH: process.env.PATH ?? '/usr/bin:/bin',
       HOME: process.env.HOME ?? '/tmp',
       NODE_ENV: 'production',
-      NODE_OPTIONS: imageNodeOptions(),
+      ...imageEnv(),
       FLOOR_KIND: kind,
       FLOOR_DIST: o.distDir,
       FLASHSALE_LUA_DIR: o.luaDir,

@@ -249,3 +249,196 @@ export async function pipelineAndDrain(
   }
   return result;
 }
+
+export interface BacklogResult {
+  /** Reservations in the backlog when the pipeline resumed (the script's own count). */
+  n: number;
+  drained: boolean;
+  /** Seconds the burst took with the pipeline paused (not part of the drain). */
+  createS: number;
+  /** Gate close + resume -> zero half messages and zero gap. */
+  drainS: number;
+  /** n / drainS: orders relayed through Kafka and written to PostgreSQL per second. */
+  drainRate: number;
+  /** Seconds until the stream was empty (everything relayed to Kafka). */
+  relayedS: number;
+  ordersInPg: number;
+  cpuPerOrderUs: { relay?: number; consumer?: number; kafka?: number; redis: number };
+  rss: Record<'relay' | 'consumer', { idleMb: number; peakMb: number }>;
+  samples: Sample[];
+  profiles?: { relay?: ProfileSummary; consumer?: ProfileSummary };
+}
+
+/**
+ * Drain of a backlog: what "drain of 100,000" means when the pipeline did not keep up with the
+ * sale. Relay and consumer start and prove the path as in pipelineAndDrain(), then both processes
+ * are paused (SIGSTOP) while N reservations are created, the gate closes, and both resume
+ * (SIGCONT): the drain is the time from then until zero half messages and zero gap, so every one
+ * of the N orders is relayed to Kafka and written to PostgreSQL inside it. While paused the
+ * consumer sends no heartbeats and the relay holds its read entries, so for this run only the
+ * group session and the relay's reclaim idle time are raised above the pause (recovery timeouts,
+ * not throughput settings); otherwise the resume would start with a rebalance or a re-publication.
+ */
+export async function backlogDrain(
+  ctx: Ctx,
+  activityId: string,
+  calls: number,
+  deadline: number,
+): Promise<BacklogResult> {
+  const { core } = ctx;
+  await prepareRedisRef(ctx, activityId);
+  const kafka = core.kafka.createKafka(ctx.servers.env.KAFKA_BROKERS!.split(','), `bench-${ctx.runId}`);
+  const admin = kafka.admin();
+  await admin.connect();
+  const topics = core.kafka.topicsFor(activityId);
+  try {
+    await core.kafka.ensureTopics(admin, topics, 4, 1);
+    ctx.topics.add(topics.orders).add(topics.dlq);
+  } finally {
+    await admin.disconnect();
+  }
+  const keys = core.keys.activityKeys(activityId);
+  const roleOpts = {
+    distDir: ctx.cfg.distDir,
+    luaDir: ctx.cfg.luaDir,
+    logDir: ctx.logDir,
+    env: ctx.servers.env,
+    activityId,
+    roleEnv: {
+      CONSUMER_SESSION_TIMEOUT_MS: '300000',
+      CONSUMER_REBALANCE_TIMEOUT_MS: '300000',
+      RELAY_RECLAIM_IDLE_MS: '300000',
+      ...ctx.cfg.roleEnv,
+    },
+  };
+  const profDir = join(ctx.logDir, 'profiles');
+  const prof = (name: string): string[] =>
+    ctx.cfg.profileRoles
+      ? ['--cpu-prof', `--cpu-prof-dir=${profDir}`, `--cpu-prof-name=${name}.cpuprofile`]
+      : [];
+  if (ctx.cfg.profileRoles) mkdirSync(profDir, { recursive: true });
+  const roles: RoleProcess[] = [];
+  let paused: RoleProcess[] = [];
+  let profWindow: { startUs: number; endUs: number } | undefined;
+  let result: BacklogResult | undefined;
+  try {
+    const [relay, consumer] = await Promise.all([
+      startRole('relay', { ...roleOpts, label: 'relay-backlog', nodeArgs: prof('relay-backlog') }),
+      startRole('consumer', { ...roleOpts, label: 'consumer-backlog', nodeArgs: prof('consumer-backlog') }),
+    ]);
+    roles.push(relay, consumer);
+    await reserveBurst(ctx, activityId, 200, 0, 1, 10);
+    const warm = await reservations(ctx, activityId);
+    await waitFor('warm-up orders in PostgreSQL', 120_000, async () =>
+      (await countOrders(ctx, activityId)) >= warm ? true : undefined,
+    );
+
+    for (const r of roles) process.kill(r.pid, 'SIGSTOP');
+    paused = [...roles];
+    const c0 = performance.now();
+    await reserveBurst(ctx, activityId, calls, 200);
+    const n = (await reservations(ctx, activityId)) - warm;
+    await core.cache.setGate(ctx.redis, activityId, 'closed');
+    const createS = (performance.now() - c0) / 1000;
+    const backlog = await ctx.redis.xlen(keys.outbox);
+    log(
+      `backlog: ${n} reservations in ${createS.toFixed(1)} s with relay and consumer paused (${backlog} half messages)`,
+    );
+
+    const kPid = kafkaPid(ctx.servers.env);
+    const cpu0 = {
+      relay: procCpuS(relay.pid),
+      consumer: procCpuS(consumer.pid),
+      kafka: kPid === undefined ? undefined : procCpuS(kPid),
+      redis: await redisCpuS(ctx),
+    };
+    const samples: Sample[] = [];
+    const t0 = performance.now();
+    const startUs = Number(process.hrtime.bigint() / 1000n);
+    for (const r of roles) process.kill(r.pid, 'SIGCONT');
+    paused = [];
+    let relayedS = NaN;
+    let sampling = true;
+    const sampler = (async () => {
+      while (sampling) {
+        const [orders, halfMessages, unconfirmed] = await Promise.all([
+          countOrders(ctx, activityId),
+          ctx.redis.xlen(keys.outbox),
+          ctx.redis.zcard(keys.ledger),
+        ]);
+        samples.push({
+          t: (performance.now() - t0) / 1000,
+          orders: orders - warm,
+          halfMessages,
+          unconfirmed,
+        });
+        await sleep(200);
+      }
+    })();
+    const drained = await waitFor(
+      'backlog drain (zero half messages, zero gap)',
+      Math.max(10_000, deadline - Date.now()),
+      async () => {
+        const [h, u] = await Promise.all([ctx.redis.xlen(keys.outbox), ctx.redis.zcard(keys.ledger)]);
+        if (h === 0 && Number.isNaN(relayedS)) relayedS = (performance.now() - t0) / 1000;
+        return h === 0 && u === 0 ? true : undefined;
+      },
+      20,
+    ).then(
+      () => true,
+      (err: Error) => {
+        log(`${err.message}: stopping the backlog drain measurement at the benchmark's deadline`);
+        return false;
+      },
+    );
+    const drainS = (performance.now() - t0) / 1000;
+    const perOrder = (a: number | undefined, b: number | undefined): number | undefined =>
+      a === undefined || b === undefined || n === 0 ? undefined : ((b - a) * 1e6) / n;
+    const cpuPerOrderUs = {
+      relay: perOrder(cpu0.relay, procCpuS(relay.pid)),
+      consumer: perOrder(cpu0.consumer, procCpuS(consumer.pid)),
+      kafka: kPid === undefined ? undefined : perOrder(cpu0.kafka, procCpuS(kPid)),
+      redis: perOrder(cpu0.redis, await redisCpuS(ctx)) ?? NaN,
+    };
+    profWindow = { startUs, endUs: Number(process.hrtime.bigint() / 1000n) };
+    sampling = false;
+    await sampler;
+    const ordersInPg = (await countOrders(ctx, activityId)) - warm;
+    samples.push({ t: drainS, orders: ordersInPg, halfMessages: 0, unconfirmed: 0 });
+    log(
+      `backlog ${drained ? 'drained' : 'NOT drained'} in ${drainS.toFixed(2)} s (${Math.round(n / drainS)} orders/s; ` +
+        `stream empty after ${relayedS.toFixed(2)} s); ${ordersInPg}/${n} orders in PostgreSQL`,
+    );
+    result = {
+      n,
+      drained,
+      createS,
+      drainS,
+      drainRate: drained && drainS > 0 ? n / drainS : NaN,
+      relayedS,
+      ordersInPg,
+      cpuPerOrderUs,
+      rss: {
+        relay: { idleMb: (relay.idleRssKb ?? 0) / 1024, peakMb: peakRssMb(relay) ?? NaN },
+        consumer: { idleMb: (consumer.idleRssKb ?? 0) / 1024, peakMb: peakRssMb(consumer) ?? NaN },
+      },
+      samples,
+    };
+  } finally {
+    for (const r of paused) process.kill(r.pid, 'SIGCONT');
+    await Promise.all(roles.map((r) => stopRole(r)));
+  }
+  if (ctx.cfg.profileRoles) {
+    const summary = (name: string): ProfileSummary | undefined => {
+      const file = join(profDir, `${name}.cpuprofile`);
+      if (!existsSync(file)) return undefined;
+      if (ctx.cfg.keepProfilesDir) {
+        mkdirSync(ctx.cfg.keepProfilesDir, { recursive: true });
+        copyFileSync(file, join(ctx.cfg.keepProfilesDir, `${name}.cpuprofile`));
+      }
+      return summarizeProfile(file, ctx.cfg.distDir, profWindow);
+    };
+    result.profiles = { relay: summary('relay-backlog'), consumer: summary('consumer-backlog') };
+  }
+  return result;
+}

@@ -38,15 +38,22 @@ export interface RoleOptions {
 const live = new Set<RoleProcess>();
 
 /**
- * NODE_OPTIONS of the runtime image (the Dockerfile's `ENV NODE_OPTIONS=` line), so the roles run
- * with the V8 settings they have in their pods.
+ * The runtime image's settings that shape a role's memory (the Dockerfile's `ENV NODE_OPTIONS=`
+ * and `ENV MALLOC_ARENA_MAX=` lines), so the roles and the floors run as they do in their pods.
  */
-export function imageNodeOptions(dockerfile = new URL('../../Dockerfile', import.meta.url)): string {
+export function imageEnv(dockerfile = new URL('../../Dockerfile', import.meta.url)): Record<string, string> {
+  let text = '';
   try {
-    return /^ENV NODE_OPTIONS="([^"]*)"/m.exec(readFileSync(dockerfile, 'utf8'))?.[1] ?? '';
+    text = readFileSync(dockerfile, 'utf8');
   } catch {
-    return '';
+    return {};
   }
+  const out: Record<string, string> = {};
+  for (const name of ['NODE_OPTIONS', 'MALLOC_ARENA_MAX']) {
+    const m = new RegExp(`^ENV ${name}=(?:"([^"]*)"|(\\S*))`, 'm').exec(text);
+    if (m) out[name] = m[1] ?? m[2] ?? '';
+  }
+  return out;
 }
 
 export async function startRole(role: RoleName, o: RoleOptions): Promise<RoleProcess> {
@@ -73,7 +80,7 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
         FLASHSALE_LUA_DIR: o.luaDir,
         LOG_LEVEL: 'info',
         NODE_ENV: 'production',
-        NODE_OPTIONS: imageNodeOptions(),
+        ...imageEnv(),
         ...o.roleEnv,
         ...o.extraEnv,
       },

@@ -12,6 +12,17 @@ export interface JournalEntry {
   detail?: Record<string, unknown>;
 }
 
+/**
+ * The journal rows of orders that a data-modifying WITH query has just inserted, as that query's
+ * sub-statement (orders-store.ts insertOrders): `relation` has the columns id, reservation_id,
+ * activity_id and trace_id; `eventParam` and `toStatusParam` are the query's parameters ($n).
+ */
+export function journalOfInsertedSql(relation: string, eventParam: string, toStatusParam: string): string {
+  return `INSERT INTO order_journal (activity_id, reservation_id, order_id, event, to_status, trace_id)
+     SELECT activity_id, reservation_id, id, ${eventParam}::text, ${toStatusParam}::text, trace_id
+       FROM ${relation} ORDER BY id`;
+}
+
 export async function appendJournal(db: Queryable, entries: JournalEntry[]): Promise<void> {
   if (entries.length === 0) return;
   await db.query(

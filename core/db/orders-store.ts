@@ -1,5 +1,6 @@
 /** Every query on the `orders` table. */
 import type { OrderMessage } from '../model.js';
+import { journalOfInsertedSql } from './journal-store.js';
 import type { Queryable } from './pool.js';
 
 export type OrderStatus = 'UNPAID' | 'PAID' | 'CLOSED' | 'REFUNDING' | 'REFUNDED';
@@ -39,25 +40,36 @@ export interface InsertOutcome {
 /**
  * Inserts a batch of orders with one statement. The database's unique keys decide: a redelivered
  * message inserts nothing, and a second live order for the same buyer slot is refused.
+ *
+ * With `journal`, the same statement also appends each inserted order's journal row (event and
+ * status given). One statement instead of two matters on a hot SKU: the statement's trigger
+ * (activity_skus sold) locks the SKU's row at the end of the statement until the commit, so
+ * every batch of that SKU waits for the one before it. Written in the statement, the journal
+ * rows are inserted before that lock is taken rather than while it is held (docs/benchmarks.md,
+ * drain).
  */
 export async function insertOrders(
   db: Queryable,
   messages: OrderMessage[],
   paymentTimeoutSeconds: number,
+  journal?: { event: string; toStatus: OrderStatus },
 ): Promise<InsertOutcome> {
   const inserted = new Map<string, string>();
   const existing = new Map<string, { id: string; status: OrderStatus }>();
   if (messages.length === 0) return { inserted, existing, rejected: [] };
   const col = <T>(f: (m: OrderMessage) => T): T[] => messages.map(f);
+  const journalled = journal ? `, journal AS (${journalOfInsertedSql('ins', '$12', '$13')})` : '';
   const res = await db.query<{ id: string; reservation_id: string }>(
-    `INSERT INTO orders (reservation_id, activity_id, user_id, sku_id, slot, quantity, unit_price, amount,
+    `WITH ins AS (
+     INSERT INTO orders (reservation_id, activity_id, user_id, sku_id, slot, quantity, unit_price, amount,
                          item_name, status, trace_id, reserved_at, expires_at)
      SELECT r, a, u, s, sl, q, p, p * q, n, 'UNPAID', t, to_timestamp(ts / 1000.0),
             to_timestamp(ts / 1000.0) + make_interval(secs => $11)
        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::int[], $7::numeric[],
                    $8::text[], $9::text[], $10::bigint[]) AS x(r, a, u, s, sl, q, p, n, t, ts)
      ON CONFLICT DO NOTHING
-     RETURNING id, reservation_id`,
+     RETURNING id, reservation_id, activity_id, trace_id)${journalled}
+     SELECT id, reservation_id FROM ins`,
     [
       col((m) => m.reservationId),
       col((m) => m.activityId),
@@ -70,6 +82,7 @@ export async function insertOrders(
       col((m) => m.traceId),
       col((m) => m.reservedAt),
       paymentTimeoutSeconds,
+      ...(journal ? [journal.event, journal.toStatus] : []),
     ],
   );
   for (const r of res.rows) inserted.set(r.reservation_id, r.id);

@@ -29,7 +29,6 @@ import type { StoredResult } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
 import { readActivityItems } from '../../core/db/activity-items-store.js';
 import type { ActivityItem } from '../../core/db/activity-items-store.js';
-import { appendJournal } from '../../core/db/journal-store.js';
 import { insertOrders } from '../../core/db/orders-store.js';
 import type { InsertOutcome } from '../../core/db/orders-store.js';
 import { isTransientDbError } from '../../core/db/pool.js';
@@ -62,6 +61,8 @@ export interface ConsumerOptions {
 }
 
 class PoisonMessage extends Error {}
+
+const ORDER_CREATED = { event: 'ORDER_CREATED', toStatus: 'UNPAID' } as const;
 
 /** A message that contradicts the activity's own data: sent to the DLQ at once, never retried. */
 class RefusedMessage extends Error {
@@ -385,19 +386,8 @@ export class OrderConsumer {
     const client = await this.options.pool.connect();
     try {
       await client.query('BEGIN');
-      const outcome = await insertOrders(client, orders, this.options.paymentTimeoutSeconds);
-      const byRid = new Map(orders.map((o) => [o.reservationId, o]));
-      await appendJournal(
-        client,
-        [...outcome.inserted].map(([rid, orderId]) => ({
-          activityId: this.options.activityId,
-          reservationId: rid,
-          orderId,
-          event: 'ORDER_CREATED',
-          toStatus: 'UNPAID',
-          traceId: byRid.get(rid)?.traceId ?? '',
-        })),
-      );
+      // Each inserted order's ORDER_CREATED journal row is written by the same statement.
+      const outcome = await insertOrders(client, orders, this.options.paymentTimeoutSeconds, ORDER_CREATED);
       const guarded = await this.guard.enforce(client, orders, outcome.inserted);
       crashPoint('consumer-before-db-commit');
       await client.query('COMMIT');

@@ -5,7 +5,7 @@
 // Each describe block is named by a mutant in test/faults/mutants/ (docs/mutants-report.md).
 import { Redis } from 'ioredis';
 import { RateLimiterRedis } from 'rate-limiter-flexible';
-import { loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { LOAD_CHUNK, loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
 import { FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
 import type { CatalogItem, GateState } from '../../../core/model.js';
@@ -516,6 +516,44 @@ describe('script guards at their boundaries (real Redis)', () => {
         expect(await a.stock('s')).toBe(5);
         const s = await readStock(redis, a.id);
         expect([s.initial, s.remaining + s.reserved - s.released]).toEqual([7, 7]);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'a load resumed after a crash part-way (chunks loaded, a chunk half loaded, chunks not reached) creates only the missing SKUs and keeps live stock',
+      async () => {
+        // LOAD_CHUNK SKUs per script call: the first chunk is loaded, the second only in part,
+        // the third not at all, as if the operator had been killed between calls.
+        const sku = (i: number) => `s${String(i).padStart(5, '0')}`;
+        const all = Array.from({ length: 2 * LOAD_CHUNK + 100 }, (_, i) => item(sku(i), 4, 2));
+        const partial = all.slice(0, LOAD_CHUNK + LOAD_CHUNK / 2);
+        const a = await activity(partial);
+        expect(await a.buy('u1', 'r1', sku(1), 2)).toBe('ok:reserved');
+        expect(await a.buy('u2', 'r2', sku(LOAD_CHUNK + 7), 1)).toBe('ok:reserved');
+        const resumed = await loadActivity(redis, { ...a.def, items: all });
+        expect(resumed).toEqual({
+          created: all.length - partial.length,
+          topped: 0,
+          skipped: partial.length,
+          stockAdded: 4 * (all.length - partial.length),
+        });
+        expect([
+          await a.stock(sku(1)),
+          await a.stock(sku(LOAD_CHUNK + 7)),
+          await a.stock(sku(all.length - 1)),
+        ]).toEqual([2, 3, 4]);
+        expect(await redis.scard(activityKeys(a.id).skuIndex)).toBe(all.length);
+        const s = await readStock(redis, a.id);
+        expect([s.initial, s.remaining, s.reserved]).toEqual([4 * all.length, 4 * all.length - 3, 3]);
+        // Once more: every chunk is found loaded, nothing changes.
+        expect(await loadActivity(redis, { ...a.def, items: all })).toEqual({
+          created: 0,
+          topped: 0,
+          skipped: all.length,
+          stockAdded: 0,
+        });
+        expect(await a.stock(sku(1))).toBe(2);
       },
       TIMEOUT_MS,
     );

@@ -68,7 +68,7 @@ describe('a relay after its activity was cleaned up', () => {
         relay?.output().includes("the activity's outbox is back"),
       );
       const out = relay.output();
-      // One line per relay loop (RELAY_CONCURRENCY, 4 by default), however long it idled.
+      // One line per relay loop (RELAY_CONCURRENCY, 4 here), however long it idled.
       expect(out.match(/outbox is gone/g)).toHaveLength(4);
       expect(out).not.toContain('relay batch failed');
       expect(relay.proc.exitCode).toBeNull();
