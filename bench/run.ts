@@ -423,6 +423,15 @@ async function main(): Promise<void> {
                 connections: conns,
               }),
             healthz: (b, s) => getLoad(b, '/healthz', s, conns),
+            soldOut: (b, s) =>
+              orderLoad({
+                baseUrl: b,
+                activityId: sale,
+                skuId: 'gone',
+                buyers,
+                seconds: s,
+                connections: conns,
+              }),
             withCpu: (floorPid, f) => withCpu(c, floorPid, f),
           },
         ),

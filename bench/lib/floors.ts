@@ -26,6 +26,9 @@ export interface FloorResults {
   nodeHttp?: LoadResult;
   express?: LoadResult;
   nodeHttpHealthz?: LoadResult;
+  /** Submissions for a SKU whose stock is gone: what a sold-out answer costs without the api's work. */
+  nodeHttpSoldOut?: LoadResult;
+  expressSoldOut?: LoadResult;
   /** VmRSS once listening and VmHWM after the load, per floor (MB). */
   rss?: Partial<Record<FloorKind, { idleMb: number; peakMb: number }>>;
 }
@@ -104,6 +107,8 @@ export async function measureFloors(
     warmupS: number;
     submit: (base: string, seconds: number) => Promise<LoadResult>;
     healthz: (base: string, seconds: number) => Promise<LoadResult>;
+    /** Submissions for a sold-out SKU (each floor's answer is the reserve script's SOLD_OUT). */
+    soldOut?: (base: string, seconds: number) => Promise<LoadResult>;
     withCpu: (pid: number, f: () => Promise<LoadResult>) => Promise<LoadResult>;
     seconds: number;
   },
@@ -119,6 +124,16 @@ export async function measureFloors(
       log(
         `floor ${kind} submit: ${Math.round(r.rps)} req/s, ${r.cpu?.api?.toFixed(0) ?? '?'} µs CPU/request`,
       );
+      if (run.soldOut) {
+        const soldOut = run.soldOut;
+        await soldOut(base, run.warmupS);
+        const so = await run.withCpu(p.pid, () => soldOut(base, run.seconds));
+        log(
+          `floor ${kind} sold-out: ${Math.round(so.rps)} req/s, ${so.cpu?.api?.toFixed(0) ?? '?'} µs CPU/request`,
+        );
+        if (kind === 'node-http') out.nodeHttpSoldOut = so;
+        else out.expressSoldOut = so;
+      }
       if (kind === 'node-http') {
         out.nodeHttp = r;
         await run.healthz(base, run.warmupS);
