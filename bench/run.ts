@@ -9,7 +9,7 @@
  * runtime roles run from a compiled build (core/ and runtime/, compiled into
  * node_modules/.cache/flashsale-bench/dist, or BENCH_DIST). Knobs (environment):
  *   BENCH_DURATION (10 s per measured run)  BENCH_WARMUP (3 s)  BENCH_CONNECTIONS (50)
- *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_WARMUP_ROUNDS (3)
+ *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_WARMUP_ROUNDS (3)  BENCH_BUCKETS_ROUNDS (3)
  *   BENCH_ONLY (phases, comma separated)
  *   BENCH_REDIS_APPENDFSYNC (everysec; 'keep' keeps env-up's setting)  BENCH_OUT  BENCH_JSON
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
