@@ -270,7 +270,7 @@ export function reasons(r: Results): string[] {
   );
   const ref = meanRef(r.redisUnpipelined);
   const sub = r.submit;
-  const jose = share(r.profiles.submit, 'npm: jose');
+  const jwt = share(r.profiles.submit, 'npm: fast-jwt');
   const express =
     (share(r.profiles.submit, 'npm: express') ?? 0) + (share(r.profiles.submit, 'npm: router') ?? 0);
   if (missed.has('submit vs unpipelined EVALSHA') && sub?.cpu?.api && ref) {
@@ -281,7 +281,7 @@ export function reasons(r: Results): string[] {
         `on an equal share of CPU can therefore reach about ${((100 * ref.redisCpuUs) / sub.cpu.api).toFixed(0)} % of the ` +
         `EVALSHA rate; 50 % needs the api's cost within 2× of Redis', or more api processes on more cores than this ` +
         `machine has (Redis, the api and the load generator share ${r.meta.cpus}). In the profile, JWT verification ` +
-        `(jose over WebCrypto) takes ${pct(jose)} and express + router ${pct(express)} of the api's CPU.`,
+        `(fast-jwt) takes ${pct(jwt)} and express + router ${pct(express)} of the api's CPU.`,
     );
   }
   if (missed.has('submit vs database-only') && sub && r.dbOnly) {
@@ -293,15 +293,23 @@ export function reasons(r: Results): string[] {
         `${sub.cpu?.api ? ((sub.okRps * sub.cpu.api) / 1e6).toFixed(2) : 'n/a'} CPU-seconds per second.`,
     );
   }
-  if (missed.has('sold-out vs submit') && r.soldOut && sub) {
+  const soldOutMissed =
+    missed.has('sold-out vs submit') || missed.has('api CPU per sold-out answer vs per reservation');
+  if (soldOutMissed && r.soldOut && sub) {
+    const fl = r.floors;
     out.push(
-      `Sold-out vs submit: the fast path skips the reserve script (one EXISTS makes sure the request is not the ` +
-        `retry of one that reserved); a sold-out answer still costs the api ${f0(r.soldOut.cpu?.api)} µs of CPU ` +
-        `against ${f0(sub.cpu?.api)} µs for a reservation, because the buyer's token is verified (jose: ` +
-        `${pct(share(r.profiles.soldOut, 'npm: jose'))} of the sold-out profile), the body is read and validated, ` +
-        `and node's HTTP server and express cost what they cost for any request (GET /healthz: ` +
-        `${f0(r.healthz?.cpu?.api)} µs). 2× needs the sold-out answer within half a reservation's cost, i.e. ` +
-        `${f0(sub.cpu?.api ? sub.cpu.api / 2 : undefined)} µs.`,
+      `Sold-out: a sold-out answer still makes one Redis call (lua/soldOutCheck-2.lua: the replay rule, so a ` +
+        `buyer who reserved earlier gets the reservation back, and the buyer's rate-limit window) and costs the api ` +
+        `${f0(r.soldOut.cpu?.api)} µs of CPU against ${f0(sub.cpu?.api)} µs for a reservation: the token check, the ` +
+        `body, node's HTTP server and express cost what they cost for any request (GET /healthz: ` +
+        `${f0(r.healthz?.cpu?.api)} µs). The floors answer the same sold-out SKU with one reserve call and none of ` +
+        `the api's own work: ${f0(fl?.expressSoldOut?.cpu?.api)} vs ${f0(fl?.express?.cpu?.api)} µs on the express ` +
+        `floor (${ratio(fl?.expressSoldOut?.cpu?.api, fl?.express?.cpu?.api)}), ${f0(fl?.nodeHttpSoldOut?.cpu?.api)} ` +
+        `vs ${f0(fl?.nodeHttp?.cpu?.api)} µs on the node:http floor ` +
+        `(${ratio(fl?.nodeHttpSoldOut?.cpu?.api, fl?.nodeHttp?.cpu?.api)}), where sold-out req/s is ` +
+        `${ratio(fl?.nodeHttpSoldOut?.rps, fl?.nodeHttp?.rps)} of submit req/s. A server that keeps one Redis call ` +
+        `per sold-out answer spends about what a reservation costs on it; ≤ 0.6× and ≥ 2× would need the answer ` +
+        `without that call, i.e. without the replay rule.`,
     );
   }
   const p = r.pipeline;
