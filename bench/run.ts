@@ -10,6 +10,7 @@
  * node_modules/.cache/flashsale-bench/dist, or BENCH_DIST). Knobs (environment):
  *   BENCH_DURATION (10 s per measured run)  BENCH_WARMUP (3 s)  BENCH_CONNECTIONS (50)
  *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_WARMUP_ROUNDS (3)  BENCH_BUCKETS_ROUNDS (3)
+ *   BENCH_CPU_ROUNDS (3: measured runs of the api's and each floor's submissions, median by CPU)
  *   BENCH_ONLY (phases, comma separated)
  *   BENCH_REDIS_APPENDFSYNC (everysec; 'keep' keeps env-up's setting)  BENCH_OUT  BENCH_JSON
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
@@ -28,7 +29,7 @@ import { benchItem, dropActivityKeys, openActivity, openClients, redisCpuS } fro
 import type { Ctx } from './lib/context.js';
 import { buildRuntime, loadCore, readConfig, serversDown, serversUp } from './lib/env.js';
 import type { Phase } from './lib/env.js';
-import { Buyers, describe, getLoad, orderLoad } from './lib/http-load.js';
+import { Buyers, describe, getLoad, medianByCpu, orderLoad } from './lib/http-load.js';
 import type { LoadResult } from './lib/http-load.js';
 import { dbOnly, insertCeiling, pgSettings } from './lib/pg-ref.js';
 import { microBenchmarks } from './lib/micro.js';
@@ -284,7 +285,11 @@ async function main(): Promise<void> {
     // --- 1/2. Submit and sold-out on one api process --------------------------------------------
     const sale = `bsale-${runId}`;
     const refActivity = `bref-${runId}`;
-    const buyers = new Buyers(c.secret, `b${runId}-`, Math.round((secs + cfg.warmupS) * 12_000));
+    const buyers = new Buyers(
+      c.secret,
+      `b${runId}-`,
+      Math.round((cfg.cpuRounds * secs + cfg.warmupS) * 12_000),
+    );
     let api: RoleProcess | undefined;
     if (has('submit') || has('soldout') || has('profile') || has('floors')) {
       await openActivity(c, sale, [benchItem('hot', 1_000_000_000), benchItem('gone', 1)]);
@@ -327,17 +332,21 @@ async function main(): Promise<void> {
           seconds: cfg.warmupS,
           connections: conns,
         });
-        const r = await withCpu(c, pid, () =>
-          orderLoad({
-            baseUrl: base,
-            activityId: sale,
-            skuId: 'hot',
-            buyers,
-            seconds: secs,
-            connections: conns,
-          }),
+        const r = await medianByCpu(cfg.cpuRounds, () =>
+          withCpu(c, pid, () =>
+            orderLoad({
+              baseUrl: base,
+              activityId: sale,
+              skuId: 'hot',
+              buyers,
+              seconds: secs,
+              connections: conns,
+            }),
+          ),
         );
-        log(`submit: ${describe(r)}`);
+        log(
+          `submit: ${describe(r)} (median of ${cfg.cpuRounds} runs by api CPU: ${r.cpuRounds.map((x) => x.toFixed(0)).join(', ')} µs)`,
+        );
         return r;
       });
     }
@@ -433,6 +442,7 @@ async function main(): Promise<void> {
                 connections: conns,
               }),
             withCpu: (floorPid, f) => withCpu(c, floorPid, f),
+            rounds: cfg.cpuRounds,
           },
         ),
       );

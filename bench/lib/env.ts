@@ -54,6 +54,8 @@ export interface BenchConfig {
   warmupSkus: number;
   /** Rounds of the warm-up comparison (medians are reported). */
   warmupRounds: number;
+  /** Measured runs of the api's submissions and of each floor's (the median by CPU is reported). */
+  cpuRounds: number;
   /** Alternating rounds of the bucketed vs not bucketed CPU comparison (medians are reported). */
   bucketsRounds: number;
   /** The whole run must end within this many seconds (the drain wait is cut to fit). */
@@ -108,6 +110,7 @@ export function readConfig(): BenchConfig {
     warmupSkus: num('BENCH_WARMUP_SKUS', 100_000),
     warmupRounds: Math.round(num('BENCH_WARMUP_ROUNDS', 3)),
     bucketsRounds: Math.max(1, Math.round(num('BENCH_BUCKETS_ROUNDS', 3))),
+    cpuRounds: Math.max(1, Math.round(num('BENCH_CPU_ROUNDS', 3))),
     budgetS: num('BENCH_BUDGET', 570),
     redisAppendfsync: process.env.BENCH_REDIS_APPENDFSYNC ?? 'everysec',
     phases: new Set<Phase>(

@@ -7,6 +7,7 @@ import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
 import { join } from 'node:path';
+import { medianByCpu } from './http-load.js';
 import type { LoadResult } from './http-load.js';
 import { imageEnv } from './runtime.js';
 import { freePort, log, procStatusKb, waitFor } from './util.js';
@@ -111,6 +112,8 @@ export async function measureFloors(
     soldOut?: (base: string, seconds: number) => Promise<LoadResult>;
     withCpu: (pid: number, f: () => Promise<LoadResult>) => Promise<LoadResult>;
     seconds: number;
+    /** Measured submission runs per floor; the median by CPU is reported. */
+    rounds?: number;
   },
 ): Promise<FloorResults> {
   const out: FloorResults = {};
@@ -120,9 +123,12 @@ export async function measureFloors(
     try {
       const base = `http://127.0.0.1:${p.port}`;
       await run.submit(base, run.warmupS);
-      const r = await run.withCpu(p.pid, () => run.submit(base, run.seconds));
+      const r = await medianByCpu(run.rounds ?? 1, () =>
+        run.withCpu(p.pid, () => run.submit(base, run.seconds)),
+      );
       log(
-        `floor ${kind} submit: ${Math.round(r.rps)} req/s, ${r.cpu?.api?.toFixed(0) ?? '?'} µs CPU/request`,
+        `floor ${kind} submit: ${Math.round(r.rps)} req/s, ${r.cpu?.api?.toFixed(0) ?? '?'} µs CPU/request ` +
+          `(median of ${r.cpuRounds.length}: ${r.cpuRounds.map((x) => x.toFixed(0)).join(', ')} µs)`,
       );
       if (run.soldOut) {
         const soldOut = run.soldOut;

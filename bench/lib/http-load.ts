@@ -63,6 +63,8 @@ export interface LoadResult {
   durationS: number;
   /** CPU time per response, in microseconds, of the api process, Redis and the load generator. */
   cpu?: { api?: number; redis?: number; loadgen?: number };
+  /** When this is the median of several measured runs: each run's server CPU µs per response. */
+  cpuRounds?: number[];
 }
 
 function toResult(r: autocannon.Result): LoadResult {
@@ -136,4 +138,18 @@ export function describe(r: LoadResult): string {
     .map(([c, n]) => `${c}:${n}`)
     .join(' ');
   return `${Math.round(r.rps)} req/s, p50 ${r.p50Ms} ms, p99 ${r.p99Ms} ms [${codes}]${r.errors ? ` errors ${r.errors}` : ''}`;
+}
+
+/**
+ * The median of measured runs by server CPU per request (the lower middle one of an even count),
+ * with every run's CPU figure: one 10 s run of the same server moved by up to 20 % between runs.
+ */
+export async function medianByCpu(
+  rounds: number,
+  run: () => Promise<LoadResult>,
+): Promise<LoadResult & { cpuRounds: number[] }> {
+  const runs: LoadResult[] = [];
+  for (let i = 0; i < rounds; i += 1) runs.push(await run());
+  const sorted = [...runs].sort((a, b) => (a.cpu?.api ?? Infinity) - (b.cpu?.api ?? Infinity));
+  return { ...sorted[Math.floor((sorted.length - 1) / 2)]!, cpuRounds: runs.map((r) => r.cpu?.api ?? NaN) };
 }
