@@ -276,6 +276,16 @@ type Order = 'failover first' | 'restart first';
         relay.kill('SIGCONT');
       }
       const answers = await load;
+      // The activity is in the cache again before the drain is judged: kept by the replica, or
+      // reloaded by the operator's restore. On an emptied cache the outbox and the ledger are empty
+      // at once, so the waits below would pass before the operator had a chance to notice the loss
+      // (a load that finished before the loss left it exactly that way).
+      await waitFor(
+        'the activity loaded in the cache (kept, or reloaded by a restore)',
+        async () => Boolean(await r.hget(k.meta, 'gen').catch(() => null)),
+        180_000,
+        300,
+      );
       // Everything acknowledged becomes an order (or a status) before the last passes.
       await waitFor(
         'every reservation an order',
