@@ -28,9 +28,35 @@ export GOTOOLCHAIN=local
 log() { printf '[env %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-# Prints a TCP port that nothing listens on right now.
+# free_port [ABOVE]: prints a TCP port that nothing listens on right now, below the kernel's
+# ephemeral range (ip_local_port_range), with ABOVE more ports (default 0) below the range too.
+# Fault tests SIGKILL a server and restart it on its port; a port of the ephemeral range can in
+# the meantime become the local port of any outgoing connection on the machine, and the restart
+# then fails with EADDRINUSE. Ports below the range are never handed out that way. Falls back to
+# a kernel-chosen port when the range leaves no room below it.
 free_port() {
-  node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
+  node -e '
+const net = require("net");
+const fs = require("fs");
+let low = 32768;
+try {
+  low = Number(fs.readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0]) || low;
+} catch {}
+const min = 10000;
+const max = low - 1 - Number(process.argv[1] || 0);
+const print = (port) => process.stdout.write(`${port}\n`);
+const pick = (left) => {
+  const s = net.createServer();
+  if (max - min < 1000 || left === 0) {
+    s.listen(0, "127.0.0.1", () => { print(s.address().port); s.close(); });
+    return;
+  }
+  const port = min + Math.floor(Math.random() * (max - min + 1));
+  s.once("error", () => pick(left - 1));
+  s.listen(port, "127.0.0.1", () => { print(port); s.close(); });
+};
+pick(200);
+' "${1:-0}"
 }
 
 # wait_for DESCRIPTION SECONDS COMMAND...: retries COMMAND every 0.2 s.

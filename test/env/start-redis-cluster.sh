@@ -21,10 +21,10 @@ mkdir -p "$base"
 
 ports=()
 for n in 1 2 3 4 5 6; do
-  port="$(free_port)"
+  port="$(free_port 10000)"
   # The cluster bus uses port + 10000: pick again until that one is free too.
   while [ "$port" -gt 55535 ] || ! node -e 'const s=require("net").createServer();s.once("error",()=>process.exit(1));s.listen(+process.argv[1],"127.0.0.1",()=>s.close())' "$((port + 10000))"; do
-    port="$(free_port)"
+    port="$(free_port 10000)"
   done
   mkdir -p "$base/n$n"
   cat >"$base/n$n/redis.conf" <<CONF
