@@ -193,3 +193,36 @@ export async function restartKafkaNode(s: PrivateServers, node: number): Promise
 export function hasServer(s: PrivateServers, name: ServerName): boolean {
   return existsSync(join(s.state, `${name}.pid`));
 }
+
+/**
+ * Restarts a killed Redis node (Sentinel or cluster data node) from its config, as its pod would,
+ * and waits until it serves as a replica. A failure names the cause from the node's own log (a
+ * port taken meanwhile, a refused config) instead of only "timed out".
+ */
+export async function restartRedisAsReplica(conf: string, port: string, timeoutMs = 60_000): Promise<void> {
+  const logFile = /^logfile\s+(\S+)/m.exec(readFileSync(conf, 'utf8'))?.[1];
+  const tail = (): string =>
+    logFile && existsSync(logFile)
+      ? readFileSync(logFile, 'utf8').trimEnd().split('\n').slice(-8).join('\n')
+      : '';
+  try {
+    await run('redis-server', [conf], { timeout: 30_000 });
+    await waitFor(
+      `the old primary (port ${port}) to rejoin as a replica`,
+      async () => {
+        const r = await run('redis-cli', ['-p', port, 'info', 'replication'], { timeout: 5_000 }).catch(
+          () => ({
+            stdout: '',
+          }),
+        );
+        return /^role:slave/m.test(r.stdout);
+      },
+      timeoutMs,
+      200,
+    );
+  } catch (e) {
+    throw new Error(`${e instanceof Error ? e.message : String(e)}; the node's log ends:\n${tail()}`, {
+      cause: e,
+    });
+  }
+}

@@ -14,7 +14,11 @@ import { parseSentinels } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf, sleep } from '../../faults/harness/sale.js';
 import type { Servers } from '../../faults/harness/sale.js';
-import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
+import {
+  restartRedisAsReplica,
+  startPrivateServers,
+  stopPrivateServers,
+} from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
 import { waitFor } from '../../../dev/roles.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
@@ -91,7 +95,7 @@ const PLAIN = 16;
     const ports = priv.env.REDIS_CLUSTER_PORTS!.split(',');
     process.kill(Number(readFileSync(join(priv.state, 'redis-cluster-1.pid'), 'utf8').trim()), 'SIGKILL');
     const cli = async (port: string, ...args: string[]): Promise<string> =>
-      (await run('redis-cli', ['-p', port, ...args])).stdout;
+      (await run('redis-cli', ['-p', port, ...args], { timeout: 5_000 })).stdout;
     await waitFor(
       'the cluster to mark the killed primary failed',
       async () =>
@@ -109,13 +113,7 @@ const PLAIN = 16;
     );
     await sleep(500);
     // The killed node restarts (as its pod would) and rejoins as a replica of its successor.
-    await run('redis-server', [priv.env.REDIS_CLUSTER_CONF_1!]);
-    await waitFor(
-      'the old primary to rejoin as a replica',
-      async () => /^role:slave/m.test(await cli(ports[0]!, 'info', 'replication')),
-      60_000,
-      200,
-    );
+    await restartRedisAsReplica(priv.env.REDIS_CLUSTER_CONF_1!, ports[0]!);
 
     const answers = [...(await hotLoad), ...(await plainLoad)];
     const rec = await recoverAndCheck(servers, activityId, 180_000);
@@ -141,5 +139,6 @@ const PLAIN = 16;
     } finally {
       await sql.end();
     }
-  });
+    // Above the steps' own deadlines (60 + 60 + 60 + 180 s), so an overrun fails with a named step.
+  }, 420_000);
 });

@@ -17,7 +17,11 @@ import { formatViolations } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
 import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf, sleep } from '../../faults/harness/sale.js';
 import type { Servers } from '../../faults/harness/sale.js';
-import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
+import {
+  restartRedisAsReplica,
+  startPrivateServers,
+  stopPrivateServers,
+} from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
 import { waitFor } from '../../../dev/roles.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
@@ -29,7 +33,7 @@ const STOCK = 60;
 const BUYERS = 150;
 
 async function redisCli(port: string, ...args: string[]): Promise<string> {
-  return (await run('redis-cli', ['-p', port, ...args])).stdout.trim();
+  return (await run('redis-cli', ['-p', port, ...args], { timeout: 5_000 })).stdout.trim();
 }
 
 (heavy ? describe : describe.skip)('window 12: Redis primary SIGKILLed mid-sale, Sentinel failover', () => {
@@ -60,6 +64,9 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
 
   test('0 oversold, every 202 is exactly one order, nothing acknowledged lost (RESERVE_ACK=replica)', async () => {
     const t0 = Date.now();
+    // Each step's time, printed as it ends: a run that overruns says where it stood.
+    const step = (what: string): void =>
+      console.log(`window 12 (Redis failover): ${what} at ${((Date.now() - t0) / 1000).toFixed(1)} s`);
     const e = priv.env;
     const activityId = uniqueId('f-failover');
     await prepareActivity(servers, activityId, [
@@ -68,6 +75,7 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
     sale = new Sale({ servers, activityId, env: { RESERVE_ACK: 'replica', RESERVE_ACK_TIMEOUT_MS: '500' } });
     const s = sale;
     await s.start();
+    step('roles started');
     const ids = Array.from({ length: BUYERS }, (_, i) => `${activityId}-b${i}`);
     const load = buyers(s, activityId, ids, { skuId: 'rice', concurrency: 6, maxAttempts: 400 });
 
@@ -81,6 +89,7 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
     } finally {
       watcher.disconnect();
     }
+    step('a fifth reserved, primary SIGKILLed');
     const oldPort = e.REDIS_SENTINEL_PRIMARY_PORT!;
     const pidFile = join(priv.state, 'redis-sentinel-primary.pid');
     process.kill(Number(readFileSync(pidFile, 'utf8').trim()), 'SIGKILL');
@@ -94,18 +103,16 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
       60_000,
       100,
     );
+    step('replica promoted');
     await sleep(1000);
     // The killed node restarts (as its pod would) and Sentinel makes it a replica of the new primary.
-    await run('redis-server', [e.REDIS_SENTINEL_PRIMARY_CONF!]);
-    await waitFor(
-      'the old primary to rejoin as a replica',
-      async () => /^role:slave/m.test(await redisCli(oldPort, 'info', 'replication')),
-      60_000,
-      200,
-    );
+    await restartRedisAsReplica(e.REDIS_SENTINEL_PRIMARY_CONF!, oldPort);
+    step('old primary rejoined as a replica');
 
     const answers = await load;
+    step('every buyer answered');
     const rec = await recoverAndCheck(servers, activityId, 180_000);
+    step(`outbox and ledger ${rec.drained ? 'drained' : 'NOT drained'}`);
     await s.stop();
     sale = undefined;
 
@@ -167,7 +174,8 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
     });
     expect(text).toBe('');
     expect(accepted.length).toBe(STOCK); // oversubscribed: the whole stock, once
-  });
+    // Above the steps' own deadlines (60 + 60 + 180 s), so an overrun fails with a named step.
+  }, 420_000);
 });
 
 // Fault window 14 with a real failover: RESERVE_ACK=local (the api answers 202 before any
