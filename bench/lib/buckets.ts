@@ -15,6 +15,7 @@
  */
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import calculateSlot from 'cluster-key-slot';
 import type { Cluster, Redis } from 'ioredis';
 import type * as DurableAckModule from '../../core/durable-ack.js';
 import type * as RedisModule from '../../core/redis.js';
@@ -31,18 +32,25 @@ export interface BucketsResult {
     bucketed: number;
     ratio: number;
     bucketedEqualBatch: number;
+    /**
+     * The control: the same load without buckets over one sale per primary, so spread over the
+     * primaries as the buckets are. Optional: results written before it was measured lack it.
+     */
+    spreadPlain?: number;
+    /** Share of that CPU spent in the kernel (socket reads and writes, polling), median rounds. */
+    sysShare?: { plain: number; bucketed: number; spreadPlain: number };
     /** Each alternating round's figures (µs), in order; the values above are their medians. */
-    rounds: { plain: number[]; bucketed: number[] };
+    rounds: { plain: number[]; bucketed: number[]; spreadPlain?: number[] };
   };
   /** Per reservation, without buckets and bucketed (INFO stats and commandstats, all primaries). */
-  perReservation: { plain: RedisWork; bucketed: RedisWork };
+  perReservation: { plain: RedisWork; bucketed: RedisWork; spreadPlain?: RedisWork };
   /** Redis CPU µs per reservation with the api's replica acknowledgement after each one. */
   withAck: { plain: number; bucketed: number; ratio: number; waits: { plain: number; bucketed: number } };
   bucketCount: number;
   /** Share of the reserve script calls per primary (bucketed run), in %. */
   spreadPct: number[];
   /** µs per reserve script call on each primary (commandstats): without buckets, then bucketed. */
-  usPerCall: { plain: number[]; bucketed: number[] };
+  usPerCall: { plain: number[]; bucketed: number[]; spreadPlain?: number[] };
   drain: {
     reservations: number;
     oneStreamS: number;
@@ -68,12 +76,14 @@ interface Primaries {
   nodes: Redis[];
 }
 
-async function cpuS(nodes: Redis[]): Promise<number> {
-  let s = 0;
+/** CPU seconds of the primaries' main threads and children (INFO cpu), in the kernel and in Redis. */
+async function cpuS(nodes: Redis[]): Promise<{ sys: number; user: number }> {
+  const s = { sys: 0, user: 0 };
   for (const n of nodes) {
     const info = await n.info('cpu');
     const get = (k: string): number => Number(new RegExp(`^${k}:([\\d.]+)`, 'm').exec(info)?.[1] ?? NaN);
-    s += get('used_cpu_sys') + get('used_cpu_user');
+    s.sys += get('used_cpu_sys');
+    s.user += get('used_cpu_user');
   }
   return s;
 }
@@ -106,19 +116,24 @@ async function scriptCalls(nodes: Redis[]): Promise<{ calls: number; usPerCall: 
   );
 }
 
-/** Reserves `n` units with `concurrency` buyers in flight, each a distinct buyer. */
+/**
+ * Reserves `n` units with `inFlight` buyers in flight, each a distinct buyer; with several
+ * activities, the reservations go to them in turn.
+ */
 async function reserveMany(
   ctx: Ctx,
   p: Primaries,
-  activityId: string,
+  activityIds: string | readonly string[],
   n: number,
   tag: string,
   inFlight = 64,
   ack?: DurableAckModule.ReservationAck,
 ): Promise<void> {
+  const ids = typeof activityIds === 'string' ? [activityIds] : activityIds;
   let next = 0;
   const worker = async (): Promise<void> => {
     for (let i = next++; i < n; i = next++) {
+      const activityId = ids[i % ids.length]!;
       const r = await ctx.core.reservations.reserve(p.cluster, {
         activityId,
         userId: `${tag}-${i}`,
@@ -197,24 +212,31 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
     // 1. CPU per reservation, plain vs 12 buckets (warm-up runs first: scripts loaded, JIT warm).
     const BUCKETS = 12;
     const measure = async (
-      id: string,
+      id: string | readonly string[],
       buckets?: number,
       inFlight = 64,
       ack?: DurableAckModule.ReservationAck,
-    ): Promise<{ cpu: number; calls: { calls: number; usPerCall: number }[]; work: RedisWork }> => {
-      await load(id, buckets);
-      await reserveMany(ctx, p, id, 2_000, `${id}-w`, inFlight, ack);
+    ): Promise<{
+      cpu: number;
+      sysShare: number;
+      calls: { calls: number; usPerCall: number }[];
+      work: RedisWork;
+    }> => {
+      const ids = typeof id === 'string' ? [id] : id;
+      for (const x of ids) await load(x, buckets);
+      await reserveMany(ctx, p, ids, 2_000, `${ids[0]}-w`, inFlight, ack);
       await Promise.all(nodes.map((x) => x.config('RESETSTAT')));
       const w0 = await work(nodes);
       const c0 = await cpuS(nodes);
-      await reserveMany(ctx, p, id, n, `${id}-m`, inFlight, ack);
+      await reserveMany(ctx, p, ids, n, `${ids[0]}-m`, inFlight, ack);
       const c1 = await cpuS(nodes);
       const w1 = await work(nodes);
       // Per reservation; the INFO calls of the two readings are left out of the commands.
       const per = (k: keyof RedisWork): number =>
         (w1[k] - w0[k] - (k === 'commands' ? 2 * nodes.length : 0)) / n;
       return {
-        cpu: c1 - c0,
+        cpu: c1.sys + c1.user - c0.sys - c0.user,
+        sysShare: (c1.sys - c0.sys) / (c1.sys + c1.user - c0.sys - c0.user),
         calls: await scriptCalls(nodes),
         work: {
           commands: per('commands'),
@@ -230,16 +252,26 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
     const rounds = ctx.cfg.bucketsRounds;
     const plainRuns: Awaited<ReturnType<typeof measure>>[] = [];
     const bucketedRuns: Awaited<ReturnType<typeof measure>>[] = [];
+    const spreadRuns: Awaited<ReturnType<typeof measure>>[] = [];
     for (let i = 0; i < rounds; i += 1) {
-      log(`buckets: round ${i + 1}/${rounds}: ${n} reservations without buckets, then in ${BUCKETS} buckets`);
+      log(
+        `buckets: round ${i + 1}/${rounds}: ${n} reservations without buckets, in ${BUCKETS} buckets, ` +
+          `then over ${nodes.length} sales without buckets, one per primary`,
+      );
       plainRuns.push(await measure(`bkp${i}-${ctx.runId}`));
       bucketedRuns.push(await measure(`bkb${i}-${ctx.runId}`, BUCKETS));
+      // The control: the same load spread over the primaries by sales, not buckets. What it costs
+      // over one primary is the spreading's, not the buckets'.
+      spreadRuns.push(await measure(onePerPrimary(ctx, cluster, nodes, `bks${i}-${ctx.runId}`)));
     }
     const plain = medianRun(plainRuns);
     const bucketed = medianRun(bucketedRuns);
+    const spread = medianRun(spreadRuns);
+    const us = (x: { cpu: number; sysShare: number }): string =>
+      `${((x.cpu / n) * 1e6).toFixed(1)} (${(100 * x.sysShare).toFixed(0)} % sys)`;
     log(
-      `buckets: Redis µs per reservation by round, without / with: ${plainRuns
-        .map((x, i) => `${((x.cpu / n) * 1e6).toFixed(1)} / ${((bucketedRuns[i]!.cpu / n) * 1e6).toFixed(1)}`)
+      `buckets: Redis µs per reservation by round, without / with / spread without: ${plainRuns
+        .map((x, i) => `${us(x)} / ${us(bucketedRuns[i]!)} / ${us(spreadRuns[i]!)}`)
         .join(', ')}`,
     );
     // The same with three times as many in flight: each primary's command batches as large as the
@@ -303,12 +335,15 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
         bucketed: (bucketed.cpu / n) * 1e6,
         ratio: bucketed.cpu / plain.cpu,
         bucketedEqualBatch: (equalBatch.cpu / n) * 1e6,
+        spreadPlain: (spread.cpu / n) * 1e6,
+        sysShare: { plain: plain.sysShare, bucketed: bucketed.sysShare, spreadPlain: spread.sysShare },
         rounds: {
           plain: plainRuns.map((x) => (x.cpu / n) * 1e6),
           bucketed: bucketedRuns.map((x) => (x.cpu / n) * 1e6),
+          spreadPlain: spreadRuns.map((x) => (x.cpu / n) * 1e6),
         },
       },
-      perReservation: { plain: plain.work, bucketed: bucketed.work },
+      perReservation: { plain: plain.work, bucketed: bucketed.work, spreadPlain: spread.work },
       withAck: {
         plain: (plainAck.cpu / n) * 1e6,
         bucketed: (bucketedAck.cpu / n) * 1e6,
@@ -320,6 +355,7 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
       usPerCall: {
         plain: plain.calls.filter((c) => c.calls > 0).map((c) => c.usPerCall),
         bucketed: bucketed.calls.map((c) => c.usPerCall),
+        spreadPlain: spread.calls.map((c) => c.usPerCall),
       },
       drain: {
         reservations: drainN,
@@ -340,6 +376,23 @@ async function bucketsBenchInner(ctx: Ctx): Promise<BucketsResult> {
   }
 }
 
+/**
+ * One sale id per primary, in the primaries' order: each id's hash tag (core/keys.ts) lands in a
+ * slot the primary serves.
+ */
+function onePerPrimary(ctx: Ctx, cluster: Cluster, nodes: Redis[], base: string): string[] {
+  const addressOf = (r: Redis): string => `${r.options.host}:${r.options.port}`;
+  const ids: (string | undefined)[] = nodes.map(() => undefined);
+  for (let k = 0; ids.some((x) => x === undefined); k += 1) {
+    if (k > 10_000) throw new Error('no sale id found for every primary');
+    const id = `${base}-${k}`;
+    const owner = cluster.slots[calculateSlot(ctx.core.keys.activityKeys(id).meta)]?.[0];
+    const i = nodes.findIndex((r) => addressOf(r) === owner);
+    if (i >= 0 && ids[i] === undefined) ids[i] = id;
+  }
+  return ids as string[];
+}
+
 /** The run whose Redis CPU is the median of the rounds (the lower middle one of an even count). */
 function medianRun<T extends { cpu: number }>(runs: T[]): T {
   const sorted = [...runs].sort((a, b) => a.cpu - b.cpu);
@@ -353,6 +406,23 @@ export function renderBuckets(r: BucketsResult): string[] {
   const a = r.withAck;
   const third = 100 / 3;
   const spreadOk = r.spreadPct.every((s) => Math.abs(s - third) <= third * 0.15);
+  const control = w.spreadPlain;
+  const ctl = control ? ' / the control' : '';
+  const three = (f: (x: RedisWork) => string): string =>
+    [w.plain, w.bucketed, ...(control ? [control] : [])].map(f).join(' / ');
+  const reason =
+    c.ratio > 1.2 && c.spreadPlain !== undefined
+      ? [
+          `**Measured reason (this run):** the script does the same work either way (${w.plain.commands.toFixed(2)} / ` +
+            `${w.bucketed.commands.toFixed(2)} Redis commands per reservation). The control spreads the same load ` +
+            `without buckets over the ${r.spreadPct.length} primaries, one sale each, and costs ` +
+            `${c.spreadPlain.toFixed(1)} µs, ${(c.spreadPlain / c.plain).toFixed(2)}× one primary; the buckets cost ` +
+            `${(c.bucketed / c.spreadPlain).toFixed(2)}× the control. What the spreading costs over one primary is ` +
+            `each primary's share of the batches (client socket reads per reservation ${three((x) => x.reads.toFixed(3))}) ` +
+            `and the primaries sharing this machine's cores with each other, their replicas and the client.`,
+          '',
+        ]
+      : [];
   return [
     '## Stock buckets on a Redis Cluster',
     '',
@@ -365,15 +435,26 @@ export function renderBuckets(r: BucketsResult): string[] {
     `| Redis CPU per reservation, one SKU without buckets (all primaries) | ${c.plain.toFixed(1)} µs | | |`,
     `| Redis CPU per reservation, the SKU in ${r.bucketCount} buckets | ${c.bucketed.toFixed(1)} µs | | |`,
     `| Bucketed / not bucketed (medians of ${c.rounds.plain.length} alternating rounds; by round ${c.rounds.plain.map((x, i) => `${(c.rounds.bucketed[i]! / x).toFixed(2)}×`).join(', ')}) | ${c.ratio.toFixed(2)}× | ≤ 1.2× | ${c.ratio <= 1.2 ? 'met' : 'missed'} |`,
+    ...(c.spreadPlain !== undefined
+      ? [
+          `| Control: Redis CPU per reservation without buckets, the load over ${r.spreadPct.length} sales, one per primary (spread as the buckets are; medians of the rounds, by round ${(c.rounds.spreadPlain ?? []).map((x) => `${x.toFixed(1)}`).join(', ')} µs) | ${c.spreadPlain.toFixed(1)} µs (${(c.spreadPlain / c.plain).toFixed(2)}× one primary; bucketed ${(c.bucketed / c.spreadPlain).toFixed(2)}× it) | | |`,
+        ]
+      : []),
+    ...(c.sysShare
+      ? [
+          `| Share of that Redis CPU in the kernel (socket I/O and polling): one primary / ${r.bucketCount} buckets / the control | ${[c.sysShare.plain, c.sysShare.bucketed, c.sysShare.spreadPlain].map((x) => `${(100 * x).toFixed(0)} %`).join(' / ')} | | |`,
+        ]
+      : []),
     `| Redis CPU per reservation, ${r.bucketCount} buckets, 3× in flight (per-primary batches as large as without buckets) | ${c.bucketedEqualBatch.toFixed(1)} µs (${(c.bucketedEqualBatch / c.plain).toFixed(2)}×) | | |`,
-    `| Per reservation without / with buckets: Redis commands (the script's own included) | ${w.plain.commands.toFixed(2)} / ${w.bucketed.commands.toFixed(2)} | | |`,
-    `| Per reservation without / with buckets: client socket reads (each one batch of pipelined commands) | ${w.plain.reads.toFixed(3)} / ${w.bucketed.reads.toFixed(3)} | | |`,
-    `| Per reservation without / with buckets: bytes in, bytes replicated | ${w.plain.inBytes.toFixed(0)}, ${w.plain.replBytes.toFixed(0)} / ${w.bucketed.inBytes.toFixed(0)}, ${w.bucketed.replBytes.toFixed(0)} | | |`,
+    `| Per reservation without / with buckets${ctl}: Redis commands (the script's own included) | ${three((x) => x.commands.toFixed(2))} | | |`,
+    `| Per reservation without / with buckets${ctl}: client socket reads (each one batch of pipelined commands) | ${three((x) => x.reads.toFixed(3))} | | |`,
+    `| Per reservation without / with buckets${ctl}: bytes in, bytes replicated | ${three((x) => `${x.inBytes.toFixed(0)}, ${x.replBytes.toFixed(0)}`)} | | |`,
     `| With the api's replica acknowledgement (ClusterReplicaAck): Redis CPU per reservation without / with buckets | ${a.plain.toFixed(1)} / ${a.bucketed.toFixed(1)} µs (${a.ratio.toFixed(2)}×); WAITs per reservation ${a.waits.plain.toFixed(3)} / ${a.waits.bucketed.toFixed(3)} | | |`,
     `| Reserve script calls per primary (${r.bucketCount} buckets) | ${r.spreadPct.map((s) => `${s.toFixed(1)} %`).join(' / ')} | each 33.3 % ± 15 % | ${spreadOk ? 'met' : 'missed'} |`,
-    `| µs per reserve script call, per primary (commandstats): without buckets / with | ${r.usPerCall.plain.map((x) => x.toFixed(1)).join(', ')} / ${r.usPerCall.bucketed.map((x) => x.toFixed(1)).join(', ')} | | |`,
+    `| µs per reserve script call, per primary (commandstats): without buckets / with${ctl} | ${[r.usPerCall.plain, r.usPerCall.bucketed, ...(r.usPerCall.spreadPlain ? [r.usPerCall.spreadPlain] : [])].map((xs) => xs.map((x) => x.toFixed(1)).join(', ')).join(' / ')} | | |`,
     `| Relay drain of ${r.drain.reservations} reservations, 1 stream (relay start included) | ${r.drain.oneStreamS.toFixed(1)} s (${r.drain.oneRate.toFixed(0)}/s) | | |`,
     `| Relay drain of ${r.drain.reservations} reservations, 8 bucket streams (relay start included) | ${r.drain.eightStreamsS.toFixed(1)} s (${r.drain.eightRate.toFixed(0)}/s) | | |`,
     '',
+    ...reason,
   ];
 }

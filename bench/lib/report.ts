@@ -345,6 +345,34 @@ export function reasons(r: Results): string[] {
         `at the pipeline's rate takes ${f1(p.backlogAtClose.missingOrders / p.pipelineRate)} s (measured ${f1(p.drainS)} s).`,
     );
   }
+  const b = r.backlog;
+  if (missed.has('drain rate vs PostgreSQL ceiling') && b && r.ceiling && b.relayedS > 0) {
+    const c = b.cpuPerOrderUs;
+    const perOrder = (c.relay ?? 0) + (c.consumer ?? 0) + (c.kafka ?? 0) + c.redis;
+    const cpuBound = perOrder > 0 ? (r.meta.cpus * 1e6) / perOrder : undefined;
+    out.push(
+      `Backlog drain: the relay emptied the stream of ${f0(b.n)} half messages into Kafka in ${f1(b.relayedS)} s ` +
+        `(${f0(b.n / b.relayedS)} messages/s, ${ratio(b.n / b.relayedS, r.ceiling.rowsPerS)} of the ceiling, with ` +
+        `the consumer working beside it), which bounds the drain before the consumer has written a row. Per order ` +
+        `the drain cost relay ${f0(c.relay)} + consumer ${f0(c.consumer)} + Kafka ${f0(c.kafka)} + Redis ` +
+        `${f0(c.redis)} = ${f0(perOrder)} µs of CPU besides PostgreSQL's own work; the machine's ${r.meta.cpus} ` +
+        `cores allow at most ${f0(cpuBound)} orders/s for that (${ratio(cpuBound, r.ceiling.rowsPerS)} of the ` +
+        `ceiling), and the pgbench ceiling has neither these processes nor the hot SKU's guard row that ` +
+        `serialises the consumer's transactions.`,
+    );
+  }
+  const bare = r.floors?.rss?.['node-http'];
+  if (missed.has('api peak RSS') && r.api && bare) {
+    const ex = r.floors?.rss?.express;
+    out.push(
+      `api peak RSS: ${f0(r.api.idleMb)} MB idle, ${f0(r.api.peakMb)} MB after the load ` +
+        `(${ratio(r.api.peakMb, r.api.idleMb)}). The floors under the same load, with the same NODE_OPTIONS: ` +
+        `bare node:http ${f0(bare.idleMb)} → ${f0(bare.peakMb)} MB (${ratio(bare.peakMb, bare.idleMb)})` +
+        (ex ? `, express ${f0(ex.idleMb)} → ${f0(ex.peakMb)} MB (${ratio(ex.peakMb, ex.idleMb)})` : '') +
+        `: V8's old generation grows with the allocation rate of any Node server at this request rate, so ` +
+        `most of the growth is the runtime's, not the api's.`,
+    );
+  }
   if (missed.has('warm-up') && r.warmup) {
     const w = r.warmup;
     out.push(
