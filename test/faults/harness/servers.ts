@@ -196,33 +196,32 @@ export function hasServer(s: PrivateServers, name: ServerName): boolean {
 
 /**
  * Restarts a killed Redis node (Sentinel or cluster data node) from its config, as its pod would,
- * and waits until it serves as a replica. A failure names the cause from the node's own log (a
- * port taken meanwhile, a refused config) instead of only "timed out".
+ * and waits until it serves as a replica. A failure names the cause: the node's log since the
+ * restart (a port taken meanwhile, a refused config) and, on a cluster, its view of the nodes.
  */
 export async function restartRedisAsReplica(conf: string, port: string, timeoutMs = 60_000): Promise<void> {
   const logFile = /^logfile\s+(\S+)/m.exec(readFileSync(conf, 'utf8'))?.[1];
-  const tail = (): string =>
-    logFile && existsSync(logFile)
-      ? readFileSync(logFile, 'utf8').trimEnd().split('\n').slice(-8).join('\n')
-      : '';
+  const logText = (): string => (logFile && existsSync(logFile) ? readFileSync(logFile, 'utf8') : '');
+  const before = logText().length;
+  const cli = async (...args: string[]): Promise<string> =>
+    (await run('redis-cli', ['-p', port, ...args], { timeout: 5_000 }).catch(() => ({ stdout: '' }))).stdout;
   try {
     await run('redis-server', [conf], { timeout: 30_000 });
     await waitFor(
       `the old primary (port ${port}) to rejoin as a replica`,
-      async () => {
-        const r = await run('redis-cli', ['-p', port, 'info', 'replication'], { timeout: 5_000 }).catch(
-          () => ({
-            stdout: '',
-          }),
-        );
-        return /^role:slave/m.test(r.stdout);
-      },
+      async () => /^role:slave/m.test(await cli('info', 'replication')),
       timeoutMs,
       200,
     );
   } catch (e) {
-    throw new Error(`${e instanceof Error ? e.message : String(e)}; the node's log ends:\n${tail()}`, {
-      cause: e,
-    });
+    const since = logText().slice(before).trimEnd().split('\n').slice(-60).join('\n');
+    const nodes = /^cluster-enabled\s+yes/m.test(readFileSync(conf, 'utf8'))
+      ? await cli('cluster', 'nodes')
+      : '';
+    throw new Error(
+      `${e instanceof Error ? e.message : String(e)}; the node's log since the restart:\n${since}` +
+        (nodes ? `\nits CLUSTER NODES:\n${nodes}` : ''),
+      { cause: e },
+    );
   }
 }

@@ -99,11 +99,24 @@ describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3
       const orders = await partitions();
       // The topic really is what the settings promise (else the test would prove nothing).
       expect(orders.map((x) => x.replicas.length)).toEqual(Array.from({ length: PARTITIONS }, () => 3));
-      const described = await admin.describeConfigs({
-        includeSynonyms: false,
-        resources: [{ type: 2 /* TOPIC */, name: topics.orders, configNames: ['min.insync.replicas'] }],
-      });
-      expect(described.resources[0]!.configEntries[0]!.configValue).toBe('2');
+      // Asked again like the metadata: the broker kafkajs asks may not know the new topic yet.
+      let minInsync: string | undefined;
+      await waitFor(
+        "the orders topic's min.insync.replicas",
+        async () => {
+          minInsync = await admin
+            .describeConfigs({
+              includeSynonyms: false,
+              resources: [{ type: 2 /* TOPIC */, name: topics.orders, configNames: ['min.insync.replicas'] }],
+            })
+            .then((d) => d.resources[0]?.configEntries[0]?.configValue)
+            .catch(() => undefined);
+          return minInsync !== undefined;
+        },
+        60_000,
+        200,
+      );
+      expect(minInsync).toBe('2');
 
       const countOrders = async (): Promise<number> =>
         Number(
