@@ -3,6 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { z } from 'zod';
 import type { ConnectionOptions } from 'node:tls';
 import { Kafka, Partitioners, logLevel } from 'kafkajs';
+import { fixKafkajsIdleLoop } from './kafkajs-idle-loop.js';
 import type {
   Admin,
   Message,
@@ -195,6 +196,8 @@ export function createKafka(
   clientId: string,
   security: KafkaSecurity = kafkaSecurityFromEnv(),
 ): Kafka {
+  // Once per process (idempotent): no 1 ms timer loop per idle broker connection.
+  fixKafkajsIdleLoop();
   return new Kafka({
     clientId,
     brokers,
