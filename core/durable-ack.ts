@@ -11,6 +11,14 @@
  * requestId replays the reservation and waits again (202 once it is replicated; a fresh
  * reservation or SOLD_OUT if a failover lost it). No 202 is ever given for a reservation that a
  * failover can lose.
+ *
+ * A WAIT only speaks for the server it ran on. When the connection is replaced between the script's
+ * answer and the WAIT's (the WAIT queued behind another, the primary lost, the client reconnected
+ * to the promoted replica and resent the queued WAIT there), a WAIT that succeeds confirms the new
+ * primary's writes, not the reservation, which may have died with the old one. So a caller counts
+ * a WAIT only if it was answered on the connection its own script was answered on (or, on a
+ * cluster, by the node its scope lived on); anything else, and a WAIT that failed, is
+ * NOT_REPLICATED, and the retry with the same requestId settles it on the server of the moment.
  */
 import calculateSlot from 'cluster-key-slot';
 import type { Cluster, Redis } from 'ioredis';
@@ -31,7 +39,7 @@ export const localAck: ReservationAck = {
 
 export class ReplicaAck implements ReservationAck {
   readonly mode = 'replica' as const;
-  private queued: Promise<number> | undefined;
+  private queued: Promise<AckedOn> | undefined;
   private running: Promise<unknown> = Promise.resolve();
 
   constructor(
@@ -41,26 +49,32 @@ export class ReplicaAck implements ReservationAck {
   ) {}
 
   async confirm(activityId: string, reservationId: string, replayed: boolean): Promise<void> {
-    // A replay wrote nothing on this connection, and the original may have been written by another
-    // api process: one write here first, so the WAIT covers the primary's stream up to now.
-    if (replayed) await this.redis.incr(activityKeys(activityId).ackProbe);
-    const acked = await this.next();
-    if (acked < this.replicas) {
-      throw new FlashSaleError(
-        'NOT_REPLICATED',
-        `the reservation reached ${acked} of ${this.replicas} replica(s) within ${this.timeoutMs} ms; retry with the same requestId`,
-        { reservationId },
-      );
+    // Called as the script's answer arrives (no I/O in between): the connection that answered it.
+    const connection = this.redis.stream;
+    let acked = 0;
+    try {
+      // A replay wrote nothing on this connection, and the original may have been written by
+      // another api process: one write here first, so the WAIT covers the primary's stream up to now.
+      if (replayed) await this.redis.incr(activityKeys(activityId).ackProbe);
+      if (this.redis.stream === connection) {
+        const waited = await this.next();
+        if (waited.connection === connection) acked = waited.acked;
+      }
+    } catch {
+      // The WAIT (or the probe) failed with the connection: nothing confirms the reservation.
     }
+    if (acked < this.replicas) throw notReplicated(reservationId, acked, this.replicas, this.timeoutMs);
   }
 
   /** The next WAIT, issued after the caller's write completed and after the WAIT in flight. */
-  private next(): Promise<number> {
+  private next(): Promise<AckedOn> {
     if (this.queued) return this.queued;
-    const q = this.running.then(() => {
+    const q = this.running.then(async () => {
       // Callers from now on form the next batch: their writes may come after this WAIT.
       this.queued = undefined;
-      return this.redis.wait(this.replicas, this.timeoutMs);
+      const acked = await this.redis.wait(this.replicas, this.timeoutMs);
+      // Read as the answer arrives: the connection the WAIT ran on (a resent WAIT has a new one).
+      return { acked, connection: this.redis.stream };
     });
     this.queued = q;
     this.running = q.catch(() => undefined);
@@ -68,12 +82,34 @@ export class ReplicaAck implements ReservationAck {
   }
 }
 
+/** Replicas a WAIT counted, and the connection (or node) it was answered on. */
+interface AckedOn {
+  acked: number;
+  connection: unknown;
+}
+
+function notReplicated(
+  reservationId: string,
+  acked: number,
+  replicas: number,
+  timeoutMs: number,
+): FlashSaleError {
+  return new FlashSaleError(
+    'NOT_REPLICATED',
+    `the reservation reached ${acked} of ${replicas} replica(s) within ${timeoutMs} ms; retry with the same requestId`,
+    { reservationId },
+  );
+}
+
 /**
  * The same guarantee on a Redis Cluster: WAIT covers the writes of the connection it runs on, and
- * a cluster client has one connection per node, so the WAIT must reach the node of the
- * reservation's scope. A pipeline goes to the node of its keys: a write to the scope's probe key
- * and the WAIT behind it, on that node's connection (after the script's write, and after any
- * other process' write of a replayed reservation).
+ * a cluster client has one connection per node, so the WAIT must reach the node that answered the
+ * reservation's script: the node serving the scope's slot as the answer arrives. A write to the
+ * scope's probe key and the WAIT behind it go to that node's connection (after the script's write,
+ * and after any other process' write of a replayed reservation). If that node no longer serves the
+ * slot (a failover or resharding since), the probe is refused there (MOVED, or READONLY on a
+ * demoted node) and the reservation is NOT_REPLICATED: a WAIT on the slot's new node would speak
+ * for that node's writes, not for the reservation.
  *
  * As in ReplicaAck, reservations share the WAIT: every caller whose script completed joins its
  * node's next pipeline (at most one in flight per node, the next queued behind it): one probe
@@ -104,20 +140,26 @@ export class ClusterReplicaAck implements ReservationAck {
     scope?: ScopeKeys,
   ): Promise<void> {
     const probe = (scope ?? activityKeys(activityId)).ackProbe;
-    const acked = (await this.next(probe)).get(probe) ?? 0;
-    if (acked < this.replicas) {
-      throw new FlashSaleError(
-        'NOT_REPLICATED',
-        `the reservation reached ${acked} of ${this.replicas} replica(s) within ${this.timeoutMs} ms; retry with the same requestId`,
-        { reservationId },
-      );
+    // Called as the script's answer arrives (no I/O in between): the node that answered it.
+    const node = this.nodeOf(probe);
+    let acked = 0;
+    if (node !== undefined) {
+      try {
+        acked = (await this.next(node, probe)).get(probe) ?? 0;
+      } catch {
+        // The probe or the WAIT failed on the node: nothing confirms the reservation.
+      }
     }
+    if (acked < this.replicas) throw notReplicated(reservationId, acked, this.replicas, this.timeoutMs);
+  }
+
+  /** The node serving the key's slot in the client's slot map ("host:port"). */
+  private nodeOf(key: string): string | undefined {
+    return this.redis.slots[calculateSlot(key)]?.[0];
   }
 
   /** The node's next batch, sent after the caller's script completed and after the batch in flight. */
-  private next(probe: string): Promise<Map<string, number>> {
-    // The node serving the probe's slot now (the same as the script's: one slot per scope).
-    const node = this.redis.slots[calculateSlot(probe)]?.[0] ?? probe;
+  private next(node: string, probe: string): Promise<Map<string, number>> {
     let batch = this.batches.get(node);
     if (!batch) {
       batch = { queued: undefined, running: Promise.resolve() };
@@ -132,7 +174,7 @@ export class ClusterReplicaAck implements ReservationAck {
     const acked = b.running.then(() => {
       // Callers from now on form the next batch: their scripts may complete after this pipeline.
       b.queued = undefined;
-      return this.waitOn([...probes]);
+      return this.waitOn(node, [...probes]);
     });
     b.queued = { probes, acked };
     const running: Promise<unknown> = acked
@@ -146,32 +188,23 @@ export class ClusterReplicaAck implements ReservationAck {
   }
 
   /**
-   * One probe write and one WAIT on the node of the batch's scopes; replicas acknowledged, per probe.
+   * One probe write and one WAIT on the node's own connection; replicas acknowledged, per probe.
    * The WAIT covers every write that preceded the probe's on that node (the replication offset is
-   * the node's, not the connection's), so one probe covers every scope of the batch that is still
-   * on that node; a scope the slot map now puts elsewhere (a failover or resharding since it joined)
-   * waits on its own node.
+   * the node's, not the connection's), so one probe covers every scope of the batch whose slot the
+   * node still serves; a scope the slot map now puts elsewhere gets 0.
    */
-  private async waitOn(probes: string[]): Promise<Map<string, number>> {
-    const nodeOf = (k: string): string | undefined => this.redis.slots[calculateSlot(k)]?.[0];
-    const once = async (probe: string): Promise<number> => {
-      const replies =
-        (await this.redis.pipeline().incr(probe).wait(this.replicas, this.timeoutMs).exec()) ?? [];
-      for (const [err] of replies) if (err) throw err;
-      return Number(replies[1]?.[1] ?? 0);
-    };
-    const groups = new Map<string, string[]>();
-    for (const k of probes) {
-      const node = nodeOf(k) ?? k;
-      groups.set(node, [...(groups.get(node) ?? []), k]);
-    }
-    const acked = new Map<string, number>();
-    await Promise.all(
-      [...groups.values()].map(async (keys) => {
-        const n = await once(keys[0]!);
-        for (const k of keys) acked.set(k, n);
-      }),
-    );
+  private async waitOn(node: string, probes: string[]): Promise<Map<string, number>> {
+    const acked = new Map<string, number>(probes.map((k) => [k, 0]));
+    const here = probes.filter((k) => this.nodeOf(k) === node);
+    const connection = this.redis
+      .nodes('master')
+      .find((n) => `${n.options.host ?? ''}:${n.options.port ?? ''}` === node);
+    if (here.length === 0 || !connection) return acked;
+    const replies =
+      (await connection.pipeline().incr(here[0]!).wait(this.replicas, this.timeoutMs).exec()) ?? [];
+    for (const [err] of replies) if (err) throw err;
+    const n = Number(replies[1]?.[1] ?? 0);
+    for (const k of here) acked.set(k, n);
     return acked;
   }
 }
