@@ -46,7 +46,7 @@ mutants: ## One broken build per invariant (test/faults/mutants/*.mutant), each 
 
 ##@ Performance
 
-bench: ## Benchmarks beside their reference points, measured in the same run (own servers, < 10 min); writes docs/benchmarks.md
+bench: ## Benchmarks beside their reference points, measured in the same run (own servers, about 11 min); writes docs/benchmarks.md
 	bash test/env/deps.sh system
 	PATH="$$(bash test/env/node.sh):$$PATH"; export PATH; echo "[bench] node $$(node --version)"; \
 		bash test/env/deps.sh node && node --import tsx bench/run.ts

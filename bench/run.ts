@@ -11,6 +11,7 @@
  *   BENCH_DURATION (10 s per measured run)  BENCH_WARMUP (3 s)  BENCH_CONNECTIONS (50)
  *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_WARMUP_ROUNDS (3)  BENCH_BUCKETS_ROUNDS (3)
  *   BENCH_CPU_ROUNDS (3: measured runs of the api's and each floor's submissions, median by CPU)
+ *   BENCH_PAIRED_ROUNDS (3: rounds of the api and both floors measured in turn; floors phase)
  *   BENCH_ONLY (phases, comma separated)
  *   BENCH_REDIS_APPENDFSYNC (everysec; 'keep' keeps env-up's setting)  BENCH_OUT  BENCH_JSON
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
@@ -37,7 +38,7 @@ import { backlogDrain, pipelineAndDrain } from './lib/pipeline.js';
 import { fairness } from './lib/fairness.js';
 import { capacity, writeCapacityPage } from './lib/capacity.js';
 import { kafkaReplication, writeReplicationBlock } from './lib/kafka-replication.js';
-import { measureFloors } from './lib/floors.js';
+import { measureFloors, measurePaired } from './lib/floors.js';
 import { durability } from './lib/durability.js';
 import { bucketsBench } from './lib/buckets.js';
 import { summarizeProfile } from './lib/profile.js';
@@ -400,12 +401,12 @@ async function main(): Promise<void> {
       });
     }
     if (api) {
+      // Read before the paired rounds below, which only repeat the submit load.
       results.api = {
         idleMb: (api.idleRssKb ?? 0) / 1024,
         peakMb: peakRssMb(api) ?? NaN,
         heap: await heapBreakdown(api),
       };
-      await stopRole(api);
     }
     // --- Floors: the same reservation on a bare node:http server and a minimal express route ----
     if (has('floors')) {
@@ -447,6 +448,51 @@ async function main(): Promise<void> {
         ),
       );
     }
+
+    // --- Paired rounds: the api and both floors in turn, so that a drift of the machine weighs
+    // on all three of a round alike (the ratios of 1f and 1g compare different minutes) -------
+    if (has('floors') && api && has('submit')) {
+      const apiPid = api.pid;
+      results.paired = await phase(results, 'floors', () =>
+        measurePaired(
+          {
+            repo: cfg.repo,
+            distDir: cfg.distDir,
+            luaDir: cfg.luaDir,
+            logDir,
+            redisUrl: servers.env.REDIS_URL!,
+            secret: c.secret,
+          },
+          {
+            warmupS: cfg.warmupS,
+            seconds: secs,
+            rounds: cfg.pairedRounds,
+            api: (s) =>
+              withCpu(c, apiPid, () =>
+                orderLoad({
+                  baseUrl: base,
+                  activityId: sale,
+                  skuId: 'hot',
+                  buyers,
+                  seconds: s,
+                  connections: conns,
+                }),
+              ),
+            submit: (b, s) =>
+              orderLoad({
+                baseUrl: b,
+                activityId: sale,
+                skuId: 'hot',
+                buyers,
+                seconds: s,
+                connections: conns,
+              }),
+            withCpu: (floorPid, f) => withCpu(c, floorPid, f),
+          },
+        ),
+      );
+    }
+    if (api) await stopRole(api);
 
     // --- Profiles of the api (separate processes: the profiler slows them down) ---------------
     if (has('profile')) {

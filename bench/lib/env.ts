@@ -56,6 +56,8 @@ export interface BenchConfig {
   warmupRounds: number;
   /** Measured runs of the api's submissions and of each floor's (the median by CPU is reported). */
   cpuRounds: number;
+  /** Rounds of the api and both floors measured in turn (bench/lib/floors.ts measurePaired). */
+  pairedRounds: number;
   /** Alternating rounds of the bucketed vs not bucketed CPU comparison (medians are reported). */
   bucketsRounds: number;
   /** The whole run must end within this many seconds (the drain wait is cut to fit). */
@@ -111,6 +113,7 @@ export function readConfig(): BenchConfig {
     warmupRounds: Math.round(num('BENCH_WARMUP_ROUNDS', 3)),
     bucketsRounds: Math.max(1, Math.round(num('BENCH_BUCKETS_ROUNDS', 3))),
     cpuRounds: Math.max(1, Math.round(num('BENCH_CPU_ROUNDS', 3))),
+    pairedRounds: Math.max(1, Math.round(num('BENCH_PAIRED_ROUNDS', 3))),
     budgetS: num('BENCH_BUDGET', 570),
     redisAppendfsync: process.env.BENCH_REDIS_APPENDFSYNC ?? 'everysec',
     phases: new Set<Phase>(

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { medianByCpu } from './http-load.js';
 import type { LoadResult } from './http-load.js';
 import { imageEnv } from './runtime.js';
-import { freePort, log, procStatusKb, waitFor } from './util.js';
+import { freePort, log, median, procStatusKb, waitFor } from './util.js';
 
 export type FloorKind = 'node-http' | 'express';
 
@@ -160,4 +160,85 @@ export async function measureFloors(
     }
   }
   return out;
+}
+
+/** CPU µs per submission of one paired round: the api and each floor, measured in turn. */
+export interface PairedRound {
+  /** The order the three were measured in, this round. */
+  order: ('api' | FloorKind)[];
+  api: number;
+  express: number;
+  nodeHttp: number;
+}
+
+export interface PairedResults {
+  rounds: PairedRound[];
+  /** Medians of the per-round ratios (each round's api figure over the same round's floor's). */
+  apiOverExpress: number;
+  apiOverNodeHttp: number;
+}
+
+/**
+ * The api and both floors under the same submission load in alternation: each round measures the
+ * three in turn (the order rotating from round to round), so a drift of the machine's speed during
+ * the run (seen here: the same tree 2-3x slower in the evening) weighs on all three of a round
+ * alike. The ratios are those of each round, and their median is reported; the floors' separate
+ * medians (measureFloors) come from other minutes of the run.
+ */
+export async function measurePaired(
+  o: FloorOptions,
+  run: {
+    warmupS: number;
+    seconds: number;
+    rounds: number;
+    /** Submissions on the api under measurement, with its CPU per response. */
+    api: (seconds: number) => Promise<LoadResult>;
+    submit: (base: string, seconds: number) => Promise<LoadResult>;
+    withCpu: (pid: number, f: () => Promise<LoadResult>) => Promise<LoadResult>;
+  },
+): Promise<PairedResults> {
+  const floors: FloorProcess[] = [];
+  try {
+    for (const kind of ['express', 'node-http'] as const) floors.push(await startFloor(kind, o));
+    const measure: Record<'api' | FloorKind, (seconds: number, cpu: boolean) => Promise<LoadResult>> = {
+      api: (s) => run.api(s),
+      express: (s, cpu) => {
+        const f = floors[0]!;
+        const go = (): Promise<LoadResult> => run.submit(`http://127.0.0.1:${f.port}`, s);
+        return cpu ? run.withCpu(f.pid, go) : go();
+      },
+      'node-http': (s, cpu) => {
+        const f = floors[1]!;
+        const go = (): Promise<LoadResult> => run.submit(`http://127.0.0.1:${f.port}`, s);
+        return cpu ? run.withCpu(f.pid, go) : go();
+      },
+    };
+    for (const kind of ['express', 'node-http'] as const) await measure[kind](run.warmupS, false);
+    const kinds = ['api', 'express', 'node-http'] as const;
+    const rounds: PairedRound[] = [];
+    for (let i = 0; i < run.rounds; i += 1) {
+      const order = kinds.map((_, j) => kinds[(i + j) % kinds.length]!);
+      const us: Partial<Record<'api' | FloorKind, number>> = {};
+      for (const kind of order) us[kind] = (await measure[kind](run.seconds, true)).cpu?.api ?? NaN;
+      const round = {
+        order,
+        api: us.api ?? NaN,
+        express: us.express ?? NaN,
+        nodeHttp: us['node-http'] ?? NaN,
+      };
+      log(
+        `paired round ${i + 1}/${run.rounds} (${order.join(', ')}): api ${round.api.toFixed(0)}, ` +
+          `express ${round.express.toFixed(0)}, node:http ${round.nodeHttp.toFixed(0)} µs CPU/request ` +
+          `(${(round.api / round.express).toFixed(2)}x, ${(round.api / round.nodeHttp).toFixed(2)}x)`,
+      );
+      rounds.push(round);
+    }
+    return {
+      rounds,
+      apiOverExpress: median(rounds.map((r) => r.api / r.express)),
+      apiOverNodeHttp: median(rounds.map((r) => r.api / r.nodeHttp)),
+    };
+  } finally {
+    for (const f of floors) await stopFloor(f);
+  }
 }

@@ -2,7 +2,7 @@
 import { renderDurability } from './durability.js';
 import type { DurabilityResult } from './durability.js';
 import type { FairnessRun } from './fairness.js';
-import type { FloorResults } from './floors.js';
+import type { FloorResults, PairedResults } from './floors.js';
 import { renderBuckets } from './buckets.js';
 import type { BucketsResult } from './buckets.js';
 import type { LoadResult } from './http-load.js';
@@ -49,6 +49,8 @@ export interface Results {
   healthz?: LoadResult;
   /** The same reservation on a bare node:http server and a minimal express route (bench/floors). */
   floors?: FloorResults;
+  /** The api and both floors measured in turn, round by round (bench/lib/floors.ts measurePaired). */
+  paired?: PairedResults;
   ceiling?: { rowsPerS: number; tps: number };
   ceilingOneClient?: { rowsPerS: number; tps: number };
   pipeline?: PipelineResult;
@@ -65,6 +67,19 @@ export interface Results {
   /** Stock buckets on a Redis Cluster (bench/lib/buckets.ts). */
   buckets?: BucketsResult;
   failures: Record<string, string>;
+}
+
+/** The median of the figures, or undefined for none. */
+const medianOf = (xs: number[] | undefined): number | undefined =>
+  xs && xs.length > 0 ? median(xs) : undefined;
+
+/** "; rounds api/floor µs: 50/41 (1.22×), …" for a paired row, or nothing without rounds. */
+function pairedRounds(p: PairedResults | undefined, floor: 'express' | 'nodeHttp'): string {
+  if (!p || p.rounds.length === 0) return '';
+  const each = p.rounds.map(
+    (x) => `${x.api.toFixed(0)}/${x[floor].toFixed(0)} (${(x.api / x[floor]).toFixed(2)}×)`,
+  );
+  return `; by round, api/floor µs: ${each.join(', ')}`;
 }
 
 const f0 = (x: number | undefined): string =>
@@ -133,6 +148,19 @@ export function targets(r: Results): TargetCheck[] {
     '≤ 4×',
     defined(apiUs, fl?.nodeHttp?.cpu?.api) ? apiUs! <= 4 * fl!.nodeHttp!.cpu!.api! : undefined,
     ratio(apiUs, fl?.nodeHttp?.cpu?.api),
+  );
+  const paired = r.paired;
+  push(
+    'api CPU per reservation vs the express floor, paired rounds',
+    '≤ 1.25×',
+    paired && Number.isFinite(paired.apiOverExpress) ? paired.apiOverExpress <= 1.25 : undefined,
+    paired ? `${paired.apiOverExpress.toFixed(2)}×` : '—',
+  );
+  push(
+    'api CPU per reservation vs the node:http floor, paired rounds',
+    '≤ 4×',
+    paired && Number.isFinite(paired.apiOverNodeHttp) ? paired.apiOverNodeHttp <= 4 : undefined,
+    paired ? `${paired.apiOverNodeHttp.toFixed(2)}×` : '—',
   );
   push(
     'api CPU per sold-out answer vs per reservation',
@@ -454,6 +482,8 @@ export function renderReport(r: Results, analysis: string): string {
     `| 1e | Submit p99 vs EVALSHA p99 (ms) | ${f1(sub?.p99Ms)} | ${f1(ref?.p99Ms)} | ${ratio(sub?.p99Ms, ref?.p99Ms)} | ≤ 3× | ${v('submit p99 vs EVALSHA p99')} |`,
     `| 1f | api CPU µs per reservation vs the express floor (bench/floors: express route, body read without body-parser, same token check, same EVALSHA)${rounds(sub, fl?.express)} | ${f0(sub?.cpu?.api)} | ${f0(fl?.express?.cpu?.api)} | ${ratio(sub?.cpu?.api, fl?.express?.cpu?.api)} | ≤ 1.25× | ${v('api CPU per reservation vs the express floor')} |`,
     `| 1g | api CPU µs per reservation vs the node:http floor (same token check, same EVALSHA) | ${f0(sub?.cpu?.api)} | ${f0(fl?.nodeHttp?.cpu?.api)} | ${ratio(sub?.cpu?.api, fl?.nodeHttp?.cpu?.api)} | ≤ 4× | ${v('api CPU per reservation vs the node:http floor')} |`,
+    `| 1h | api CPU µs per reservation vs the express floor, paired rounds (the api and both floors measured in turn, the order rotating; median of each round's ratio)${pairedRounds(r.paired, 'express')} | ${f0(medianOf(r.paired?.rounds.map((x) => x.api)))} | ${f0(medianOf(r.paired?.rounds.map((x) => x.express)))} | ${r.paired ? `${r.paired.apiOverExpress.toFixed(2)}×` : '—'} | ≤ 1.25× | ${v('api CPU per reservation vs the express floor, paired rounds')} |`,
+    `| 1i | api CPU µs per reservation vs the node:http floor, paired rounds${pairedRounds(r.paired, 'nodeHttp')} | ${f0(medianOf(r.paired?.rounds.map((x) => x.api)))} | ${f0(medianOf(r.paired?.rounds.map((x) => x.nodeHttp)))} | ${r.paired ? `${r.paired.apiOverNodeHttp.toFixed(2)}×` : '—'} | ≤ 4× | ${v('api CPU per reservation vs the node:http floor, paired rounds')} |`,
     `| 2c | api CPU µs per sold-out answer vs per reservation | ${f0(r.soldOut?.cpu?.api)} | ${f0(sub?.cpu?.api)} | ${ratio(r.soldOut?.cpu?.api, sub?.cpu?.api)} | ≤ 0.6× | ${v('api CPU per sold-out answer vs per reservation')} |`,
     `| 2d | api CPU µs per GET /healthz vs the node:http floor's | ${f0(r.healthz?.cpu?.api)} | ${f0(fl?.nodeHttpHealthz?.cpu?.api)} | ${ratio(r.healthz?.cpu?.api, fl?.nodeHttpHealthz?.cpu?.api)} | ≤ 2× | ${v('api CPU per /healthz vs the node:http floor')} |`,
     `| 2e | Sold-out answer vs reservation on the express floor, CPU µs (the same answer with none of the api's own work: one reserve call answering SOLD_OUT) | ${f0(fl?.expressSoldOut?.cpu?.api)} | ${f0(fl?.express?.cpu?.api)} | ${ratio(fl?.expressSoldOut?.cpu?.api, fl?.express?.cpu?.api)} | — | — |`,
