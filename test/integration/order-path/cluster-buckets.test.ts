@@ -29,7 +29,7 @@ import { startPrivateServers, stopPrivateServers } from '../../faults/harness/se
 import type { PrivateServers } from '../../faults/harness/servers.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { httpClient, tokenFor } from '../../../dev/roles.js';
+import { httpClient, tokenFor, waitFor } from '../../../dev/roles.js';
 import calculateSlot from 'cluster-key-slot';
 import type { Cluster } from 'ioredis';
 import pg from 'pg';
@@ -383,6 +383,68 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
         extra: { reservationId: r.reservationId },
       });
     } finally {
+      redis.disconnect();
+    }
+  });
+  // ClusterReplicaAck's node check: a reservation counts only the WAIT of the node that answered
+  // its script. Here the client's slot map moves the scope to another primary while the
+  // reservation's WAIT waits behind the one in flight (as ioredis' map moves after a failover);
+  // the WAIT that follows must not be taken from the new node.
+  test('a reservation whose node no longer serves its slot at the WAIT is NOT_REPLICATED', async () => {
+    const id = uniqueId('cl-ackmv');
+    const client = redisOf(servers);
+    if (!isCluster(client)) throw new Error('not a cluster client');
+    const redis: Cluster = client;
+    const probe = activityKeys(id).ackProbe;
+    const slot = calculateSlot(probe);
+    const original = redis.slots[slot];
+    let stopped: number | undefined;
+    try {
+      await redis.incr(probe);
+      const { replicaAddress, other } = await waitFor(
+        `slot ${slot}'s primary, its replica and another primary in the client's map`,
+        async () => {
+          // Replicas attach after the cluster answers: read the map again until they show.
+          await new Promise<void>((resolve) => {
+            redis.refreshSlotsCache(() => resolve());
+          });
+          const [p, r] = redis.slots[slot] ?? [];
+          const o = primariesOf(redis)
+            .map((n) => `${n.options.host}:${n.options.port}`)
+            .find((a) => a !== p);
+          return p && r && o ? { primary: p, replicaAddress: r, other: o } : undefined;
+        },
+        20_000,
+      );
+      const replica = redis
+        .nodes('all')
+        .find((n) => `${n.options.host}:${n.options.port}` === replicaAddress);
+      const pid = Number(/^process_id:(\d+)/m.exec((await replica?.info('server')) ?? '')?.[1]);
+      if (!Number.isInteger(pid) || pid <= 0) throw new Error(`no process id for ${replicaAddress}`);
+
+      // The replica stops acknowledging: the first WAIT blocks on the scope's node.
+      process.kill(pid, 'SIGSTOP');
+      stopped = pid;
+      const ack = new ClusterReplicaAck(redis, 1, 5_000);
+      const outcome = (p: Promise<void>): Promise<string> =>
+        p.then(
+          () => 'confirmed',
+          (err: unknown) => String((err as { code?: string }).code),
+        );
+      const first = outcome(ack.confirm(id, 'rid-1', false));
+      await new Promise((r) => setTimeout(r, 300));
+      // Joins the node's next batch, recorded on the node that served the slot.
+      const second = outcome(ack.confirm(id, 'rid-2', false));
+      // The client's map now names another primary for the slot.
+      redis.slots[slot] = [other];
+      process.kill(pid, 'SIGCONT');
+      stopped = undefined;
+
+      expect(await first).toBe('confirmed');
+      expect(await second).toBe('NOT_REPLICATED');
+    } finally {
+      if (stopped !== undefined) process.kill(stopped, 'SIGCONT');
+      if (original) redis.slots[slot] = original;
       redis.disconnect();
     }
   });
