@@ -8,7 +8,9 @@
  *
  * AB_ENV_A / AB_ENV_B ("K=V,K=V") add environment variables to the A / B process (feature toggles
  * of an experiment build); AB_NODE_ARGS_A / AB_NODE_ARGS_B (space separated) add node options that
- * NODE_OPTIONS does not accept (most V8 flags). Each dist is a compiled tree with core/ and runtime/ (e.g. a copy of the repo built with
+ * NODE_OPTIONS does not accept (most V8 flags). AB_AGE_A_S (seconds, default 0) puts the mode's
+ * load on A alone before the rounds, so that an aged process compares with a fresh one (two copies
+ * of the same dist: does the api get slower as it serves more requests?). Each dist is a compiled tree with core/ and runtime/ (e.g. a copy of the repo built with
  * `tsc -p tsconfig.build.json`); lua/ is taken from beside it, else from this repo. Servers as for
  * bench/run.ts (own ones via env-up, or DATABASE_URL / REDIS_URL / KAFKA_BROKERS).
  */
@@ -22,7 +24,7 @@ import { Buyers, getLoad, orderLoad } from './lib/http-load.js';
 import type { LoadResult } from './lib/http-load.js';
 import { peakRssMb, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
 import type { RoleProcess } from './lib/runtime.js';
-import { log, median, procCpuS } from './lib/util.js';
+import { log, median, mustRun, procCpuS } from './lib/util.js';
 
 type Mode = 'submit' | 'soldout' | 'healthz';
 
@@ -72,6 +74,14 @@ async function main(): Promise<void> {
   };
   const procs: RoleProcess[] = [];
   try {
+    // The schema the api and openActivity() write to (bench/run.ts does the same).
+    await mustRun(process.execPath, [join(resolve(distA), 'runtime', 'main.js'), 'migrate'], {
+      env: {
+        ...process.env,
+        DATABASE_URL: servers.env.DATABASE_URL!,
+        FLASHSALE_LUA_DIR: luaFor(resolve(distA)),
+      },
+    });
     const sale = `bab-${runId}`;
     await openActivity(c, sale, [benchItem('hot', 1_000_000_000), benchItem('gone', 1)]);
     for (const [label, dist] of [
@@ -117,6 +127,11 @@ async function main(): Promise<void> {
           body: JSON.stringify({ skuId: 'gone', quantity: 1, requestId: b.requestId }),
         });
       }
+    }
+    const ageS = Number(process.env.AB_AGE_A_S ?? 0);
+    if (ageS > 0) {
+      const aged = await load(procs[0]!, ageS);
+      log(`A aged: ${aged.total} requests in ${ageS} s before the rounds`);
     }
     for (const p of procs) await load(p, 2); // warm-up
     const samples: Record<'A' | 'B', Sample[]> = { A: [], B: [] };
