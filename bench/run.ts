@@ -409,43 +409,28 @@ async function main(): Promise<void> {
       };
     }
     // --- Floors: the same reservation on a bare node:http server and a minimal express route ----
+    // The floors and the paired rounds: the same servers, activity, buyers and connections.
+    const floorOptions = {
+      repo: cfg.repo,
+      distDir: cfg.distDir,
+      luaDir: cfg.luaDir,
+      logDir,
+      redisUrl: servers.env.REDIS_URL!,
+      secret: c.secret,
+    };
+    const orders = (baseUrl: string, skuId: string, seconds: number): Promise<LoadResult> =>
+      orderLoad({ baseUrl, activityId: sale, skuId, buyers, seconds, connections: conns });
     if (has('floors')) {
       results.floors = await phase(results, 'floors', () =>
-        measureFloors(
-          {
-            repo: cfg.repo,
-            distDir: cfg.distDir,
-            luaDir: cfg.luaDir,
-            logDir,
-            redisUrl: servers.env.REDIS_URL!,
-            secret: c.secret,
-          },
-          {
-            warmupS: cfg.warmupS,
-            seconds: secs,
-            submit: (b, s) =>
-              orderLoad({
-                baseUrl: b,
-                activityId: sale,
-                skuId: 'hot',
-                buyers,
-                seconds: s,
-                connections: conns,
-              }),
-            healthz: (b, s) => getLoad(b, '/healthz', s, conns),
-            soldOut: (b, s) =>
-              orderLoad({
-                baseUrl: b,
-                activityId: sale,
-                skuId: 'gone',
-                buyers,
-                seconds: s,
-                connections: conns,
-              }),
-            withCpu: (floorPid, f) => withCpu(c, floorPid, f),
-            rounds: cfg.cpuRounds,
-          },
-        ),
+        measureFloors(floorOptions, {
+          warmupS: cfg.warmupS,
+          seconds: secs,
+          submit: (b, s) => orders(b, 'hot', s),
+          healthz: (b, s) => getLoad(b, '/healthz', s, conns),
+          soldOut: (b, s) => orders(b, 'gone', s),
+          withCpu: (floorPid, f) => withCpu(c, floorPid, f),
+          rounds: cfg.cpuRounds,
+        }),
       );
     }
 
@@ -454,42 +439,14 @@ async function main(): Promise<void> {
     if (has('floors') && api && has('submit')) {
       const apiPid = api.pid;
       results.paired = await phase(results, 'floors', () =>
-        measurePaired(
-          {
-            repo: cfg.repo,
-            distDir: cfg.distDir,
-            luaDir: cfg.luaDir,
-            logDir,
-            redisUrl: servers.env.REDIS_URL!,
-            secret: c.secret,
-          },
-          {
-            warmupS: cfg.warmupS,
-            seconds: secs,
-            rounds: cfg.pairedRounds,
-            api: (s) =>
-              withCpu(c, apiPid, () =>
-                orderLoad({
-                  baseUrl: base,
-                  activityId: sale,
-                  skuId: 'hot',
-                  buyers,
-                  seconds: s,
-                  connections: conns,
-                }),
-              ),
-            submit: (b, s) =>
-              orderLoad({
-                baseUrl: b,
-                activityId: sale,
-                skuId: 'hot',
-                buyers,
-                seconds: s,
-                connections: conns,
-              }),
-            withCpu: (floorPid, f) => withCpu(c, floorPid, f),
-          },
-        ),
+        measurePaired(floorOptions, {
+          warmupS: cfg.warmupS,
+          seconds: secs,
+          rounds: cfg.pairedRounds,
+          api: (s) => withCpu(c, apiPid, () => orders(base, 'hot', s)),
+          submit: (b, s) => orders(b, 'hot', s),
+          withCpu: (floorPid, f) => withCpu(c, floorPid, f),
+        }),
       );
     }
     if (api) await stopRole(api);

@@ -200,18 +200,16 @@ export async function measurePaired(
   const floors: FloorProcess[] = [];
   try {
     for (const kind of ['express', 'node-http'] as const) floors.push(await startFloor(kind, o));
+    const onFloor =
+      (f: FloorProcess) =>
+      (seconds: number, cpu: boolean): Promise<LoadResult> => {
+        const go = (): Promise<LoadResult> => run.submit(`http://127.0.0.1:${f.port}`, seconds);
+        return cpu ? run.withCpu(f.pid, go) : go();
+      };
     const measure: Record<'api' | FloorKind, (seconds: number, cpu: boolean) => Promise<LoadResult>> = {
       api: (s) => run.api(s),
-      express: (s, cpu) => {
-        const f = floors[0]!;
-        const go = (): Promise<LoadResult> => run.submit(`http://127.0.0.1:${f.port}`, s);
-        return cpu ? run.withCpu(f.pid, go) : go();
-      },
-      'node-http': (s, cpu) => {
-        const f = floors[1]!;
-        const go = (): Promise<LoadResult> => run.submit(`http://127.0.0.1:${f.port}`, s);
-        return cpu ? run.withCpu(f.pid, go) : go();
-      },
+      express: onFloor(floors[0]!),
+      'node-http': onFloor(floors[1]!),
     };
     for (const kind of ['express', 'node-http'] as const) await measure[kind](run.warmupS, false);
     const kinds = ['api', 'express', 'node-http'] as const;
