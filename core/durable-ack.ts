@@ -82,7 +82,7 @@ export class ReplicaAck implements ReservationAck {
   }
 }
 
-/** Replicas a WAIT counted, and the connection (or node) it was answered on. */
+/** Replicas a WAIT counted, and the connection it was answered on. */
 interface AckedOn {
   acked: number;
   connection: unknown;
