@@ -9,7 +9,7 @@ import { createWriteStream } from 'node:fs';
 import { join } from 'node:path';
 import { medianByCpu } from './http-load.js';
 import type { LoadResult } from './http-load.js';
-import { imageEnv } from './runtime.js';
+import { podEnv } from './runtime.js';
 import { freePort, log, median, procStatusKb, waitFor } from './util.js';
 
 export type FloorKind = 'node-http' | 'express';
@@ -52,7 +52,7 @@ export async function startFloor(kind: FloorKind, o: FloorOptions): Promise<Floo
       PATH: process.env.PATH ?? '/usr/bin:/bin',
       HOME: process.env.HOME ?? '/tmp',
       NODE_ENV: 'production',
-      ...imageEnv(),
+      ...podEnv('api'),
       FLOOR_KIND: kind,
       FLOOR_DIST: o.distDir,
       FLASHSALE_LUA_DIR: o.luaDir,

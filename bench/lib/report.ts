@@ -23,6 +23,8 @@ export interface RunMeta {
   cpuModel: string;
   memGiB: number;
   node: string;
+  /** NODE_OPTIONS of the api and the floors: the image's and the pod's heap limit (bench/lib/runtime.ts podEnv). */
+  apiNodeOptions?: string;
   loadBefore: number;
   loadAfter: number;
   /** Share of the run during which some task waited for a CPU (/proc/pressure/cpu). */
@@ -446,7 +448,12 @@ export function renderReport(r: Results, analysis: string): string {
       (m.dirty.length ? ` with uncommitted changes in ${m.dirty.join(', ')}` : '') +
       `; the whole run took ${f0(m.totalS)} s. Regenerate with \`make bench\`; never edit the tables by hand.`,
     '',
-    `**Machine:** ${m.cpus} cores (${m.cpuModel}), ${m.memGiB} GiB, Node ${m.node}. ${m.otherLoad} ` +
+    `**Machine:** ${m.cpus} cores (${m.cpuModel}), ${m.memGiB} GiB, Node ${m.node}` +
+      (m.apiNodeOptions !== undefined
+        ? ` (the api and the floors run as in their pods: NODE_OPTIONS \`${m.apiNodeOptions}\`, the image's ` +
+          "settings and the heap limit Node derives from the chart's memory limit)"
+        : '') +
+      `. ${m.otherLoad} ` +
       `Load average ${m.loadBefore.toFixed(1)} at the start, ${m.loadAfter.toFixed(1)} at the end` +
       (m.cpuPressurePct !== undefined
         ? `; some task was waiting for a CPU during ${m.cpuPressurePct.toFixed(0)} % of the run (PSI).`
@@ -717,7 +724,8 @@ export function renderReport(r: Results, analysis: string): string {
           .map(([space, mb]) => `${space} ${f1(mb)} MB`)
           .join(', ') +
         `; external ${f1(heap.externalMb)} MB. The roles run with the runtime image's NODE_OPTIONS ` +
-        '(Dockerfile), which caps the young generation ("new").',
+        '(Dockerfile), which caps the young generation ("new"), and the heap limit of their pod\'s memory limit, ' +
+        'which bounds how far V8 lets the old generation grow between full collections.',
     );
   }
   if (r.floors?.rss) {

@@ -3,6 +3,7 @@ import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { parse as parseYaml } from 'yaml';
 import { freePort, log, procStatusKb, sleep, waitFor } from './util.js';
 
 export type RoleName = 'api' | 'relay' | 'consumer';
@@ -56,6 +57,74 @@ export function imageEnv(dockerfile = new URL('../../Dockerfile', import.meta.ur
   return out;
 }
 
+/** A Kubernetes memory quantity (`512Mi`, `1Gi`, `600M`, bytes) in MiB. */
+export function quantityMib(q: string): number {
+  const m = /^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$/.exec(q.trim());
+  if (!m) throw new Error(`not a memory quantity: ${q}`);
+  const scale: Record<string, number> = {
+    Ki: 1 / 1024,
+    Mi: 1,
+    Gi: 1024,
+    Ti: 1024 * 1024,
+    k: 1e3 / 1048576,
+    M: 1e6 / 1048576,
+    G: 1e9 / 1048576,
+    T: 1e12 / 1048576,
+  };
+  return Number(m[1]) * (m[2] ? scale[m[2]]! : 1 / 1048576);
+}
+
+/**
+ * The old-generation limit (MiB) that Node gives V8 in a container with this memory limit: Node
+ * sizes the heap from the cgroup's limit (uv_get_constrained_memory), V8 takes half of it on a
+ * 64-bit build without pointer compression (a quarter, times 2), at least 256 and at most 4096.
+ * Checked on this machine: `heap_size_limit` is 280 MiB both in a 512Mi memory cgroup and with
+ * `--max-old-space-size=256`, next to the image's 8 MiB semi-spaces (24 MiB of young generation).
+ * It matters beyond the crash limit: V8 grows the old generation by at most 1.3× its live size
+ * between full collections at 256 MiB, and by up to 4× at the 4 GiB a large host gives.
+ */
+export function podOldSpaceMib(limitMib: number): number {
+  return Math.round(Math.min(4096, Math.max(256, limitMib / 2)));
+}
+
+/**
+ * The memory limit of a runtime role's pod in the chart's defaults (`runtime.roles.<role>.resources`,
+ * else `runtime.resources`), or BENCH_POD_MEMORY (a quantity, or `none`: the host's heap limit).
+ */
+export function podMemoryMib(
+  role: RoleName,
+  values = new URL('../../charts/flashsale/values.yaml', import.meta.url),
+): number | undefined {
+  const override = process.env.BENCH_POD_MEMORY;
+  if (override === 'none') return undefined;
+  if (override) return quantityMib(override);
+  interface Resources {
+    limits?: { memory?: string };
+  }
+  const runtime = (
+    parseYaml(readFileSync(values, 'utf8')) as {
+      runtime?: { resources?: Resources; roles?: Partial<Record<RoleName, { resources?: Resources }>> };
+    }
+  ).runtime;
+  const limit = runtime?.roles?.[role]?.resources?.limits?.memory ?? runtime?.resources?.limits?.memory;
+  return limit ? quantityMib(limit) : undefined;
+}
+
+/**
+ * What a role (or a floor, with the api's pod) runs with in its pod: the image's environment and
+ * the heap limit Node derives from the pod's memory limit (in NODE_OPTIONS, which accepts it).
+ */
+export function podEnv(role: RoleName): Record<string, string> {
+  const env = imageEnv();
+  const mib = podMemoryMib(role);
+  if (mib !== undefined) {
+    env.NODE_OPTIONS = [env.NODE_OPTIONS, `--max-old-space-size=${podOldSpaceMib(mib)}`]
+      .filter(Boolean)
+      .join(' ');
+  }
+  return env;
+}
+
 export async function startRole(role: RoleName, o: RoleOptions): Promise<RoleProcess> {
   const port = await freePort();
   const metricsPort = await freePort();
@@ -80,7 +149,7 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
         FLASHSALE_LUA_DIR: o.luaDir,
         LOG_LEVEL: 'info',
         NODE_ENV: 'production',
-        ...imageEnv(),
+        ...podEnv(role),
         ...o.roleEnv,
         ...o.extraEnv,
       },
