@@ -115,6 +115,12 @@ const schema = z
     API_EVENT_LOOP_SAMPLE_MS: env.int(500, 50),
     /** Retry-After (seconds) of a shed request. */
     API_SHED_RETRY_AFTER_SECONDS: env.int(1, 1),
+    /**
+     * V8's allocation-site pretenuring in the api role (runtime/v8-tuning.ts). Off by default: under
+     * load V8 takes a request's objects for long-lived and allocates them straight into the old
+     * generation, which then needs a full collection every few megabytes in a pod's heap limit.
+     */
+    API_V8_PRETENURING: env.bool(false),
     /** Each api process re-reads an activity's traffic policy from Redis at most this often (ms). */
     API_POLICY_REFRESH_MS: env.int(1000, 0),
     /** A sold-out flag is re-checked against Redis at most this often (restock events reset it at once). */

@@ -21,6 +21,7 @@ import { runRefundCli } from './refund-cli.js';
 import { START_ROLE } from './roles/index.js';
 import type { ClientsOf } from './roles/index.js';
 import { closeInOrder, redisFactory, RoleReadiness } from './roles/process.js';
+import { applyV8Tuning } from './v8-tuning.js';
 import type { Closer, DatabaseClient, KafkaClient, RoleContext } from './roles/process.js';
 
 const isRole = (s: string): s is Role => (roles as readonly string[]).includes(s);
@@ -45,6 +46,7 @@ async function runRole<R extends Role>(role: R): Promise<void> {
   const cfg = loadRuntimeConfig(role);
   const c = cfg as Partial<RuntimeConfig>;
   const logger = createLogger(`runtime-${role}`, cfg.LOG_LEVEL);
+  const v8Flags = applyV8Tuning(role, cfg);
   const { redisConnection, connectRedis } = redisFactory(cfg, logger);
   logger.info(
     {
@@ -53,6 +55,7 @@ async function runRole<R extends Role>(role: R): Promise<void> {
       db: c.DATABASE_URL ? redactUrl(c.DATABASE_URL) : undefined,
       redis: describeRedis(redisConnection),
       brokers: c.KAFKA_BROKERS,
+      ...(v8Flags.length > 0 ? { v8Flags } : {}),
     },
     'starting',
   );
