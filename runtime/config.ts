@@ -121,6 +121,11 @@ const schema = z
      * generation, which then needs a full collection every few megabytes in a pod's heap limit.
      */
     API_V8_PRETENURING: env.bool(false),
+    /**
+     * How far V8 lets the api's old generation grow between full collections, in percent of what
+     * was live after the last one (runtime/v8-tuning.ts); 0 = V8's own choice (1.3x in a 512Mi pod).
+     */
+    API_V8_HEAP_GROWING_PERCENT: env.int(100, 0),
     /** Each api process re-reads an activity's traffic policy from Redis at most this often (ms). */
     API_POLICY_REFRESH_MS: env.int(1000, 0),
     /** A sold-out flag is re-checked against Redis at most this often (restock events reset it at once). */

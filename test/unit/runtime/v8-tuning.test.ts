@@ -7,23 +7,48 @@ import { v8FlagsFor } from '../../../runtime/v8-tuning.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
+interface V8Trace {
+  /** V8's pretenuring statistics (printed at each collection while it weighs allocation sites). */
+  pretenuring: string[];
+  /** The old generation's growing factors V8 chose after its full collections, each once. */
+  factors: string[];
+}
+
 /**
- * Runs applyV8Tuning for the role in a fresh process, then an allocation site whose objects all
- * survive (the pattern V8 pretenures), and returns V8's pretenuring decisions.
+ * Runs applyV8Tuning for the role in a fresh process with a pod's heap limit (256 MiB of old
+ * generation, as in a 512Mi pod), then an allocation site whose objects all survive (the pattern
+ * V8 pretenures, and enough to need full collections), and returns what V8 decided.
  */
-function pretenuringDecisions(role: Role, env: Record<string, string> = {}): string[] {
+function v8Trace(role: Role, env: Record<string, string> = {}): V8Trace {
   const script = `
     import { applyV8Tuning } from ${JSON.stringify(join(root, 'runtime', 'v8-tuning.ts'))};
     import { loadRuntimeConfig } from ${JSON.stringify(join(root, 'runtime', 'config.ts'))};
     applyV8Tuning(${JSON.stringify(role)}, loadRuntimeConfig(${JSON.stringify(role)}));
+    process.stdout.write('tuned\\n');
+    // Objects that all live through the scavenges after them, in rounds so that the live heap
+    // stays far below the limit: several chances for V8 to decide, and full collections.
     const make = (i) => ({ a: i, b: [i, i + 1] });
-    const keep = [];
-    for (let i = 0; i < 2_000_000; i += 1) keep.push(make(i));
-    process.stdout.write('kept ' + keep.length + '\\n');
+    let keep = [];
+    let made = 0;
+    for (let round = 0; round < 12; round += 1) {
+      keep = [];
+      for (let i = 0; i < 500_000; i += 1) keep.push(make(i));
+      made += keep.length;
+    }
+    process.stdout.write('made ' + made + '\\n');
   `;
   const out = execFileSync(
     process.execPath,
-    ['--trace-pretenuring-statistics', '--import', 'tsx', '--input-type=module', '-e', script],
+    [
+      '--max-old-space-size=256',
+      '--trace-pretenuring-statistics',
+      '--trace-gc-verbose',
+      '--import',
+      'tsx',
+      '--input-type=module',
+      '-e',
+      script,
+    ],
     {
       cwd: root,
       encoding: 'utf8',
@@ -38,19 +63,36 @@ function pretenuringDecisions(role: Role, env: Record<string, string> = {}): str
       },
     },
   );
-  expect(out).toContain('kept 2000000');
-  return out.split('\n').filter((l) => /=> tenure/.test(l));
+  expect(out).toContain('made 6000000');
+  // Only what V8 did after the flags were set (loading tsx and the modules collects before).
+  const all = out.split('\n');
+  const lines = all.slice(all.indexOf('tuned'));
+  return {
+    pretenuring: lines.filter((l) => /\] pretenuring: /.test(l)),
+    factors: [...new Set(lines.flatMap((l) => /\[HeapController\] factor (\d+\.\d)/.exec(l)?.[1] ?? []))],
+  };
 }
 
 describe('V8 tuning per role', () => {
-  test('the api turns allocation-site pretenuring off unless API_V8_PRETENURING is set', () => {
+  test("the api sets its flags unless told otherwise; other roles keep V8's defaults", () => {
     const base = {
       REDIS_URL: 'redis://127.0.0.1:6379',
       DATABASE_URL: 'postgres://u@127.0.0.1:5432/db',
       JWT_HS256_SECRET: 's'.repeat(32),
     };
-    expect(v8FlagsFor('api', loadRuntimeConfig('api', base))).toEqual(['--no-allocation-site-pretenuring']);
-    expect(v8FlagsFor('api', loadRuntimeConfig('api', { ...base, API_V8_PRETENURING: 'true' }))).toEqual([]);
+    expect(v8FlagsFor('api', loadRuntimeConfig('api', base))).toEqual([
+      '--no-allocation-site-pretenuring',
+      '--heap-growing-percent=100',
+    ]);
+    expect(
+      v8FlagsFor(
+        'api',
+        loadRuntimeConfig('api', { ...base, API_V8_PRETENURING: 'true', API_V8_HEAP_GROWING_PERCENT: '0' }),
+      ),
+    ).toEqual([]);
+    expect(() => loadRuntimeConfig('api', { ...base, API_V8_HEAP_GROWING_PERCENT: '-1' })).toThrow(
+      /API_V8_HEAP_GROWING_PERCENT/,
+    );
     expect(
       v8FlagsFor(
         'relay',
@@ -59,11 +101,18 @@ describe('V8 tuning per role', () => {
     ).toEqual([]);
   });
 
-  test('set at start-up, the flag stops V8 from pretenuring in the api process only', () => {
-    // The relay keeps V8's default: the same allocations are pretenured there, which shows that
-    // the pattern does trigger it and that the api's empty list is the flag's doing.
-    expect(pretenuringDecisions('relay').length).toBeGreaterThan(0);
-    expect(pretenuringDecisions('api', { API_V8_PRETENURING: 'true' }).length).toBeGreaterThan(0);
-    expect(pretenuringDecisions('api')).toEqual([]);
+  test('set at start-up, the flags change what V8 does in the api process only', () => {
+    // The relay keeps V8's defaults: V8 weighs the same allocation sites for pretenuring there and
+    // grows the old generation by its own 1.3x of a 256 MiB heap, which shows that the pattern
+    // does trigger both and that the api's trace is the flags' doing.
+    const relay = v8Trace('relay');
+    expect(relay.pretenuring.length).toBeGreaterThan(0);
+    expect(relay.factors).toEqual(['1.3']);
+    const api = v8Trace('api');
+    expect(api.pretenuring).toEqual([]);
+    expect(api.factors).toEqual(['2.0']);
+    const optedOut = v8Trace('api', { API_V8_PRETENURING: 'true', API_V8_HEAP_GROWING_PERCENT: '0' });
+    expect(optedOut.pretenuring.length).toBeGreaterThan(0);
+    expect(optedOut.factors).toEqual(['1.3']);
   }, 60_000);
 });
