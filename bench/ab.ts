@@ -14,17 +14,15 @@
  * `tsc -p tsconfig.build.json`); lua/ is taken from beside it, else from this repo. Servers as for
  * bench/run.ts (own ones via env-up, or DATABASE_URL / REDIS_URL / KAFKA_BROKERS).
  */
-import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { benchItem, openActivity, openClients, redisCpuS } from './lib/context.js';
-import type { Ctx } from './lib/context.js';
+import { benchItem, migrateSchema, openActivity, openContext, redisCpuS } from './lib/context.js';
 import { loadCore, readConfig, serversDown, serversUp } from './lib/env.js';
 import { Buyers, getLoad, orderLoad } from './lib/http-load.js';
 import type { LoadResult } from './lib/http-load.js';
 import { peakRssMb, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
 import type { RoleProcess } from './lib/runtime.js';
-import { log, median, mustRun, procCpuS } from './lib/util.js';
+import { log, median, procCpuS } from './lib/util.js';
 
 type Mode = 'submit' | 'soldout' | 'healthz';
 
@@ -58,31 +56,11 @@ async function main(): Promise<void> {
     existsSync(join(dist, '..', 'lua', 'setGate-1.lua')) ? resolve(dist, '..', 'lua') : join(cfg.repo, 'lua');
   const core = await loadCore({ ...cfg, distDir: resolve(distA), luaDir: luaFor(resolve(distA)) });
   const servers = await serversUp(cfg);
-  const logDir = join(cfg.stateDir, 'ab');
-  mkdirSync(logDir, { recursive: true });
-  const runId = randomBytes(3).toString('hex');
-  const c: Ctx = {
-    cfg,
-    servers,
-    core,
-    ...openClients(servers),
-    runId,
-    secret: randomBytes(32).toString('hex'),
-    logDir,
-    activities: new Set(),
-    topics: new Set(),
-  };
+  const c = openContext(cfg, servers, core, 'ab');
   const procs: RoleProcess[] = [];
   try {
-    // The schema the api and openActivity() write to (bench/run.ts does the same).
-    await mustRun(process.execPath, [join(resolve(distA), 'runtime', 'main.js'), 'migrate'], {
-      env: {
-        ...process.env,
-        DATABASE_URL: servers.env.DATABASE_URL!,
-        FLASHSALE_LUA_DIR: luaFor(resolve(distA)),
-      },
-    });
-    const sale = `bab-${runId}`;
+    await migrateSchema(servers, resolve(distA), luaFor(resolve(distA)));
+    const sale = `bab-${c.runId}`;
     await openActivity(c, sale, [benchItem('hot', 1_000_000_000), benchItem('gone', 1)]);
     for (const [label, dist] of [
       ['A', distA],
@@ -92,7 +70,7 @@ async function main(): Promise<void> {
         await startRole('api', {
           distDir: resolve(dist),
           luaDir: luaFor(resolve(dist)),
-          logDir,
+          logDir: c.logDir,
           env: servers.env,
           activityId: sale,
           label: `api-${label}`,
@@ -102,7 +80,7 @@ async function main(): Promise<void> {
         }),
       );
     }
-    const buyers = new Buyers(c.secret, `ab${runId}-`, 20_000);
+    const buyers = new Buyers(c.secret, `ab${c.runId}-`, 20_000);
     const sku = mode === 'soldout' ? 'gone' : 'hot';
     const load = (p: RoleProcess, s: number): Promise<LoadResult> => {
       const base = `http://127.0.0.1:${p.port}`;

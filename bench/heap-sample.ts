@@ -9,16 +9,12 @@
  *
  * Servers as for bench/run.ts (own ones via env-up, or DATABASE_URL / REDIS_URL / KAFKA_BROKERS).
  */
-import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
-import { benchItem, openActivity, openClients } from './lib/context.js';
-import type { Ctx } from './lib/context.js';
+import { benchItem, migrateSchema, openActivity, openContext } from './lib/context.js';
 import { loadCore, readConfig, serversDown, serversUp } from './lib/env.js';
 import { Buyers, orderLoad } from './lib/http-load.js';
 import { startRole, stopAllRoles } from './lib/runtime.js';
-import { log, mustRun, sleep } from './lib/util.js';
+import { log, sleep } from './lib/util.js';
 
 interface ProfileNode {
   id: number;
@@ -82,30 +78,15 @@ async function main(): Promise<void> {
   const cfg = readConfig();
   const core = await loadCore(cfg);
   const servers = await serversUp(cfg);
-  const logDir = join(cfg.stateDir, 'heap');
-  mkdirSync(logDir, { recursive: true });
-  const runId = randomBytes(3).toString('hex');
-  const c: Ctx = {
-    cfg,
-    servers,
-    core,
-    ...openClients(servers),
-    runId,
-    secret: randomBytes(32).toString('hex'),
-    logDir,
-    activities: new Set(),
-    topics: new Set(),
-  };
+  const c = openContext(cfg, servers, core, 'heap');
   try {
-    await mustRun(process.execPath, [join(cfg.distDir, 'runtime', 'main.js'), 'migrate'], {
-      env: { ...process.env, DATABASE_URL: servers.env.DATABASE_URL!, FLASHSALE_LUA_DIR: cfg.luaDir },
-    });
-    const sale = `bheap-${runId}`;
+    await migrateSchema(servers, cfg.distDir, cfg.luaDir);
+    const sale = `bheap-${c.runId}`;
     await openActivity(c, sale, [benchItem('hot', 1_000_000_000), benchItem('gone', 1)]);
     const api = await startRole('api', {
       distDir: cfg.distDir,
       luaDir: cfg.luaDir,
-      logDir,
+      logDir: c.logDir,
       env: servers.env,
       activityId: sale,
       nodeArgs: [
@@ -118,7 +99,7 @@ async function main(): Promise<void> {
     if (!url) throw new Error('no inspector URL in the api log');
     const insp = await Inspector.open(url);
     await insp.send('HeapProfiler.enable');
-    const buyers = new Buyers(c.secret, `hp${runId}-`, 20_000);
+    const buyers = new Buyers(c.secret, `hp${c.runId}-`, 20_000);
     const load = (s: number) =>
       orderLoad({
         baseUrl: `http://127.0.0.1:${api.port}`,

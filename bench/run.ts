@@ -24,11 +24,17 @@
  * buckets (stock buckets on a Redis Cluster, bench/lib/buckets.ts); opt-in only: kafka-replication
  * (Kafka broker CPU at replication 3 vs 1 on three brokers, bench/lib/kafka-replication.ts).
  */
-import { randomBytes } from 'node:crypto';
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
-import { benchItem, dropActivityKeys, openActivity, openClients, redisCpuS } from './lib/context.js';
+import {
+  benchItem,
+  dropActivityKeys,
+  migrateSchema,
+  openActivity,
+  openContext,
+  redisCpuS,
+} from './lib/context.js';
 import type { Ctx } from './lib/context.js';
 import { buildRuntime, loadCore, readConfig, serversDown, serversUp } from './lib/env.js';
 import type { Phase } from './lib/env.js';
@@ -50,7 +56,7 @@ import { renderReport, targets } from './lib/report.js';
 import type { Results } from './lib/report.js';
 import { heapBreakdown, peakRssMb, podEnv, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
 import type { RoleProcess } from './lib/runtime.js';
-import { log, machineLoad, mustRun, procCpuS, runCmd } from './lib/util.js';
+import { log, machineLoad, procCpuS, runCmd } from './lib/util.js';
 import { warmup } from './lib/warmup.js';
 
 const started = performance.now();
@@ -214,28 +220,14 @@ async function main(): Promise<void> {
   process.on('SIGTERM', () => onSignal('SIGTERM'));
 
   const servers = await serversUp(cfg);
-  const logDir = join(cfg.stateDir, 'bench');
-  mkdirSync(logDir, { recursive: true });
-  const runId = randomBytes(3).toString('hex');
-  const c: Ctx = {
-    cfg,
-    servers,
-    core,
-    ...openClients(servers),
-    runId,
-    secret: randomBytes(32).toString('hex'),
-    logDir,
-    activities: new Set(),
-    topics: new Set(),
-  };
+  const c = openContext(cfg, servers, core, 'bench');
+  const { runId, logDir } = c;
   live.ctx = c;
   try {
     if (servers.owned.redis && cfg.redisAppendfsync !== 'keep') {
       await c.redis.config('SET', 'appendfsync', cfg.redisAppendfsync);
     }
-    await mustRun(process.execPath, [join(cfg.distDir, 'runtime', 'main.js'), 'migrate'], {
-      env: { ...process.env, DATABASE_URL: servers.env.DATABASE_URL!, FLASHSALE_LUA_DIR: cfg.luaDir },
-    });
+    await migrateSchema(servers, cfg.distDir, cfg.luaDir);
     const redisInfo = (await c.redis.info('server')).match(/redis_version:(\S+)/)?.[1] ?? '?';
     const fsync = ((await c.redis.config('GET', 'appendfsync')) as string[])[1] ?? '?';
     const aof = ((await c.redis.config('GET', 'appendonly')) as string[])[1] ?? '?';

@@ -1,9 +1,13 @@
 /** What every phase gets: configuration, servers, the measured core, and shared clients. */
+import { randomBytes } from 'node:crypto';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { recordActivityItems } from '../../core/db/activity-items-store.js';
 import type { CatalogItem } from '../../core/model.js';
 import type { BenchConfig, CoreModules, Servers } from './env.js';
+import { mustRun } from './util.js';
 
 export interface Ctx {
   cfg: BenchConfig;
@@ -26,6 +30,30 @@ export function openClients(servers: Servers): { redis: Redis; pool: pg.Pool } {
     redis: new Redis(servers.env.REDIS_URL!, { enableAutoPipelining: true, maxRetriesPerRequest: 3 }),
     pool: new pg.Pool({ connectionString: servers.env.DATABASE_URL!, max: 4 }),
   };
+}
+
+/** A run's context: its own clients, run id, token secret and log directory (<stateDir>/<logSubdir>). */
+export function openContext(cfg: BenchConfig, servers: Servers, core: CoreModules, logSubdir: string): Ctx {
+  const logDir = join(cfg.stateDir, logSubdir);
+  mkdirSync(logDir, { recursive: true });
+  return {
+    cfg,
+    servers,
+    core,
+    ...openClients(servers),
+    runId: randomBytes(3).toString('hex'),
+    secret: randomBytes(32).toString('hex'),
+    logDir,
+    activities: new Set(),
+    topics: new Set(),
+  };
+}
+
+/** The schema the api and openActivity() write to, applied by the runtime build under test. */
+export async function migrateSchema(servers: Servers, distDir: string, luaDir: string): Promise<void> {
+  await mustRun(process.execPath, [join(distDir, 'runtime', 'main.js'), 'migrate'], {
+    env: { ...process.env, DATABASE_URL: servers.env.DATABASE_URL!, FLASHSALE_LUA_DIR: luaDir },
+  });
 }
 
 export function benchItem(skuId: string, stock: number, name = `Bench item ${skuId}`): CatalogItem {
