@@ -21,8 +21,8 @@ import { runRefundCli } from './refund-cli.js';
 import { START_ROLE } from './roles/index.js';
 import type { ClientsOf } from './roles/index.js';
 import { closeInOrder, redisFactory, RoleReadiness } from './roles/process.js';
-import { applyV8Tuning } from './v8-tuning.js';
 import type { Closer, DatabaseClient, KafkaClient, RoleContext } from './roles/process.js';
+import { applyV8Tuning } from './v8-tuning.js';
 
 const isRole = (s: string): s is Role => (roles as readonly string[]).includes(s);
 

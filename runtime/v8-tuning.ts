@@ -12,8 +12,8 @@
  * 14.4 kB of every request's 35.5 kB then died in the old generation instead of 3.9 kB, and the
  * 256 MiB heap limit of a 512Mi pod (V8 grows the old generation by at most 1.3x its live size
  * there) needed 66 full collections instead of 25 in the same 8 s (bench/heap-sample.ts, 200
- * connections). Without pretenuring the api took 0.80x the CPU per reservation at 200 connections
- * and 0.97x at 50 (bench/ab.ts, docs/benchmarks.md). What the api keeps for long (the policies, the
+ * connections). Without pretenuring the api took 0.73x the CPU per reservation and 0.70x per
+ * sold-out answer at 200 connections, and 0.97x / 0.99x at 50 (bench/ab.ts, bench/analysis.md). What the api keeps for long (the policies, the
  * metrics, the connections) is small and is simply copied once more by the scavenger.
  *
  * The api also sets how far its old generation may grow between full collections. V8 chooses that
