@@ -39,11 +39,12 @@ node_modules() {
   # npm ci on the project's Node major (installed into the cache when the machine's is older).
   PATH="$(bash "$here/node.sh"):$PATH"
   local stamp="node_modules/.flashsale-deps" sum
-  sum="$(cat package.json package-lock.json | sha256sum | cut -d' ' -f1)"
+  # patches/ is applied by npm ci's postinstall (patch-package): a changed patch reinstalls too.
+  sum="$(cat package.json package-lock.json patches/* | sha256sum | cut -d' ' -f1)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then return 0; fi
   # npm install keeps node_modules/.package-lock.json newer than the lock file.
   if [ -f node_modules/.package-lock.json ] && [ node_modules/.package-lock.json -nt package-lock.json ] \
-    && [ node_modules/.package-lock.json -nt package.json ]; then
+    && [ node_modules/.package-lock.json -nt package.json ] && [ -z "$(find patches -newer node_modules/.package-lock.json)" ]; then
     echo "$sum" >"$stamp"
     return 0
   fi
