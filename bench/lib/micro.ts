@@ -13,16 +13,21 @@ import {
   webcrypto,
 } from 'node:crypto';
 import type { KeyObject } from 'node:crypto';
-import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { jwtVerify } from 'jose';
 import { Partitioners } from 'kafkajs';
-import type { Message, PartitionMetadata } from 'kafkajs';
+import type { Message } from 'kafkajs';
 import type * as Errors from '../../core/errors.js';
 import type * as MetricsModule from '../../core/metrics.js';
 import type * as Schemas from '../../runtime/api/schemas.js';
 import type { Ctx } from './context.js';
+import {
+  installedGroupMessagesPerPartition,
+  partitionMetadata,
+  upstreamGroupMessagesPerPartition,
+} from './kafka-grouping.js';
+import type { GroupPerPartition } from './kafka-grouping.js';
 import { log, median } from './util.js';
 
 export interface MicroResult {
@@ -134,36 +139,11 @@ async function measure(cases: Case[], rounds: number, targetMs: number): Promise
   }));
 }
 
-type GroupPerPartition = (args: {
-  topic: string;
-  partitionMetadata: PartitionMetadata[];
-  messages: Message[];
-  partitioner: ReturnType<typeof Partitioners.DefaultPartitioner>;
-}) => Record<string, Message[]>;
-
-/** kafkajs 2.2.4's own groupMessagesPerPartition, before patches/kafkajs+2.2.4.patch: the reference. */
-const upstreamGroupMessagesPerPartition: GroupPerPartition = ({
-  topic,
-  partitionMetadata,
-  messages,
-  partitioner,
-}) => {
-  if (partitionMetadata.length === 0) return {};
-  return messages.reduce<Record<string, Message[]>>((result, message) => {
-    const partition = partitioner({ topic, partitionMetadata, message });
-    const current = result[partition] ?? [];
-    return Object.assign(result, { [partition]: [...current, message] });
-  }, {});
-};
-
 /**
  * The relay's sends through kafkajs' grouping by partition: RELAY_BATCH_SIZE messages (2,000) keyed
  * by buyer, over the bench's 4 partitions and over 1; an operation is one message.
  */
 function kafkaGroupingCases(): Case[] {
-  const installed = createRequire(import.meta.url)(
-    'kafkajs/src/producer/groupMessagesPerPartition.js',
-  ) as GroupPerPartition;
   const partitioner = Partitioners.DefaultPartitioner();
   const messages: Message[] = Array.from({ length: 2_000 }, (_, i) => ({
     key: `buyer-${i}`,
@@ -171,18 +151,11 @@ function kafkaGroupingCases(): Case[] {
   }));
   const cases: Case[] = [];
   for (const partitions of [4, 1]) {
-    const partitionMetadata = Array.from({ length: partitions }, (_, partitionId) => ({
-      partitionId,
-      leader: 0,
-      partitionErrorCode: 0,
-      replicas: [0],
-      isr: [0],
-      offlineReplicas: [],
-    }));
+    const metadata = partitionMetadata(partitions);
     const group = `relay: kafkajs groups a send of 2,000 messages by partition (${partitions} partition${partitions > 1 ? 's' : ''}), per message`;
     const run = (f: GroupPerPartition) => (n: number) => {
       for (let done = 0; done < n; done += messages.length)
-        f({ topic: 'orders', partitionMetadata, messages, partitioner });
+        f({ topic: 'orders', partitionMetadata: metadata, messages, partitioner });
     };
     cases.push(
       {
@@ -190,7 +163,11 @@ function kafkaGroupingCases(): Case[] {
         name: 'kafkajs 2.2.4 upstream (the partition array copied per message)',
         run: run(upstreamGroupMessagesPerPartition),
       },
-      { group, name: 'as installed, patches/kafkajs+2.2.4.patch (appended)', run: run(installed) },
+      {
+        group,
+        name: 'as installed, patches/kafkajs+2.2.4.patch (appended)',
+        run: run(installedGroupMessagesPerPartition),
+      },
     );
   }
   return cases;

@@ -5,33 +5,16 @@
 // patched one, and it groups exactly as upstream does (every message once, in order, on the
 // partition the partitioner names).
 import { execFileSync } from 'node:child_process';
-import { createRequire } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Partitioners } from 'kafkajs';
-import type { Message, PartitionMetadata } from 'kafkajs';
+import type { Message } from 'kafkajs';
+import {
+  installedGroupMessagesPerPartition as groupMessagesPerPartition,
+  partitionMetadata as metadata,
+} from '../../../bench/lib/kafka-grouping.js';
 
-const require = createRequire(import.meta.url);
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
-
-type Group = (args: {
-  topic: string;
-  partitionMetadata: PartitionMetadata[];
-  messages: Message[];
-  partitioner: ReturnType<typeof Partitioners.DefaultPartitioner>;
-}) => Record<string, Message[]>;
-
-const groupMessagesPerPartition = require('kafkajs/src/producer/groupMessagesPerPartition.js') as Group;
-
-const metadata = (n: number): PartitionMetadata[] =>
-  Array.from({ length: n }, (_, partitionId) => ({
-    partitionId,
-    leader: 0,
-    partitionErrorCode: 0,
-    replicas: [0],
-    isr: [0],
-    offlineReplicas: [],
-  }));
 
 describe('kafkajs as installed (patches/kafkajs+2.2.4.patch)', () => {
   it('carries the patch: the patch applies in reverse to node_modules', () => {
