@@ -97,11 +97,17 @@ export function summarizeProfile(
   let ts = p.startTime;
   let inWindow = 0;
   for (let i = 0; i < p.samples.length; i += 1) {
-    ts += p.timeDeltas[i] ?? 0;
-    if (window && (ts < window.startUs || ts > window.endUs)) continue;
+    const delta = p.timeDeltas[i] ?? 0;
+    ts += delta;
+    // A sample stands for the time since the one before it, of which only the part inside the
+    // window counts: a process stopped (SIGSTOP) right before the window would otherwise charge
+    // the whole stop to its first sample after SIGCONT.
+    const from = window ? Math.max(ts - delta, window.startUs) : ts - delta;
+    const to = window ? Math.min(ts, window.endUs) : ts;
+    if (window && (ts < window.startUs || ts - delta >= window.endUs)) continue;
     inWindow += 1;
     const id = p.samples[i]!;
-    self.set(id, (self.get(id) ?? 0) + (p.timeDeltas[i] ?? 0) / 1000);
+    self.set(id, (self.get(id) ?? 0) + Math.max(0, to - from) / 1000);
   }
   if (window && inWindow === 0) return summarizeProfile(file, distDir, undefined, top);
   const groups = new Map<string, number>();
