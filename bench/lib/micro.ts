@@ -23,11 +23,13 @@ import type * as MetricsModule from '../../core/metrics.js';
 import type * as Schemas from '../../runtime/api/schemas.js';
 import type { Ctx } from './context.js';
 import {
-  installedGroupMessagesPerPartition,
+  groupMessagesPerPartition,
+  kafkajsLong,
   partitionMetadata,
-  upstreamGroupMessagesPerPartition,
-} from './kafka-grouping.js';
-import type { GroupPerPartition } from './kafka-grouping.js';
+  produceRequest,
+  relayMessages,
+} from './kafkajs-upstream.js';
+import type { GroupPerPartition } from './kafkajs-upstream.js';
 import { log, median } from './util.js';
 
 export interface MicroResult {
@@ -42,8 +44,10 @@ export interface MicroResult {
 interface Case {
   group: string;
   name: string;
-  /** Runs `n` operations. */
+  /** Runs `n` calls, each of `perCall` operations (default 1). */
   run: (n: number) => Promise<void> | void;
+  /** Operations one call makes (a send of 2,000 messages is 2,000): the figures are per operation. */
+  perCall?: number;
 }
 
 /**
@@ -127,8 +131,9 @@ async function measure(cases: Case[], rounds: number, targetMs: number): Promise
       await c.run(n);
       const dt = (performance.now() - t0) * 1000;
       const dc = process.cpuUsage(c0);
-      (cpu.get(c) ?? cpu.set(c, []).get(c)!).push((dc.user + dc.system) / n);
-      (wall.get(c) ?? wall.set(c, []).get(c)!).push(dt / n);
+      const ops = n * (c.perCall ?? 1);
+      (cpu.get(c) ?? cpu.set(c, []).get(c)!).push((dc.user + dc.system) / ops);
+      (wall.get(c) ?? wall.set(c, []).get(c)!).push(dt / ops);
     }
   }
   return cases.map((c) => ({
@@ -154,23 +159,73 @@ function kafkaGroupingCases(): Case[] {
     const metadata = partitionMetadata(partitions);
     const group = `relay: kafkajs groups a send of 2,000 messages by partition (${partitions} partition${partitions > 1 ? 's' : ''}), per message`;
     const run = (f: GroupPerPartition) => (n: number) => {
-      for (let done = 0; done < n; done += messages.length)
+      for (let i = 0; i < n; i += 1)
         f({ topic: 'orders', partitionMetadata: metadata, messages, partitioner });
     };
     cases.push(
       {
         group,
+        perCall: messages.length,
         name: 'kafkajs 2.2.4 upstream (the partition array copied per message)',
-        run: run(upstreamGroupMessagesPerPartition),
+        run: run(groupMessagesPerPartition('upstream')),
       },
       {
         group,
+        perCall: messages.length,
         name: 'as installed, patches/kafkajs+2.2.4.patch (appended)',
-        run: run(installedGroupMessagesPerPartition),
+        run: run(groupMessagesPerPartition('installed')),
       },
     );
   }
   return cases;
+}
+
+/**
+ * The relay's sends through kafkajs' encoders: the produce request of RELAY_BATCH_SIZE messages
+ * (2,000, as the relay makes them from outbox entries: buyer key, the order's JSON, trace and
+ * reservation id headers) over the bench's 4 partitions, encoded to its bytes; an operation is one
+ * message.
+ */
+function kafkaEncodingCases(): Case[] {
+  const group =
+    'relay: kafkajs encodes the produce request of a send of 2,000 messages (4 partitions), per message';
+  const messages = relayMessages(2_000);
+  const partitions = [0, 1, 2, 3].map((partition) => ({
+    partition,
+    firstSequence: 0,
+    messages: messages.filter((_, i) => i % 4 === partition),
+  }));
+  const run = (which: 'installed' | 'upstream') => {
+    const request = produceRequest(which);
+    const producerId = kafkajsLong(which).fromInt(1000);
+    return async (n: number): Promise<void> => {
+      for (let i = 0; i < n; i += 1) {
+        const encoder = await request({
+          acks: -1,
+          timeout: 30_000,
+          producerId,
+          producerEpoch: 0,
+          compression: 0,
+          topicData: [{ topic: 'orders', partitions }],
+        }).encode();
+        if (encoder.buffer.length === 0) throw new Error('kafkajs encoded an empty request');
+      }
+    };
+  };
+  return [
+    {
+      group,
+      perCall: messages.length,
+      name: 'kafkajs 2.2.4 upstream (a zero-filled 512-byte buffer per record and per header; varints through arrays)',
+      run: run('upstream'),
+    },
+    {
+      group,
+      perCall: messages.length,
+      name: 'as installed, patches/kafkajs+2.2.4.patch (buffers sized and pooled, varints written in place)',
+      run: run('installed'),
+    },
+  ];
 }
 
 export async function microBenchmarks(ctx: Ctx): Promise<MicroResult[]> {
@@ -285,6 +340,7 @@ export async function microBenchmarks(ctx: Ctx): Promise<MicroResult[]> {
       },
     },
     ...kafkaGroupingCases(),
+    ...kafkaEncodingCases(),
   ];
   const results: MicroResult[] = [];
   const groups = [...new Set(cases.map((c) => c.group))];

@@ -1,0 +1,130 @@
+/**
+ * kafkajs as installed (patches/kafkajs+2.2.4.patch applied by `npm ci`) and as upstream 2.2.4
+ * shipped it, side by side, for the micro-benchmarks and test/unit/runtime/kafkajs-patch.test.ts.
+ * Upstream is the installed package with the patch reversed (`git apply --reverse`) in a copy
+ * under the temporary directory, so the reference is upstream's own code, never a hand-made copy.
+ */
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { cpSync, existsSync, readFileSync, renameSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Message, PartitionMetadata, Partitioners } from 'kafkajs';
+
+const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+/** The patch `npm ci` applies to kafkajs (patch-package, the postinstall script). */
+export const KAFKAJS_PATCH = join(repoRoot, 'patches', 'kafkajs+2.2.4.patch');
+
+const installedDir = dirname(createRequire(import.meta.url).resolve('kafkajs/package.json'));
+
+/**
+ * A copy of the installed kafkajs with the patch reversed: kafkajs 2.2.4 as published. Made once per
+ * version of the patch (the directory's name carries its hash) and kept for later runs.
+ */
+export function upstreamKafkajsDir(): string {
+  const hash = createHash('sha256').update(readFileSync(KAFKAJS_PATCH)).digest('hex').slice(0, 16);
+  const dir = join(tmpdir(), `flashsale-kafkajs-2.2.4-upstream-${hash}`);
+  if (existsSync(join(dir, 'package.json'))) return dir;
+  const staging = `${dir}.${process.pid}`;
+  rmSync(staging, { recursive: true, force: true });
+  cpSync(installedDir, staging, { recursive: true });
+  // -p3: the patch names files as a/node_modules/kafkajs/<path>. Throws with git's message when
+  // the installed package does not carry the patch.
+  execFileSync('git', ['apply', '--reverse', '-p3', KAFKAJS_PATCH], { cwd: staging, stdio: 'pipe' });
+  try {
+    renameSync(staging, dir);
+  } catch (err) {
+    // Another process made it first: theirs is the same.
+    rmSync(staging, { recursive: true, force: true });
+    if (!existsSync(join(dir, 'package.json'))) throw err;
+  }
+  return dir;
+}
+
+/** A file of kafkajs (`src/...`), as installed or as upstream shipped it. */
+export function kafkajsModule<T>(which: 'installed' | 'upstream', file: string): T {
+  const dir = which === 'installed' ? installedDir : upstreamKafkajsDir();
+  return createRequire(join(dir, 'package.json'))(join(dir, file)) as T;
+}
+
+export type GroupPerPartition = (args: {
+  topic: string;
+  partitionMetadata: PartitionMetadata[];
+  messages: Message[];
+  partitioner: ReturnType<typeof Partitioners.DefaultPartitioner>;
+}) => Record<string, Message[]>;
+
+/** kafkajs' grouping of a send's messages by partition, as its producer uses it. */
+export function groupMessagesPerPartition(which: 'installed' | 'upstream'): GroupPerPartition {
+  return kafkajsModule<GroupPerPartition>(which, 'src/producer/groupMessagesPerPartition.js');
+}
+
+/** What kafkajs' encoders return: the bytes written so far. */
+export interface KafkaEncoder {
+  buffer: Buffer;
+}
+
+/** One partition's messages in a produce request (kafkajs' internal shape). */
+export interface ProducePartition {
+  partition: number;
+  firstSequence: number;
+  messages: Message[];
+}
+
+/** kafkajs' produce request, version 3 (the record batch format v2 that later versions reuse). */
+export type ProduceRequest = (args: {
+  acks: number;
+  timeout: number;
+  producerId: unknown;
+  producerEpoch: number;
+  compression: number;
+  topicData: { topic: string; partitions: ProducePartition[] }[];
+}) => { encode: () => Promise<KafkaEncoder> };
+
+export function produceRequest(which: 'installed' | 'upstream'): ProduceRequest {
+  return kafkajsModule<ProduceRequest>(which, 'src/protocol/requests/produce/v3/request.js');
+}
+
+/** kafkajs' `Long` (its producer id type), from the same copy as the request. */
+export function kafkajsLong(which: 'installed' | 'upstream'): { fromInt: (n: number) => unknown } {
+  return kafkajsModule(which, 'src/utils/long.js');
+}
+
+/** Metadata of a topic with `count` partitions, all led by broker 0. */
+export function partitionMetadata(count: number): PartitionMetadata[] {
+  return Array.from({ length: count }, (_, partitionId) => ({
+    partitionId,
+    leader: 0,
+    partitionErrorCode: 0,
+    replicas: [0],
+    isr: [0],
+    offlineReplicas: [],
+  }));
+}
+
+/**
+ * `count` messages as the relay makes them from outbox entries (runtime/relay/relay.ts
+ * kafkaMessageOf): the buyer id as key, the order's JSON as value, trace and reservation id headers.
+ */
+export function relayMessages(count: number, reservedAt = 1_764_000_000_000): Message[] {
+  return Array.from({ length: count }, (_, i) => {
+    const reservationId = `r${i.toString(16).padStart(31, '0')}`;
+    const traceId = `${(i * 7919).toString(16).padStart(32, '0')}`;
+    const value = JSON.stringify({
+      reservationId,
+      activityId: 'flash-2026-12',
+      userId: `buyer-${i}`,
+      skuId: 'sku-hot',
+      quantity: 1,
+      slot: 1 + (i % 16),
+      unitPrice: '199.00',
+      itemName: 'Limited edition',
+      reservedAt: reservedAt + i,
+      traceId,
+      requestId: `q-${i}`,
+    });
+    return { key: `buyer-${i}`, value, headers: { 'trace-id': traceId, 'reservation-id': reservationId } };
+  });
+}
