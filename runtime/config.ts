@@ -152,6 +152,12 @@ const schema = z
     /** Partitions whose batches are written at the same time (each in its own transaction). */
     CONSUMER_PARTITION_CONCURRENCY: env.int(4, 1),
     /**
+     * Bytes one fetch may bring per partition (kafkajs maxBytesPerPartition): what the consumer
+     * holds decoded at a time. 4 MiB drains fastest; 1 MiB lowers its peak RSS by about 30 MB and
+     * 256 KiB by about 75 MB, at more CPU per order (docs/capacity.md, memory).
+     */
+    CONSUMER_FETCH_MAX_BYTES_PER_PARTITION: env.int(4 << 20, 1024),
+    /**
      * kafkajs consumer group timing. A SIGKILLed consumer keeps its partitions until the broker
      * misses its heartbeats for the session timeout, and a rebalance waits for members up to the
      * rebalance timeout: both bound how long a crash stalls orders (kafkajs' defaults, 30 s and

@@ -25,7 +25,7 @@ export function startConsumer(
       kafka.consumer({
         groupId: topics.consumerGroup,
         allowAutoTopicCreation: false,
-        maxBytesPerPartition: 4 << 20,
+        maxBytesPerPartition: cfg.CONSUMER_FETCH_MAX_BYTES_PER_PARTITION,
         sessionTimeout: cfg.CONSUMER_SESSION_TIMEOUT_MS,
         heartbeatInterval: cfg.CONSUMER_HEARTBEAT_INTERVAL_MS,
         rebalanceTimeout: cfg.CONSUMER_REBALANCE_TIMEOUT_MS,

@@ -17,6 +17,7 @@ describe('runtime configuration', () => {
     expect(c.JOBS_IN_CONSUMER).toBe(true);
     expect(c.KAFKA_REPLICATION_FACTOR).toBe(-1);
     expect(c.KAFKA_MIN_INSYNC_REPLICAS).toBeUndefined();
+    expect(c.CONSUMER_FETCH_MAX_BYTES_PER_PARTITION).toBe(4 * 1024 * 1024);
   });
 
   test('a bad value names the variable', () => {
@@ -31,6 +32,13 @@ describe('runtime configuration', () => {
     expect(() => loadRuntimeConfig('api', { ...base, KAFKA_REPLICATION_FACTOR: '0' })).toThrow(
       /KAFKA_REPLICATION_FACTOR: at least 1, or -1/,
     );
+    expect(() =>
+      loadRuntimeConfig('consumer', {
+        ...base,
+        ACTIVITY_ID: 'a1',
+        CONSUMER_FETCH_MAX_BYTES_PER_PARTITION: '512',
+      }),
+    ).toThrow(/CONSUMER_FETCH_MAX_BYTES_PER_PARTITION/);
   });
 
   test('each role requires exactly the connections it uses (ROLE_NEEDS)', () => {
