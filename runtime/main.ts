@@ -59,8 +59,14 @@ async function runRole<R extends Role>(role: R): Promise<void> {
     },
     'starting',
   );
-  // ioredis auto-pipelining batches concurrent commands into one round trip per tick.
-  const redis = connectRedis('commands', { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
+  // No auto-pipelining: ioredis still sends a command without waiting for the replies before it,
+  // but auto-pipelining holds each tick's commands in a pipeline of which only one is in flight, the
+  // next queued behind it. Under the api's load that kept every request's command objects alive
+  // long enough to be promoted: 2.9 kB per request died in the old generation with it, 0.1 kB
+  // without, and with it went the full collections, the api's p99 and part of its throughput
+  // (bench/analysis.md, "The api's Redis client"). Batches are explicit (multi, pipeline) where a
+  // role writes many commands at once.
+  const redis = connectRedis('commands', { enableAutoPipelining: false, maxRetriesPerRequest: 3 });
   registerScripts(redis);
   const ctx: RoleContext = {
     logger,

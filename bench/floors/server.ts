@@ -41,7 +41,7 @@ const scripts = await load<typeof Scripts>('core/scripts.js');
 // The api's client options (runtime/main.ts).
 const redis = redisModule.createRedis(
   { url: env('REDIS_URL'), sentinels: [] },
-  { enableAutoPipelining: true, maxRetriesPerRequest: 3 },
+  { enableAutoPipelining: false, maxRetriesPerRequest: 3 },
 );
 scripts.registerScripts(redis);
 const verify = await auth.createTokenVerifier({

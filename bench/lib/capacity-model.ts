@@ -18,7 +18,7 @@ export interface CapacityFigures {
   };
   /** Reservations (= messages = orders) each stage handled. */
   n: number;
-  /** Redis CPU per reserve() call: 50 connections one call at a time each, and one auto-pipelined connection with 50 in flight. */
+  /** Redis CPU per reserve() call: 50 connections one call at a time each, and one connection with 50 in flight (as the api). */
   redisReserveUs: number;
   redisReservePipelinedUs: number;
   /** Redis CPU per message for the relay's stream reads, acks and deletes. */
@@ -85,8 +85,8 @@ function cores(perSecond: number, us: number, p: PlanParams): number {
 }
 
 export function plan(f: CapacityFigures, peak: number, p: PlanParams = DEFAULT_PLAN): Plan {
-  // The api's calls reach Redis auto-pipelined from many connections: between the two measured
-  // reserve costs; the unpipelined one is the conservative choice.
+  // The api's calls reach Redis from many connections, each with several in flight: between the
+  // two measured reserve costs; the one-at-a-time one is the conservative choice.
   const redisUs = f.redisReserveUs + f.redisRelayUs + f.redisConsumerUs;
   // Redis runs scripts on one thread: one primary = one core.
   const primaries = ceil(cores(peak, redisUs, p));
@@ -136,7 +136,7 @@ export function renderCapacityBlock(f: CapacityFigures, p: PlanParams = DEFAULT_
     '| Operation | Where | CPU µs per operation | per core-second |',
     '| --- | --- | ---: | ---: |',
     `| reserve script, 50 connections, one call at a time each | Redis | ${one(f.redisReserveUs)} | ${perCore(f.redisReserveUs)} |`,
-    `| reserve script, one auto-pipelined connection, 50 in flight (as the api) | Redis | ${one(f.redisReservePipelinedUs)} | ${perCore(f.redisReservePipelinedUs)} |`,
+    `| reserve script, one connection, 50 in flight (as the api) | Redis | ${one(f.redisReservePipelinedUs)} | ${perCore(f.redisReservePipelinedUs)} |`,
     `| relay: stream read, ack, delete | Redis | ${one(f.redisRelayUs)} | ${perCore(f.redisRelayUs)} |`,
     `| consumer: results and ledger | Redis | ${one(f.redisConsumerUs)} | ${perCore(f.redisConsumerUs)} |`,
     `| relay: one message to Kafka (acks=all, idempotent) | relay process | ${one(f.relayUs)} | ${perCore(f.relayUs)} |`,

@@ -6,8 +6,8 @@
  * 1. Relay and consumer (jobs off: the consumer alone) start; a small batch proves the path.
  * 2. Both are SIGSTOPped. N reservations are made with the registry's reserve() (core/reservations.ts,
  *    ids derived from buyer and requestId as the consumer checks): half from 50 connections one call
- *    at a time each, half from one auto-pipelined connection with 50 calls in flight, as an api
- *    process sends them: Redis CPU per reserve call.
+ *    at a time each, half from one connection with 50 calls in flight, as an api process sends them
+ *    (its client options: no auto-pipelining): Redis CPU per reserve call.
  * 3. The relay alone is continued until the outbox stream is empty: relay, Redis and Kafka broker
  *    CPU per message.
  * 4. The consumer alone is continued until the unconfirmed ledger is empty (every reservation an
@@ -183,11 +183,18 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
     } finally {
       for (const c of single) c.disconnect();
     }
-    const pipedUs = await reserveMany([ctx.redis], n - half);
+    // One connection with the api's client options (runtime/main.ts: no auto-pipelining).
+    const apiLike = new Redis(url, { maxRetriesPerRequest: 3 });
+    let pipedUs: number;
+    try {
+      pipedUs = await reserveMany([apiLike], n - half);
+    } finally {
+      apiLike.disconnect();
+    }
     const made = (await reservations(ctx, activityId)) - warm;
     if (made !== n) throw new Error(`capacity: ${made} of ${n} reserve calls reserved`);
     log(
-      `capacity: reserve ${unpipedUs.toFixed(1)} µs one call at a time, ${pipedUs.toFixed(1)} µs auto-pipelined`,
+      `capacity: reserve ${unpipedUs.toFixed(1)} µs one call at a time, ${pipedUs.toFixed(1)} µs 50 in flight on one connection`,
     );
 
     // 3. The relay alone.

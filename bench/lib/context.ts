@@ -13,7 +13,7 @@ export interface Ctx {
   cfg: BenchConfig;
   servers: Servers;
   core: CoreModules;
-  /** The harness's own Redis connection (auto-pipelined, like the api's). */
+  /** The harness's own Redis connection (auto-pipelined: the bursts it makes are the load). */
   redis: Redis;
   pool: pg.Pool;
   /** Unique per run: activity ids, buyer ids and rows carry it, so runs never collide. */
