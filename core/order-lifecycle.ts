@@ -74,7 +74,7 @@ export interface SettleSummary {
   deferred: number;
 }
 
-/** Redis calls in flight at once while settling a batch (auto-pipelined by ioredis). */
+/** Redis calls in flight at once while settling a batch (ioredis sends them without waiting for replies). */
 const RELEASE_CONCURRENCY = 64;
 
 async function mapLimit<T, R>(items: T[], limit: number, fn: (item: T) => Promise<R>): Promise<R[]> {

@@ -98,7 +98,7 @@ export class RoleReadiness {
 export interface RoleContext {
   logger: Logger;
   metrics: Metrics;
-  /** The commands connection (auto-pipelined, scripts registered). */
+  /** The commands connection (scripts registered; no auto-pipelining: runtime/main.ts says why). */
   redis: RedisClient;
   redisConnection: RedisConnection;
   /** Another Redis connection of this process, its errors logged like the commands one's. */
