@@ -92,6 +92,26 @@ export function kafkajsLong(which: 'installed' | 'upstream'): { fromInt: (n: num
   return kafkajsModule(which, 'src/utils/long.js');
 }
 
+/**
+ * The bytes of an idempotent producer's request (acks from all in-sync replicas, no compression)
+ * for topic `orders`, as the relay sends them, encoded by the installed or the upstream kafkajs.
+ */
+export async function encodeProduce(
+  which: 'installed' | 'upstream',
+  partitions: ProducePartition[],
+  producer: { id: number; epoch: number } = { id: 1000, epoch: 0 },
+): Promise<Buffer> {
+  const request = produceRequest(which)({
+    acks: -1,
+    timeout: 30_000,
+    producerId: kafkajsLong(which).fromInt(producer.id),
+    producerEpoch: producer.epoch,
+    compression: 0,
+    topicData: [{ topic: 'orders', partitions }],
+  });
+  return (await request.encode()).buffer;
+}
+
 /** Metadata of a topic with `count` partitions, all led by broker 0. */
 export function partitionMetadata(count: number): PartitionMetadata[] {
   return Array.from({ length: count }, (_, partitionId) => ({

@@ -23,10 +23,9 @@ import type * as MetricsModule from '../../core/metrics.js';
 import type * as Schemas from '../../runtime/api/schemas.js';
 import type { Ctx } from './context.js';
 import {
+  encodeProduce,
   groupMessagesPerPartition,
-  kafkajsLong,
   partitionMetadata,
-  produceRequest,
   relayMessages,
 } from './kafkajs-upstream.js';
 import type { GroupPerPartition } from './kafkajs-upstream.js';
@@ -195,22 +194,11 @@ function kafkaEncodingCases(): Case[] {
     firstSequence: 0,
     messages: messages.filter((_, i) => i % 4 === partition),
   }));
-  const run = (which: 'installed' | 'upstream') => {
-    const request = produceRequest(which);
-    const producerId = kafkajsLong(which).fromInt(1000);
-    return async (n: number): Promise<void> => {
-      for (let i = 0; i < n; i += 1) {
-        const encoder = await request({
-          acks: -1,
-          timeout: 30_000,
-          producerId,
-          producerEpoch: 0,
-          compression: 0,
-          topicData: [{ topic: 'orders', partitions }],
-        }).encode();
-        if (encoder.buffer.length === 0) throw new Error('kafkajs encoded an empty request');
-      }
-    };
+  const run = (which: 'installed' | 'upstream') => async (n: number) => {
+    for (let i = 0; i < n; i += 1) {
+      const bytes = await encodeProduce(which, partitions);
+      if (bytes.length === 0) throw new Error('kafkajs encoded an empty request');
+    }
   };
   return [
     {

@@ -13,11 +13,11 @@ import { fileURLToPath } from 'node:url';
 import { Partitioners } from 'kafkajs';
 import type { Message } from 'kafkajs';
 import {
+  encodeProduce,
   groupMessagesPerPartition,
   kafkajsLong,
   kafkajsModule,
   partitionMetadata as metadata,
-  produceRequest,
   relayMessages,
 } from '../../../bench/lib/kafkajs-upstream.js';
 import type { ProducePartition } from '../../../bench/lib/kafkajs-upstream.js';
@@ -42,18 +42,6 @@ interface EncoderClass {
 }
 const encoderOf = (which: Which): EncoderClass =>
   kafkajsModule<EncoderClass>(which, 'src/protocol/encoder.js');
-
-async function encodeProduce(which: Which, partitions: ProducePartition[]): Promise<Buffer> {
-  const request = produceRequest(which)({
-    acks: -1,
-    timeout: 30_000,
-    producerId: kafkajsLong(which).fromInt(4711),
-    producerEpoch: 3,
-    compression: 0,
-    topicData: [{ topic: 'orders', partitions }],
-  });
-  return (await request.encode()).buffer;
-}
 
 describe('kafkajs as installed (patches/kafkajs+2.2.4.patch)', () => {
   it('carries the patch: the patch applies in reverse to node_modules', () => {
@@ -208,8 +196,8 @@ describe('kafkajs as installed (patches/kafkajs+2.2.4.patch)', () => {
     sends.push([{ partition: 0, firstSequence: 7, messages: odd }]);
     for (const partitions of sends) {
       const [mine, theirs] = await Promise.all([
-        encodeProduce('installed', partitions),
-        encodeProduce('upstream', partitions),
+        encodeProduce('installed', partitions, { id: 4711, epoch: 3 }),
+        encodeProduce('upstream', partitions, { id: 4711, epoch: 3 }),
       ]);
       expect(mine.length).toBe(theirs.length);
       expect(mine.equals(theirs)).toBe(true);
