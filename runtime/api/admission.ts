@@ -6,6 +6,7 @@
  * answer holds a connection and still ends in a timeout. Mounted after /healthz, /readyz and
  * /metrics, which stay answerable; readiness reports shedding (docs/operator.md).
  */
+import type { ServerResponse } from 'node:http';
 import type { ELDHistogram } from 'node:perf_hooks';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import type { RequestHandler } from 'express';
@@ -24,10 +25,26 @@ export interface AdmissionOptions {
   retryAfterSeconds: number;
 }
 
+/** The counter a response counts in while it is in flight. */
+const IN_FLIGHT = Symbol('inFlight');
+type CountedResponse = ServerResponse & { [IN_FLIGHT]?: { inFlight: number } | undefined };
+
+/**
+ * 'close' fires for every response, finished or aborted: one listener shared by all responses
+ * (no closure per request), and the mark cleared so that a second 'close' cannot count twice.
+ */
+function released(this: CountedResponse): void {
+  const counter = this[IN_FLIGHT];
+  if (!counter) return;
+  this[IN_FLIGHT] = undefined;
+  counter.inFlight -= 1;
+}
+
 export type ShedReason = 'in_flight' | 'event_loop_delay';
 
 export class AdmissionControl {
-  private inFlight = 0;
+  /** An object of its own: the responses in flight point to it (see `released`). */
+  private readonly counter = { inFlight: 0 };
   private loopDelayHigh = false;
   private lastDelayMs = 0;
   private readonly histogram: ELDHistogram;
@@ -56,7 +73,7 @@ export class AdmissionControl {
    * gauge is set here, once per window, not twice per request (a gauge set costs a label hash).
    */
   private sample(): void {
-    this.opts.metrics.requestsInFlight.set(this.inFlight);
+    this.opts.metrics.requestsInFlight.set(this.counter.inFlight);
     if (this.histogram.count === 0) return;
     this.lastDelayMs = this.histogram.percentile(99) / 1e6;
     this.histogram.reset();
@@ -69,12 +86,12 @@ export class AdmissionControl {
   /** Why this process sheds right now, or undefined when it admits requests. */
   shedding(): ShedReason | undefined {
     if (this.loopDelayHigh) return 'event_loop_delay';
-    if (this.opts.maxInFlight > 0 && this.inFlight >= this.opts.maxInFlight) return 'in_flight';
+    if (this.opts.maxInFlight > 0 && this.counter.inFlight >= this.opts.maxInFlight) return 'in_flight';
     return undefined;
   }
 
   get requestsInFlight(): number {
-    return this.inFlight;
+    return this.counter.inFlight;
   }
 
   get eventLoopDelayMs(): number {
@@ -94,14 +111,9 @@ export class AdmissionControl {
         );
         return;
       }
-      this.inFlight += 1;
-      let done = false;
-      // 'close' fires for every response, finished or aborted; the flag guards against both.
-      res.once('close', () => {
-        if (done) return;
-        done = true;
-        this.inFlight -= 1;
-      });
+      this.counter.inFlight += 1;
+      (res as CountedResponse)[IN_FLIGHT] = this.counter;
+      res.on('close', released);
       next();
     };
   }

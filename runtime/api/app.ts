@@ -65,16 +65,6 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
   const app = createServiceApp(opts);
   if (opts.trustProxy !== undefined) app.set('trust proxy', opts.trustProxy);
   if (opts.admission) app.use(opts.admission.middleware());
-  const openapiPath = findOpenApi();
-  const openapi = openapiPath ? readFileSync(openapiPath, 'utf8') : undefined;
-  app.get('/openapi.yaml', (_req, res) => {
-    if (!openapi) {
-      sendProblem(res, 'NOT_FOUND', 'the OpenAPI document is not bundled');
-      return;
-    }
-    res.type('application/yaml').send(openapi);
-  });
-  for (const r of opts.publicRouters ?? []) app.use(r);
   const deps = { ...opts, policies: opts.policies ?? new PolicyCache(opts.redis, 1000, opts.logger) };
   const limits = rateLimitStages(deps);
   const body = jsonBody(opts.bodyLimit);
@@ -83,6 +73,7 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
   // The order submission, most of a sale's requests, is one route with its whole handler stack:
   // the same stages in the same order as the layers below (media type, address limit, body,
   // token, buyer limit), without walking and matching every layer of the app for each request.
+  // Mounted right after admission control: the routes below it are never matched against it.
   // Its buyer limit is counted by the reservation's own script call (one Redis call).
   app.post(
     SUBMIT_ROUTE,
@@ -93,6 +84,16 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
     limits.submit.afterAuthHandler,
     orders.submit,
   );
+  const openapiPath = findOpenApi();
+  const openapi = openapiPath ? readFileSync(openapiPath, 'utf8') : undefined;
+  app.get('/openapi.yaml', (_req, res) => {
+    if (!openapi) {
+      sendProblem(res, 'NOT_FOUND', 'the OpenAPI document is not bundled');
+      return;
+    }
+    res.type('application/yaml').send(openapi);
+  });
+  for (const r of opts.publicRouters ?? []) app.use(r);
   app.use('/v1', jsonOnly);
   app.use(limits.beforeAuth);
   app.use('/v1', body);

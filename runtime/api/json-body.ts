@@ -11,7 +11,7 @@
  * entity.parse.failed 400, request.aborted 400), which runtime/api/problem.ts maps to stable codes.
  */
 import express from 'express';
-import type { Request, RequestHandler } from 'express';
+import type { NextFunction, Request, RequestHandler } from 'express';
 
 const UNITS: Record<string, number> = { b: 1, kb: 2 ** 10, mb: 2 ** 20, gb: 2 ** 30 };
 
@@ -48,14 +48,89 @@ function parseStrict(text: string): unknown {
   }
 }
 
+/**
+ * One request's body being read. The stream's listeners are functions shared by every request
+ * (the stream calls them with `this` the request), so a request allocates this object and its
+ * chunk list, not a closure per listener.
+ */
+interface BodyRead {
+  next: NextFunction;
+  limit: number;
+  /** The declared Content-Length, if any. */
+  length: number | undefined;
+  chunks: Buffer[];
+  received: number;
+  /** The error answered; once set, the rest of the body is read off and ignored. */
+  failed: Error | undefined;
+  ended: boolean;
+}
+
+const BODY = Symbol('jsonBody');
+type ReadingRequest = Request & { [BODY]?: BodyRead };
+
+// Like body-parser: on an error the rest of the body is read off before answering.
+function failRead(req: ReadingRequest, read: BodyRead, err: Error): void {
+  if (read.failed || read.ended) return;
+  read.failed = err;
+  read.chunks.length = 0;
+  if (req.complete || req.readableEnded) read.next(err);
+  else req.once('end', () => read.next(err));
+}
+
+function onBodyData(this: ReadingRequest, chunk: Buffer): void {
+  const read = this[BODY]!;
+  if (read.failed) return;
+  read.received += chunk.length;
+  if (read.received > read.limit)
+    failRead(this, read, httpError(413, 'entity.too.large', 'request entity too large'));
+  else read.chunks.push(chunk);
+}
+
+// A client that went away sends no 'end': answer (to nobody) at once, as body-parser does.
+function onBodyGone(read: BodyRead, message: string): void {
+  if (read.failed || read.ended) return;
+  read.failed = httpError(400, 'request.aborted', message);
+  read.next(read.failed);
+}
+
+function onBodyAborted(this: ReadingRequest): void {
+  onBodyGone(this[BODY]!, 'request aborted');
+}
+
+function onBodyError(this: ReadingRequest, err: Error): void {
+  onBodyGone(this[BODY]!, err.message);
+}
+
+function onBodyEnd(this: ReadingRequest): void {
+  const read = this[BODY]!;
+  if (read.failed || read.ended) return;
+  read.ended = true;
+  if (read.length !== undefined && read.received !== read.length) {
+    read.next(httpError(400, 'request.size.invalid', 'request size did not match content length'));
+    return;
+  }
+  const { chunks } = read;
+  let text = chunks.length === 1 ? chunks[0]!.toString('utf8') : Buffer.concat(chunks).toString('utf8');
+  // iconv-lite (body-parser) drops a byte order mark; so does this reader.
+  if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
+  try {
+    this.body = parseStrict(text);
+  } catch (err) {
+    read.next(err);
+    return;
+  }
+  read.next();
+}
+
 export function jsonBody(limitText: string): RequestHandler {
   const limit = parseByteLimit(limitText);
   const reference = express.json({ limit: limitText, strict: true });
-  return (req: Request, res, next) => {
+  return (req: ReadingRequest, res, next) => {
     const h = req.headers;
     const declared = h['content-length'];
+    const length = declared === undefined ? undefined : Number(declared);
     // type-is' hasBody: no Transfer-Encoding and no (numeric) Content-Length means no body.
-    if (h['transfer-encoding'] === undefined && (declared === undefined || Number.isNaN(Number(declared)))) {
+    if (h['transfer-encoding'] === undefined && (length === undefined || Number.isNaN(length))) {
       req.body = undefined;
       next();
       return;
@@ -68,53 +143,25 @@ export function jsonBody(limitText: string): RequestHandler {
       reference(req, res, next);
       return;
     }
-    const length = declared === undefined ? undefined : Number(declared);
-    let failed: Error | undefined;
-    // Like body-parser: on an error the rest of the body is read off before answering.
-    const fail = (err: Error): void => {
-      if (failed) return;
-      failed = err;
-      chunks.length = 0;
-      if (req.complete || req.readableEnded) next(err);
-      else req.once('end', () => next(err));
+    const read: BodyRead = {
+      next,
+      limit,
+      length,
+      chunks: [],
+      received: 0,
+      failed: undefined,
+      ended: false,
     };
-    const chunks: Buffer[] = [];
-    let received = 0;
-    if (length !== undefined && length > limit) {
+    req[BODY] = read;
+    if (read.length !== undefined && read.length > limit) {
       req.resume();
-      fail(httpError(413, 'entity.too.large', 'request entity too large'));
+      failRead(req, read, httpError(413, 'entity.too.large', 'request entity too large'));
       return;
     }
-    req.on('data', (chunk: Buffer) => {
-      if (failed) return;
-      received += chunk.length;
-      if (received > limit) fail(httpError(413, 'entity.too.large', 'request entity too large'));
-      else chunks.push(chunk);
-    });
-    // A client that went away sends no 'end': answer (to nobody) at once, as body-parser does.
-    const gone = (message: string): void => {
-      if (failed) return;
-      failed = httpError(400, 'request.aborted', message);
-      next(failed);
-    };
-    req.once('aborted', () => gone('request aborted'));
-    req.once('error', (err) => gone(err.message));
-    req.once('end', () => {
-      if (failed) return;
-      if (length !== undefined && received !== length) {
-        next(httpError(400, 'request.size.invalid', 'request size did not match content length'));
-        return;
-      }
-      let text = chunks.length === 1 ? chunks[0]!.toString('utf8') : Buffer.concat(chunks).toString('utf8');
-      // iconv-lite (body-parser) drops a byte order mark; so does this reader.
-      if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
-      try {
-        req.body = parseStrict(text);
-      } catch (err) {
-        next(err);
-        return;
-      }
-      next();
-    });
+    // 'end', 'aborted' and 'error' come at most once each; the state's flags answer only the first.
+    req.on('data', onBodyData);
+    req.on('aborted', onBodyAborted);
+    req.on('error', onBodyError);
+    req.on('end', onBodyEnd);
   };
 }

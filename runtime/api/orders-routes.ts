@@ -114,6 +114,7 @@ export interface OrdersRoutes {
 export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
   const router = Router();
   const count = reservationCounter(deps.metrics);
+  const ack = deps.reservationAck ?? localAck;
 
   const activityOf = (req: Request): string => servedActivity(req, deps.activityId);
 
@@ -170,13 +171,9 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         outcome.kind === 'reserved' || outcome.state === 'RESERVED' || outcome.state === 'PAID'
           ? 'QUEUED'
           : 'FAILED';
-      if (status === 'QUEUED') {
-        await (deps.reservationAck ?? localAck).confirm(
-          activityId,
-          outcome.reservationId,
-          outcome.kind === 'replayed',
-          outcome.scope,
-        );
+      // The default (acknowledged on the primary) has nothing to wait for: no promise to await.
+      if (status === 'QUEUED' && ack !== localAck) {
+        await ack.confirm(activityId, outcome.reservationId, outcome.kind === 'replayed', outcome.scope);
       }
       count(activityId, outcome.kind === 'reserved' ? 'ok' : 'duplicate');
       // The ids come from safe alphabets: no escaping needed, no JSON.stringify of an object.

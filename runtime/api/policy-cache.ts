@@ -28,18 +28,24 @@ export class PolicyCache {
     private readonly fallback: TrafficPolicy = DEFAULT_TRAFFIC_POLICY,
   ) {}
 
-  async get(activityId: string): Promise<TrafficPolicy> {
-    const now = Date.now();
+  /**
+   * The policy when it is known without waiting: fresh, or stale while one read refreshes it (the
+   * read starts here). Undefined only for an activity this process has not read yet. The buyer
+   * routes' stages call this on every request, so a known policy costs no promise.
+   */
+  known(activityId: string): TrafficPolicy | undefined {
     const entry = this.entries.get(activityId);
-    if (entry && entry.staleAt > now) return entry.policy;
-    if (entry?.refreshing) return entry.policy;
-    const refreshing = this.read(activityId, now);
-    if (entry) {
+    if (!entry) return undefined;
+    if (entry.refreshing === undefined) {
+      const now = Date.now();
       // Serve the known policy while one read refreshes it.
-      entry.refreshing = refreshing;
-      return entry.policy;
+      if (entry.staleAt <= now) entry.refreshing = this.read(activityId, now);
     }
-    return refreshing;
+    return entry.policy;
+  }
+
+  async get(activityId: string): Promise<TrafficPolicy> {
+    return this.known(activityId) ?? this.read(activityId, Date.now());
   }
 
   private async read(activityId: string, now: number): Promise<TrafficPolicy> {

@@ -18,7 +18,7 @@
  * cheap and an honest buyer polls more than they click. A submission answered with a 5xx gives its
  * point back.
  */
-import type { Request, RequestHandler, Response } from 'express';
+import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import { Router } from 'express';
 import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
 import type { RateLimiterAbstract } from 'rate-limiter-flexible';
@@ -50,7 +50,8 @@ export const LIMITED_ROUTES = [
 
 type Reason = 'buyer' | 'address';
 
-interface ActivityLimiters {
+interface ActiveLimiters {
+  activityId: string;
   /** The policy object these were built from: the same object (cached) needs no comparison. */
   policy: TrafficPolicy;
   signature: string;
@@ -155,10 +156,10 @@ export interface SubmitLimit {
 }
 
 export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
-  const byActivity = new Map<string, ActivityLimiters>();
+  const byActivity = new Map<string, ActiveLimiters>();
   const blocked = new BlockedBuyers();
 
-  const limitersFor = (activityId: string, policy: TrafficPolicy): ActivityLimiters => {
+  const limitersFor = (activityId: string, policy: TrafficPolicy): ActiveLimiters => {
     const known = byActivity.get(activityId);
     if (known?.policy === policy) return known;
     const signature = JSON.stringify([policy.shaping.perBuyer, policy.shaping.perAddress]);
@@ -167,7 +168,8 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
       return known;
     }
     const k = activityKeys(activityId);
-    const built: ActivityLimiters = {
+    const built: ActiveLimiters = {
+      activityId,
       policy,
       signature,
       buyer: limiter(deps.redis, k.rateLimitPrefix('buyer'), policy.shaping.perBuyer),
@@ -219,31 +221,48 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
     return true;
   };
 
-  /** The activity's limiters, or undefined when shaping is off or the activity id is not valid. */
-  const activeLimiters = async (
-    req: Request,
-  ): Promise<{ activityId: string; limiters: ActivityLimiters } | undefined> => {
+  const activeFor = (activityId: string, policy: TrafficPolicy): ActiveLimiters | null =>
+    policy.shaping.enabled ? limitersFor(activityId, policy) : null;
+
+  /**
+   * The activity's limiters, or null when shaping is off or the activity id is not valid. Without
+   * a promise when the policy is known (PolicyCache.known): nearly every request.
+   */
+  const activeLimiters = (req: Request): ActiveLimiters | null | Promise<ActiveLimiters | null> => {
     let activityId: string;
     try {
       activityId = servedActivity(req, deps.activityId);
     } catch {
       // A bad or foreign activity id is left to the routes, so the answer (401 first, then
       // 400/404) is the same with or without the limiter.
-      return undefined;
+      return null;
     }
-    const policy = await deps.policies.get(activityId);
-    return policy.shaping.enabled ? { activityId, limiters: limitersFor(activityId, policy) } : undefined;
+    const policy = deps.policies.known(activityId);
+    if (policy) return activeFor(activityId, policy);
+    return deps.policies.get(activityId).then((p) => activeFor(activityId, p));
   };
 
-  const beforeAuth: RequestHandler = async (req, res, next) => {
-    const active = await activeLimiters(req);
-    // Handed to afterAuth: the same request needs the same limiters (one policy lookup).
-    res.locals.rateLimits = active ?? null;
+  /** What beforeAuth found (null: not limited), for the stages after it: one policy lookup. */
+  const knownLimiters = (
+    req: Request,
+    res: Response,
+  ): ActiveLimiters | null | Promise<ActiveLimiters | null> => {
+    const known = res.locals.rateLimits as ActiveLimiters | null | undefined;
+    return known === undefined ? activeLimiters(req) : known;
+  };
+
+  const beforeAuthWith = (
+    active: ActiveLimiters | null,
+    req: Request,
+    res: Response,
+    next: NextFunction,
+  ): void | Promise<void> => {
+    res.locals.rateLimits = active;
     if (!active) {
       next();
       return;
     }
-    const { activityId, limiters } = active;
+    const { activityId } = active;
     // Decoding the token's claims costs a base64 decode and a JSON.parse: only worth it when
     // somebody is blocked at all.
     const claimed = blocked.size === 0 ? undefined : claimedBuyer(req.headers.authorization);
@@ -252,28 +271,55 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
       refuse(res, activityId, 'buyer', Math.max(1, Math.ceil(ms / 1000)));
       return;
     }
-    const address = req.ip ?? req.socket.remoteAddress ?? 'unknown';
-    if (limiters.address && !(await consume(res, activityId, 'address', limiters.address, address))) return;
-    next();
-  };
-
-  const afterAuth: RequestHandler = async (req, res, next) => {
-    const known = res.locals.rateLimits as Awaited<ReturnType<typeof activeLimiters>> | null | undefined;
-    const active = known === undefined ? await activeLimiters(req) : (known ?? undefined);
-    if (!active?.limiters.buyer) {
+    if (!active.address) {
       next();
       return;
     }
-    const buyer = String(res.locals.userId);
-    if (!(await consume(res, active.activityId, 'buyer', active.limiters.buyer, buyer))) return;
+    const address = req.ip ?? req.socket.remoteAddress ?? 'unknown';
+    return consume(res, activityId, 'address', active.address, address).then((ok) => {
+      if (ok) next();
+    });
+  };
+
+  // The stages return a promise only when they wait (express 5 passes its rejection to next).
+  const beforeAuth: RequestHandler = (req, res, next) => {
+    const active = activeLimiters(req);
+    return active instanceof Promise
+      ? active.then((a) => beforeAuthWith(a, req, res, next))
+      : beforeAuthWith(active, req, res, next);
+  };
+
+  const afterAuthWith = (
+    active: ActiveLimiters | null,
+    res: Response,
+    next: NextFunction,
+  ): void | Promise<void> => {
+    if (!active?.buyer) {
+      next();
+      return;
+    }
+    return consume(res, active.activityId, 'buyer', active.buyer, String(res.locals.userId)).then((ok) => {
+      if (ok) next();
+    });
+  };
+
+  const afterAuth: RequestHandler = (req, res, next) => {
+    const active = knownLimiters(req, res);
+    return active instanceof Promise
+      ? active.then((a) => afterAuthWith(a, res, next))
+      : afterAuthWith(active, res, next);
+  };
+
+  const submitAfterAuthWith = (active: ActiveLimiters | null, res: Response, next: NextFunction): void => {
+    res.locals.buyerWindow = active?.buyer ? active.policy.shaping.perBuyer : undefined;
     next();
   };
 
-  const submitAfterAuth: RequestHandler = async (req, res, next) => {
-    const known = res.locals.rateLimits as Awaited<ReturnType<typeof activeLimiters>> | null | undefined;
-    const active = known === undefined ? await activeLimiters(req) : (known ?? undefined);
-    res.locals.buyerWindow = active?.limiters.buyer ? active.limiters.policy.shaping.perBuyer : undefined;
-    next();
+  const submitAfterAuth: RequestHandler = (req, res, next) => {
+    const active = knownLimiters(req, res);
+    return active instanceof Promise
+      ? active.then((a) => submitAfterAuthWith(a, res, next))
+      : submitAfterAuthWith(active, res, next);
   };
 
   const submit: SubmitLimit = {
@@ -283,8 +329,7 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
       // Blocking in memory waits for the first refusal (`refuse`), not the window's last point as
       // the library's inMemoryBlockOnConsumed does: a replay, which the script answers without
       // counting, stays answerable until then (one more Redis call per process and window).
-      const active = res.locals.rateLimits as Awaited<ReturnType<typeof activeLimiters>> | null | undefined;
-      const l = active?.limiters.buyer;
+      const l = (res.locals.rateLimits as ActiveLimiters | null | undefined)?.buyer;
       if (!l) return;
       const buyer = String(res.locals.userId);
       const earlier = res.locals[GIVE_BACK] as (() => void) | undefined;
