@@ -133,6 +133,14 @@ const cache = new Map<string, BucketLayout>();
  * changes once loaded (the CRD refuses the edit), so a process keeps the layout; `refresh` re-reads
  * it (a SKU added by a later load, or a reserve script that found a bucketed SKU's activity hash).
  */
+/**
+ * The activity's remembered layout, without a promise: the order path asks on every request and
+ * finds it nearly always. Undefined when it must be read (bucketLayout).
+ */
+export function knownBucketLayout(activityId: string): BucketLayout | undefined {
+  return cache.get(activityId);
+}
+
 export async function bucketLayout(
   redis: RedisClient,
   activityId: string,

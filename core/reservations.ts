@@ -3,7 +3,7 @@
  * the scripts hold the rules, this module only supplies keys and arguments.
  */
 import { createHash } from 'node:crypto';
-import { bucketLayout, completeTransfers, refillBucket, unitsLeft } from './buckets.js';
+import { bucketLayout, completeTransfers, knownBucketLayout, refillBucket, unitsLeft } from './buckets.js';
 import { FlashSaleError } from './errors.js';
 import { activityKeys, BucketKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
@@ -100,7 +100,7 @@ const limited = (w: BuyerWindow | undefined): BuyerWindow | undefined =>
  * core/buckets.ts) and the reservation tried again, so SOLD_OUT means every bucket is empty.
  */
 export async function reserve(redis: RedisClient, input: ReserveInput): Promise<ReserveOutcome> {
-  let layout = await bucketLayout(redis, input.activityId);
+  let layout = knownBucketLayout(input.activityId) ?? (await bucketLayout(redis, input.activityId));
   // The submission counts once in the buyer's window, however many attempts it takes.
   let window = limited(input.window);
   let counted: WindowCount | undefined;
@@ -347,7 +347,8 @@ export async function soldOutCheck(
   },
 ): Promise<SoldOutCheck> {
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
-  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
+  const layout = knownBucketLayout(input.activityId) ?? (await bucketLayout(redis, input.activityId));
+  const k = layout.scopeFor(input.skuId, input.userId);
   let window = limited(input.window);
   let counted: WindowCount | undefined;
   if (window && k instanceof BucketKeys) {

@@ -20,6 +20,30 @@ const problemType = (code: ErrorCode): string => {
   return t;
 };
 
+const problemJson = (code: ErrorCode, detail: string, extra: Readonly<Record<string, unknown>>): string => {
+  const { status, title } = ErrorCodes[code];
+  return JSON.stringify({ type: problemType(code), title, status, code, detail, ...extra });
+};
+
+const NO_EXTRA: Readonly<Record<string, unknown>> = Object.freeze({});
+
+/**
+ * Bodies without extra fields, by code and detail: the same few (SOLD_OUT above all) answer most
+ * requests of a sale. Bounded: details that vary (they name an activity, a limit) stop being
+ * remembered once it is full and are built per answer.
+ */
+const plainBodies = new Map<string, string>();
+const PLAIN_BODIES_MAX = 512;
+const plainBody = (code: ErrorCode, detail: string): string => {
+  const key = `${code}\n${detail}`;
+  let body = plainBodies.get(key);
+  if (body === undefined) {
+    body = problemJson(code, detail, NO_EXTRA);
+    if (plainBodies.size < PLAIN_BODIES_MAX) plainBodies.set(key, body);
+  }
+  return body;
+};
+
 /**
  * Answers with a problem+json body. Written with writeHead-level calls, not res.status().type()
  * .json(): the same status, headers and body (`application/problem+json; charset=utf-8`) without
@@ -30,7 +54,7 @@ export function sendProblem(
   res: Response,
   code: ErrorCode,
   detail?: string,
-  extra: Readonly<Record<string, unknown>> = {},
+  extra: Readonly<Record<string, unknown>> = NO_EXTRA,
 ): void {
   const { status, title } = ErrorCodes[code];
   if (status >= 500) {
@@ -38,14 +62,8 @@ export function sendProblem(
     res.locals[GIVE_BACK] = undefined;
     giveBack?.();
   }
-  const body = JSON.stringify({
-    type: problemType(code),
-    title,
-    status,
-    code,
-    detail: detail ?? title,
-    ...extra,
-  });
+  const body =
+    extra === NO_EXTRA ? plainBody(code, detail ?? title) : problemJson(code, detail ?? title, extra);
   res.statusCode = status;
   res.setHeader('content-type', 'application/problem+json; charset=utf-8');
   res.setHeader('content-length', Buffer.byteLength(body));
