@@ -21,6 +21,7 @@ import type { Message } from 'kafkajs';
 import type * as Errors from '../../core/errors.js';
 import type * as MetricsModule from '../../core/metrics.js';
 import type * as Schemas from '../../runtime/api/schemas.js';
+import type * as Http from '../../runtime/http.js';
 import type { Ctx } from './context.js';
 import {
   encodeProduce,
@@ -222,6 +223,7 @@ export async function microBenchmarks(ctx: Ctx): Promise<MicroResult[]> {
   const errors = await load<typeof Errors>('core/errors.js');
   const schemas = await load<typeof Schemas>('runtime/api/schemas.js');
   const metricsModule = await load<typeof MetricsModule>('core/metrics.js');
+  const http = await load<typeof Http>('runtime/http.js');
   const metrics = metricsModule.createMetrics('bench-micro');
 
   const secret = randomBytes(32).toString('hex');
@@ -263,16 +265,23 @@ export async function microBenchmarks(ctx: Ctx): Promise<MicroResult[]> {
     },
     {
       group: 'trace id',
-      name: "randomBytes(16).toString('hex') (current)",
+      name: "randomBytes(16).toString('hex') (before 2026-12-01)",
       run: (n) => {
         for (let i = 0; i < n; i += 1) randomBytes(16).toString('hex');
       },
     },
     {
       group: 'trace id',
-      name: "randomUUID().replaceAll('-', '') (proposed)",
+      name: "randomUUID().replaceAll('-', '') (before 2026-12-02)",
       run: (n) => {
         for (let i = 0; i < n; i += 1) randomUUID().replaceAll('-', '');
+      },
+    },
+    {
+      group: 'trace id',
+      name: 'newTraceId(): hex of a block of random bytes filled every 256 ids (current)',
+      run: (n) => {
+        for (let i = 0; i < n; i += 1) http.newTraceId();
       },
     },
     {
