@@ -56,7 +56,7 @@ import { renderReport, targets } from './lib/report.js';
 import type { Results } from './lib/report.js';
 import { heapBreakdown, peakRssMb, podEnv, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
 import type { RoleProcess } from './lib/runtime.js';
-import { log, machineLoad, procCpuS, runCmd } from './lib/util.js';
+import { log, machineLoad, procCpuS, procCpuSplitS, runCmd } from './lib/util.js';
 import { warmup } from './lib/warmup.js';
 
 const started = performance.now();
@@ -180,10 +180,12 @@ async function profileApi(
   });
   const base = `http://127.0.0.1:${api.port}`;
   let window: { startUs: number; endUs: number } | undefined;
+  let cpu: ProfileSummary['cpu'];
   try {
     await prime(base);
     const conns = cfg.connections;
     await orderLoad({ baseUrl: base, activityId, skuId, buyers, seconds: cfg.warmupS, connections: conns });
+    const cpu0 = procCpuSplitS(api.pid);
     const startUs = Number(process.hrtime.bigint() / 1000n);
     const r = await orderLoad({
       baseUrl: base,
@@ -194,6 +196,9 @@ async function profileApi(
       connections: conns,
     });
     window = { startUs, endUs: Number(process.hrtime.bigint() / 1000n) };
+    const cpu1 = procCpuSplitS(api.pid);
+    if (cpu0 && cpu1)
+      cpu = { userMs: (cpu1.userS - cpu0.userS) * 1000, sysMs: (cpu1.sysS - cpu0.sysS) * 1000 };
     log(`profiled ${name}: ${describe(r)}`);
   } finally {
     await stopRole(api);
@@ -203,7 +208,7 @@ async function profileApi(
     mkdirSync(cfg.keepProfilesDir, { recursive: true });
     copyFileSync(file, join(cfg.keepProfilesDir, `${name}.cpuprofile`));
   }
-  return summarizeProfile(file, cfg.distDir, window);
+  return { ...summarizeProfile(file, cfg.distDir, window), cpu };
 }
 
 async function main(): Promise<void> {

@@ -43,6 +43,11 @@ export interface ProfileSummary {
    * natives count for whoever called them); time with neither on the stack stays with node.
    */
   byOwner: Share[];
+  /**
+   * The process's CPU time over the same window from /proc (all threads), when measured: how much
+   * of the profile's busy time was the kernel's (socket I/O) and how much the process's own code.
+   */
+  cpu?: { userMs: number; sysMs: number } | undefined;
 }
 
 function group(f: CallFrame, ownPrefix: string): string {

@@ -419,7 +419,12 @@ function profileTable(p: ProfileSummary): string[] {
   const lines: string[] = [];
   lines.push(
     `Busy ${f0(p.busyMs)} ms of ${f0(p.totalMs)} ms profiled (idle ${((100 * p.idleMs) / p.totalMs).toFixed(0)} %). ` +
-      'Shares are of busy time.',
+      'Shares are of busy time.' +
+      (p.cpu
+        ? ` On the CPU in the same window (/proc, all threads): ${f0(p.cpu.userMs)} ms in user mode, ` +
+          `${f0(p.cpu.sysMs)} ms in the kernel (the profile covers the main thread; this, every thread of ` +
+          'the process). Socket writes and reads on loopback carry the kernel side of both ends of the connection.'
+        : ''),
     '',
     '| Self time by package / module (natives count for their caller) | ms | share |',
     '|---|---:|---:|',

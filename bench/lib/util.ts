@@ -79,15 +79,21 @@ export function procStatusKb(pid: number, field: 'VmHWM' | 'VmRSS'): number | un
 }
 
 /** CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat (10 ms ticks). */
-export function procCpuS(pid: number): number | undefined {
+/** A process's CPU seconds so far, in user mode and in the kernel (all its threads). */
+export function procCpuSplitS(pid: number): { userS: number; sysS: number } | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     // After "pid (comm) ": state is field 3, utime field 14, stime field 15.
-    return (Number(fields[11]) + Number(fields[12])) / 100;
+    return { userS: Number(fields[11]) / 100, sysS: Number(fields[12]) / 100 };
   } catch {
     return undefined;
   }
+}
+
+export function procCpuS(pid: number): number | undefined {
+  const cpu = procCpuSplitS(pid);
+  return cpu === undefined ? undefined : cpu.userS + cpu.sysS;
 }
 
 /** Nearest-rank percentile of an ascending array. */
