@@ -129,11 +129,6 @@ export class BucketLayout {
 const cache = new Map<string, BucketLayout>();
 
 /**
- * The activity's bucket layout as loaded (meta fields `bucket:<sku>`). A SKU's bucket count never
- * changes once loaded (the CRD refuses the edit), so a process keeps the layout; `refresh` re-reads
- * it (a SKU added by a later load, or a reserve script that found a bucketed SKU's activity hash).
- */
-/**
  * The activity's remembered layout, without a promise: the order path asks on every request and
  * finds it nearly always. Undefined when it must be read (bucketLayout).
  */
@@ -141,6 +136,11 @@ export function knownBucketLayout(activityId: string): BucketLayout | undefined 
   return cache.get(activityId);
 }
 
+/**
+ * The activity's bucket layout as loaded (meta fields `bucket:<sku>`). A SKU's bucket count never
+ * changes once loaded (the CRD refuses the edit), so a process keeps the layout; `refresh` re-reads
+ * it (a SKU added by a later load, or a reserve script that found a bucketed SKU's activity hash).
+ */
 export async function bucketLayout(
   redis: RedisClient,
   activityId: string,

@@ -77,30 +77,9 @@ export const traceId: RequestHandler = (req, res, next) => {
   next();
 };
 
-/** When a response's request arrived (performance.now()), and where its duration is observed. */
+/** When a response's request arrived (performance.now()). */
 const STARTED = Symbol('started');
-const OBSERVER = Symbol('observer');
-type TimedResponse = Response & {
-  [STARTED]?: number;
-  [OBSERVER]?: (route: string, method: string, status: number, seconds: number) => void;
-};
-
-/**
- * The request histogram's 'finish' listener: one function shared by all responses, no closure per
- * request. The route template, never the raw path: label cardinality stays bounded. A route
- * declared with several paths (the rate limiter's) has an array here: its label is the list, as
- * prom-client has always rendered it.
- */
-function observeDuration(this: TimedResponse): void {
-  const { req } = this;
-  const path = (req.route as { path?: unknown } | undefined)?.path;
-  this[OBSERVER]!(
-    path === undefined ? 'unmatched' : String(path),
-    req.method,
-    this.statusCode,
-    (performance.now() - this[STARTED]!) / 1000,
-  );
-}
+type TimedResponse = Response & { [STARTED]?: number };
 
 export function createServiceApp(opts: ServiceAppOptions): Express {
   const app = express();
@@ -112,20 +91,25 @@ export function createServiceApp(opts: ServiceAppOptions): Express {
   // One labelled child per route, method and status, looked up by a string key: prom-client's
   // startTimer() + end(labels) builds and validates a label object on every request.
   const children = new Map<string, { observe: (seconds: number) => void }>();
-  const observe = (route: string, method: string, status: number, seconds: number): void => {
-    const key = `${route} ${method} ${status}`;
+  // The histogram's 'finish' listener: one function for all responses, no closure per request.
+  // The route template, never the raw path: label cardinality stays bounded. A route declared with
+  // several paths (the rate limiter's) has an array here: its label is the list, as prom-client has
+  // always rendered it.
+  function observeDuration(this: TimedResponse): void {
+    const { req, statusCode } = this;
+    const path = (req.route as { path?: unknown } | undefined)?.path;
+    const route = path === undefined ? 'unmatched' : String(path);
+    const key = `${route} ${req.method} ${statusCode}`;
     let child = children.get(key);
     if (!child) {
-      child = opts.metrics.httpDuration.labels(route, method, String(status));
+      child = opts.metrics.httpDuration.labels(route, req.method, String(statusCode));
       children.set(key, child);
     }
-    child.observe(seconds);
-  };
+    child.observe((performance.now() - this[STARTED]!) / 1000);
+  }
   // The trace id and the duration histogram in one layer: every request walks express' layers.
   app.use((req, res, next) => {
-    const timed = res as TimedResponse;
-    timed[STARTED] = performance.now();
-    timed[OBSERVER] = observe;
+    (res as TimedResponse)[STARTED] = performance.now();
     res.on('finish', observeDuration);
     traceId(req, res, next);
   });
