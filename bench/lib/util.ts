@@ -78,8 +78,7 @@ export function procStatusKb(pid: number, field: 'VmHWM' | 'VmRSS'): number | un
   }
 }
 
-/** CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat (10 ms ticks). */
-/** A process's CPU seconds so far, in user mode and in the kernel (all its threads). */
+/** A process's CPU seconds so far, in user mode and in the kernel (all its threads), from /proc/<pid>/stat (10 ms ticks). */
 export function procCpuSplitS(pid: number): { userS: number; sysS: number } | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
@@ -91,6 +90,7 @@ export function procCpuSplitS(pid: number): { userS: number; sysS: number } | un
   }
 }
 
+/** CPU seconds (user + system) a process has used so far. */
 export function procCpuS(pid: number): number | undefined {
   const cpu = procCpuSplitS(pid);
   return cpu === undefined ? undefined : cpu.userS + cpu.sysS;
