@@ -215,7 +215,7 @@ export function createKafka(
  * Every request of a send targets one partition (onePartitionPerRequest): kafkajs 2.2.4 loses
  * messages otherwise when a partition's leader dies mid-send (see there).
  */
-export function idempotentProducer(kafka: Kafka): Producer {
+export function idempotentProducer(kafka: Kafka): PartitionedProducer {
   const producer = kafka.producer({
     idempotent: true,
     maxInFlightRequests: 1,
@@ -224,6 +224,15 @@ export function idempotentProducer(kafka: Kafka): Producer {
     retry: { retries: Number.MAX_SAFE_INTEGER, initialRetryTime: 200, maxRetryTime: 5_000 },
   });
   return onePartitionPerRequest(producer, kafka);
+}
+
+/**
+ * A producer that also tells which partition a key goes to, so that a caller can put several
+ * records of one partition into one message (runtime/relay/relay.ts, order batches).
+ */
+export interface PartitionedProducer extends Producer {
+  /** The producer's own partitioner for `topic` (metadata read once; again after a failed send). */
+  partitionerFor(topic: string): Promise<(key: string) => number>;
 }
 
 /**
@@ -241,9 +250,9 @@ export function idempotentProducer(kafka: Kafka): Producer {
  *
  * The partition is chosen here with the producer's own partitioner (the key's murmur2 hash, as
  * kafkajs and the Java client do), from the topic's partition metadata read once per topic and
- * again after a failed send.
+ * again after a failed send. A message that names its partition keeps it.
  */
-export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Producer {
+export function onePartitionPerRequest(producer: Producer, kafka: Kafka): PartitionedProducer {
   const partitioner = Partitioners.DefaultPartitioner();
   const metadata = new Map<string, PartitionMetadata[]>();
   let admin: Admin | undefined;
@@ -266,7 +275,9 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Produc
       const groups = new Map<number, Message[]>();
       for (const message of record.messages) {
         const partition = partitioner({ topic: record.topic, partitionMetadata, message });
-        groups.set(partition, [...(groups.get(partition) ?? []), { ...message, partition }]);
+        const group = groups.get(partition);
+        if (group) group.push({ ...message, partition });
+        else groups.set(partition, [{ ...message, partition }]);
       }
       const results = await Promise.allSettled(
         [...groups.values()].map((messages) => producer.send({ ...record, messages })),
@@ -282,6 +293,10 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Produc
   return {
     ...producer,
     send,
+    partitionerFor: async (topic: string): Promise<(key: string) => number> => {
+      const partitionMetadata = await partitionsOf(topic);
+      return (key) => partitioner({ topic, partitionMetadata, message: { key, value: null } });
+    },
     sendBatch: async (batch: ProducerBatch): Promise<RecordMetadata[]> => {
       const out: RecordMetadata[] = [];
       for (const tm of batch.topicMessages ?? []) {

@@ -107,3 +107,25 @@ export const OUTBOX_FIELDS = {
   /** The order message as JSON: the Kafka message's value, byte for byte. */
   message: 'm',
 } as const;
+
+/**
+ * Order batches on Kafka. The relay puts the half messages of one partition into one Kafka
+ * message: their JSON texts byte for byte, one per line (a JSON text never holds a raw newline),
+ * with the header `orders` giving their number. A message without that header is one order, as
+ * every message was before batches; the consumer takes both. Kafka's cost is mostly per record
+ * (encoding, CRC, the broker's per-record work, the consumer's decoding), so a batch of a few
+ * hundred orders costs about what one order did (docs/benchmarks.md, "Order batches").
+ */
+export const ORDER_BATCH_HEADER = 'orders';
+
+/**
+ * Largest batch message in bytes: well below Kafka's default `message.max.bytes` (1 MB), which a
+ * broker or topic may keep. A half message is about 300 bytes, so this bounds a batch only when
+ * item names are long.
+ */
+export const ORDER_BATCH_MAX_BYTES = 512 * 1024;
+
+/** The order texts of a Kafka message's value: one per line when batched, else the whole value. */
+export function orderTextsOf(value: string, batched: boolean): string[] {
+  return batched ? value.split('\n') : [value];
+}

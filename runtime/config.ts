@@ -133,6 +133,12 @@ const schema = z
     /** Half messages per Kafka produce request: each request waits for acks=all, so bigger batches carry more per wait. */
     RELAY_BATCH_SIZE: env.int(2000, 1),
     /**
+     * Orders per Kafka message at most: a read's half messages bound for one partition travel as one
+     * batch message (runtime/relay/relay.ts). 1 sends one message per order, the only format that
+     * consumers older than batches read: set it while such consumers still run (CHANGELOG).
+     */
+    RELAY_ORDERS_PER_MESSAGE: z.coerce.number().int().min(1).max(10_000).default(500),
+    /**
      * A half message pending this long on a silent relay (SIGKILLed, or its pod gone) is reclaimed
      * by another: a few seconds, so a crash does not hold orders back. A relay that is merely slow
      * may see its entries sent twice; the consumer's unique keys absorb that.

@@ -12,6 +12,10 @@
  * name are taken from PostgreSQL; a message whose price, quantity, slot, buyer or reservation id
  * does not fit goes to the DLQ at once with the reason, never into `orders`.
  *
+ * A Kafka message holds one order or, from the relay, a batch of orders (core/order-message.ts,
+ * ORDER_BATCH_HEADER). Each order of a batch is checked, retried and sent to the DLQ on its own;
+ * a message's offset is committed once all its orders are written, so a chunk never splits one.
+ *
  * Failures: transient ones (database or network) are retried with backoff for as long as it
  * takes; a message that fails for any other reason is retried CONSUMER_MAX_ATTEMPTS times and
  * then sent to the DLQ with the error in its headers.
@@ -35,7 +39,7 @@ import { isTransientDbError } from '../../core/db/pool.js';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
-import { orderMessageSchema } from '../../core/order-message.js';
+import { ORDER_BATCH_HEADER, orderMessageSchema, orderTextsOf } from '../../core/order-message.js';
 import type { OrderMessage } from '../../core/order-message.js';
 import { release, reservationIdFor } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
@@ -111,8 +115,12 @@ export type ConsumerState = 'starting' | 'joining' | 'consuming' | 'restarting' 
 
 type GuardedOutcome = InsertOutcome & { guarded: GuardedOrder[] };
 
+/** One order of a Kafka message: its text, and the order or why it is not one. */
 interface Parsed {
   message: KafkaMessage;
+  /** Its line in a batch message; undefined for a message of one order. */
+  index?: number | undefined;
+  text: string;
   order?: OrderMessage;
   error?: string;
 }
@@ -216,24 +224,36 @@ export class OrderConsumer {
     await this.options.dlqProducer.disconnect();
   }
 
-  private parse(message: KafkaMessage): Parsed {
+  /** The orders of one Kafka message (several when it is a batch). */
+  private parse(message: KafkaMessage): Parsed[] {
+    const batched = message.headers?.[ORDER_BATCH_HEADER] !== undefined;
+    const texts = orderTextsOf(message.value?.toString('utf8') ?? '', batched);
+    return texts.map((text, i) => this.parseOne(message, text, batched ? i : undefined));
+  }
+
+  private parseOne(message: KafkaMessage, text: string, index: number | undefined): Parsed {
     try {
-      const raw: unknown = JSON.parse(message.value?.toString('utf8') ?? '');
+      const raw: unknown = JSON.parse(text);
       const r = orderMessageSchema.safeParse(raw);
-      if (!r.success) return { message, error: `invalid order message: ${r.error.issues[0]?.message ?? ''}` };
+      if (!r.success)
+        return { message, index, text, error: `invalid order message: ${r.error.issues[0]?.message ?? ''}` };
       if (r.data.activityId !== this.options.activityId)
-        return { message, error: 'message of another activity' };
-      return { message, order: r.data };
+        return { message, index, text, error: 'message of another activity' };
+      return { message, index, text, order: r.data };
     } catch (err) {
-      return { message, error: `unparseable message: ${(err as Error).message}` };
+      return { message, index, text, error: `unparseable message: ${(err as Error).message}` };
     }
   }
 
   private async onBatch(p: EachBatchPayload): Promise<void> {
     const { batch } = p;
-    for (let i = 0; i < batch.messages.length; i += this.options.batchSize) {
+    // Chunks of about CONSUMER_BATCH_SIZE orders, always whole messages: an offset is resolved only
+    // when every order of its message is written.
+    for (let i = 0; i < batch.messages.length;) {
       if (!p.isRunning() || p.isStale()) return;
-      const chunk = batch.messages.slice(i, i + this.options.batchSize).map((m) => this.parse(m));
+      const chunk: Parsed[] = [];
+      while (i < batch.messages.length && chunk.length < this.options.batchSize)
+        for (const parsed of this.parse(batch.messages[i++]!)) chunk.push(parsed);
       await this.processChunk(chunk, p);
       p.resolveOffset(chunk[chunk.length - 1]!.message.offset);
       // With autoCommit off, kafkajs commits only the offsets it is handed.
@@ -334,7 +354,7 @@ export class OrderConsumer {
 
   /** Counts a non-transient failure; returns true once the message went to the DLQ. */
   private async failed(c: Parsed, err: Error, p: EachBatchPayload): Promise<boolean> {
-    const key = `${p.batch.partition}:${c.message.offset}`;
+    const key = `${p.batch.partition}:${c.message.offset}:${c.index ?? ''}`;
     const n = (this.attempts.get(key) ?? 0) + 1;
     this.attempts.set(key, n);
     this.options.metrics.consumerRetries.inc({ activity: this.options.activityId, reason: 'poison' });
@@ -347,16 +367,28 @@ export class OrderConsumer {
     return true;
   }
 
+  /**
+   * A dead letter holds one order as a message of its own, so that `dlq replay` sends back that
+   * order alone; one from a batch gets the key and headers a message of one order has, and the
+   * order's line in the batch.
+   */
   private async toDlq(c: Parsed, err: Error, p: EachBatchPayload, attempts: number): Promise<void> {
+    const fromBatch = c.index !== undefined;
     await this.options.dlqProducer.send({
       topic: this.options.dlqTopic,
       acks: -1,
       messages: [
         {
-          key: c.message.key,
-          value: c.message.value,
+          key: fromBatch ? (c.order?.userId ?? null) : c.message.key,
+          value: fromBatch ? c.text : c.message.value,
           headers: {
-            ...c.message.headers,
+            ...(fromBatch
+              ? {
+                  'trace-id': c.order?.traceId ?? '',
+                  'reservation-id': c.order?.reservationId ?? '',
+                  'dlq-original-index': String(c.index),
+                }
+              : c.message.headers),
             'dlq-error': err.message.slice(0, 1000),
             ...(err instanceof RefusedMessage ? { 'dlq-reason': err.reason } : {}),
             'dlq-attempts': String(attempts),
@@ -376,7 +408,7 @@ export class OrderConsumer {
           : 'failed') satisfies (typeof DLQ_REASONS)[number],
     });
     this.options.logger.error(
-      { offset: c.message.offset, partition: p.batch.partition, err: err.message },
+      { offset: c.message.offset, index: c.index, partition: p.batch.partition, err: err.message },
       'message sent to DLQ',
     );
   }

@@ -30,6 +30,7 @@ export async function startRelays(
       metrics: ctx.metrics,
       logger: ctx.logger,
       batchSize: cfg.RELAY_BATCH_SIZE,
+      ordersPerMessage: cfg.RELAY_ORDERS_PER_MESSAGE,
       reclaimIdleMs: cfg.RELAY_RECLAIM_IDLE_MS,
       consumerName: `${baseName}-${i}`,
     });

@@ -6,6 +6,7 @@
 import pg from 'pg';
 import { createKafka, idempotentProducer, topicDepth } from '../../../core/kafka.js';
 import type { OrderMessage } from '../../../core/model.js';
+import { ORDER_BATCH_HEADER } from '../../../core/order-message.js';
 import { reservationIdFor } from '../../../core/reservations.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
@@ -124,5 +125,71 @@ describe('forged order messages', () => {
       item_name: '北京烤鸭 礼盒装',
       quantity: 2,
     });
+  });
+
+  // The relay sends a partition's orders as one batch message (one order per line). Each order of a
+  // batch is judged on its own: one that is refused or does not parse goes to the DLQ as a message
+  // of its own, the order alone, with its line in the batch; the rest of the batch becomes orders.
+  test('a batch message: each order judged alone, a bad one dead-lettered alone', async () => {
+    const first = message('batch-a');
+    const cheap = message('batch-cheap', { unitPrice: '0.01' });
+    const second = message('batch-b');
+    const lines = [JSON.stringify(first), JSON.stringify(cheap), 'not json {', JSON.stringify(second)];
+    const kafka = createKafka(testEnv().kafkaBrokers, uniqueId('batcher'));
+    const producer = idempotentProducer(kafka);
+    await producer.connect();
+    await producer.send({
+      topic: activity.topics.orders,
+      acks: -1,
+      messages: [
+        { key: null, value: lines.join('\n'), headers: { [ORDER_BATCH_HEADER]: String(lines.length) } },
+      ],
+    });
+    await producer.disconnect();
+
+    await waitFor(
+      'the batch orders',
+      async () =>
+        (await sql.query('SELECT 1 FROM orders WHERE user_id = ANY($1)', [['batch-a', 'batch-b']]))
+          .rowCount === 2,
+    );
+    const reader = kafka.consumer({ groupId: uniqueId('dlq-reader') });
+    await reader.connect();
+    await reader.subscribe({ topic: activity.topics.dlq, fromBeginning: true });
+    const fromBatch: { key: string | null; value: string; headers: Record<string, string> }[] = [];
+    await reader.run({
+      eachMessage: async ({ message: m }) => {
+        const headers: Record<string, string> = {};
+        for (const [k, v] of Object.entries(m.headers ?? {})) headers[k] = String(v);
+        if (headers['dlq-original-index'] !== undefined)
+          fromBatch.push({
+            key: m.key?.toString('utf8') ?? null,
+            value: m.value?.toString('utf8') ?? '',
+            headers,
+          });
+      },
+    });
+    await waitFor('the batch dead letters', async () => fromBatch.length === 2, 60_000);
+    await reader.disconnect();
+    fromBatch.sort(
+      (x, y) => Number(x.headers['dlq-original-index']) - Number(y.headers['dlq-original-index']),
+    );
+
+    const [refused, garbage] = fromBatch;
+    expect(refused).toMatchObject({
+      key: 'batch-cheap',
+      value: JSON.stringify(cheap),
+      headers: {
+        'dlq-original-index': '1',
+        'dlq-reason': 'price',
+        'dlq-attempts': '1',
+        'trace-id': 'trace-batch-cheap',
+        'reservation-id': cheap.reservationId,
+      },
+    });
+    expect(refused!.headers[ORDER_BATCH_HEADER]).toBeUndefined();
+    expect(garbage).toMatchObject({ key: null, value: 'not json {', headers: { 'dlq-original-index': '2' } });
+    expect(garbage!.headers['dlq-error']).toMatch(/^unparseable message/);
+    expect((await sql.query('SELECT 1 FROM orders WHERE user_id = $1', ['batch-cheap'])).rowCount).toBe(0);
   });
 });

@@ -3,12 +3,14 @@
 // forwards an entry without parsing it, including entries a relay of the earlier format left in a
 // stream (written before the script wrote the Kafka key and trace id as fields of their own).
 import { Redis } from 'ioredis';
+import { Partitioners } from 'kafkajs';
 import type { KafkaMessage } from 'kafkajs';
 import { createKafka, idempotentProducer } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { createLogger } from '../../../core/logger.js';
 import { createMetrics } from '../../../core/metrics.js';
 import {
+  ORDER_BATCH_HEADER,
   OUTBOX_FIELDS,
   RESERVATION_HASH_FIELDS,
   RESERVATION_STATE_FIELDS,
@@ -244,5 +246,83 @@ describe('the relay turns outbox entries into Kafka messages', () => {
       value: currentJson,
       headers: { 'trace-id': 'trace-current', 'reservation-id': currentRid },
     });
+  });
+
+  // With RELAY_ORDERS_PER_MESSAGE above 1, a read's entries for one partition travel as one message:
+  // every order exactly once, each on the partition a message keyed by its buyer would have gone to.
+  test("a read of many entries reaches Kafka as batch messages on the buyers' partitions", async () => {
+    const batchActivity = await setUpActivity(uniqueId('relaybatch'), [{ ...ITEM, stock: 40 }]);
+    const k = activityKeys(batchActivity.id);
+    const buyers = Array.from({ length: 16 }, (_, i) => `batch-buyer-${i}`);
+    const expected = new Map<string, string>();
+    for (const buyer of buyers) {
+      await reserve(redis, {
+        activityId: batchActivity.id,
+        userId: buyer,
+        skuId: 'tea',
+        quantity: 1,
+        requestId: `req-${buyer}`,
+        traceId: `trace-${buyer}`,
+      });
+      expected.set(reservationIdFor(batchActivity.id, buyer, `req-${buyer}`), buyer);
+    }
+
+    const admin = kafka.admin();
+    await admin.connect();
+    const partitionMetadata = (await admin.fetchTopicMetadata({ topics: [batchActivity.topics.orders] }))
+      .topics[0]!.partitions;
+    await admin.disconnect();
+    const partitioner = Partitioners.DefaultPartitioner();
+    const partitionOf = (buyer: string): number =>
+      partitioner({
+        topic: batchActivity.topics.orders,
+        partitionMetadata,
+        message: { key: buyer, value: null },
+      });
+
+    const arrived: { partition: number; batch: boolean; order: OrderMessage }[] = [];
+    const reader = kafka.consumer({ groupId: uniqueId('relay-batch-reader') });
+    await reader.connect();
+    await reader.subscribe({ topic: batchActivity.topics.orders, fromBeginning: true });
+    await reader.run({
+      eachMessage: async ({ partition, message }) => {
+        const batch = message.headers?.[ORDER_BATCH_HEADER] !== undefined;
+        const lines = (message.value?.toString('utf8') ?? '').split('\n');
+        if (batch) expect(String(message.headers?.[ORDER_BATCH_HEADER])).toBe(String(lines.length));
+        for (const line of lines)
+          arrived.push({ partition, batch, order: orderMessageSchema.parse(JSON.parse(line)) });
+      },
+    });
+    const relay = new Relay({
+      activityId: batchActivity.id,
+      topic: batchActivity.topics.orders,
+      redis,
+      blockingRedis: blocking,
+      createProducer: () => idempotentProducer(kafka),
+      metrics: createMetrics('test-relay-batch'),
+      logger: createLogger('test-relay-batch', 'silent'),
+      batchSize: 100,
+      ordersPerMessage: 500,
+      reclaimIdleMs: 60_000,
+      consumerName: 'order-batch-test',
+    });
+    await relay.start();
+    try {
+      await waitFor('every order on Kafka', async () => arrived.length >= buyers.length);
+      await waitFor('the outbox emptied', async () => (await redis.xlen(k.outbox)) === 0);
+    } finally {
+      await relay.stop();
+      await reader.disconnect();
+    }
+
+    expect(arrived.map((a) => a.order.reservationId).sort()).toEqual([...expected.keys()].sort());
+    for (const a of arrived) {
+      expect({ buyer: a.order.userId, partition: a.partition }).toEqual({
+        buyer: expected.get(a.order.reservationId),
+        partition: partitionOf(a.order.userId),
+      });
+    }
+    // 16 entries read at once over the topic's partitions: some partition got several, in one message.
+    expect(arrived.some((a) => a.batch)).toBe(true);
   });
 });
