@@ -445,4 +445,17 @@ CREATE TABLE cache_restores (
 CREATE UNIQUE INDEX cache_restores_one_open ON cache_restores (activity_id) WHERE step <> 'resumed';
 `,
   },
+  {
+    version: 9,
+    name: 'order-events-per-activity',
+    sql: `
+-- The order-event relay of one activity reads the head of its own queue
+-- (core/db/order-events-store.ts claimPublishableEvents). With only order_events_unpublished (id)
+-- it walked past every other activity's unpublished events on each poll: 75 ms per poll behind
+-- 500,000 of another activity's, a core of PostgreSQL while they waited (docs/benchmarks.md,
+-- "Order events after a burst"). order_events is purged after ORDER_EVENTS_RETENTION_HOURS, so the
+-- index is built over a bounded table.
+CREATE INDEX order_events_unpublished_activity ON order_events (activity_id, id) WHERE published_at IS NULL;
+`,
+  },
 ];
