@@ -153,7 +153,11 @@ const schema = z
      * after 2.9-3.3 s instead of 4.3-4.7 s (bench/analysis.md, drain).
      */
     RELAY_CONCURRENCY: env.int(8, 1),
-    /** Orders per insert transaction (one commit, one results write per batch). */
+    /**
+     * Orders per insert transaction (one commit, one results write per batch), in whole Kafka
+     * messages: a relay's batch message is never split, so a transaction may hold up to
+     * RELAY_ORDERS_PER_MESSAGE - 1 more.
+     */
     CONSUMER_BATCH_SIZE: env.int(2000, 1),
     /** Partitions whose batches are written at the same time (each in its own transaction). */
     CONSUMER_PARTITION_CONCURRENCY: env.int(4, 1),
