@@ -21,17 +21,17 @@ export interface CapacityFigures {
   /** Redis CPU per reserve() call: 50 connections one call at a time each, and one connection with 50 in flight (as the api). */
   redisReserveUs: number;
   redisReservePipelinedUs: number;
-  /** Redis CPU per message for the relay's stream reads, acks and deletes. */
+  /** Redis CPU per order (half message) for the relay's stream reads, acks and deletes. */
   redisRelayUs: number;
   /** Redis CPU per order for the consumer's result writes and ledger confirmations. */
   redisConsumerUs: number;
-  /** The relay process's CPU per message (read, produce with acks=all, ack + delete). */
+  /** The relay process's CPU per order (read, produce in batch messages with acks=all, ack + delete). */
   relayUs: number;
   /** The consumer process's CPU per order (fetch, insert batch + journal + guard, results, commit). */
   consumerUs: number;
   /** PostgreSQL (postmaster and backends) CPU per order; undefined when its processes were not found. */
   postgresUs: number | undefined;
-  /** Kafka broker CPU per message produced, and per message consumed (one broker, replication 1). */
+  /** Kafka broker CPU per order produced, and per order consumed, in the relay's batch messages (one broker, replication 1). */
   kafkaProduceUs: number | undefined;
   kafkaConsumeUs: number | undefined;
   /** Wall-clock rates of the single relay and the single consumer process (shared machine). */
@@ -139,13 +139,13 @@ export function renderCapacityBlock(f: CapacityFigures, p: PlanParams = DEFAULT_
     `| reserve script, one connection, 50 in flight (as the api) | Redis | ${one(f.redisReservePipelinedUs)} | ${perCore(f.redisReservePipelinedUs)} |`,
     `| relay: stream read, ack, delete | Redis | ${one(f.redisRelayUs)} | ${perCore(f.redisRelayUs)} |`,
     `| consumer: results and ledger | Redis | ${one(f.redisConsumerUs)} | ${perCore(f.redisConsumerUs)} |`,
-    `| relay: one message to Kafka (acks=all, idempotent) | relay process | ${one(f.relayUs)} | ${perCore(f.relayUs)} |`,
+    `| relay: one order to Kafka (in batch messages, acks=all, idempotent) | relay process | ${one(f.relayUs)} | ${perCore(f.relayUs)} |`,
     `| consumer: one order into PostgreSQL | consumer process | ${one(f.consumerUs)} | ${perCore(f.consumerUs)} |`,
     `| one order (batch insert, journal, guard, events outbox) | PostgreSQL | ${one(f.postgresUs)} | ${perCore(f.postgresUs)} |`,
-    `| one message produced (replication 1) | Kafka broker | ${one(f.kafkaProduceUs)} | ${perCore(f.kafkaProduceUs)} |`,
-    `| one message consumed (replication 1) | Kafka broker | ${one(f.kafkaConsumeUs)} | ${perCore(f.kafkaConsumeUs)} |`,
+    `| one order produced, in batch messages (replication 1) | Kafka broker | ${one(f.kafkaProduceUs)} | ${perCore(f.kafkaProduceUs)} |`,
+    `| one order consumed, in batch messages (replication 1) | Kafka broker | ${one(f.kafkaConsumeUs)} | ${perCore(f.kafkaConsumeUs)} |`,
     '',
-    `Wall-clock rates of one process each on this shared machine: relay ${int(f.relayRate)} messages/s, consumer ${int(f.consumerRate)} orders/s.`,
+    `Wall-clock rates of one process each on this shared machine: relay ${int(f.relayRate)} orders/s, consumer ${int(f.consumerRate)} orders/s.`,
     '',
     `Worked examples (utilisation ${p.utilisation}, ${p.bucketsPerPrimary} buckets per primary, ${p.partitionsPerConsumer} partitions per consumer, Kafka replication ${p.replicationFactor}):`,
     '',

@@ -18,7 +18,7 @@
  * not measured. Polling uses Redis (XLEN, ZCARD), never PostgreSQL, so that PostgreSQL's CPU is
  * the orders'.
  */
-import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
@@ -29,40 +29,7 @@ import type { CapacityFigures } from './capacity-model.js';
 import { reservations } from './redis-ref.js';
 import { startRole, stopRole } from './runtime.js';
 import type { RoleProcess } from './runtime.js';
-import { log, machineLoad, procCpuS, runCmd, waitFor } from './util.js';
-
-function pidFrom(dirs: (string | undefined)[], file: string): number | undefined {
-  for (const d of dirs) {
-    if (!d || !existsSync(join(d, file))) continue;
-    const pid = Number(readFileSync(join(d, file), 'utf8').split('\n')[0]);
-    if (pid > 0 && procCpuS(pid) !== undefined) return pid;
-  }
-  return undefined;
-}
-
-/** CPU seconds of a process and of all its children, exited (cutime/cstime) and alive. */
-function treeCpuS(pid: number): number | undefined {
-  let stat: string;
-  try {
-    stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  } catch {
-    return undefined;
-  }
-  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  // utime, stime, cutime, cstime are fields 14-17 (index 11-14 after "pid (comm) ").
-  let ticks = Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14]);
-  for (const d of readdirSync('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      const s = readFileSync(`/proc/${d}/stat`, 'utf8');
-      const g = s.slice(s.lastIndexOf(')') + 2).split(' ');
-      if (Number(g[1]) === pid) ticks += Number(g[11]) + Number(g[12]);
-    } catch {
-      // exited meanwhile: its time is in the parent's cutime/cstime once reaped
-    }
-  }
-  return ticks / 100;
-}
+import { log, machineLoad, pidFrom, procCpuS, runCmd, treeCpuS, waitFor } from './util.js';
 
 function cpuPressureSomeUs(): number | undefined {
   try {

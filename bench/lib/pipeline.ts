@@ -22,7 +22,7 @@ import type { ProfileSummary } from './profile.js';
 import { prepareRedisRef, reservations, reserveBurst } from './redis-ref.js';
 import { peakRssMb, startRole, stopRole } from './runtime.js';
 import type { RoleProcess } from './runtime.js';
-import { log, procCpuS, sleep, waitFor } from './util.js';
+import { log, pidFrom, procCpuS, sleep, treeCpuS, waitFor } from './util.js';
 
 export interface Sample {
   t: number;
@@ -263,7 +263,8 @@ export interface BacklogResult {
   /** Seconds until the stream was empty (everything relayed to Kafka). */
   relayedS: number;
   ordersInPg: number;
-  cpuPerOrderUs: { relay?: number; consumer?: number; kafka?: number; redis: number };
+  /** With PostgreSQL's (the postmaster and its backends) when its pid file was found. */
+  cpuPerOrderUs: { relay?: number; consumer?: number; kafka?: number; redis: number; postgres?: number };
   rss: Record<'relay' | 'consumer', { idleMb: number; peakMb: number }>;
   samples: Sample[];
   profiles?: { relay?: ProfileSummary; consumer?: ProfileSummary };
@@ -346,11 +347,13 @@ export async function backlogDrain(
     );
 
     const kPid = kafkaPid(ctx.servers.env);
+    const pgPid = pidFrom([ctx.servers.env.FLASHSALE_STATE], 'postgres.pid');
     const cpu0 = {
       relay: procCpuS(relay.pid),
       consumer: procCpuS(consumer.pid),
       kafka: kPid === undefined ? undefined : procCpuS(kPid),
       redis: await redisCpuS(ctx),
+      postgres: pgPid === undefined ? undefined : treeCpuS(pgPid),
     };
     const samples: Sample[] = [];
     const t0 = performance.now();
@@ -399,6 +402,7 @@ export async function backlogDrain(
       consumer: perOrder(cpu0.consumer, procCpuS(consumer.pid)),
       kafka: kPid === undefined ? undefined : perOrder(cpu0.kafka, procCpuS(kPid)),
       redis: perOrder(cpu0.redis, await redisCpuS(ctx)) ?? NaN,
+      postgres: pgPid === undefined ? undefined : perOrder(cpu0.postgres, treeCpuS(pgPid)),
     };
     profWindow = { startUs, endUs: Number(process.hrtime.bigint() / 1000n) };
     sampling = false;

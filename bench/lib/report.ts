@@ -378,17 +378,21 @@ export function reasons(r: Results): string[] {
   const b = r.backlog;
   if (missed.has('drain rate vs PostgreSQL ceiling') && b && r.ceiling && b.relayedS > 0) {
     const c = b.cpuPerOrderUs;
-    const perOrder = (c.relay ?? 0) + (c.consumer ?? 0) + (c.kafka ?? 0) + c.redis;
+    const perOrder = (c.relay ?? 0) + (c.consumer ?? 0) + (c.kafka ?? 0) + c.redis + (c.postgres ?? 0);
     const cpuBound = perOrder > 0 ? (r.meta.cpus * 1e6) / perOrder : undefined;
+    const relayRate = b.n / b.relayedS;
     out.push(
       `Backlog drain: the relay emptied the stream of ${f0(b.n)} half messages into Kafka in ${f1(b.relayedS)} s ` +
-        `(${f0(b.n / b.relayedS)} messages/s, ${ratio(b.n / b.relayedS, r.ceiling.rowsPerS)} of the ceiling, with ` +
-        `the consumer working beside it), which bounds the drain before the consumer has written a row. Per order ` +
-        `the drain cost relay ${f0(c.relay)} + consumer ${f0(c.consumer)} + Kafka ${f0(c.kafka)} + Redis ` +
-        `${f0(c.redis)} = ${f0(perOrder)} µs of CPU besides PostgreSQL's own work; the machine's ${r.meta.cpus} ` +
+        `(${f0(relayRate)} messages/s, ${ratio(relayRate, r.ceiling.rowsPerS)} of the ceiling, with the consumer ` +
+        `working beside it)${relayRate < 0.3 * r.ceiling.rowsPerS ? ', which bounds the drain before the consumer has written a row' : ''}. ` +
+        `Per order the drain cost relay ${f0(c.relay)} + consumer ${f0(c.consumer)} + Kafka ${f0(c.kafka)} + Redis ` +
+        `${f0(c.redis)}${c.postgres === undefined ? '' : ` + PostgreSQL ${f0(c.postgres)}`} = ${f0(perOrder)} µs of CPU` +
+        `${c.postgres === undefined ? " besides PostgreSQL's own work" : ''}; the machine's ${r.meta.cpus} ` +
         `cores allow at most ${f0(cpuBound)} orders/s for that (${ratio(cpuBound, r.ceiling.rowsPerS)} of the ` +
-        `ceiling), and the pgbench ceiling has neither these processes nor the hot SKU's guard row that ` +
-        `serialises the consumer's transactions.`,
+        `ceiling). The pgbench ceiling writes only the orders, with none of these processes, none of the ` +
+        `journal, outbox and guard rows the consumer writes per order (at most ` +
+        `${f0(r.ceiling.rowsPerS > 0 ? (r.meta.cpus * 1e6) / r.ceiling.rowsPerS : undefined)} µs of the machine's ` +
+        `CPU per row there), and no hot SKU's guard row serialising the transactions.`,
     );
   }
   const bare = r.floors?.rss?.['node-http'];
@@ -685,7 +689,8 @@ export function renderReport(r: Results, analysis: string): string {
         `reservations are orders in PostgreSQL afterwards. For this run only the consumer's group session and the ` +
         `relay's reclaim idle time are 300 s, so the pause causes neither a rebalance nor a re-publication. CPU µs ` +
         `per order during the drain: relay ${f0(c.relay)}, consumer ${f0(c.consumer)}, Kafka broker ${f0(c.kafka)}, ` +
-        `Redis ${f0(c.redis)}. Peak RSS: relay ${f0(b.rss.relay.peakMb)} MB (${f0(b.rss.relay.idleMb)} idle), ` +
+        `Redis ${f0(c.redis)}${c.postgres === undefined ? '' : `, PostgreSQL ${f0(c.postgres)}`}. Peak RSS: relay ` +
+        `${f0(b.rss.relay.peakMb)} MB (${f0(b.rss.relay.idleMb)} idle), ` +
         `consumer ${f0(b.rss.consumer.peakMb)} MB (${f0(b.rss.consumer.idleMb)} idle).`,
       '',
       '| t (s) after the resume | orders in PostgreSQL | half messages | reservations without order |',

@@ -1,7 +1,8 @@
 /** Small helpers shared by the benchmark's phases: logging, processes, timing, statistics. */
 import { spawn } from 'node:child_process';
 import type { SpawnOptions } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { createServer } from 'node:net';
 
 const t0 = Date.now();
@@ -145,4 +146,38 @@ export async function waitFor<T>(
     if (Date.now() > deadline) throw new Error(`${what}: not within ${timeoutMs} ms ${lastErr}`);
     await sleep(intervalMs);
   }
+}
+
+/** The pid in the first of `dirs` holding `file` (a server's pid file) whose process is alive. */
+export function pidFrom(dirs: (string | undefined)[], file: string): number | undefined {
+  for (const d of dirs) {
+    if (!d || !existsSync(join(d, file))) continue;
+    const pid = Number(readFileSync(join(d, file), 'utf8').split('\n')[0]);
+    if (pid > 0 && procCpuS(pid) !== undefined) return pid;
+  }
+  return undefined;
+}
+
+/** CPU seconds of a process and of all its children, exited (cutime/cstime) and alive. */
+export function treeCpuS(pid: number): number | undefined {
+  let stat: string;
+  try {
+    stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch {
+    return undefined;
+  }
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  // utime, stime, cutime, cstime are fields 14-17 (index 11-14 after "pid (comm) ").
+  let ticks = Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14]);
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const s = readFileSync(`/proc/${d}/stat`, 'utf8');
+      const g = s.slice(s.lastIndexOf(')') + 2).split(' ');
+      if (Number(g[1]) === pid) ticks += Number(g[11]) + Number(g[12]);
+    } catch {
+      // exited meanwhile: its time is in the parent's cutime/cstime once reaped
+    }
+  }
+  return ticks / 100;
 }
