@@ -137,6 +137,12 @@ export function kafkaMessagesOf(
       });
   };
   for (const m of singles) {
+    // A value with a raw newline is not JSON the script wrote (a JSON text never holds one): it
+    // travels alone, whole, for the consumer to dead-letter as it is.
+    if (m.value.includes('\n')) {
+      out.push(m);
+      continue;
+    }
     // An entry without a buyer (malformed) is partitioned like the others, by its empty key.
     const partition = partitionOf(m.key ?? '');
     const bytes = Buffer.byteLength(m.value) + 1;
@@ -155,6 +161,7 @@ export function kafkaMessagesOf(
   for (const o of open.values()) close(o);
   return out;
 }
+
 /** How often the list of outbox streams is re-read. */
 const STREAMS_REFRESH_MS = 5_000;
 

@@ -105,4 +105,13 @@ describe('kafkaMessagesOf', () => {
     // 240,001 bytes each with the newline: two fit in 512 KiB, the third starts a new message.
     expect(small.map((m) => m.headers?.[ORDER_BATCH_HEADER] ?? '1')).toEqual(['2', '1']);
   });
+
+  it('sends a value holding a raw newline alone and whole (never split into lines of a batch)', () => {
+    const odd = entry('a2', 'not\njson');
+    const messages = kafkaMessagesOf([entry('a1'), odd, entry('a3')], 500, partitionOf);
+    expect(messages).toContainEqual(kafkaMessageOf(odd));
+    const batch = messages.find((m) => m.headers?.[ORDER_BATCH_HEADER] !== undefined);
+    expect(batch?.value).toBe('{"userId":"a1"}\n{"userId":"a3"}');
+    expect(messages).toHaveLength(2);
+  });
 });
