@@ -13,7 +13,7 @@
  * 90 % of the burst's orders (the backlog never runs dry in that window when the burst outpaces
  * the pipeline, which the report checks).
  */
-import { copyFileSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { redisCpuS } from './context.js';
 import type { Ctx } from './context.js';
@@ -59,16 +59,6 @@ export interface PipelineResult {
   cpuPerOrderUs: { relay?: number; consumer?: number; kafka?: number; redis: number };
   /** With BENCH_PROFILE_ROLES=1: where the relay's and the consumer's time went during the run. */
   profiles?: { relay?: ProfileSummary; consumer?: ProfileSummary };
-}
-
-/** The broker's pid when test/env/env-up.sh started it (its state dir holds kafka.pid). */
-function kafkaPid(env: Record<string, string>): number | undefined {
-  try {
-    const pid = Number(readFileSync(join(env.FLASHSALE_STATE ?? '', 'kafka.pid'), 'utf8').trim());
-    return Number.isInteger(pid) && pid > 0 ? pid : undefined;
-  } catch {
-    return undefined;
-  }
 }
 
 async function countOrders(ctx: Ctx, activityId: string): Promise<number> {
@@ -129,7 +119,7 @@ export async function pipelineAndDrain(
     );
     log(`pipeline warm (${warm} orders through relay and consumer)`);
 
-    const kPid = kafkaPid(ctx.servers.env);
+    const kPid = pidFrom([ctx.servers.env.FLASHSALE_STATE], 'kafka.pid');
     const cpu0 = {
       relay: procCpuS(relay.pid),
       consumer: procCpuS(consumer.pid),
@@ -346,7 +336,7 @@ export async function backlogDrain(
       `backlog: ${n} reservations in ${createS.toFixed(1)} s with relay and consumer paused (${backlog} half messages)`,
     );
 
-    const kPid = kafkaPid(ctx.servers.env);
+    const kPid = pidFrom([ctx.servers.env.FLASHSALE_STATE], 'kafka.pid');
     const pgPid = pidFrom([ctx.servers.env.FLASHSALE_STATE], 'postgres.pid');
     const cpu0 = {
       relay: procCpuS(relay.pid),
