@@ -136,7 +136,7 @@ export function createMetrics(component: string, activityId?: string) {
     }),
     stockReturns: new client.Counter({
       name: 'flashsale_stock_returns_total',
-      help: 'Closed orders whose stock was returned, by where it went (redis, postgres, unresolved)',
+      help: 'Closed orders whose stock was settled, by where it went (redis, postgres, unresolved, withheld: closed by the stock guard, not returned)',
       labelNames: ['activity', 'via'],
       registers: r,
     }),

@@ -15,6 +15,8 @@
  *   `activity_stock` in the same transaction that marks the order settled.
  * - When neither can be proven (the cache was cleaned up after a release may have been attempted)
  *   the order is marked 'unresolved' and reported: stock is returned at most once, never twice.
+ * - An order the PostgreSQL stock guard closed (`OVERSELL_PREVENTED`, `BUYER_LIMIT_EXCEEDED`)
+ *   is settled 'withheld': its unit is not returned anywhere (see `guardRelease`).
  */
 import { readMeta } from './activity-cache.js';
 import { appendJournal } from './db/journal-store.js';
@@ -70,6 +72,7 @@ export interface SettleSummary {
   redis: number;
   postgres: number;
   unresolved: number;
+  withheld: number;
   /** Left for a later attempt (dependency unavailable, write-back not finished). */
   deferred: number;
 }
@@ -96,7 +99,12 @@ function journalSettled(orders: SettleableOrder[], via: StockReturnVia, detail =
     activityId: o.activityId,
     reservationId: o.reservationId,
     orderId: o.id,
-    event: via === 'unresolved' ? 'STOCK_RETURN_UNRESOLVED' : 'STOCK_RETURNED',
+    event:
+      via === 'unresolved'
+        ? 'STOCK_RETURN_UNRESOLVED'
+        : via === 'withheld'
+          ? 'STOCK_WITHHELD'
+          : 'STOCK_RETURNED',
     fromStatus: 'CLOSED',
     toStatus: 'CLOSED',
     traceId: o.traceId,
@@ -104,10 +112,30 @@ function journalSettled(orders: SettleableOrder[], via: StockReturnVia, detail =
   }));
 }
 
+/**
+ * How the release of an order the PostgreSQL stock guard closed (core/stock-guard.ts) differs from
+ * any other: the guard closes an order only when Redis accepted a unit PostgreSQL does not have
+ * (its live quantity is at the SKU's stock) or a buyer's unit beyond the limit. Both happen only
+ * when Redis forgot reservations it had acknowledged (a failover to a replica that had not
+ * received them, a restart that lost them): it forgot their stock decrements with them, so the
+ * unit this reservation took was one of those, already sold in PostgreSQL. Returning it would
+ * only sell it again, to be closed again, until the sale ends; withheld, Redis' stock comes back
+ * to PostgreSQL's by one unit per closed order (docs/after-sale.md, "Orders the guard closed").
+ * An order closed for the buyer's limit also keeps its slot: the buyer's forgotten reservation
+ * holds it in PostgreSQL. `undefined` for every other order: a normal release.
+ */
+export function guardRelease(
+  closeReason: string | null,
+): { returnStock: false; freeSlot: boolean } | undefined {
+  if (closeReason === 'OVERSELL_PREVENTED') return { returnStock: false, freeSlot: true };
+  if (closeReason === 'BUYER_LIMIT_EXCEEDED') return { returnStock: false, freeSlot: false };
+  return undefined;
+}
+
 async function settle(
   deps: LifecycleDeps,
   orders: SettleableOrder[],
-  via: 'redis' | 'unresolved',
+  via: 'redis' | 'unresolved' | 'withheld',
   why?: string,
 ): Promise<number> {
   if (orders.length === 0) return 0;
@@ -160,7 +188,7 @@ function isCode(err: unknown, ...codes: string[]): boolean {
  * number of times, concurrently, for the same orders.
  */
 export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]): Promise<SettleSummary> {
-  const summary: SettleSummary = { redis: 0, postgres: 0, unresolved: 0, deferred: 0 };
+  const summary: SettleSummary = { redis: 0, postgres: 0, unresolved: 0, withheld: 0, deferred: 0 };
   const byActivity = new Map<string, SettleableOrder[]>();
   for (const o of orders) byActivity.set(o.activityId, [...(byActivity.get(o.activityId) ?? []), o]);
   for (const [activityId, list] of byActivity) {
@@ -179,6 +207,7 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
             userId: o.userId,
             skuId: o.skuId,
             reason: o.closeReason ?? 'CLOSED',
+            ...guardRelease(o.closeReason),
           });
           return { o, r: 'released' as const };
         } catch (err) {
@@ -189,19 +218,34 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
           return { o, r: 'deferred' as const };
         }
       });
+      const released = results.filter((x) => x.r === 'released').map((x) => x.o);
       summary.redis += await settle(
         deps,
-        results.filter((x) => x.r === 'released').map((x) => x.o),
+        released.filter((o) => !guardRelease(o.closeReason)),
         'redis',
       );
+      summary.withheld += await settle(
+        deps,
+        released.filter((o) => guardRelease(o.closeReason)),
+        'withheld',
+      );
       for (const x of results.filter((y) => y.r === 'broken')) {
-        summary.unresolved += await settle(deps, [x.o], 'unresolved', `redis release: ${x.err?.code}`);
+        // Nothing ever returns a guard-closed order's unit, so there is nothing to prove either.
+        if (guardRelease(x.o.closeReason))
+          summary.withheld += await settle(deps, [x.o], 'withheld', `redis release: ${x.err?.code}`);
+        else summary.unresolved += await settle(deps, [x.o], 'unresolved', `redis release: ${x.err?.code}`);
       }
       summary.deferred += results.filter((x) => x.r === 'deferred').length;
       frozen = results.filter((x) => x.r === 'frozen').map((x) => x.o);
     }
     let toPostgres = 0;
-    for (const o of frozen) {
+    // Written back: a withheld unit goes to PostgreSQL no more than to Redis.
+    summary.withheld += await settle(
+      deps,
+      frozen.filter((o) => guardRelease(o.closeReason)),
+      'withheld',
+    );
+    for (const o of frozen.filter((x) => !guardRelease(x.closeReason))) {
       try {
         const rsv = await readReservation(deps.redis, activityId, o.reservationId, {
           userId: o.userId,
@@ -467,6 +511,9 @@ export async function reclaimClosedOrder(
   if (order.status !== 'CLOSED') return { reclaimed: false, why: `order is ${order.status}` };
   if (order.stockReturnVia === 'unresolved')
     return { reclaimed: false, why: 'its stock return is unresolved' };
+  // Its unit was one PostgreSQL had already sold; there is none to take back (guardRelease).
+  if (guardRelease(order.closeReason))
+    return { reclaimed: false, why: `the stock guard closed it (${order.closeReason})` };
   const reopen = async (): Promise<LifecycleOrderRow | 'slot-taken' | undefined> =>
     inSavepoint<LifecycleOrderRow | 'slot-taken' | undefined>(
       c,

@@ -191,6 +191,13 @@ export interface ReleaseInput {
   userId: string;
   skuId: string;
   reason: string;
+  /**
+   * What the release gives back (default: both). An order the PostgreSQL stock guard closed
+   * withholds its unit, and keeps the buyer's slot when it was closed for the buyer's limit
+   * (core/order-lifecycle.ts, `guardRelease`).
+   */
+  returnStock?: boolean;
+  freeSlot?: boolean;
 }
 
 export type ReleaseOutcome = { kind: 'released'; stockAfter: number } | { kind: 'already-released' };
@@ -214,6 +221,8 @@ export async function release(redis: RedisClient, input: ReleaseInput): Promise<
       input.skuId,
       input.reason,
       activityKeys(input.activityId).restockChannel,
+      input.returnStock === false ? '0' : '1',
+      input.freeSlot === false ? '0' : '1',
     ],
   );
   if (reply[0] === 1) return { kind: 'released', stockAfter: Number(reply[1]) };

@@ -5,8 +5,9 @@
  * SKU within the limit, counted in units, not slots. Orders of the batch beyond either are closed
  * in the same transaction (`OVERSELL_PREVENTED`, `BUYER_LIMIT_EXCEEDED`): newest reservation
  * first, and never an order of an earlier transaction, whose buyer may already have seen it.
- * After the commit their reservations are compensated through the one settlement path
- * (core/order-lifecycle.ts) and counted in `flashsale_oversell_prevented_total`.
+ * After the commit their reservations are released through the one settlement path
+ * (core/order-lifecycle.ts), which withholds their units (`guardRelease`: Redis had counted them
+ * beyond PostgreSQL's stock), and counted in `flashsale_oversell_prevented_total`.
  *
  * Redis decides first and normally alone; this guard only acts when Redis accepted more than the
  * stock (a failover or restart lost acknowledged reservations, or its state was changed behind our
@@ -234,7 +235,7 @@ export class StockGuard {
     return closed.map((order) => ({ order, reason: decided.get(order.id)! }));
   }
 
-  /** After the commit: counts the closed orders and returns their reservations' stock (idempotent). */
+  /** After the commit: counts the closed orders and releases their reservations, units withheld (idempotent). */
   async compensate(guarded: readonly GuardedOrder[]): Promise<void> {
     if (guarded.length === 0) return;
     const a = this.d.activityId;

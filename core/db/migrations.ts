@@ -458,4 +458,17 @@ CREATE UNIQUE INDEX cache_restores_one_open ON cache_restores (activity_id) WHER
 CREATE INDEX order_events_unpublished_activity ON order_events (activity_id, id) WHERE published_at IS NULL;
 `,
   },
+  {
+    version: 10,
+    name: 'stock-withheld',
+    sql: `
+-- 'withheld': an order the stock guard closed keeps its unit out of the sale, in Redis and in
+-- activity_stock alike (core/order-lifecycle.ts guardRelease). stock_returned stays false for it.
+-- NOT VALID: every existing row passed the narrower check it replaces, so the upgrade does not
+-- scan orders under the migration's lock; new and updated rows are checked as before.
+ALTER TABLE orders DROP CONSTRAINT orders_stock_return_via_check;
+ALTER TABLE orders ADD CONSTRAINT orders_stock_return_via_check
+  CHECK (stock_return_via IN ('redis', 'postgres', 'unresolved', 'withheld')) NOT VALID;
+`,
+  },
 ];

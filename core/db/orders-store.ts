@@ -156,7 +156,12 @@ export type OrderTransition = keyof typeof ORDER_TRANSITIONS;
 /** Statuses in which the stock of an order is sold (a refund does not return it to the sale). */
 export const PAID_STATUSES: readonly OrderStatus[] = ['PAID', 'REFUNDING', 'REFUNDED'];
 
-export type StockReturnVia = 'redis' | 'postgres' | 'unresolved';
+/**
+ * Where a closed order's unit went: back to Redis, to `activity_stock` after write-back, nowhere
+ * provable ('unresolved', flagged), or nowhere by design ('withheld': an order the stock guard
+ * closed, whose unit Redis had counted beyond PostgreSQL's; core/order-lifecycle.ts guardRelease).
+ */
+export type StockReturnVia = 'redis' | 'postgres' | 'unresolved' | 'withheld';
 
 /** An order row with the after-sale bookkeeping columns (migration 2). */
 export interface LifecycleOrderRow extends OrderRow {
@@ -356,7 +361,7 @@ export async function markStockReturned(
 ): Promise<string[]> {
   if (orderIds.length === 0) return [];
   const res = await db.query<{ id: string }>(
-    `UPDATE orders SET stock_returned = ($2 <> 'unresolved'), stock_return_via = $2
+    `UPDATE orders SET stock_returned = ($2 IN ('redis', 'postgres')), stock_return_via = $2
       WHERE id = ANY($1::bigint[]) AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
       RETURNING id`,
     [orderIds, via],
@@ -390,6 +395,8 @@ export interface OrderQuantities {
   closedUnsettled: number;
   /** Closed orders whose stock return could not be proven (flagged). */
   closedUnresolved: number;
+  /** Closed by the stock guard: their units were Redis' surplus and are not returned. */
+  closedWithheld: number;
   closedViaRedis: number;
   closedViaPostgres: number;
 }
@@ -410,6 +417,7 @@ export async function orderQuantities(db: Queryable, activityId: string): Promis
     byStatus: { UNPAID: 0, PAID: 0, CLOSED: 0, REFUNDING: 0, REFUNDED: 0 },
     closedUnsettled: 0,
     closedUnresolved: 0,
+    closedWithheld: 0,
     closedViaRedis: 0,
     closedViaPostgres: 0,
   };
@@ -418,6 +426,7 @@ export async function orderQuantities(db: Queryable, activityId: string): Promis
     out.byStatus[r.status] += q;
     if (r.status !== 'CLOSED') out.live += q;
     else if (r.via === 'unresolved') out.closedUnresolved += q;
+    else if (r.via === 'withheld') out.closedWithheld += q;
     else if (r.via === 'redis') out.closedViaRedis += q;
     else if (r.via === 'postgres') out.closedViaPostgres += q;
     else out.closedUnsettled += q;

@@ -32,11 +32,12 @@ function add(a: SettleSummary, b: SettleSummary): void {
   a.redis += b.redis;
   a.postgres += b.postgres;
   a.unresolved += b.unresolved;
+  a.withheld += b.withheld;
   a.deferred += b.deferred;
 }
 
 export async function sweepExpiredOrders(d: SweepDeps): Promise<SweepReport> {
-  const settled: SettleSummary = { redis: 0, postgres: 0, unresolved: 0, deferred: 0 };
+  const settled: SettleSummary = { redis: 0, postgres: 0, unresolved: 0, withheld: 0, deferred: 0 };
   let closed = 0;
   for (let b = 0; b < d.maxBatches; b += 1) {
     const rows = await inTransaction(d.pool, async (c) => {

@@ -130,6 +130,7 @@ async function measure(d: StockAuditDeps): Promise<Measurement> {
     closedViaRedis: q.closedViaRedis,
     closedViaPostgres: q.closedViaPostgres,
     closedUnresolved: q.closedUnresolved,
+    closedWithheld: q.closedWithheld,
     ledgerSize,
     inFlightReservations,
     inFlightQuantity: inFlight,

@@ -1,13 +1,16 @@
 // The last guard in PostgreSQL: with Redis deliberately oversold (stock raised behind the guard's
 // back, duplicate reservations injected into Kafka), the real consumer never lets PostgreSQL hold
 // more live units than a SKU's stock or a buyer more than the limit; the excess is stored CLOSED
-// with its reason, its reservation compensated, and counted in flashsale_oversell_prevented_total.
+// with its reason, its reservation released with its unit withheld, and counted in
+// flashsale_oversell_prevented_total.
 import type { Admin, Kafka, Producer } from 'kafkajs';
 import { readActivitySkus, recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { reservationIdFor } from '../../../core/reservations.js';
 import { journalFor } from '../../../core/db/journal-store.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
-import { readResult } from '../../../core/activity-cache.js';
+import { readResult, readStock, setGate } from '../../../core/activity-cache.js';
+import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
+import { acceptPayment } from '../../../runtime/payments/apply.js';
 import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
 import type { TopicNames } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
@@ -98,7 +101,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       .reduce((n, v) => n + v.value, 0);
 
   it(
-    'Redis stock raised behind its back: PostgreSQL keeps the stock, the excess is CLOSED, compensated and counted',
+    'Redis stock raised behind its back: PostgreSQL keeps the stock, the excess is CLOSED, its units withheld, counted',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
       // As the operator does before loading the cache (operator/reconcile/sync-spec.ts).
@@ -143,16 +146,23 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         expect(o).toMatchObject({
           status: 'CLOSED',
           closeReason: 'OVERSELL_PREVENTED',
-          stockReturnVia: 'redis',
+          stockReturnVia: 'withheld',
+          stockReturned: false,
         });
         expect((await readReservation(f.redis, activityId, rid))?.state).toBe('RELEASED');
         const result = await until('the buyer result', () => readResult(f.redis, activityId, rid));
         expect(result.result).toEqual({ status: 'FAILED', reason: 'OVERSELL_PREVENTED' });
         const journal = await journalFor(f.pool, rid);
-        expect(journal.map((j) => j.event)).toEqual(
-          expect.arrayContaining(['ORDER_CREATED', 'ORDER_CLOSED', 'STOCK_RETURNED']),
-        );
+        expect(journal.map((j) => j.event)).toEqual(['ORDER_CREATED', 'ORDER_CLOSED', 'STOCK_WITHHELD']);
       }
+      // The seven units Redis counted beyond PostgreSQL's stock stay taken: nothing to sell again.
+      const sku = activityKeys(activityId).sku(skuId);
+      expect(await f.redis.hget(sku, 'stock')).toBe('0');
+      const counters = await f.redis.hmget(activityKeys(activityId).counters, 'reserved', 'released');
+      expect(counters.map(Number)).toEqual([12, 0]);
+      await expect(reserveFor(f.redis, activityId, skuId, ['too-late'])).rejects.toMatchObject({
+        code: 'SOLD_OUT',
+      });
 
       // A closed order's units leave `sold`: a buyer cancels, and the next order fits again.
       const first = (await findLifecycleByReservationId(f.pool, rids[0]!))!;
@@ -162,9 +172,76 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       await send(topics, await messagesOf(activityId, [late!]));
       await ordersOf(activityId, 13);
       expect((await findLifecycleByReservationId(f.pool, late!))?.status).toBe('UNPAID');
+      expect(await f.redis.hget(sku, 'stock')).toBe('0');
       expect(await liveUnits(activityId)).toBe(5);
       expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ sold: 5 });
       expect(await prevented(activityId)).toBe(7);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'written back before the guard closed them: nothing goes to activity_stock, and a late payment is refunded',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 3 }, f.pool);
+      await recordActivitySkus(
+        f.pool,
+        activityId,
+        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 3, limitPerUser: 1 }],
+        'spec',
+      );
+      await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 2);
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const rids = await reserveFor(f.redis, activityId, skuId, ['w0', 'w1', 'w2', 'w3', 'w4']);
+      const messages = await messagesOf(activityId, rids);
+      // The sale ends before the consumer sees the orders: frozen, Redis' remaining stock (0)
+      // written back, as operator/reconcile/write-back.ts does.
+      await setGate(f.redis, activityId, 'frozen');
+      const stock = await readStock(f.redis, activityId);
+      expect(stock.skus.map((x) => x.remaining)).toEqual([0]);
+      await writeBack(f.pool, {
+        activityId,
+        generation: 1,
+        skus: stock.skus,
+        reserved: stock.reserved,
+        released: stock.released,
+        orders: 0,
+        writtenBy: 'test',
+      });
+      await startConsumer(activityId, topics);
+      await send(topics, messages);
+      await ordersOf(activityId, 5);
+      const closed = await until('the closed orders settled', async () => {
+        const rows = await Promise.all(rids.map((rid) => findLifecycleByReservationId(f.pool, rid)));
+        const c = rows.filter((o) => o?.status === 'CLOSED');
+        return c.length === 2 && c.every((o) => o!.stockReturnVia === 'withheld') ? c : undefined;
+      });
+      // Not 2: those units were Redis' surplus, not the sale's.
+      expect((await readStockRows(f.pool, activityId)).map((x) => x.remaining)).toEqual([0]);
+
+      // The buyer of a closed order pays within the payment window: refunded, the order stays CLOSED.
+      const order = closed[0]!;
+      const paid = await acceptPayment(
+        { pool: f.pool, redis: f.redis, logger: f.deps.logger },
+        'hmac',
+        {
+          orderId: order.id,
+          tradeNo: `t-${order.id}`,
+          amount: order.amount,
+          status: 'success',
+          providerStatus: 'TRADE_SUCCESS',
+          paidAt: new Date(),
+          fields: {},
+        },
+        'trace-late',
+      );
+      expect([paid.outcome, paid.refundReason, paid.order.status]).toEqual([
+        'REFUND_PENDING',
+        'ORDER_CLOSED',
+        'CLOSED',
+      ]);
+      expect((await readStockRows(f.pool, activityId)).map((x) => x.remaining)).toEqual([0]);
     },
     TIMEOUT_MS,
   );
@@ -206,12 +283,18 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         const row = await findLifecycleByReservationId(f.pool, forged.reservationId);
         return row?.stockReturnVia ? row : undefined;
       });
-      // Redis never held this reservation: nothing to return there, and it is flagged, not guessed.
+      // Redis never held this reservation: nothing to release there, and a guard-closed order's
+      // unit is withheld in any case (never returned, so there is nothing to prove).
       expect(closed).toMatchObject({
         status: 'CLOSED',
         closeReason: 'BUYER_LIMIT_EXCEEDED',
-        stockReturnVia: 'unresolved',
+        stockReturnVia: 'withheld',
       });
+      const why = await f.pool.query<{ why: string }>(
+        `SELECT detail->>'why' AS why FROM order_journal WHERE reservation_id = $1 AND event = 'STOCK_WITHHELD'`,
+        [forged.reservationId],
+      );
+      expect(why.rows).toEqual([{ why: 'redis release: UNKNOWN_RESERVATION' }]);
       expect(await liveUnits(activityId)).toBe(3);
       expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ sold: 3 });
       expect(await prevented(activityId)).toBe(1);

@@ -18,6 +18,7 @@ import { registerScripts } from '../../../core/scripts.js';
 import { acceptPayment } from '../../../runtime/payments/apply.js';
 import type { PaymentNotice } from '../../../core/payment-provider.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
+import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import { checkActivity, formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { drainOutbox } from '../../faults/harness/pipeline.js';
@@ -541,11 +542,11 @@ describe('fault scenarios (windows 1-11 of docs/faults.md)', () => {
           skuId: 'rice',
         },
       );
-      // Redis sells its whole stock a second time, and again each unit the guard's compensation
-      // returns to it while the wave still buys (docs/runbooks/FlashSaleOversellPrevented.md: the
-      // surplus is sold and closed again); how many depends on how fast the pipeline is.
+      // Redis sells its whole stock a second time, and no more: the guard withholds the units of
+      // the orders it closes (they were the first wave's, which Redis forgot), so none is sold
+      // again however fast the pipeline closes them while the wave still buys.
       const sold2 = answered202(wave2);
-      expect(sold2).toBeGreaterThanOrEqual(stock);
+      expect(sold2).toBe(stock);
       await waitFor('the second wave in PostgreSQL', async () => (await ordersNow()) === 10 + sold2, 120_000);
 
       const r = await pool.query<{ live: string; prevented: string; first_live: string }>(
@@ -564,10 +565,34 @@ describe('fault scenarios (windows 1-11 of docs/faults.md)', () => {
         firstLive: Number(row.first_live),
       }).toEqual({
         live: stock,
-        prevented: 10 + sold2 - stock,
+        prevented: 10,
         firstLive: 10,
       });
+      // Each closed order settled 'withheld'; Redis' stock is PostgreSQL's again (0 left), and the
+      // activity's invariants hold, Redis' counters and PostgreSQL's orders included.
+      await waitFor(
+        'the closed orders settled',
+        async () =>
+          Number(
+            (
+              await pool.query<{ n: string }>(
+                `SELECT count(*)::text AS n FROM orders
+                  WHERE activity_id = $1 AND status = 'CLOSED' AND stock_return_via = 'withheld'`,
+                [activityId],
+              )
+            ).rows[0]!.n,
+          ) === 10,
+        60_000,
+      );
+      expect(await redis.hget(k.sku('rice'), 'stock')).toBe('0');
       await sale.stop();
+      // The product's own reconciliation (the stock audit job) finds Redis and PostgreSQL agreeing:
+      // the forgotten first wave's decrements and the withheld units cancel out. (The fault
+      // suite's checker, which takes Redis' reservations as the truth, cannot be used after Redis
+      // forgot some.)
+      const audit = await auditStock({ activityId, redis, pool, logger: createLogger('audit', 'silent') });
+      expect(audit).toMatchObject({ basis: 'redis', ok: true, mismatches: [] });
+      expect(audit.figures).toMatchObject({ held: stock, accounted: stock, closedWithheld: 10 });
     });
   });
 
