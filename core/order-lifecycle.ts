@@ -21,9 +21,12 @@
 import { readMeta } from './activity-cache.js';
 import { appendJournal } from './db/journal-store.js';
 import type { JournalEntry } from './db/journal-store.js';
+import { lockActivitySkus } from './db/activity-skus-store.js';
 import {
+  buyerSkuKey,
   findLifecycleByReservationId,
   insertClosedOrder,
+  liveQuantityOfBuyers,
   markReleaseAttempted,
   markStockReturned,
   PAID_STATUSES,
@@ -483,6 +486,23 @@ export type LateReclaim =
   | { reclaimed: false; why: string };
 
 /**
+ * Whether a reopened order takes its SKU's live quantity above the stock, or its buyer's above the
+ * limit, in PostgreSQL (`activity_skus`, whose row the reopening's trigger has just locked and
+ * updated): the stock guard's rule (core/stock-guard.ts) for the one other path that makes an
+ * order live. Redis and `activity_stock` can hold units PostgreSQL has already sold when Redis
+ * forgot reservations; a late payment must not take one of those. Returns why, or undefined.
+ */
+async function beyondGuard(c: PoolClient, row: LifecycleOrderRow): Promise<string | undefined> {
+  const [sku] = await lockActivitySkus(c, row.activityId, [row.skuId]);
+  if (!sku) return undefined; // an activity whose SKUs PostgreSQL never recorded: nothing to hold to
+  if (sku.sold > sku.stock) return `its SKU's stock is all live in PostgreSQL (${sku.stock})`;
+  const held = await liveQuantityOfBuyers(c, row.activityId, [row]);
+  if ((held.get(buyerSkuKey(row.userId, row.skuId)) ?? 0) > sku.limitPerUser)
+    return `its buyer holds the limit (${sku.limitPerUser}) with other live orders`;
+  return undefined;
+}
+
+/**
  * A payment made within the payment window reached an order the timeout closed meanwhile (source
  * 004: "按支付发生时间裁决", decide by payment time, not by which job ran first). The order is paid
  * after all if, and only if, its unit can be taken back atomically, inside the payment's
@@ -511,15 +531,14 @@ export async function reclaimClosedOrder(
   if (order.status !== 'CLOSED') return { reclaimed: false, why: `order is ${order.status}` };
   if (order.stockReturnVia === 'unresolved')
     return { reclaimed: false, why: 'its stock return is unresolved' };
-  // Its unit was one PostgreSQL had already sold; there is none to take back (guardRelease).
-  if (guardRelease(order.closeReason))
-    return { reclaimed: false, why: `the stock guard closed it (${order.closeReason})` };
-  const reopen = async (): Promise<LifecycleOrderRow | 'slot-taken' | undefined> =>
-    inSavepoint<LifecycleOrderRow | 'slot-taken' | undefined>(
+  const reopen = async (): Promise<LifecycleOrderRow | 'slot-taken' | { beyond: string } | undefined> =>
+    inSavepoint<LifecycleOrderRow | 'slot-taken' | { beyond: string } | undefined>(
       c,
       'late_payment_reopen',
       async () => {
         const row = await reopenClosedAsPaid(c, order.id);
+        const beyond = row && (await beyondGuard(c, row));
+        if (beyond) return { keep: false, value: { beyond } };
         return { keep: row !== undefined, value: row };
       },
       (err) => (isUniqueViolation(err) ? 'slot-taken' : undefined),
@@ -546,14 +565,21 @@ export async function reclaimClosedOrder(
       throw err;
     }
     const row = await reopen();
-    if (row === undefined || row === 'slot-taken') {
+    if (row === undefined || row === 'slot-taken' || 'beyond' in row) {
       // Redis holds the unit as PAID but the order stays CLOSED: one unit out of the sale
-      // (never an oversell); reconciliation reports it.
+      // (never an oversell); reconciliation reports it. Beyond the guard, the unit Redis gave was
+      // one it counted beyond PostgreSQL's stock (it forgot reservations), so none is lost.
       logger?.error(
         { orderId: order.id, reservationId: order.reservationId, outcome: outcome.kind, row },
         'LATE PAYMENT: the unit was taken back in Redis but the order could not be reopened',
       );
-      return { reclaimed: false, why: 'the order could not be reopened (the buyer holds the slot)' };
+      return {
+        reclaimed: false,
+        why:
+          row !== undefined && row !== 'slot-taken'
+            ? row.beyond
+            : 'the order could not be reopened (the buyer holds the slot)',
+      };
     }
     return {
       reclaimed: true,
@@ -575,6 +601,8 @@ export async function reclaimClosedOrder(
       }
       const row = await reopenClosedAsPaid(c, order.id);
       if (!row) return { keep: false, value: { reclaimed: false, why: 'the order is no longer CLOSED' } };
+      const beyond = await beyondGuard(c, row);
+      if (beyond) return { keep: false, value: { reclaimed: false, why: beyond } };
       return {
         keep: true,
         value: {

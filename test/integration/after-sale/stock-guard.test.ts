@@ -247,6 +247,60 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   );
 
   it(
+    'a late in-time payment cannot take a unit Redis counts beyond PostgreSQL: refunded, nothing oversold',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 3 }, f.pool);
+      await recordActivitySkus(
+        f.pool,
+        activityId,
+        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 3, limitPerUser: 1 }],
+        'spec',
+      );
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      await startConsumer(activityId, topics);
+      const rids = await reserveFor(f.redis, activityId, skuId, ['p0', 'p1', 'p2']);
+      await send(topics, await messagesOf(activityId, rids));
+      await ordersOf(activityId, 3);
+      // Redis forgets a reservation's decrement (one unit more than PostgreSQL allows), and the
+      // timeout closes p0's order: its unit goes back to Redis, which now counts 2.
+      await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 1);
+      const p0 = (await findLifecycleByReservationId(f.pool, rids[0]!))!;
+      await closeOrder(f.deps, p0.id, 'PAYMENT_TIMEOUT', 'trace-timeout');
+      expect(await f.redis.hget(activityKeys(activityId).sku(skuId), 'stock')).toBe('2');
+      // A new buyer takes p0's unit: PostgreSQL's three units are live again.
+      const [p3] = await reserveFor(f.redis, activityId, skuId, ['p3']);
+      await send(topics, await messagesOf(activityId, [p3!]));
+      await ordersOf(activityId, 4);
+      expect(await liveUnits(activityId)).toBe(3);
+
+      // p0 paid in time: Redis still has a unit to give (the forgotten one), PostgreSQL has none.
+      const paid = await acceptPayment(
+        { pool: f.pool, redis: f.redis, logger: f.deps.logger },
+        'hmac',
+        {
+          orderId: p0.id,
+          tradeNo: `t-${p0.id}`,
+          amount: p0.amount,
+          status: 'success',
+          providerStatus: 'TRADE_SUCCESS',
+          paidAt: new Date(),
+          fields: {},
+        },
+        'trace-late',
+      );
+      expect([paid.outcome, paid.refundReason, paid.order.status]).toEqual([
+        'REFUND_PENDING',
+        'ORDER_CLOSED',
+        'CLOSED',
+      ]);
+      expect(await liveUnits(activityId)).toBe(3);
+      expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ stock: 3, sold: 3 });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'duplicate reservations injected into Kafka: a buyer is limited by quantity, not by slots',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 10, limitPerUser: 2 }, f.pool);
