@@ -471,4 +471,14 @@ ALTER TABLE orders ADD CONSTRAINT orders_stock_return_via_check
   CHECK (stock_return_via IN ('redis', 'postgres', 'unresolved', 'withheld')) NOT VALID;
 `,
   },
+  {
+    version: 11,
+    name: 'write-back-trimmed',
+    sql: `
+-- Units the write-back did not take from Redis' remaining stock because PostgreSQL had sold them
+-- already (core/db/stock-store.ts writeBack): Redis forgot reservations and counted their units
+-- again. 0 for every write-back before this column.
+ALTER TABLE activity_writebacks ADD COLUMN trimmed_total bigint NOT NULL DEFAULT 0;
+`,
+  },
 ];

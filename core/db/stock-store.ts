@@ -17,15 +17,37 @@ export interface WriteBackInput {
 /**
  * Writes the remaining stock once: the fence row and the stock rows commit together, so a
  * repeat (after a crash anywhere) either finds the fence and changes nothing, or writes it all.
+ *
+ * A SKU's remaining stock is written as at most `activity_skus.stock - sold` (its stock less its
+ * live orders in PostgreSQL, read in this transaction), which is never below the truth: the units
+ * held by in-flight reservations and closed orders not yet returned only lower it further, and a
+ * unit released to Redis before the freeze was released after its order's close committed. Redis
+ * counts more only when it forgot reservations (a failover, a restart without data) and sold their
+ * units again; what nobody bought of those is not written back (`trimmed_total`), so a late
+ * payment or a later sale cannot take a unit PostgreSQL has sold. A SKU without its
+ * `activity_skus` row is written as Redis has it.
  */
-export async function writeBack(pool: Pool, input: WriteBackInput): Promise<{ written: boolean }> {
+export async function writeBack(
+  pool: Pool,
+  input: WriteBackInput,
+): Promise<{ written: boolean; trimmed: number }> {
   return inTransaction(pool, async (c) => {
-    const initial = input.skus.reduce((n, s) => n + s.initial, 0);
-    const remaining = input.skus.reduce((n, s) => n + s.remaining, 0);
+    const bound = await c.query<{ sku_id: string; unsold: number }>(
+      `SELECT sku_id, stock - sold AS unsold FROM activity_skus WHERE activity_id = $1 AND sku_id = ANY($2::text[])`,
+      [input.activityId, input.skus.map((s) => s.skuId)],
+    );
+    const unsold = new Map(bound.rows.map((r) => [r.sku_id, Math.max(0, r.unsold)]));
+    const skus = input.skus.map((s) => ({
+      ...s,
+      remaining: Math.min(s.remaining, unsold.get(s.skuId) ?? s.remaining),
+    }));
+    const initial = skus.reduce((n, s) => n + s.initial, 0);
+    const remaining = skus.reduce((n, s) => n + s.remaining, 0);
+    const trimmed = input.skus.reduce((n, s) => n + s.remaining, 0) - remaining;
     const fence = await c.query(
       `INSERT INTO activity_writebacks (activity_id, generation, initial_total, remaining_total, reserved_total,
-                                        released_total, orders_total, written_by)
-       VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id`,
+                                        released_total, orders_total, written_by, trimmed_total)
+       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (activity_id) DO NOTHING RETURNING activity_id`,
       [
         input.activityId,
         input.generation,
@@ -35,20 +57,16 @@ export async function writeBack(pool: Pool, input: WriteBackInput): Promise<{ wr
         input.released,
         input.orders,
         input.writtenBy,
+        trimmed,
       ],
     );
-    if (fence.rowCount === 0) return { written: false };
+    if (fence.rowCount === 0) return { written: false, trimmed: 0 };
     await c.query(
       `INSERT INTO activity_stock (activity_id, sku_id, initial_stock, remaining)
        SELECT $1, s, i, r FROM unnest($2::text[], $3::int[], $4::int[]) AS x(s, i, r)`,
-      [
-        input.activityId,
-        input.skus.map((s) => s.skuId),
-        input.skus.map((s) => s.initial),
-        input.skus.map((s) => s.remaining),
-      ],
+      [input.activityId, skus.map((s) => s.skuId), skus.map((s) => s.initial), skus.map((s) => s.remaining)],
     );
-    return { written: true };
+    return { written: true, trimmed };
   });
 }
 
@@ -60,6 +78,8 @@ export interface WriteBackRecord {
   reservedTotal: number;
   releasedTotal: number;
   ordersTotal: number;
+  /** Units Redis counted beyond PostgreSQL's stock, not written back (see writeBack). */
+  trimmedTotal: number;
   writtenAt: Date;
 }
 
@@ -67,7 +87,8 @@ export async function readWriteBack(db: Queryable, activityId: string): Promise<
   const res = await db.query<WriteBackRecord>(
     `SELECT activity_id AS "activityId", generation::int AS generation, initial_total::int AS "initialTotal",
             remaining_total::int AS "remainingTotal", reserved_total::int AS "reservedTotal",
-            released_total::int AS "releasedTotal", orders_total::int AS "ordersTotal", written_at AS "writtenAt"
+            released_total::int AS "releasedTotal", orders_total::int AS "ordersTotal",
+            trimmed_total::int AS "trimmedTotal", written_at AS "writtenAt"
        FROM activity_writebacks WHERE activity_id = $1`,
     [activityId],
   );

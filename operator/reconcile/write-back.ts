@@ -25,7 +25,7 @@ export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
       readStock(redis, ctx.activityId),
       countOrders(pool, ctx.activityId),
     ]);
-    const { written } = await writeBackStock(pool, {
+    const { written, trimmed } = await writeBackStock(pool, {
       activityId: ctx.activityId,
       generation: meta.generation,
       skus: stock.skus,
@@ -35,7 +35,7 @@ export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
       writtenBy: identity,
     });
     crashPoint('operator-after-write-back');
-    ctx.log.info({ written }, 'write-back done');
+    ctx.log.info({ written, trimmed }, 'write-back done');
     record = await readWriteBack(pool, ctx.activityId);
   }
   if (!record) throw new Error(`write-back of ${ctx.activityId} left no fence row`);
@@ -44,6 +44,7 @@ export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
     generation: record.generation,
     remaining: record.remainingTotal,
     orders: record.ordersTotal,
+    ...(record.trimmedTotal > 0 ? { trimmed: record.trimmedTotal } : {}),
   };
   // Recorded by whoever completes the step (the writer may have died right after writing).
   await ctx.event(
@@ -52,5 +53,13 @@ export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
     `remaining stock ${record.remainingTotal} of ${record.initialTotal}, ${record.reservedTotal} reserved, ` +
       `${record.ordersTotal} order(s) written to PostgreSQL`,
   );
+  if (record.trimmedTotal > 0) {
+    await ctx.event(
+      'Warning',
+      EventReason.StockTrimmed,
+      `${record.trimmedTotal} unit(s) of Redis' remaining stock were not written back: PostgreSQL had ` +
+        'sold them already (Redis forgot reservations; see docs/runbooks/FlashSaleOversellPrevented.md)',
+    );
+  }
   return ctx.transition(Phase.CleaningUp, 'stock written back; cleaning up');
 }

@@ -222,6 +222,7 @@ export const statusMirror: Mirror<FlashSaleActivityStatus> = {
       generation: int(false),
       remaining: int(false),
       orders: int(false),
+      trimmed: int(false),
     },
   },
   cleanup: {

@@ -134,6 +134,8 @@ export const EventReason = {
   Drained: 'Drained',
   DrainTimedOut: 'DrainTimedOut',
   WroteBack: 'WroteBack',
+  /** The write-back left out units Redis counted beyond PostgreSQL's stock (Warning). */
+  StockTrimmed: 'StockTrimmed',
   CleanupBlocked: 'CleanupBlocked',
   CleanedUp: 'CleanedUp',
   Settled: 'Settled',
@@ -308,7 +310,14 @@ export interface FlashSaleActivityStatus {
   runtime?: { api?: RoleStatus; relay?: RoleStatus; consumer?: RoleStatus };
   timestamps?: PhaseTimestamps;
   drain?: { deadline?: string; timedOut?: boolean; leftover?: string };
-  writeBack?: { writtenAt?: string; generation?: number; remaining?: number; orders?: number };
+  writeBack?: {
+    writtenAt?: string;
+    generation?: number;
+    remaining?: number;
+    orders?: number;
+    /** Units Redis counted beyond PostgreSQL's stock (it forgot reservations), not written back. */
+    trimmed?: number;
+  };
   cleanup?: { deletedKeys?: number; resultsRetainedUntil?: string };
   settlement?: SettlementStatus;
   nextCheckAt?: string;

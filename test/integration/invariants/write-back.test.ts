@@ -7,8 +7,11 @@ import { Redis } from 'ioredis';
 import pg from 'pg';
 import { loadActivity, readMeta, setGate } from '../../../core/activity-cache.js';
 import { readStockRows, readWriteBack, writeBack as writeBackStock } from '../../../core/db/stock-store.js';
+import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
+import { insertOrders } from '../../../core/db/orders-store.js';
+import { activityKeys } from '../../../core/keys.js';
 import { createLogger } from '../../../core/logger.js';
-import { reserve } from '../../../core/reservations.js';
+import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
 import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
@@ -52,7 +55,7 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
     return { redis: proxy, calls };
   }
 
-  async function context(activityId: string, r: Redis): Promise<ReconcileContext> {
+  async function context(activityId: string, r: Redis, events: string[] = []): Promise<ReconcileContext> {
     const now = new Date();
     const fsa = {
       apiVersion: 'flashsale.io/v1alpha1',
@@ -68,7 +71,11 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       identity: 'write-back-test',
       now: () => now,
       log,
-      events: { record: async () => undefined },
+      events: {
+        record: async (_fsa: unknown, type: string, reason: string) => {
+          events.push(`${type} ${reason}`);
+        },
+      },
     } as unknown as ReconcileDeps;
     const ctx = new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
     // The claim-id step ran first in a real pass: this resource owns its activity id.
@@ -125,9 +132,70 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
         orders: 0,
         writtenBy: 'another-operator',
       });
-      expect(second).toEqual({ written: false });
+      expect(second).toEqual({ written: false, trimmed: 0 });
       expect(await readStockRows(sql, id)).toEqual([{ skuId: 's', initial: 10, remaining: 7 }]);
       expect(await readWriteBack(sql, id)).toMatchObject({ remainingTotal: 7 });
+    },
+    TIMEOUT_MS,
+  );
+
+  test(
+    'units Redis counts beyond PostgreSQL (it forgot reservations) are not written back; the truth is never cut',
+    async () => {
+      const id = uniqueId('wb-trim');
+      const items = [
+        { skuId: 'a', name: 'item a', price: '1.00', stock: 5, limitPerUser: 1 },
+        { skuId: 'b', name: 'item b', price: '1.00', stock: 5, limitPerUser: 1 },
+      ];
+      await recordActivitySkus(sql, id, items, 'spec');
+      await loadActivity(redis, {
+        id,
+        generation: 1,
+        startAt: new Date(Date.now() - 60_000),
+        endAt: new Date(Date.now() + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: true,
+        items,
+      });
+      await setGate(redis, id, 'open');
+      const buy = async (skuId: string, users: string[]): Promise<void> => {
+        for (const u of users) {
+          const r = await reserve(redis, {
+            activityId: id,
+            userId: u,
+            skuId,
+            quantity: 1,
+            requestId: u,
+            traceId: u,
+          });
+          const rsv = (await readReservation(redis, id, r.reservationId))!;
+          await insertOrders(sql, [orderMessageOf(id, rsv)], 900);
+        }
+      };
+      // a: 4 units sold and in PostgreSQL, then Redis forgets 3 of them (as a failover to a replica
+      // that missed them does): it counts 4 left where PostgreSQL has 1.
+      await buy('a', ['a1', 'a2', 'a3', 'a4']);
+      await redis.hincrby(activityKeys(id).sku('a'), 'stock', 3);
+      // b: 3 sold, one of them closed and its unit not returned to Redis yet (held in the snapshot,
+      // returned through PostgreSQL after the write-back): Redis' 2 are right, 5 - 2 live = 3 is
+      // only an upper bound, and nothing is cut.
+      await buy('b', ['b1', 'b2', 'b3']);
+      await sql.query(
+        `UPDATE orders SET status = 'CLOSED', close_reason = 'CANCELLED', closed_at = now()
+          WHERE activity_id = $1 AND user_id = 'b1'`,
+        [id],
+      );
+
+      const events: string[] = [];
+      const ctx = await context(id, redis, events);
+      await writeBack(ctx);
+      expect(await readStockRows(sql, id)).toEqual([
+        { skuId: 'a', initial: 5, remaining: 1 },
+        { skuId: 'b', initial: 5, remaining: 2 },
+      ]);
+      expect(await readWriteBack(sql, id)).toMatchObject({ remainingTotal: 3, trimmedTotal: 3 });
+      expect(ctx.status.writeBack).toMatchObject({ remaining: 3, trimmed: 3 });
+      expect(events).toEqual(['Normal WroteBack', 'Warning StockTrimmed']);
     },
     TIMEOUT_MS,
   );
