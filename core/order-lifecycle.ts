@@ -116,22 +116,26 @@ function journalSettled(orders: SettleableOrder[], via: StockReturnVia, detail =
 }
 
 /**
- * How the release of an order the PostgreSQL stock guard closed (core/stock-guard.ts) differs from
- * any other: the guard closes an order only when Redis accepted a unit PostgreSQL does not have
- * (its live quantity is at the SKU's stock) or a buyer's unit beyond the limit. Both happen only
- * when Redis forgot reservations it had acknowledged (a failover to a replica that had not
- * received them, a restart that lost them): it forgot their stock decrements with them, so the
- * unit this reservation took was one of those, already sold in PostgreSQL. Returning it would
- * only sell it again, to be closed again, until the sale ends; withheld, Redis' stock comes back
- * to PostgreSQL's by one unit per closed order (docs/after-sale.md, "Orders the guard closed").
- * An order closed for the buyer's limit also keeps its slot: the buyer's forgotten reservation
- * holds it in PostgreSQL. `undefined` for every other order: a normal release.
+ * How the release of an order closed because Redis had forgotten reservations differs from any
+ * other. The PostgreSQL stock guard (core/stock-guard.ts) closes an order only when Redis accepted
+ * a unit PostgreSQL does not have (its live quantity is at the SKU's stock) or a buyer's unit
+ * beyond the limit (including a buyer slot another live order holds, which order-gap repair closes
+ * `GAP_COMPENSATED`). Both happen only when Redis forgot reservations it had acknowledged (a
+ * failover to a replica that had not received them, a restart that lost them; Redis loses a suffix
+ * of its writes, replication and the AOF being ordered, never one key alone): it forgot their
+ * stock decrements with them, so the unit this reservation took was one of those, already sold in
+ * PostgreSQL. Returning it would only sell it again, to be closed again, until the sale ends;
+ * withheld, Redis' stock comes back to PostgreSQL's by one unit per closed order (docs/after-sale.md,
+ * "Orders the guard closed"). An order closed for the buyer's limit also keeps its slot: the
+ * buyer's forgotten reservation holds it in PostgreSQL. `undefined` for every other order: a
+ * normal release.
  */
 export function guardRelease(
   closeReason: string | null,
 ): { returnStock: false; freeSlot: boolean } | undefined {
   if (closeReason === 'OVERSELL_PREVENTED') return { returnStock: false, freeSlot: true };
-  if (closeReason === 'BUYER_LIMIT_EXCEEDED') return { returnStock: false, freeSlot: false };
+  if (closeReason === 'BUYER_LIMIT_EXCEEDED' || closeReason === 'GAP_COMPENSATED')
+    return { returnStock: false, freeSlot: false };
   return undefined;
 }
 

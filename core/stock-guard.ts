@@ -22,6 +22,8 @@ import { appendJournal } from './db/journal-store.js';
 import {
   buyerSkuKey,
   closeUnpaidOrders,
+  findLiveSlotHolder,
+  insertClosedOrder,
   liveQuantityBySku,
   liveQuantityOfBuyers,
 } from './db/orders-store.js';
@@ -233,6 +235,46 @@ export class StockGuard {
       }),
     );
     return closed.map((order) => ({ order, reason: decided.get(order.id)! }));
+  }
+
+  /**
+   * In the insert transaction: the reservations the database refused because another live order
+   * holds their buyer slot (orders_live_buyer_slot). Redis gives a slot again only when it forgot
+   * the reservation holding it, and with it that reservation's stock decrement, so such a
+   * reservation is the buyer's limit exceeded exactly as the guard sees it: it is stored CLOSED
+   * `BUYER_LIMIT_EXCEEDED` (a row the buyer's answer comes from) and released like the guard's
+   * own closures, its unit withheld and the slot kept. Returns the orders closed by this call.
+   */
+  async closeSlotConflicts(
+    db: Queryable,
+    orders: readonly OrderMessage[],
+    rejected: readonly string[],
+  ): Promise<GuardedOrder[]> {
+    const out: GuardedOrder[] = [];
+    for (const rid of rejected) {
+      const m = orders.find((o) => o.reservationId === rid);
+      if (!m) continue;
+      const row = await insertClosedOrder(db, m, BUYER_LIMIT_EXCEEDED, this.d.paymentTimeoutSeconds);
+      if (!row) continue; // closed meanwhile by another path (order-gap repair), which settles it
+      const holder = await findLiveSlotHolder(db, m.activityId, m.userId, m.skuId, m.slot);
+      await appendJournal(db, [
+        {
+          activityId: row.activityId,
+          reservationId: row.reservationId,
+          orderId: row.id,
+          event: 'ORDER_CLOSED',
+          fromStatus: null,
+          toStatus: 'CLOSED',
+          traceId: row.traceId,
+          detail: {
+            reason: BUYER_LIMIT_EXCEEDED,
+            guard: { slot: m.slot, slotHeldBy: holder?.reservationId },
+          },
+        },
+      ]);
+      out.push({ order: row, reason: BUYER_LIMIT_EXCEEDED });
+    }
+    return out;
   }
 
   /** After the commit: counts the closed orders and releases their reservations, units withheld (idempotent). */

@@ -41,7 +41,7 @@ import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import { ORDER_BATCH_HEADER, orderMessageSchema, orderTextsOf } from '../../core/order-message.js';
 import type { OrderMessage } from '../../core/order-message.js';
-import { release, reservationIdFor } from '../../core/reservations.js';
+import { reservationIdFor } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
 import { StockGuard } from '../../core/stock-guard.js';
 import type { GuardedOrder } from '../../core/stock-guard.js';
@@ -420,7 +420,10 @@ export class OrderConsumer {
       await client.query('BEGIN');
       // Each inserted order's ORDER_CREATED journal row is written by the same statement.
       const outcome = await insertOrders(client, orders, this.options.paymentTimeoutSeconds, ORDER_CREATED);
-      const guarded = await this.guard.enforce(client, orders, outcome.inserted);
+      const guarded = [
+        ...(await this.guard.enforce(client, orders, outcome.inserted)),
+        ...(await this.guard.closeSlotConflicts(client, orders, outcome.rejected)),
+      ];
       crashPoint('consumer-before-db-commit');
       await client.query('COMMIT');
       crashPoint('consumer-after-db-commit');
@@ -465,27 +468,15 @@ export class OrderConsumer {
       });
     }
     for (const rid of outcome.rejected) {
-      // Another live order holds this buyer slot: the database refused a second one. Return the
-      // stock of this reservation (idempotent) and tell the buyer.
+      // Another live order holds this buyer slot: the database refused a second one, and the
+      // guard stored it CLOSED (settled with the guard's closures above), unless another path
+      // closed it first and settles it itself.
       const o = byRid.get(rid)!;
-      this.options.logger.warn(
-        { reservationId: rid, traceId: o.traceId },
-        'order refused by the buyer-slot key',
-      );
-      await release(this.options.redis, {
-        activityId: this.options.activityId,
-        reservationId: rid,
-        userId: o.userId,
-        skuId: o.skuId,
-        reason: 'REFUSED_DUPLICATE',
-      }).catch((err: Error) =>
-        this.options.logger.error({ err: err.message, reservationId: rid }, 'compensation failed'),
-      );
       results.push({
         reservationId: rid,
         userId: o.userId,
         skuId: o.skuId,
-        result: { status: 'FAILED', reason: 'LIMIT_REACHED' },
+        result: { status: 'FAILED', reason: guarded.get(rid) ?? 'LIMIT_REACHED' },
       });
     }
     crashPoint('consumer-before-results');

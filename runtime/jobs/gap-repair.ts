@@ -6,8 +6,11 @@
  *     ORDER_GAP_REPUBLISH_INTERVAL_SECONDS apart, whatever the number of job replicas; or
  *   - compensated when it provably can never become an order: another live order holds the
  *     buyer's slot (the database would refuse it), or its ledger entry cannot form a valid order.
- *     Compensation inserts the order CLOSED first (so a late message cannot create it) and returns
- *     the stock through the settlement path.
+ *     Compensation inserts the order CLOSED first (so a late message cannot create it) and settles
+ *     it through the settlement path. A slot held by another live order means Redis forgot that
+ *     order's reservation and its stock decrement with it, so (as for the consumer's stock guard,
+ *     which closes the same conflict `BUYER_LIMIT_EXCEEDED`) its unit is withheld and the slot kept
+ *     (`GAP_COMPENSATED`, core/order-lifecycle.ts guardRelease).
  * Every action is journaled and counted (flashsale_order_gap_repairs_total{action}).
  */
 import type { Producer } from 'kafkajs';

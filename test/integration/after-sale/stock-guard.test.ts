@@ -16,7 +16,7 @@ import type { TopicNames } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import type { OrderMessage } from '../../../core/model.js';
 import { closeOrder } from '../../../core/order-lifecycle.js';
-import { orderMessageOf, readReservation } from '../../../core/reservations.js';
+import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
@@ -352,6 +352,72 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       expect(await liveUnits(activityId)).toBe(3);
       expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ sold: 3 });
       expect(await prevented(activityId)).toBe(1);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'Redis forgot a reservation and its buyer came back: the slot conflict is stored CLOSED, its unit withheld, the slot kept',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 4 }, f.pool);
+      await recordActivitySkus(
+        f.pool,
+        activityId,
+        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 4, limitPerUser: 1 }],
+        'spec',
+      );
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      await startConsumer(activityId, topics);
+      const [first] = await reserveFor(f.redis, activityId, skuId, ['twin']);
+      await send(topics, await messagesOf(activityId, [first!]));
+      await ordersOf(activityId, 1);
+      // A failover to a replica that missed the reservation: the buyer's slot and the stock
+      // decrement are forgotten with it.
+      const k = activityKeys(activityId);
+      await f.redis.del(k.buyer('twin'), k.reservation(first!));
+      await f.redis.hincrby(k.sku(skuId), 'stock', 1);
+      const again = (
+        await reserve(f.redis, {
+          activityId,
+          userId: 'twin',
+          skuId,
+          quantity: 1,
+          requestId: 'twin-again',
+          traceId: 'trace-twin-again',
+        })
+      ).reservationId;
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('3');
+      await send(topics, await messagesOf(activityId, [again]));
+      await ordersOf(activityId, 2);
+
+      const closed = await until('the refused reservation settled', async () => {
+        const row = await findLifecycleByReservationId(f.pool, again);
+        return row?.stockReturnVia ? row : undefined;
+      });
+      expect(closed).toMatchObject({
+        status: 'CLOSED',
+        closeReason: 'BUYER_LIMIT_EXCEEDED',
+        stockReturnVia: 'withheld',
+      });
+      const result = await until('the buyer result', () => readResult(f.redis, activityId, again));
+      expect(result.result).toEqual({ status: 'FAILED', reason: 'BUYER_LIMIT_EXCEEDED' });
+      expect(await prevented(activityId)).toBe(1);
+      // Redis is PostgreSQL's again: 3 units left of 4 with one live order, and the buyer, who holds
+      // one live order of a limit of 1, keeps the slot.
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('3');
+      expect(await f.redis.hget(k.buyer('twin'), `${skuId}:slot:1`)).toBe(again);
+      await expect(
+        reserve(f.redis, {
+          activityId,
+          userId: 'twin',
+          skuId,
+          quantity: 1,
+          requestId: 'twin-third',
+          traceId: 'trace-twin-third',
+        }),
+      ).rejects.toMatchObject({ code: 'LIMIT_REACHED' });
+      expect(await liveUnits(activityId)).toBe(1);
     },
     TIMEOUT_MS,
   );

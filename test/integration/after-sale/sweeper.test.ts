@@ -6,6 +6,7 @@ import { readStock, setGate } from '../../../core/activity-cache.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
 import { activityKeys } from '../../../core/keys.js';
+import { readReservation } from '../../../core/reservations.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import {
   TIMEOUT_MS,
@@ -151,6 +152,37 @@ describe('payment-timeout sweeper', () => {
   );
 
   it(
+    'a guard closure whose settlement a crash interrupted is re-driven by the sweep with its unit withheld',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 });
+      const rids = await reserveFor(f.redis, activityId, skuId, ['guarded-1', 'guarded-2']);
+      await materialize(f.pool, f.redis, activityId, rids);
+      // The consumer's guard closed both in its insert transaction and was killed before settling.
+      await f.pool.query(
+        `UPDATE orders SET status = 'CLOSED', closed_at = now(),
+                close_reason = CASE WHEN user_id = 'guarded-1' THEN 'OVERSELL_PREVENTED' ELSE 'BUYER_LIMIT_EXCEEDED' END
+          WHERE activity_id = $1`,
+        [activityId],
+      );
+      // The sale gives a released slot back (reopenOnRelease), so the two closures differ there.
+      const k = activityKeys(activityId);
+      await f.redis.hset(k.meta, 'reopen', '1');
+      const r = await sweep(activityId, f.pool);
+      expect([r.closed, r.resettled]).toEqual([0, 2]);
+      expect(r.settled).toEqual({ redis: 0, postgres: 0, unresolved: 0, withheld: 2, deferred: 0 });
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(8);
+      expect((await counters(f.redis, activityId)).released ?? 0).toBe(0);
+      // Both reservations released; the limit closure keeps its buyer's slot, the other frees it.
+      for (const rid of rids)
+        expect((await readReservation(f.redis, activityId, rid))?.state).toBe('RELEASED');
+      expect(await f.redis.hget(k.buyer('guarded-1'), `${skuId}:slot:1`)).toBeNull();
+      expect(await f.redis.hget(k.buyer('guarded-2'), `${skuId}:slot:1`)).toBe(rids[1]);
+      expect((await sweep(activityId, f.pool)).resettled).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'an order closed but not settled (crash in between) is settled once by the next sweep; unprovable ones are flagged',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 10 });
@@ -181,7 +213,7 @@ describe('payment-timeout sweeper', () => {
 
       const r = await sweep(activityId, f.pool);
       expect([r.closed, r.resettled]).toEqual([0, 3]);
-      expect(r.settled).toEqual({ redis: 3, postgres: 0, unresolved: 0, deferred: 0 });
+      expect(r.settled).toEqual({ redis: 3, postgres: 0, unresolved: 0, withheld: 0, deferred: 0 });
       expect(await skuStock(f.redis, activityId, skuId)).toBe(10);
       expect((await counters(f.redis, activityId)).released).toBe(3);
 
@@ -215,7 +247,7 @@ describe('payment-timeout sweeper', () => {
       const r2 = await sweep(other.activityId, f.pool);
       // gone-1: a release may have reached Redis before the freeze: flagged, not returned.
       // gone-2: no release was ever attempted: certainly held in the snapshot, returned in PostgreSQL.
-      expect(r2.settled).toEqual({ redis: 0, postgres: 1, unresolved: 1, deferred: 0 });
+      expect(r2.settled).toEqual({ redis: 0, postgres: 1, unresolved: 1, withheld: 0, deferred: 0 });
       expect((await readStockRows(f.pool, other.activityId))[0]?.remaining).toBe(5 - 2 + 1);
       const via = await f.pool.query<{ id: string; v: string; r: boolean }>(
         `SELECT id, stock_return_via AS v, stock_returned AS r FROM orders WHERE activity_id = $1 ORDER BY id`,
