@@ -142,7 +142,7 @@ export function createMetrics(component: string, activityId?: string) {
     }),
     ordersClosed: new client.Counter({
       name: 'flashsale_orders_closed_total',
-      help: 'Orders closed, by reason (PAYMENT_TIMEOUT, CANCELLED, GAP_COMPENSATED)',
+      help: 'Orders closed, by reason (PAYMENT_TIMEOUT, CANCELLED, GAP_COMPENSATED, OVERSELL_PREVENTED, BUYER_LIMIT_EXCEEDED)',
       labelNames: ['activity', 'reason'],
       registers: r,
     }),
