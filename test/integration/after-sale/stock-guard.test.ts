@@ -8,6 +8,7 @@ import { readActivitySkus, recordActivitySkus } from '../../../core/db/activity-
 import { reservationIdFor } from '../../../core/reservations.js';
 import { journalFor } from '../../../core/db/journal-store.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
+import type { LifecycleOrderRow } from '../../../core/db/orders-store.js';
 import { readResult, readStock, setGate } from '../../../core/activity-cache.js';
 import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
 import { acceptPayment } from '../../../runtime/payments/apply.js';
@@ -82,6 +83,32 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         : undefined,
     );
 
+  /** As the operator records a SKU before loading the cache (operator/reconcile/sync-spec.ts). */
+  const recordStock = (activityId: string, skuId: string, stock: number, limitPerUser = 1): Promise<void> =>
+    recordActivitySkus(
+      f.pool,
+      activityId,
+      [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock, limitPerUser }],
+      'spec',
+    );
+
+  /** The order's buyer pays it in full, now (within its payment window). */
+  const payInTime = (order: LifecycleOrderRow): ReturnType<typeof acceptPayment> =>
+    acceptPayment(
+      { pool: f.pool, redis: f.redis, logger: f.deps.logger },
+      'hmac',
+      {
+        orderId: order.id,
+        tradeNo: `t-${order.id}`,
+        amount: order.amount,
+        status: 'success',
+        providerStatus: 'TRADE_SUCCESS',
+        paidAt: new Date(),
+        fields: {},
+      },
+      'trace-late',
+    );
+
   const liveUnits = (activityId: string): Promise<number> =>
     countRows(
       f.pool,
@@ -104,13 +131,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     'Redis stock raised behind its back: PostgreSQL keeps the stock, the excess is CLOSED, its units withheld, counted',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
-      // As the operator does before loading the cache (operator/reconcile/sync-spec.ts).
-      await recordActivitySkus(
-        f.pool,
-        activityId,
-        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 5, limitPerUser: 1 }],
-        'spec',
-      );
+      await recordStock(activityId, skuId, 5);
       await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 7);
       const topics = topicsFor(activityId, prefix);
       await ensureTopics(admin, topics, 1, 1);
@@ -184,12 +205,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     'written back before the guard closed them: nothing goes to activity_stock, and a late payment is refunded',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 3 }, f.pool);
-      await recordActivitySkus(
-        f.pool,
-        activityId,
-        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 3, limitPerUser: 1 }],
-        'spec',
-      );
+      await recordStock(activityId, skuId, 3);
       await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 2);
       const topics = topicsFor(activityId, prefix);
       await ensureTopics(admin, topics, 1, 1);
@@ -222,20 +238,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
 
       // The buyer of a closed order pays within the payment window: refunded, the order stays CLOSED.
       const order = closed[0]!;
-      const paid = await acceptPayment(
-        { pool: f.pool, redis: f.redis, logger: f.deps.logger },
-        'hmac',
-        {
-          orderId: order.id,
-          tradeNo: `t-${order.id}`,
-          amount: order.amount,
-          status: 'success',
-          providerStatus: 'TRADE_SUCCESS',
-          paidAt: new Date(),
-          fields: {},
-        },
-        'trace-late',
-      );
+      const paid = await payInTime(order);
       expect([paid.outcome, paid.refundReason, paid.order.status]).toEqual([
         'REFUND_PENDING',
         'ORDER_CLOSED',
@@ -250,12 +253,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     'a late in-time payment cannot take a unit Redis counts beyond PostgreSQL: refunded, nothing oversold',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 3 }, f.pool);
-      await recordActivitySkus(
-        f.pool,
-        activityId,
-        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 3, limitPerUser: 1 }],
-        'spec',
-      );
+      await recordStock(activityId, skuId, 3);
       const topics = topicsFor(activityId, prefix);
       await ensureTopics(admin, topics, 1, 1);
       await startConsumer(activityId, topics);
@@ -275,20 +273,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       expect(await liveUnits(activityId)).toBe(3);
 
       // p0 paid in time: Redis still has a unit to give (the forgotten one), PostgreSQL has none.
-      const paid = await acceptPayment(
-        { pool: f.pool, redis: f.redis, logger: f.deps.logger },
-        'hmac',
-        {
-          orderId: p0.id,
-          tradeNo: `t-${p0.id}`,
-          amount: p0.amount,
-          status: 'success',
-          providerStatus: 'TRADE_SUCCESS',
-          paidAt: new Date(),
-          fields: {},
-        },
-        'trace-late',
-      );
+      const paid = await payInTime(p0);
       expect([paid.outcome, paid.refundReason, paid.order.status]).toEqual([
         'REFUND_PENDING',
         'ORDER_CLOSED',
@@ -304,12 +289,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     'duplicate reservations injected into Kafka: a buyer is limited by quantity, not by slots',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 10, limitPerUser: 2 }, f.pool);
-      await recordActivitySkus(
-        f.pool,
-        activityId,
-        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 10, limitPerUser: 2 }],
-        'spec',
-      );
+      await recordStock(activityId, skuId, 10, 2);
       const topics = topicsFor(activityId, prefix);
       await ensureTopics(admin, topics, 1, 1);
       const [rid] = await reserveFor(f.redis, activityId, skuId, ['greedy'], 2);
@@ -360,12 +340,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     'Redis forgot a reservation and its buyer came back: the slot conflict is stored CLOSED, its unit withheld, the slot kept',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 4 }, f.pool);
-      await recordActivitySkus(
-        f.pool,
-        activityId,
-        [{ skuId, name: '秒杀商品 flash item', price: '19.90', stock: 4, limitPerUser: 1 }],
-        'spec',
-      );
+      await recordStock(activityId, skuId, 4);
       const topics = topicsFor(activityId, prefix);
       await ensureTopics(admin, topics, 1, 1);
       await startConsumer(activityId, topics);
