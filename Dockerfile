@@ -68,7 +68,8 @@ COPY runtime/api/openapi.yaml runtime/api/openapi.yaml
 # cheap, scavenges. glibc gives each thread that allocates (V8's GC helpers, libuv's pool) a
 # malloc arena of its own, and freed memory stays in them: two arenas took 2-34 MB off the api's
 # peak at the same CPU per request (bench/ab.ts and the bench's own phases, bench/analysis.md).
-# bench/run.ts starts the roles and the floors with these same settings.
+# bench/run.ts starts the roles and the floors with these same settings. The relay and the
+# consumer get larger semi-spaces on their command line from the operator (core/young-generation.ts).
 ENV NODE_OPTIONS="--max-semi-space-size=8"
 ENV MALLOC_ARENA_MAX=2
 LABEL org.opencontainers.image.title="flashsale-runtime" \

@@ -17,6 +17,8 @@
  *   BENCH_STATE_DIR  BENCH_DIST  BENCH_KEEP_PROFILES (directory to copy the .cpuprofile files to)
  *   BENCH_POD_MEMORY (the roles' and floors' pod memory limit, from which their heap limit is derived as
  *   Node does in the pod; default: the chart's runtime.resources; `none`: the host's heap limit)
+ *   BENCH_SEMI_SPACE_MIB (`relay=8,consumer=8`: a role's V8 semi-space instead of the chart's
+ *   runtime.roles.<role>.semiSpaceMiB or its default, core/young-generation.ts; 0 = the image's)
  * Phases: redis submit db soldout floors profile micro ceiling warmup pipeline backlog (the drain of a
  * backlog built with the pipeline paused) fairness (bench/lib/fairness.ts)
  * capacity (bench/lib/capacity.ts: CPU per operation per stage, written into docs/capacity.md)
@@ -54,7 +56,15 @@ import type { ProfileSummary } from './lib/profile.js';
 import { prepareRedisRef, redisRef } from './lib/redis-ref.js';
 import { renderReport, targets } from './lib/report.js';
 import type { Results } from './lib/report.js';
-import { heapBreakdown, peakRssMb, podEnv, startRole, stopAllRoles, stopRole } from './lib/runtime.js';
+import {
+  heapBreakdown,
+  peakRssMb,
+  podEnv,
+  podNodeArgs,
+  startRole,
+  stopAllRoles,
+  stopRole,
+} from './lib/runtime.js';
 import type { RoleProcess } from './lib/runtime.js';
 import { log, machineLoad, procCpuS, procCpuSplitS, runCmd } from './lib/util.js';
 import { warmup } from './lib/warmup.js';
@@ -252,6 +262,7 @@ async function main(): Promise<void> {
         memGiB: Math.round(totalmem() / 2 ** 30),
         node: process.versions.node,
         apiNodeOptions: podEnv('api').NODE_OPTIONS ?? '',
+        pipelineNodeArgs: { relay: podNodeArgs('relay'), consumer: podNodeArgs('consumer') },
         loadBefore: loadStart.load1,
         loadAfter: NaN,
         cpuPressurePct: undefined,

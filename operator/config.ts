@@ -10,6 +10,7 @@ import type { RedisConnection } from '../core/redis.js';
 import { env, readConfig } from '../core/config.js';
 import { defaultMinInsyncReplicas, kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
 import { MAX_BUCKETS } from '../core/buckets.js';
+import { MAX_SEMI_SPACE_MIB } from '../core/young-generation.js';
 import { DEFAULT_TRAFFIC_POLICY } from '../core/traffic-policy.js';
 import type { TrafficPolicy } from '../core/traffic-policy.js';
 
@@ -75,6 +76,11 @@ const roleSettingsSchema = z
     topologySpreadConstraints: z.array(spreadSchema).default([]),
     /** A PodDisruptionBudget for the role while the sale is Active (protect-runtime.ts). */
     disruptionBudget: z.boolean().default(true),
+    /**
+     * MiB per V8 semi-space, on the container's command line (core/young-generation.ts); 0 = the
+     * image's NODE_OPTIONS (8). Unset: the role's default (api 0, relay 32, consumer 32).
+     */
+    semiSpaceMiB: z.number().int().min(0).max(MAX_SEMI_SPACE_MIB).optional(),
     /** Resources of this role's containers instead of RUNTIME_RESOURCES ({} = RUNTIME_RESOURCES). */
     resources: resourcesSchema.optional().transform((r) => (r?.requests || r?.limits ? r : undefined)),
   })
@@ -186,7 +192,8 @@ export const operatorConfigSchema = z
     RUNTIME_EXTRA_VOLUME_MOUNTS: jsonEnv(z.array(volumeMountSchema), []),
     /**
      * Per-role pod settings, JSON: {"api":{"priorityClassName":"…","preStopSeconds":5,
-     * "topologySpreadConstraints":[…],"disruptionBudget":true,"resources":{…}},"relay":{…},…}.
+     * "topologySpreadConstraints":[…],"disruptionBudget":true,"semiSpaceMiB":0,"resources":{…}},
+     * "relay":{…},…}.
      */
     RUNTIME_ROLE_SETTINGS: jsonEnv(rolesSchema, rolesSchema.parse({})),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),

@@ -22,6 +22,9 @@
  * 2 took 0.92x and 0.87x of the CPU per reservation in that heap (two A/Bs at 50 connections) for a
  * peak RSS of 1.5x idle (146-148 MB, from 126-132); 3x was no cheaper (0.91x) and peaked at 1.67x.
  * V8 still collects harder as the heap nears its limit, so a pod's limit keeps its meaning.
+ *
+ * The young generation's size cannot be set here (V8 sizes it when the isolate is created): it is
+ * given per role on the command line, core/young-generation.ts.
  */
 import { setFlagsFromString } from 'node:v8';
 import type { Role } from './config.js';

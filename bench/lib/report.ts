@@ -25,6 +25,8 @@ export interface RunMeta {
   node: string;
   /** NODE_OPTIONS of the api and the floors: the image's and the pod's heap limit (bench/lib/runtime.ts podEnv). */
   apiNodeOptions?: string;
+  /** The node arguments of the relay's and the consumer's command lines (podNodeArgs). */
+  pipelineNodeArgs?: { relay: string[]; consumer: string[] };
   loadBefore: number;
   loadAfter: number;
   /** Share of the run during which some task waited for a CPU (/proc/pressure/cpu). */
@@ -460,7 +462,12 @@ export function renderReport(r: Results, analysis: string): string {
     `**Machine:** ${m.cpus} cores (${m.cpuModel}), ${m.memGiB} GiB, Node ${m.node}` +
       (m.apiNodeOptions !== undefined
         ? ` (the api and the floors run as in their pods: NODE_OPTIONS \`${m.apiNodeOptions}\`, the image's ` +
-          "settings and the heap limit Node derives from the chart's memory limit)"
+          "settings and the heap limit Node derives from the chart's memory limit" +
+          (m.pipelineNodeArgs
+            ? `; the relay and the consumer also with \`${m.pipelineNodeArgs.relay.join(' ') || '—'}\` and ` +
+              `\`${m.pipelineNodeArgs.consumer.join(' ') || '—'}\` on their command lines, as the operator starts them`
+            : '') +
+          ')'
         : '') +
       `. ${m.otherLoad} ` +
       `Load average ${m.loadBefore.toFixed(1)} at the start, ${m.loadAfter.toFixed(1)} at the end` +

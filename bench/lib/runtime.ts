@@ -4,6 +4,7 @@ import type { ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
+import { DEFAULT_SEMI_SPACE_MIB, semiSpaceArgs } from '../../core/young-generation.js';
 import { freePort, log, procStatusKb, sleep, waitFor } from './util.js';
 
 export type RoleName = 'api' | 'relay' | 'consumer';
@@ -111,6 +112,28 @@ export function podMemoryMib(
 }
 
 /**
+ * The node arguments the operator puts on a role's command line (operator/reconcile/runtime-objects.ts):
+ * the semi-space of the chart's `runtime.roles.<role>.semiSpaceMiB`, else the role's default
+ * (core/young-generation.ts); BENCH_SEMI_SPACE_MIB (`relay=8,consumer=8`) overrides it for an A/B.
+ */
+export function podNodeArgs(
+  role: RoleName,
+  values = new URL('../../charts/flashsale/values.yaml', import.meta.url),
+): string[] {
+  const override = (process.env.BENCH_SEMI_SPACE_MIB ?? '')
+    .split(',')
+    .map((kv) => kv.split('='))
+    .find(([r]) => r === role)?.[1];
+  if (override !== undefined) return semiSpaceArgs(Number(override));
+  const chart = (
+    parseYaml(readFileSync(values, 'utf8')) as {
+      runtime?: { roles?: Partial<Record<RoleName, { semiSpaceMiB?: number }>> };
+    }
+  ).runtime?.roles?.[role]?.semiSpaceMiB;
+  return semiSpaceArgs(chart ?? DEFAULT_SEMI_SPACE_MIB[role]);
+}
+
+/**
  * What a role (or a floor, with the api's pod) runs with in its pod: the image's environment and
  * the heap limit Node derives from the pod's memory limit (in NODE_OPTIONS, which accepts it).
  */
@@ -134,7 +157,7 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
   const out = createWriteStream(logFile);
   const child = spawn(
     process.execPath,
-    [...(o.nodeArgs ?? []), join(o.distDir, 'runtime', 'main.js'), role],
+    [...podNodeArgs(role), ...(o.nodeArgs ?? []), join(o.distDir, 'runtime', 'main.js'), role],
     {
       env: {
         PATH: process.env.PATH ?? '/usr/bin:/bin',

@@ -60,7 +60,8 @@ describe('runtime pod settings', () => {
         ],
         resources: { requests: { cpu: '2' }, limits: { memory: '1Gi' } },
       },
-      consumer: { disruptionBudget: false },
+      consumer: { disruptionBudget: false, semiSpaceMiB: 0 },
+      relay: { semiSpaceMiB: 64 },
     }),
   });
 
@@ -95,6 +96,19 @@ describe('runtime pod settings', () => {
     expect(config.runtime.roles.relay.disruptionBudget).toBe(true);
   });
 
+  it("puts a role's V8 semi-space on its command line, where NODE_OPTIONS cannot override it", () => {
+    const command = (role: 'api' | 'relay' | 'consumer', c = config): string[] | undefined =>
+      desiredDeployment(fsa, role, 1, 'shop.spring-uid1', c).spec?.template.spec?.containers[0]?.command;
+    // Configured: the relay's 64, the consumer's 0 (the image's NODE_OPTIONS decide).
+    expect(command('relay')).toEqual(['node', '--max-semi-space-size=64', 'dist/runtime/main.js']);
+    expect(command('consumer')).toEqual(['node', 'dist/runtime/main.js']);
+    // Defaults: the api keeps the image's 8 MiB, the pipeline roles get 32.
+    const plain = loadOperatorConfig(required);
+    expect(command('api', plain)).toEqual(['node', 'dist/runtime/main.js']);
+    expect(command('relay', plain)).toEqual(['node', '--max-semi-space-size=32', 'dist/runtime/main.js']);
+    expect(command('consumer', plain)).toEqual(['node', '--max-semi-space-size=32', 'dist/runtime/main.js']);
+  });
+
   it('passes pull secrets, extra env and volumes to every role, never overriding the operator', () => {
     for (const role of ['api', 'relay', 'consumer'] as const) {
       const pod = desiredDeployment(fsa, role, 1, 'shop.spring-uid1', config).spec?.template.spec;
@@ -122,6 +136,9 @@ describe('runtime pod settings', () => {
     };
     expect(bad({ RUNTIME_ROLE_SETTINGS: '{"api":{"preStopSecond":5}}' })).toMatch(/RUNTIME_ROLE_SETTINGS/);
     expect(bad({ RUNTIME_ROLE_SETTINGS: '{"web":{}}' })).toMatch(/RUNTIME_ROLE_SETTINGS/);
+    expect(bad({ RUNTIME_ROLE_SETTINGS: '{"relay":{"semiSpaceMiB":-1}}' })).toMatch(/RUNTIME_ROLE_SETTINGS/);
+    expect(bad({ RUNTIME_ROLE_SETTINGS: '{"relay":{"semiSpaceMiB":300}}' })).toMatch(/RUNTIME_ROLE_SETTINGS/);
+    expect(bad({ RUNTIME_ROLE_SETTINGS: '{"relay":{"semiSpaceMiB":1.5}}' })).toMatch(/RUNTIME_ROLE_SETTINGS/);
     expect(bad({ RUNTIME_EXTRA_ENV: '[{"value":"x"}]' })).toMatch(/RUNTIME_EXTRA_ENV/);
     expect(bad({ RUNTIME_EXTRA_VOLUME_MOUNTS: '[{"name":"ca"}]' })).toMatch(/RUNTIME_EXTRA_VOLUME_MOUNTS/);
     expect(bad({ RUNTIME_EXTRA_VOLUMES: 'not json' })).toMatch(/RUNTIME_EXTRA_VOLUMES: not JSON/);
