@@ -481,4 +481,15 @@ ALTER TABLE orders ADD CONSTRAINT orders_stock_return_via_check
 ALTER TABLE activity_writebacks ADD COLUMN trimmed_total bigint NOT NULL DEFAULT 0;
 `,
   },
+  {
+    version: 12,
+    name: 'order-events-unused-index',
+    sql: `
+-- No query reads order_events_unpublished_order since the relay's claim decides which events are
+-- their order's oldest from the head of the queue (core/db/order-events-store.ts
+-- claimPublishableEvents): every order's insert and status change still paid an entry in it.
+-- (order_id, seq) stays unique (the table's own key), which serves an order's events.
+DROP INDEX IF EXISTS order_events_unpublished_order;
+`,
+  },
 ];
