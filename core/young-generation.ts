@@ -11,8 +11,8 @@
  * arrays of a batch) and hold their batch alive across several awaits, so with 8 MiB semi-spaces
  * much of it survived two scavenges and was promoted: 32 MiB took the drain of a 100,000-order
  * backlog from 15,582 to 18,405 orders/s (medians of 5 runs) and the whole pipeline's CPU per
- * order from 115 to 96 µs, for about 50 MB more peak RSS per pod (docs/benchmarks.md,
- * "Backlog drain").
+ * order from 115 to 96 µs, for about 50 MB more peak RSS per pod (docs/benchmarks.md, "The
+ * pipeline's young generation, and a quiet PostgreSQL").
  */
 export type YoungGenerationRole = 'api' | 'relay' | 'consumer';
 

@@ -448,6 +448,13 @@ function profileTable(p: ProfileSummary): string[] {
   return lines;
 }
 
+/** The sentence on PostgreSQL's upkeep before a pipeline measurement (pipeline.ts quiescePostgres). */
+function quiesced(seconds: number | undefined, before: string): string {
+  return seconds === undefined
+    ? `PostgreSQL could not be vacuumed and checkpointed before ${before} (see the log), so its upkeep of earlier phases' rows may fall in the window. `
+    : `Before ${before} PostgreSQL vacuumed and analyzed the order tables and checkpointed (${f1(seconds)} s), so its upkeep of the earlier phases' rows falls outside the window. `;
+}
+
 export function renderReport(r: Results, analysis: string): string {
   const m = r.meta;
   const ref = meanRef(r.redisUnpipelined);
@@ -643,6 +650,7 @@ export function renderReport(r: Results, analysis: string): string {
     L.push(
       `${f0(p.n)} reservations were created directly with the reserve script (EVALSHA from the benchmark process, 50 pipelines of 16 in flight, distinct buyers) ` +
         `in ${f1(p.createS)} s (${f0(p.createRate)}/s) while one relay and one consumer process ran. ` +
+        quiesced(p.quiescedS, 'the burst') +
         `Pipeline rate = orders counted in PostgreSQL between 10 % and 90 % of the burst: ${f0(p.pipelineRate)} rows/s ` +
         `(${p.backlogged ? 'the backlog never ran dry in that window, so this is the capacity' : 'the backlog ran dry in that window: the rate is bounded by the input'}). ` +
         `At gate close ${f0(p.backlogAtClose.halfMessages)} half messages were in the stream and ${f0(p.backlogAtClose.missingOrders)} reservations had no order yet; ` +
@@ -688,6 +696,7 @@ export function renderReport(r: Results, analysis: string): string {
       `**Drain of a backlog.** Relay and consumer started and carried 200 orders, then both processes were ` +
         `paused (SIGSTOP) while ${f0(b.n)} reservations were made (${f1(b.createS)} s) and the gate closed; they ` +
         `resumed together (SIGCONT). ` +
+        quiesced(b.quiescedS, 'the resume') +
         (b.drained
           ? `Zero half messages and zero gap ${f1(b.drainS)} s later: ${f0(b.drainRate)} rows/s, ` +
             `${ratio(b.drainRate, r.ceiling?.rowsPerS)} of the 500-row ceiling`
