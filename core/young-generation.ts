@@ -30,3 +30,8 @@ export const MAX_SEMI_SPACE_MIB = 256;
 export function semiSpaceArgs(mib: number): string[] {
   return mib > 0 ? [`--max-semi-space-size=${mib}`] : [];
 }
+
+/** A role's node arguments: its configured semi-space, else the role's default. */
+export function roleSemiSpaceArgs(role: YoungGenerationRole, configuredMib: number | undefined): string[] {
+  return semiSpaceArgs(configuredMib ?? DEFAULT_SEMI_SPACE_MIB[role]);
+}

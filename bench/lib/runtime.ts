@@ -4,7 +4,7 @@ import type { ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
-import { DEFAULT_SEMI_SPACE_MIB, semiSpaceArgs } from '../../core/young-generation.js';
+import { roleSemiSpaceArgs, semiSpaceArgs } from '../../core/young-generation.js';
 import { freePort, log, procStatusKb, sleep, waitFor } from './util.js';
 
 export type RoleName = 'api' | 'relay' | 'consumer';
@@ -88,6 +88,27 @@ export function podOldSpaceMib(limitMib: number): number {
   return Math.round(Math.min(4096, Math.max(256, limitMib / 2)));
 }
 
+interface ChartRoleValues {
+  resources?: { limits?: { memory?: string } };
+  semiSpaceMiB?: number;
+}
+
+/** The chart's `runtime` values the roles' pods are started from. */
+function chartRuntime(
+  values: URL,
+):
+  | { resources?: ChartRoleValues['resources']; roles?: Partial<Record<RoleName, ChartRoleValues>> }
+  | undefined {
+  return (
+    parseYaml(readFileSync(values, 'utf8')) as {
+      runtime?: {
+        resources?: ChartRoleValues['resources'];
+        roles?: Partial<Record<RoleName, ChartRoleValues>>;
+      };
+    }
+  ).runtime;
+}
+
 /**
  * The memory limit of a runtime role's pod in the chart's defaults (`runtime.roles.<role>.resources`,
  * else `runtime.resources`), or BENCH_POD_MEMORY (a quantity, or `none`: the host's heap limit).
@@ -99,14 +120,7 @@ export function podMemoryMib(
   const override = process.env.BENCH_POD_MEMORY;
   if (override === 'none') return undefined;
   if (override) return quantityMib(override);
-  interface Resources {
-    limits?: { memory?: string };
-  }
-  const runtime = (
-    parseYaml(readFileSync(values, 'utf8')) as {
-      runtime?: { resources?: Resources; roles?: Partial<Record<RoleName, { resources?: Resources }>> };
-    }
-  ).runtime;
+  const runtime = chartRuntime(values);
   const limit = runtime?.roles?.[role]?.resources?.limits?.memory ?? runtime?.resources?.limits?.memory;
   return limit ? quantityMib(limit) : undefined;
 }
@@ -125,12 +139,7 @@ export function podNodeArgs(
     .map((kv) => kv.split('='))
     .find(([r]) => r === role)?.[1];
   if (override !== undefined) return semiSpaceArgs(Number(override));
-  const chart = (
-    parseYaml(readFileSync(values, 'utf8')) as {
-      runtime?: { roles?: Partial<Record<RoleName, { semiSpaceMiB?: number }>> };
-    }
-  ).runtime?.roles?.[role]?.semiSpaceMiB;
-  return semiSpaceArgs(chart ?? DEFAULT_SEMI_SPACE_MIB[role]);
+  return roleSemiSpaceArgs(role, chartRuntime(values)?.roles?.[role]?.semiSpaceMiB);
 }
 
 /**

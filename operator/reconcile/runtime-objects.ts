@@ -17,7 +17,7 @@ import type {
 import type { OperatorConfig } from '../config.js';
 import { deploymentName, parseDuration } from '../api/v1alpha1/funcs.js';
 import type { FlashSaleActivity, RuntimeRole } from '../api/v1alpha1/types.js';
-import { DEFAULT_SEMI_SPACE_MIB, semiSpaceArgs } from '../../core/young-generation.js';
+import { roleSemiSpaceArgs } from '../../core/young-generation.js';
 
 export const LABEL_ACTIVITY = 'flashsale.io/activity';
 export const MANAGED_BY = 'flashsale-operator';
@@ -161,11 +161,7 @@ export function desiredDeployment(
           image,
           imagePullPolicy: config.runtime.imagePullPolicy,
           // V8's young generation is sized before any code runs (core/young-generation.ts).
-          command: [
-            'node',
-            ...semiSpaceArgs(settings.semiSpaceMiB ?? DEFAULT_SEMI_SPACE_MIB[role]),
-            'dist/runtime/main.js',
-          ],
+          command: ['node', ...roleSemiSpaceArgs(role, settings.semiSpaceMiB), 'dist/runtime/main.js'],
           args: [role],
           env: runtimeEnv(fsa, activityId, config),
           envFrom: [{ secretRef: { name: runtimeSecretName(config, role) } }],
