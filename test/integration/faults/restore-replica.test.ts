@@ -60,6 +60,23 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
 
 type Order = 'failover first' | 'restart first';
 
+/** The last lines of each Sentinel's log and of the restarted node's, for a failed wait. */
+function sentinelLogTails(state: string, nodeDir: string): string {
+  const tail = (path: string): string => {
+    try {
+      return readFileSync(path, 'utf8').trimEnd().split('\n').slice(-15).join('\n');
+    } catch (err) {
+      return `(unreadable: ${(err as Error).message})`;
+    }
+  };
+  const base = join(state, 'redis-sentinel');
+  const sentinels = readdirSync(base).filter((d) => /^s\d+$/.test(d));
+  return [
+    ...sentinels.map((d) => `--- ${d}/sentinel.log\n${tail(join(base, d, 'sentinel.log'))}`),
+    `--- restarted node's redis.log\n${tail(join(nodeDir, 'redis.log'))}`,
+  ].join('\n');
+}
+
 (heavy ? describe : describe.skip)(
   'window 13 with RESERVE_ACK=replica: the primary machine lost mid-sale',
   () => {
@@ -270,7 +287,10 @@ type Order = 'failover first' | 'restart first';
             async () => /master_link_status:up/.test(await redisCli(primaryPort, 'info', 'replication')),
             60_000,
             200,
-          );
+          ).catch((err: unknown) => {
+            // Sentinel reconfigures the node, not the product: its logs say why it did not.
+            throw new Error(`${(err as Error).message}\n${sentinelLogTails(priv!.state, dir)}`);
+          });
         }
       } finally {
         relay.kill('SIGCONT');
