@@ -93,20 +93,14 @@ interface ChartRoleValues {
   semiSpaceMiB?: number;
 }
 
+interface ChartRuntimeValues {
+  resources?: ChartRoleValues['resources'];
+  roles?: Partial<Record<RoleName, ChartRoleValues>>;
+}
+
 /** The chart's `runtime` values the roles' pods are started from. */
-function chartRuntime(
-  values: URL,
-):
-  | { resources?: ChartRoleValues['resources']; roles?: Partial<Record<RoleName, ChartRoleValues>> }
-  | undefined {
-  return (
-    parseYaml(readFileSync(values, 'utf8')) as {
-      runtime?: {
-        resources?: ChartRoleValues['resources'];
-        roles?: Partial<Record<RoleName, ChartRoleValues>>;
-      };
-    }
-  ).runtime;
+function chartRuntime(values: URL): ChartRuntimeValues | undefined {
+  return (parseYaml(readFileSync(values, 'utf8')) as { runtime?: ChartRuntimeValues }).runtime;
 }
 
 /**
