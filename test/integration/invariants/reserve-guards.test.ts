@@ -557,6 +557,40 @@ describe('script guards at their boundaries (real Redis)', () => {
       },
       TIMEOUT_MS,
     );
+
+    test.each([
+      ['a fractional stock', 2.5, 1],
+      ['a negative stock', -1, 1],
+      ['a stock in exponent form', 1e21, 1],
+      ['a fractional limit', 5, 1.5],
+    ])(
+      '%s is refused (BAD_ARGUMENT) before any SKU of the chunk is written',
+      async (_label, stock, limitPerUser) => {
+        const id = uniqueId('guard');
+        const def = {
+          id,
+          generation: 1,
+          startAt: new Date(Date.now() - 60_000),
+          endAt: new Date(Date.now() + 3_600_000),
+          requireOrderCode: false,
+          reopenOnRelease: true,
+          items: [item('good', 5, 1), item('bad', stock, limitPerUser)],
+        };
+        await expect(loadActivity(redis, def)).rejects.toMatchObject({ code: 'BAD_ARGUMENT' });
+        const k = activityKeys(id);
+        expect(await redis.exists(k.sku('good'), k.sku('bad'), k.skuIndex, k.counters)).toBe(0);
+        // The same activity with the bad SKU corrected loads whole.
+        const fixed = await loadActivity(redis, { ...def, items: [item('good', 5, 1), item('bad', 3, 1)] });
+        expect(fixed).toEqual({ created: 2, topped: 0, skipped: 0, stockAdded: 8 });
+        expect(await redis.hgetall(k.sku('bad'))).toMatchObject({
+          stock: '3',
+          initial: '3',
+          limit: '1',
+          gen: '1',
+        });
+      },
+      TIMEOUT_MS,
+    );
   });
 
   describe('gate and sale window', () => {
