@@ -9,7 +9,7 @@
  * runtime roles run from a compiled build (core/ and runtime/, compiled into
  * node_modules/.cache/flashsale-bench/dist, or BENCH_DIST). Knobs (environment):
  *   BENCH_DURATION (10 s per measured run)  BENCH_WARMUP (3 s)  BENCH_CONNECTIONS (50)
- *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_WARMUP_ROUNDS (3)  BENCH_BUCKETS_ROUNDS (3)
+ *   BENCH_DRAIN_N (100000)  BENCH_WARMUP_SKUS (100000)  BENCH_WARMUP_ROUNDS (7)  BENCH_BUCKETS_ROUNDS (3)
  *   BENCH_CPU_ROUNDS (3: measured runs of the api's and each floor's submissions, median by CPU)
  *   BENCH_PAIRED_ROUNDS (3: rounds of the api and both floors measured in turn; floors phase)
  *   BENCH_ONLY (phases, comma separated)

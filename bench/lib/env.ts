@@ -110,7 +110,7 @@ export function readConfig(): BenchConfig {
     connections: num('BENCH_CONNECTIONS', 50),
     drainReservations: num('BENCH_DRAIN_N', 100_000),
     warmupSkus: num('BENCH_WARMUP_SKUS', 100_000),
-    warmupRounds: Math.round(num('BENCH_WARMUP_ROUNDS', 3)),
+    warmupRounds: Math.round(num('BENCH_WARMUP_ROUNDS', 7)),
     bucketsRounds: Math.max(1, Math.round(num('BENCH_BUCKETS_ROUNDS', 3))),
     cpuRounds: Math.max(1, Math.round(num('BENCH_CPU_ROUNDS', 3))),
     pairedRounds: Math.max(1, Math.round(num('BENCH_PAIRED_ROUNDS', 3))),

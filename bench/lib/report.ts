@@ -733,6 +733,7 @@ export function renderReport(r: Results, analysis: string): string {
       '',
       `- loadActivity: ${runs(w.load)}`,
       `- raw HSET + SADD: ${runs(w.raw)}`,
+      `- by round, loadActivity / raw: ${w.load.map((x, i) => ratio(x.wallS, w.raw[i]?.wallS)).join(', ')}`,
     );
   }
   L.push('', '### 6. Memory', '');
