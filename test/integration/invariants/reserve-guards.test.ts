@@ -43,18 +43,21 @@ describe('script guards at their boundaries (real Redis)', () => {
     limitPerUser,
   });
 
+  /** An activity definition (a fresh id, `generation` 1) whose sale window is open now. */
+  const definition = (items: CatalogItem[], reopenOnRelease = true) => ({
+    id: uniqueId('guard'),
+    generation: 1,
+    startAt: new Date(Date.now() - 60_000),
+    endAt: new Date(Date.now() + 3_600_000),
+    requireOrderCode: false,
+    reopenOnRelease,
+    items,
+  });
+
   /** A loaded activity with its gate open; `generation` 1. */
   async function activity(items: CatalogItem[], gate: GateState = 'open', reopenOnRelease = true) {
-    const id = uniqueId('guard');
-    const def = {
-      id,
-      generation: 1,
-      startAt: new Date(Date.now() - 60_000),
-      endAt: new Date(Date.now() + 3_600_000),
-      requireOrderCode: false,
-      reopenOnRelease,
-      items,
-    };
+    const def = definition(items, reopenOnRelease);
+    const id = def.id;
     await loadActivity(redis, def);
     if (gate !== 'pending') await setGate(redis, id, gate);
     const buy = (userId: string, requestId: string, skuId: string, quantity: number) =>
@@ -566,18 +569,9 @@ describe('script guards at their boundaries (real Redis)', () => {
     ])(
       '%s is refused (BAD_ARGUMENT) before any SKU of the chunk is written',
       async (_label, stock, limitPerUser) => {
-        const id = uniqueId('guard');
-        const def = {
-          id,
-          generation: 1,
-          startAt: new Date(Date.now() - 60_000),
-          endAt: new Date(Date.now() + 3_600_000),
-          requireOrderCode: false,
-          reopenOnRelease: true,
-          items: [item('good', 5, 1), item('bad', stock, limitPerUser)],
-        };
+        const def = definition([item('good', 5, 1), item('bad', stock, limitPerUser)]);
         await expect(loadActivity(redis, def)).rejects.toMatchObject({ code: 'BAD_ARGUMENT' });
-        const k = activityKeys(id);
+        const k = activityKeys(def.id);
         expect(await redis.exists(k.sku('good'), k.sku('bad'), k.skuIndex, k.counters)).toBe(0);
         // The same activity with the bad SKU corrected loads whole.
         const fixed = await loadActivity(redis, { ...def, items: [item('good', 5, 1), item('bad', 3, 1)] });
