@@ -24,7 +24,8 @@
     -17 STOCK_DECREASE a SKU's initial stock would go down (second element: the sku id)
     -18 STALE_GENERATION an older generation than the one already loaded
 ]]
-if not string.find(ARGV[1], '^%d+$') then return {-16} end
+local find = string.find
+if not find(ARGV[1], '^%d+$') then return {-16} end
 local gen = tonumber(ARGV[1])
 local loadedGen = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
 if gen < loadedGen then return {-18} end
@@ -36,7 +37,6 @@ if #ARGV ~= 6 + 5 * n then return {-16} end
 -- first load (none exists: nothing to compare, nothing to fence) from a repeat or a top-up, which
 -- reads each hash; the first load is the warm-up's common case and skips 2,000 reads per chunk.
 local anyExists = n > 0 and redis.call('EXISTS', unpack(KEYS, 4)) > 0
-local find = string.find
 local current = {}
 for i = 1, n do
   local base = 6 + 5 * (i - 1)
