@@ -191,10 +191,35 @@ export interface OperatorOptions {
   waitFor?: 'leading' | 'serving' | 'nothing';
 }
 
-/** Runs `node --import tsx operator/main.ts` as a real process (so SIGKILL is real). */
+/**
+ * Runs `node --import tsx operator/main.ts` as a real process (so SIGKILL is real). freePort()
+ * closes the port it found before the operator binds it, so another socket (a client
+ * connection's ephemeral port, often) can take it in between: an operator that exits with
+ * EADDRINUSE before it started is started again on another port, up to three times.
+ */
 export async function startOperator(o: OperatorOptions): Promise<OperatorProcess> {
+  for (let attempt = 1; ; attempt += 1) {
+    const p = await spawnOperator(o, await freePort());
+    const mode = o.waitFor ?? 'leading';
+    if (mode === 'nothing') return p;
+    const started = await waitFor(
+      `operator ${p.identity} ${mode}`,
+      async () => {
+        if (p.proc.exitCode !== null || p.proc.signalCode !== null) return 'exited';
+        if (mode === 'serving') return (await fetch(`http://127.0.0.1:${p.port}/healthz`)).status === 200;
+        return p.records().some((r) => r.msg === 'controller started');
+      },
+      90_000,
+      100,
+    );
+    if (started !== 'exited') return p;
+    if (attempt < 3 && p.logs().includes('EADDRINUSE')) continue;
+    throw new Error(`operator ${p.identity} exited early (see ${p.logFile})`);
+  }
+}
+
+async function spawnOperator(o: OperatorOptions, port: number): Promise<OperatorProcess> {
   const env = testEnv();
-  const port = await freePort();
   const identity = o.identity ?? 'operator-0';
   const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'operator', 'main.ts')], {
     cwd: ROOT,
@@ -257,21 +282,6 @@ export async function startOperator(o: OperatorOptions): Promise<OperatorProcess
       return exited;
     },
   };
-  const mode = o.waitFor ?? 'leading';
-  if (mode !== 'nothing') {
-    await waitFor(
-      `operator ${identity} ${mode}`,
-      async () => {
-        if (proc.exitCode !== null || proc.signalCode !== null) {
-          throw new Error(`operator ${identity} exited early (see ${logFile})`);
-        }
-        if (mode === 'serving') return (await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200;
-        return p.records().some((r) => r.msg === 'controller started');
-      },
-      90_000,
-      100,
-    );
-  }
   return p;
 }
 
