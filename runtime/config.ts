@@ -126,6 +126,13 @@ const schema = z
      * was live after the last one (runtime/v8-tuning.ts); 0 = V8's own choice (1.3x in a 512Mi pod).
      */
     API_V8_HEAP_GROWING_PERCENT: env.int(100, 0),
+    /**
+     * The same for the relay and the consumer (runtime/v8-tuning.ts): with their 32 MiB semi-spaces
+     * V8's own 1.3x started a full collection after every 7-10 MB promoted, about 10 per second in a
+     * drain; 0 = V8's own choice.
+     */
+    RELAY_V8_HEAP_GROWING_PERCENT: env.int(100, 0),
+    CONSUMER_V8_HEAP_GROWING_PERCENT: env.int(100, 0),
     /** Each api process re-reads an activity's traffic policy from Redis at most this often (ms). */
     API_POLICY_REFRESH_MS: env.int(1000, 0),
     /** A sold-out flag is re-checked against Redis at most this often (restock events reset it at once). */

@@ -23,6 +23,15 @@
  * peak RSS of 1.5x idle (146-148 MB, from 126-132); 3x was no cheaper (0.91x) and peaked at 1.67x.
  * V8 still collects harder as the heap nears its limit, so a pod's limit keeps its meaning.
  *
+ * The relay and the consumer set the same factor for themselves. Their 32 MiB semi-spaces
+ * (core/young-generation.ts) count into V8's limit too: after each full collection it allowed the
+ * live size times 1.3 plus a young generation's worth, and started marking again once less than
+ * a young generation's worth was left, i.e. after the next 7-10 MB promoted. In the drain of a
+ * 100,000-order backlog that was 60 full collections of the consumer in 6 s at 22 MB live; with 2x,
+ * 4-7. The relay's CPU per order went from 18.6 to 13.9 µs and the consumer's from 37.6 to 29.9 µs
+ * (medians of four alternating rounds) for 13-26 MB more peak RSS each; 4x was no cheaper and
+ * peaked 40-60 MB higher (bench/analysis.md, "The pipeline's full collections").
+ *
  * The young generation's size cannot be set here (V8 sizes it when the isolate is created): it is
  * given per role on the command line, core/young-generation.ts.
  */
@@ -34,16 +43,32 @@ export interface V8Tuning {
   API_V8_PRETENURING: boolean;
   /** API_V8_HEAP_GROWING_PERCENT (runtime/config.ts); default 100, 0 = V8's own. */
   API_V8_HEAP_GROWING_PERCENT: number;
+  /** RELAY_V8_HEAP_GROWING_PERCENT (runtime/config.ts); default 100, 0 = V8's own. */
+  RELAY_V8_HEAP_GROWING_PERCENT: number;
+  /** CONSUMER_V8_HEAP_GROWING_PERCENT (runtime/config.ts); default 100, 0 = V8's own. */
+  CONSUMER_V8_HEAP_GROWING_PERCENT: number;
+}
+
+/** The role's old-generation growing factor in percent; 0 = V8's own (every other role). */
+function heapGrowingPercent(role: Role, cfg: V8Tuning): number {
+  switch (role) {
+    case 'api':
+      return cfg.API_V8_HEAP_GROWING_PERCENT;
+    case 'relay':
+      return cfg.RELAY_V8_HEAP_GROWING_PERCENT;
+    case 'consumer':
+      return cfg.CONSUMER_V8_HEAP_GROWING_PERCENT;
+    default:
+      return 0;
+  }
 }
 
 /** The V8 flags a role's process sets for itself. */
 export function v8FlagsFor(role: Role, cfg: V8Tuning): string[] {
-  if (role !== 'api') return [];
+  const growing = heapGrowingPercent(role, cfg);
   return [
-    ...(cfg.API_V8_PRETENURING ? [] : ['--no-allocation-site-pretenuring']),
-    ...(cfg.API_V8_HEAP_GROWING_PERCENT > 0
-      ? [`--heap-growing-percent=${cfg.API_V8_HEAP_GROWING_PERCENT}`]
-      : []),
+    ...(role === 'api' && !cfg.API_V8_PRETENURING ? ['--no-allocation-site-pretenuring'] : []),
+    ...(growing > 0 ? [`--heap-growing-percent=${growing}`] : []),
   ];
 }
 

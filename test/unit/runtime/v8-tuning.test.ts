@@ -74,7 +74,7 @@ function v8Trace(role: Role, env: Record<string, string> = {}): V8Trace {
 }
 
 describe('V8 tuning per role', () => {
-  test("the api sets its flags unless told otherwise; other roles keep V8's defaults", () => {
+  test("the api, the relay and the consumer set their flags unless told otherwise; other roles keep V8's defaults", () => {
     const base = {
       REDIS_URL: 'redis://127.0.0.1:6379',
       DATABASE_URL: 'postgres://u@127.0.0.1:5432/db',
@@ -93,26 +93,51 @@ describe('V8 tuning per role', () => {
     expect(() => loadRuntimeConfig('api', { ...base, API_V8_HEAP_GROWING_PERCENT: '-1' })).toThrow(
       /API_V8_HEAP_GROWING_PERCENT/,
     );
+    const pipeline = { ...base, ACTIVITY_ID: 'a1', KAFKA_BROKERS: '127.0.0.1:9092' };
+    for (const role of ['relay', 'consumer'] as const) {
+      const prefix = role.toUpperCase();
+      // Only the growing factor: pretenuring stays V8's (measured for the api alone).
+      expect(v8FlagsFor(role, loadRuntimeConfig(role, pipeline))).toEqual(['--heap-growing-percent=100']);
+      expect(
+        v8FlagsFor(
+          role,
+          loadRuntimeConfig(role, { ...pipeline, [`${prefix}_V8_HEAP_GROWING_PERCENT`]: '0' }),
+        ),
+      ).toEqual([]);
+      expect(
+        v8FlagsFor(
+          role,
+          loadRuntimeConfig(role, { ...pipeline, [`${prefix}_V8_HEAP_GROWING_PERCENT`]: '300' }),
+        ),
+      ).toEqual(['--heap-growing-percent=300']);
+      expect(() =>
+        loadRuntimeConfig(role, { ...pipeline, [`${prefix}_V8_HEAP_GROWING_PERCENT`]: 'lots' }),
+      ).toThrow(new RegExp(`${prefix}_V8_HEAP_GROWING_PERCENT`));
+    }
+    // Another role's variable changes nothing here: each process reads its own.
     expect(
-      v8FlagsFor(
-        'relay',
-        loadRuntimeConfig('relay', { ...base, ACTIVITY_ID: 'a1', KAFKA_BROKERS: '127.0.0.1:9092' }),
-      ),
-    ).toEqual([]);
+      v8FlagsFor('relay', loadRuntimeConfig('relay', { ...pipeline, CONSUMER_V8_HEAP_GROWING_PERCENT: '0' })),
+    ).toEqual(['--heap-growing-percent=100']);
+    expect(v8FlagsFor('jobs', loadRuntimeConfig('jobs', pipeline))).toEqual([]);
   });
 
-  test('set at start-up, the flags change what V8 does in the api process only', () => {
-    // The relay keeps V8's defaults: V8 weighs the same allocation sites for pretenuring there and
-    // grows the old generation by its own 1.3x of a 256 MiB heap, which shows that the pattern
-    // does trigger both and that the api's trace is the flags' doing.
-    const relay = v8Trace('relay');
-    expect(relay.pretenuring.length).toBeGreaterThan(0);
-    expect(relay.factors).toEqual(['1.3']);
+  test('set at start-up, the flags change what V8 does in the roles they are for', () => {
+    // The jobs role keeps V8's defaults: V8 weighs the same allocation sites for pretenuring there
+    // and grows the old generation by its own 1.3x of a 256 MiB heap, which shows that the pattern
+    // does trigger both and that the other roles' traces are the flags' doing.
+    const jobs = v8Trace('jobs');
+    expect(jobs.pretenuring.length).toBeGreaterThan(0);
+    expect(jobs.factors).toEqual(['1.3']);
+    // The consumer: its growing factor, V8's pretenuring.
+    const consumer = v8Trace('consumer');
+    expect(consumer.pretenuring.length).toBeGreaterThan(0);
+    expect(consumer.factors).toEqual(['2.0']);
+    expect(v8Trace('consumer', { CONSUMER_V8_HEAP_GROWING_PERCENT: '0' }).factors).toEqual(['1.3']);
     const api = v8Trace('api');
     expect(api.pretenuring).toEqual([]);
     expect(api.factors).toEqual(['2.0']);
     const optedOut = v8Trace('api', { API_V8_PRETENURING: 'true', API_V8_HEAP_GROWING_PERCENT: '0' });
     expect(optedOut.pretenuring.length).toBeGreaterThan(0);
     expect(optedOut.factors).toEqual(['1.3']);
-  }, 60_000);
+  }, 90_000);
 });
