@@ -77,10 +77,50 @@ export interface RoleOptions {
   logFile?: string;
 }
 
+/**
+ * Starts a runtime role as a real process on free loopback ports. freePort() closes the port it
+ * found before the role binds it, so another socket (a client connection's ephemeral port, often)
+ * can take it in between: a role that exits with EADDRINUSE before it was ready is started again
+ * on other ports, up to three times. Any other early exit fails at once with the role's output.
+ */
 export async function startRole(role: string, o: RoleOptions): Promise<RoleProcess> {
+  for (let attempt = 1; ; attempt += 1) {
+    const { p, closed } = spawnRole(role, o, await freePort(), await freePort());
+    if (o.waitReady === false) return p;
+    let ready: 'ready' | 'exited';
+    try {
+      ready = await waitFor(
+        `${role} readiness`,
+        async () => {
+          if (p.proc.exitCode !== null || p.proc.signalCode !== null) return 'exited';
+          const r = await request(`${p.url}/readyz`);
+          await r.body.dump();
+          return r.statusCode === 200 ? 'ready' : undefined;
+        },
+        60_000,
+      );
+    } catch (err) {
+      // Whoever called gets no handle on a process that never became ready: it must not live on.
+      await p.kill();
+      throw err;
+    }
+    // A consumer answers 200 only once it is a member of its group (runtime/main.ts), so tests
+    // do not race the group's first rebalance.
+    if (ready === 'ready') return p;
+    // 'close' comes after the last output; 'exit' may come before it.
+    await closed;
+    if (attempt < 3 && p.output().includes('EADDRINUSE')) continue;
+    throw new Error(`${role} exited early (${p.proc.exitCode ?? p.proc.signalCode}):\n${p.output()}`);
+  }
+}
+
+function spawnRole(
+  role: string,
+  o: RoleOptions,
+  port: number,
+  metricsPort: number,
+): { p: RoleProcess; closed: Promise<void> } {
   const env = testEnv();
-  const port = await freePort();
-  const metricsPort = await freePort();
   const childEnv: NodeJS.ProcessEnv = {
     PATH: process.env.PATH,
     HOME: process.env.HOME,
@@ -113,10 +153,13 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
   proc.stdout!.on('data', keep);
   proc.stderr!.on('data', keep);
   // 'close' comes after the last output; 'exit' may come before it.
-  proc.once('close', (code, signal) =>
-    log?.end(
-      `=== ${role} pid ${proc.pid ?? '?'} exited code=${code} signal=${signal} ${new Date().toISOString()}\n`,
-    ),
+  const closed = new Promise<void>((resolve) =>
+    proc.once('close', (code, signal) => {
+      log?.end(
+        `=== ${role} pid ${proc.pid ?? '?'} exited code=${code} signal=${signal} ${new Date().toISOString()}\n`,
+      );
+      resolve();
+    }),
   );
   const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve(code)));
   const url = `http://127.0.0.1:${port}`;
@@ -137,27 +180,7 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
       await exited;
     },
   };
-  if (o.waitReady !== false) {
-    try {
-      await waitFor(
-        `${role} readiness`,
-        async () => {
-          if (proc.exitCode !== null) throw new Error(`${role} exited early (${proc.exitCode}):\n${out}`);
-          const r = await request(`${url}/readyz`);
-          await r.body.dump();
-          return r.statusCode === 200;
-        },
-        60_000,
-      );
-    } catch (err) {
-      // Whoever called gets no handle on a process that never became ready: it must not live on.
-      await p.kill();
-      throw err;
-    }
-    // A consumer answers 200 only once it is a member of its group (runtime/main.ts), so tests
-    // do not race the group's first rebalance.
-  }
-  return p;
+  return { p, closed };
 }
 
 export async function tokenFor(
