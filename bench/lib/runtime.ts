@@ -151,9 +151,39 @@ export function podEnv(role: RoleName): Record<string, string> {
   return env;
 }
 
+/** A role that exited before it was ready, with the output it left. */
+class ExitedDuringStartUp extends Error {
+  constructor(
+    label: string,
+    readonly logFile: string,
+  ) {
+    super(`${label} exited during start-up (log: ${logFile})`);
+  }
+}
+
+/**
+ * Starts a role on free loopback ports. freePort() closes the port it found before the role binds
+ * it, so another socket can take it in between: a role that exits with EADDRINUSE before it was
+ * ready is started again on other ports, up to three times.
+ */
 export async function startRole(role: RoleName, o: RoleOptions): Promise<RoleProcess> {
-  const port = await freePort();
-  const metricsPort = await freePort();
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await launchRole(role, o, await freePort(), await freePort());
+    } catch (err) {
+      if (!(err instanceof ExitedDuringStartUp) || attempt >= 3) throw err;
+      if (!readFileSync(err.logFile, 'utf8').includes('EADDRINUSE')) throw err;
+      log(`${o.label ?? role}: a port was taken before it listened; starting it again on other ports`);
+    }
+  }
+}
+
+async function launchRole(
+  role: RoleName,
+  o: RoleOptions,
+  port: number,
+  metricsPort: number,
+): Promise<RoleProcess> {
   const label = o.label ?? role;
   mkdirSync(o.logDir, { recursive: true });
   const logFile = join(o.logDir, `${label}.log`);
@@ -193,6 +223,8 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
     }
   });
   child.stderr?.on('data', (d: Buffer) => out.write(d));
+  // Resolved once the log file holds everything the process wrote.
+  const logged = new Promise<void>((resolve) => out.once('close', () => resolve()));
   const exited = new Promise<number | null>((resolve) =>
     child.on('exit', (code) => {
       out.end();
@@ -213,16 +245,22 @@ export async function startRole(role: RoleName, o: RoleOptions): Promise<RolePro
   live.add(p);
   let dead = false;
   void exited.then(() => (dead = true));
+  let started: 'ready' | 'exited';
   try {
-    await waitFor(`${label} ready`, 90_000, async () => {
-      if (dead) throw new Error(`${label} exited during start-up (log: ${logFile})`);
+    started = await waitFor(`${label} ready`, 90_000, async () => {
+      if (dead) return 'exited';
       if (!ready) return undefined;
       const res = await fetch(`http://127.0.0.1:${port}/readyz`);
-      return res.status === 200 ? true : undefined;
+      return res.status === 200 ? 'ready' : undefined;
     });
   } catch (err) {
     await stopRole(p);
     throw err;
+  }
+  if (started === 'exited') {
+    await stopRole(p);
+    await logged;
+    throw new ExitedDuringStartUp(label, logFile);
   }
   await sleep(200);
   p.idleRssKb = procStatusKb(p.pid, 'VmRSS');
