@@ -12,15 +12,19 @@
  * much of it survived two scavenges and was promoted: 32 MiB took the drain of a 100,000-order
  * backlog from 15,582 to 18,405 orders/s (medians of 5 runs) and the whole pipeline's CPU per
  * order from 115 to 96 µs, for about 50 MB more peak RSS per pod (docs/benchmarks.md, "The
- * pipeline's young generation, and a quiet PostgreSQL").
+ * pipeline's young generation, and a quiet PostgreSQL"). Since the roles also let their old
+ * generation grow 2x between full collections (runtime/v8-tuning.ts), 16 MiB costs the same CPU per
+ * order as 32 (the whole pipeline's 125 against 130 µs, medians of six alternating rounds, each
+ * size ahead in three) for about 35 MB less peak RSS per pod (bench/analysis.md, "The pipeline's
+ * full collections").
  */
 export type YoungGenerationRole = 'api' | 'relay' | 'consumer';
 
 /** MiB per semi-space; 0 = the image's NODE_OPTIONS decides. */
 export const DEFAULT_SEMI_SPACE_MIB: Readonly<Record<YoungGenerationRole, number>> = {
   api: 0,
-  relay: 32,
-  consumer: 32,
+  relay: 16,
+  consumer: 16,
 };
 
 /** The setting's bound: three semi-spaces of 256 MiB already exceed a pod of the chart's default 512Mi. */

@@ -78,7 +78,7 @@ const roleSettingsSchema = z
     disruptionBudget: z.boolean().default(true),
     /**
      * MiB per V8 semi-space, on the container's command line (core/young-generation.ts); 0 = the
-     * image's NODE_OPTIONS (8). Unset: the role's default (api 0, relay 32, consumer 32).
+     * image's NODE_OPTIONS (8). Unset: the role's default (api 0, relay 16, consumer 16).
      */
     semiSpaceMiB: z.number().int().min(0).max(MAX_SEMI_SPACE_MIB).optional(),
     /** Resources of this role's containers instead of RUNTIME_RESOURCES ({} = RUNTIME_RESOURCES). */

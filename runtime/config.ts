@@ -127,7 +127,7 @@ const schema = z
      */
     API_V8_HEAP_GROWING_PERCENT: env.int(100, 0),
     /**
-     * The same for the relay and the consumer (runtime/v8-tuning.ts): with their 32 MiB semi-spaces
+     * The same for the relay and the consumer (runtime/v8-tuning.ts): with 32 MiB semi-spaces
      * V8's own 1.3x started a full collection after every 7-10 MB promoted, about 10 per second in a
      * drain; 0 = V8's own choice.
      */

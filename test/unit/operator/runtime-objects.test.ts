@@ -75,7 +75,7 @@ describe('runtime objects', () => {
 
   it('runs the role with the runtime environment and the connection Secret', () => {
     const c = d.spec?.template.spec?.containers[0];
-    expect(c?.command).toEqual(['node', '--max-semi-space-size=32', 'dist/runtime/main.js']);
+    expect(c?.command).toEqual(['node', '--max-semi-space-size=16', 'dist/runtime/main.js']);
     expect(c?.args).toEqual(['relay']);
     expect(c?.image).toBe('ghcr.io/flashsale/flashsale:0.1.0');
     const env = Object.fromEntries(

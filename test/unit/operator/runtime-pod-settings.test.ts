@@ -102,11 +102,11 @@ describe('runtime pod settings', () => {
     // Configured: the relay's 64, the consumer's 0 (the image's NODE_OPTIONS decide).
     expect(command('relay')).toEqual(['node', '--max-semi-space-size=64', 'dist/runtime/main.js']);
     expect(command('consumer')).toEqual(['node', 'dist/runtime/main.js']);
-    // Defaults: the api keeps the image's 8 MiB, the pipeline roles get 32.
+    // Defaults: the api keeps the image's 8 MiB, the pipeline roles get 16.
     const plain = loadOperatorConfig(required);
     expect(command('api', plain)).toEqual(['node', 'dist/runtime/main.js']);
-    expect(command('relay', plain)).toEqual(['node', '--max-semi-space-size=32', 'dist/runtime/main.js']);
-    expect(command('consumer', plain)).toEqual(['node', '--max-semi-space-size=32', 'dist/runtime/main.js']);
+    expect(command('relay', plain)).toEqual(['node', '--max-semi-space-size=16', 'dist/runtime/main.js']);
+    expect(command('consumer', plain)).toEqual(['node', '--max-semi-space-size=16', 'dist/runtime/main.js']);
   });
 
   it('passes pull secrets, extra env and volumes to every role, never overriding the operator', () => {
