@@ -27,7 +27,7 @@ import { FINALIZER, GROUP, PLURAL, VERSION } from '../operator/api/v1alpha1/type
 import { ActivityClient } from '../operator/kube/activities.js';
 import type { FlashSaleActivity, Phase } from '../operator/api/v1alpha1/types.js';
 import { isApiError, kubeConfigFor, serviceAccountKubeConfig, testEnv } from './servers.js';
-import { ROOT, freePort, waitFor } from './roles.js';
+import { ExitedEarly, ROOT, freePort, retryWhenPortTaken, waitFor } from './roles.js';
 
 export { ROOT, freePort, waitFor };
 export const SERVICE_ACCOUNT = 'flashsale-operator';
@@ -192,13 +192,11 @@ export interface OperatorOptions {
 }
 
 /**
- * Runs `node --import tsx operator/main.ts` as a real process (so SIGKILL is real). freePort()
- * closes the port it found before the operator binds it, so another socket (a client
- * connection's ephemeral port, often) can take it in between: an operator that exits with
- * EADDRINUSE before it started is started again on another port, up to three times.
+ * Runs `node --import tsx operator/main.ts` as a real process (so SIGKILL is real), on a free port
+ * (retryWhenPortTaken).
  */
-export async function startOperator(o: OperatorOptions): Promise<OperatorProcess> {
-  for (let attempt = 1; ; attempt += 1) {
+export function startOperator(o: OperatorOptions): Promise<OperatorProcess> {
+  return retryWhenPortTaken(async () => {
     const p = await spawnOperator(o, await freePort());
     const mode = o.waitFor ?? 'leading';
     if (mode === 'nothing') return p;
@@ -213,9 +211,8 @@ export async function startOperator(o: OperatorOptions): Promise<OperatorProcess
       100,
     );
     if (started !== 'exited') return p;
-    if (attempt < 3 && p.logs().includes('EADDRINUSE')) continue;
-    throw new Error(`operator ${p.identity} exited early (see ${p.logFile})`);
-  }
+    return new ExitedEarly(p.logs(), new Error(`operator ${p.identity} exited early (see ${p.logFile})`));
+  });
 }
 
 async function spawnOperator(o: OperatorOptions, port: number): Promise<OperatorProcess> {

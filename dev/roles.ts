@@ -77,14 +77,33 @@ export interface RoleOptions {
   logFile?: string;
 }
 
+/** A start that ended with the process gone before it was ready: what it printed, and the error to report. */
+export class ExitedEarly {
+  constructor(
+    readonly output: string,
+    readonly error: Error,
+  ) {}
+}
+
 /**
- * Starts a runtime role as a real process on free loopback ports. freePort() closes the port it
- * found before the role binds it, so another socket (a client connection's ephemeral port, often)
- * can take it in between: a role that exits with EADDRINUSE before it was ready is started again
- * on other ports, up to three times. Any other early exit fails at once with the role's output.
+ * Starts a process on ports from freePort(), which closes the port it found before the process
+ * binds it, so another socket (a client connection's ephemeral port, often) can take it in
+ * between. `start` returns the started process, or ExitedEarly for one that exited before it was
+ * ready: one whose output says EADDRINUSE is started again on other ports, up to three times;
+ * any other early exit fails at once with its error.
  */
-export async function startRole(role: string, o: RoleOptions): Promise<RoleProcess> {
+export async function retryWhenPortTaken<T>(start: () => Promise<T | ExitedEarly>): Promise<T> {
   for (let attempt = 1; ; attempt += 1) {
+    const started = await start();
+    if (!(started instanceof ExitedEarly)) return started;
+    if (attempt < 3 && started.output.includes('EADDRINUSE')) continue;
+    throw started.error;
+  }
+}
+
+/** Starts a runtime role as a real process on free loopback ports (retryWhenPortTaken). */
+export function startRole(role: string, o: RoleOptions): Promise<RoleProcess> {
+  return retryWhenPortTaken(async () => {
     const { p, closed } = spawnRole(role, o, await freePort(), await freePort());
     if (o.waitReady === false) return p;
     let ready: 'ready' | 'exited';
@@ -109,9 +128,11 @@ export async function startRole(role: string, o: RoleOptions): Promise<RoleProce
     if (ready === 'ready') return p;
     // 'close' comes after the last output; 'exit' may come before it.
     await closed;
-    if (attempt < 3 && p.output().includes('EADDRINUSE')) continue;
-    throw new Error(`${role} exited early (${p.proc.exitCode ?? p.proc.signalCode}):\n${p.output()}`);
-  }
+    return new ExitedEarly(
+      p.output(),
+      new Error(`${role} exited early (${p.proc.exitCode ?? p.proc.signalCode}):\n${p.output()}`),
+    );
+  });
 }
 
 function spawnRole(

@@ -28,10 +28,11 @@
  * live size times 1.3 plus a young generation's worth, and started marking again once less than
  * a young generation's worth was left, i.e. after the next 7-10 MB promoted with 32 MiB
  * semi-spaces. In the drain of a 100,000-order backlog that was 60 full collections of the
- * consumer in 6 s at 22 MB live; with 2x, 4-7. The relay's CPU per order went from 18.6 to 13.9 µs and the consumer's from 37.6 to 29.9 µs
- * (medians of four alternating rounds) for 13-26 MB more peak RSS each; 4x was no cheaper and
- * peaked 40-60 MB higher (bench/analysis.md, "The pipeline's full collections"). With 2x, 16 MiB
- * semi-spaces cost what 32 did, and are now the roles' default.
+ * consumer in 6 s at 22 MB live; with 2x, 4-7. The relay's CPU per order went from 18.6 to
+ * 13.9 µs and the consumer's from 37.6 to 29.9 µs (medians of four alternating rounds) for 13-26 MB
+ * more peak RSS each; 4x was no cheaper and peaked 40-60 MB higher (bench/analysis.md, "The
+ * pipeline's full collections"). With 2x, 16 MiB semi-spaces cost what 32 did, and are now the
+ * roles' default.
  *
  * The young generation's size cannot be set here (V8 sizes it when the isolate is created): it is
  * given per role on the command line, core/young-generation.ts.
