@@ -59,6 +59,7 @@ export const ErrorCodes = {
   REGISTRATION_DISABLED: { status: 409, title: 'This activity does not use pre-registration' },
   ORDER_CODE_LIMIT: { status: 409, title: 'Order-code limit per buyer and sku reached' },
   BUCKETED: { status: 503, title: "The SKU's stock is split into buckets; retry" },
+  NOT_WITHHELD: { status: 409, title: 'The reservation was not released with its unit withheld' },
   NOT_WRITTEN_BACK: {
     status: 503,
     title: 'The cache is frozen but the stock is not written back yet; retry',
@@ -106,6 +107,7 @@ export const ScriptErrorCodes: Readonly<Record<number, ErrorCode>> = {
   [-18]: 'STALE_GENERATION',
   [-19]: 'CANCEL_MARKER_LIMIT',
   [-20]: 'BUCKETED',
+  [-21]: 'NOT_WITHHELD',
   // Eligibility (reserve-9.lua's eligibility block, issueOrderCode-3.lua): numbered apart from the
   // codes above so other scripts can grow without renumbering these.
   [-40]: 'BUYER_DENIED',

@@ -25,10 +25,12 @@ import { lockActivitySkus } from './db/activity-skus-store.js';
 import {
   buyerSkuKey,
   findLifecycleByReservationId,
+  findWithheldForBuyer,
   insertClosedOrder,
   liveQuantityOfBuyers,
   markReleaseAttempted,
   markStockReturned,
+  markWithheldReturned,
   PAID_STATUSES,
   reopenClosedAsPaid,
   transitionOrder,
@@ -47,6 +49,7 @@ import {
   reclaimPaid,
   release,
   reservationIdFor,
+  returnWithheld,
 } from './reservations.js';
 import type {
   CancelMarkerOutcome,
@@ -171,6 +174,80 @@ async function settle(
   return settled.length;
 }
 
+/**
+ * A closed order whose reservation Redis does not have while the cache is live: Redis forgot it
+ * (a failover to a replica that missed it, a restart without data), and its stock decrement with
+ * it, while its order stayed live in PostgreSQL. If its buyer came back meanwhile, Redis gave them
+ * a new reservation, which the guard closed for the buyer's limit (this order held the slot) with
+ * its unit withheld: that unit stood in for this order's, and it is the one closing this order
+ * frees, so it goes back to the sale (returnWithheld-6.lua, at most once, recording this order)
+ * and this order is settled 'redis'. Without such a reservation nothing provably holds this
+ * order's unit in Redis: 'unresolved', flagged, as before. Crash-safe in any order: the script
+ * remembers for which order it gave a unit back, and PostgreSQL records both sides in one
+ * transaction guarded by their conditional updates.
+ */
+async function settleForgotten(
+  deps: LifecycleDeps,
+  o: SettleableOrder,
+): Promise<'redis' | 'unresolved' | 'deferred' | 'settled-elsewhere'> {
+  const standIns: LifecycleOrderRow[] = [];
+  for (const w of await findWithheldForBuyer(deps.pool, o)) {
+    try {
+      const r = await returnWithheld(deps.redis, {
+        activityId: o.activityId,
+        reservationId: w.reservationId,
+        userId: w.userId,
+        skuId: w.skuId,
+        forOrderId: o.id,
+      });
+      if (r.kind === 'returned' || r.forOrderId === o.id) standIns.push(w);
+    } catch (err) {
+      // Withheld by a version that did not record it, or forgotten as well: not this order's.
+      if (isCode(err, 'NOT_WITHHELD', 'UNKNOWN_RESERVATION', 'MISMATCH')) continue;
+      deps.logger.warn({ err: (err as Error).message, orderId: o.id }, 'stock return deferred');
+      return 'deferred';
+    }
+  }
+  if (standIns.length === 0)
+    return (await settle(deps, [o], 'unresolved', 'redis release: UNKNOWN_RESERVATION')) > 0
+      ? 'unresolved'
+      : 'settled-elsewhere';
+  const settledNow = await inTransaction(deps.pool, async (c) => {
+    const [settled] = await markStockReturned(c, [o.id], 'redis');
+    const marked = new Set(
+      await markWithheldReturned(
+        c,
+        standIns.map((w) => w.id),
+        o.id,
+      ),
+    );
+    const why = 'Redis forgot its reservation; the unit withheld in its place went back to the sale';
+    await appendJournal(c, [
+      ...(settled ? journalSettled([o], 'redis', { why, standIns: standIns.map((w) => w.id) }) : []),
+      ...standIns
+        .filter((w) => marked.has(w.id))
+        .map((w) => ({
+          activityId: w.activityId,
+          reservationId: w.reservationId,
+          orderId: w.id,
+          event: 'WITHHELD_STOCK_RETURNED',
+          fromStatus: 'CLOSED',
+          toStatus: 'CLOSED',
+          traceId: w.traceId,
+          detail: { quantity: w.quantity, sku: w.skuId, for: o.id },
+        })),
+    ]);
+    return settled !== undefined;
+  });
+  if (!settledNow) return 'settled-elsewhere';
+  deps.metrics?.stockReturns.inc({ activity: o.activityId, via: 'redis' });
+  deps.logger.warn(
+    { activity: o.activityId, orderId: o.id, standIns: standIns.map((w) => w.id) },
+    'a closed order whose reservation Redis forgot: the unit withheld in its place went back to the sale',
+  );
+  return 'redis';
+}
+
 /** Returns stock of one closed order to PostgreSQL after write-back, in the settling transaction. */
 async function settleInPostgres(deps: LifecycleDeps, o: SettleableOrder): Promise<boolean> {
   return inTransaction(deps.pool, async (c) => {
@@ -240,7 +317,10 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
         // Nothing ever returns a guard-closed order's unit, so there is nothing to prove either.
         if (guardRelease(x.o.closeReason))
           summary.withheld += await settle(deps, [x.o], 'withheld', `redis release: ${x.err?.code}`);
-        else summary.unresolved += await settle(deps, [x.o], 'unresolved', `redis release: ${x.err?.code}`);
+        else if (x.err?.code === 'UNKNOWN_RESERVATION') {
+          const outcome = await settleForgotten(deps, x.o);
+          if (outcome !== 'settled-elsewhere') summary[outcome] += 1;
+        } else summary.unresolved += await settle(deps, [x.o], 'unresolved', `redis release: ${x.err?.code}`);
       }
       summary.deferred += results.filter((x) => x.r === 'deferred').length;
       frozen = results.filter((x) => x.r === 'frozen').map((x) => x.o);

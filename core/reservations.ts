@@ -229,6 +229,52 @@ export async function release(redis: RedisClient, input: ReleaseInput): Promise<
   return { kind: 'already-released' };
 }
 
+export interface ReturnWithheldInput {
+  activityId: string;
+  /** The guard-closed reservation whose unit was withheld. */
+  reservationId: string;
+  userId: string;
+  skuId: string;
+  /** The closed order (its reservation forgotten by Redis) the unit is given back for. */
+  forOrderId: string;
+}
+
+export type ReturnWithheldOutcome =
+  { kind: 'returned'; stockAfter: number } | { kind: 'returned-earlier'; forOrderId: string };
+
+/**
+ * Gives back, once, the unit a guard-closed reservation withheld, for the forgotten order it stood
+ * in for (returnWithheld-6.lua; core/order-lifecycle.ts settleForgotten). NOT_WITHHELD when the
+ * reservation was not released with its unit withheld.
+ */
+export async function returnWithheld(
+  redis: RedisClient,
+  input: ReturnWithheldInput,
+): Promise<ReturnWithheldOutcome> {
+  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
+  const reply = await runScript(
+    redis,
+    'returnWithheld',
+    [
+      k.meta,
+      k.reservation(input.reservationId),
+      k.sku(input.skuId),
+      k.buyer(input.userId),
+      k.ledger,
+      k.counters,
+    ],
+    [
+      input.reservationId,
+      input.userId,
+      input.skuId,
+      input.forOrderId,
+      activityKeys(input.activityId).restockChannel,
+    ],
+  );
+  if (reply[0] === 1) return { kind: 'returned', stockAfter: Number(reply[1]) };
+  return { kind: 'returned-earlier', forOrderId: String(reply[1]) };
+}
+
 /** Bounds of cancel markers (docs/after-sale.md, "Cancelling before the reservation arrives"). */
 export interface CancelMarkerPolicy {
   /** Seconds a marker outlives the sale's end (covers an endAt extended after the marker). */

@@ -7,7 +7,9 @@
   '0'): the unit was one Redis counted beyond PostgreSQL's stock or the buyer's limit (a failover
   lost the reservations that had taken it), so returning it would only sell it again to be closed
   again. Withheld, the stock stays taken and the counters stay as they are (initial - stock =
-  reserved - released still holds); the reservation is RELEASED all the same.
+  reserved - released still holds); the reservation is RELEASED all the same, with the quantity it
+  withheld recorded (`withheld`), which returnWithheld-6.lua gives back once the forgotten order
+  it stood in for is closed.
 
   Input:
     KEYS[1] meta hash
@@ -55,6 +57,7 @@ if ARGV[7] ~= '0' and redis.call('HGET', KEYS[1], 'reopen') ~= '0' then
 end
 redis.call('ZREM', KEYS[5], rid)
 redis.call('HSET', KEYS[2], 'state', 'RELEASED', 'releasedAt', nowMs(), 'reason', ARGV[4])
+if not restock then redis.call('HSET', KEYS[2], 'withheld', qty) end
 if restock then
   redis.call('HINCRBY', KEYS[6], 'released', qty)
   redis.call('PUBLISH', ARGV[5], sku)

@@ -492,4 +492,17 @@ ALTER TABLE activity_writebacks ADD COLUMN trimmed_total bigint NOT NULL DEFAULT
 DROP INDEX IF EXISTS order_events_unpublished_order;
 `,
   },
+  {
+    version: 13,
+    name: 'withheld-returned',
+    sql: `
+-- An order the guard closed for the buyer's limit withholds its unit for the buyer's order whose
+-- reservation Redis forgot; once that order is closed too, the unit goes back to the sale
+-- (core/order-lifecycle.ts settleForgotten) and the closed order records for which order.
+-- stock_return_via stays 'withheld': where the unit went when this order was settled.
+ALTER TABLE orders ADD COLUMN withheld_returned_for bigint;
+CREATE INDEX orders_withheld_unreturned ON orders (activity_id, user_id, sku_id)
+  WHERE stock_return_via = 'withheld' AND withheld_returned_for IS NULL;
+`,
+  },
 ];

@@ -369,6 +369,42 @@ export async function markStockReturned(
   return res.rows.map((r) => r.id);
 }
 
+/**
+ * The buyer's orders the guard closed for the buyer's limit whose withheld unit is not given back
+ * yet (core/order-lifecycle.ts settleForgotten): the reservations Redis gave the buyer in place of
+ * one it forgot.
+ */
+export async function findWithheldForBuyer(
+  db: Queryable,
+  order: { id: string; activityId: string; userId: string; skuId: string },
+): Promise<LifecycleOrderRow[]> {
+  const res = await db.query<LifecycleOrderRow>(
+    `SELECT ${LIFECYCLE_COLUMNS} FROM orders
+      WHERE activity_id = $1 AND user_id = $2 AND sku_id = $3 AND id <> $4
+        AND stock_return_via = 'withheld' AND withheld_returned_for IS NULL
+        AND close_reason IN ('BUYER_LIMIT_EXCEEDED', 'GAP_COMPENSATED')
+      ORDER BY id`,
+    [order.activityId, order.userId, order.skuId, order.id],
+  );
+  return res.rows;
+}
+
+/** Records that these orders' withheld units were given back for `forOrderId` (once). */
+export async function markWithheldReturned(
+  db: Queryable,
+  orderIds: string[],
+  forOrderId: string,
+): Promise<string[]> {
+  if (orderIds.length === 0) return [];
+  const res = await db.query<{ id: string }>(
+    `UPDATE orders SET withheld_returned_for = $2
+      WHERE id = ANY($1::bigint[]) AND stock_return_via = 'withheld' AND withheld_returned_for IS NULL
+      RETURNING id`,
+    [orderIds, forOrderId],
+  );
+  return res.rows.map((r) => r.id);
+}
+
 /** Closed orders whose stock is not settled yet and were closed at least `graceSeconds` ago. */
 export async function findUnsettledClosedOrders(
   db: Queryable,

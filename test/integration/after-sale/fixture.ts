@@ -99,6 +99,8 @@ export interface ActivitySpec {
   price?: string;
   limitPerUser?: number;
   skuId?: string;
+  /** Whether a released unit frees the buyer's slot (default false). */
+  reopenOnRelease?: boolean;
 }
 
 /**
@@ -129,7 +131,7 @@ export async function openActivity(
     startAt: new Date(now - 60_000),
     endAt: new Date(now + 3_600_000),
     requireOrderCode: false,
-    reopenOnRelease: false,
+    reopenOnRelease: spec.reopenOnRelease ?? false,
     items,
   });
   await setGate(redis, activityId, 'open');

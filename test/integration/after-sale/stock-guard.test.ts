@@ -7,7 +7,11 @@ import type { Admin, Kafka, Producer } from 'kafkajs';
 import { readActivitySkus, recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { reservationIdFor } from '../../../core/reservations.js';
 import { journalFor } from '../../../core/db/journal-store.js';
-import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
+import {
+  findLifecycleByReservationId,
+  findUnsettledClosedOrders,
+  transitionOrder,
+} from '../../../core/db/orders-store.js';
 import type { LifecycleOrderRow } from '../../../core/db/orders-store.js';
 import { readResult, readStock, setGate } from '../../../core/activity-cache.js';
 import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
@@ -16,13 +20,22 @@ import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../
 import type { TopicNames } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import type { OrderMessage } from '../../../core/model.js';
-import { closeOrder } from '../../../core/order-lifecycle.js';
-import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
+import { closeOrder, settleStock } from '../../../core/order-lifecycle.js';
+import {
+  orderMessageOf,
+  readReservation,
+  release,
+  reserve,
+  returnWithheld,
+} from '../../../core/reservations.js';
+import { createLogger } from '../../../core/logger.js';
+import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
   TIMEOUT_MS,
   countRows,
+  counters,
   openActivity,
   orderConsumerFor,
   reserveFor,
@@ -393,6 +406,170 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         }),
       ).rejects.toMatchObject({ code: 'LIMIT_REACHED' });
       expect(await liveUnits(activityId)).toBe(1);
+    },
+    TIMEOUT_MS,
+  );
+
+  /**
+   * A buyer's reservation reaches PostgreSQL, then Redis forgets it (a failover to a replica that
+   * missed it); the buyer comes back and gets a new one, which the guard closes for the buyer's
+   * limit with its unit withheld. Returns the forgotten order and the withheld one.
+   */
+  const forgetAndComeBack = async (
+    activityId: string,
+    skuId: string,
+    buyer: string,
+  ): Promise<{ forgotten: LifecycleOrderRow; standIn: LifecycleOrderRow }> => {
+    const topics = topicsFor(activityId, prefix);
+    await ensureTopics(admin, topics, 1, 1);
+    await startConsumer(activityId, topics);
+    const [first] = await reserveFor(f.redis, activityId, skuId, [buyer]);
+    await send(topics, await messagesOf(activityId, [first!]));
+    await ordersOf(activityId, 1);
+    const k = activityKeys(activityId);
+    await f.redis.del(k.buyer(buyer), k.reservation(first!));
+    await f.redis.zrem(k.ledger, first!);
+    await f.redis.hincrby(k.sku(skuId), 'stock', 1);
+    await f.redis.hincrby(k.counters, 'reserved', -1);
+    const again = (
+      await reserve(f.redis, {
+        activityId,
+        userId: buyer,
+        skuId,
+        quantity: 1,
+        requestId: `${buyer}-again`,
+        traceId: `trace-${buyer}-again`,
+      })
+    ).reservationId;
+    await send(topics, await messagesOf(activityId, [again]));
+    const standIn = await until('the stand-in settled', async () => {
+      const row = await findLifecycleByReservationId(f.pool, again);
+      return row?.stockReturnVia ? row : undefined;
+    });
+    expect(standIn).toMatchObject({ closeReason: 'BUYER_LIMIT_EXCEEDED', stockReturnVia: 'withheld' });
+    expect(await f.redis.hget(k.reservation(again), 'withheld')).toBe('1');
+    return { forgotten: (await findLifecycleByReservationId(f.pool, first!))!, standIn };
+  };
+
+  const withheldReturnedFor = async (orderId: string): Promise<string | null> =>
+    (
+      await f.pool.query<{ f: string | null }>(
+        `SELECT withheld_returned_for AS f FROM orders WHERE id = $1`,
+        [orderId],
+      )
+    ).rows[0]!.f;
+
+  const audit = (activityId: string): ReturnType<typeof auditStock> =>
+    auditStock({ activityId, redis: f.redis, pool: f.pool, logger: createLogger('audit', 'silent') });
+
+  it(
+    'the forgotten order times out: the unit withheld in its place goes back to the sale with the slot, once',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 4, reopenOnRelease: true }, f.pool);
+      await recordStock(activityId, skuId, 4);
+      const { forgotten, standIn } = await forgetAndComeBack(activityId, skuId, 'late');
+      const k = activityKeys(activityId);
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('3');
+      // Before: one live order in PostgreSQL, one unit held in Redis (the stand-in's).
+      expect((await audit(activityId)).figures).toMatchObject({ held: 1, accounted: 1 });
+
+      const closed = await closeOrder(f.deps, forgotten.id, 'PAYMENT_TIMEOUT', 'trace-timeout');
+      expect(closed.settle).toEqual({ redis: 1, postgres: 0, unresolved: 0, withheld: 0, deferred: 0 });
+      expect(await findLifecycleByReservationId(f.pool, forgotten.reservationId)).toMatchObject({
+        status: 'CLOSED',
+        stockReturnVia: 'redis',
+      });
+      expect(await withheldReturnedFor(standIn.id)).toBe(forgotten.id);
+      // The stand-in's unit and slot are back: 4 of 4 units, the buyer free to buy again.
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
+      expect(await f.redis.hget(k.buyer('late'), `${skuId}:slot:1`)).toBeNull();
+      expect(await f.redis.hget(k.reservation(standIn.reservationId), 'withheldReturnedFor')).toBe(
+        forgotten.id,
+      );
+      const report = await audit(activityId);
+      expect(report).toMatchObject({ ok: true, mismatches: [] });
+      expect(report.figures).toMatchObject({ held: 0, accounted: 0, closedUnresolved: 0 });
+      expect((await journalFor(f.pool, standIn.reservationId)).map((j) => j.event)).toEqual([
+        'ORDER_CLOSED',
+        'STOCK_WITHHELD',
+        'WITHHELD_STOCK_RETURNED',
+      ]);
+
+      // Settling again, or asking Redis again for the same order, changes nothing.
+      expect(await settleStock(f.deps, [forgotten])).toEqual({
+        redis: 0,
+        postgres: 0,
+        unresolved: 0,
+        withheld: 0,
+        deferred: 0,
+      });
+      await expect(returnWithheld(f.redis, { ...standIn, forOrderId: forgotten.id })).resolves.toEqual({
+        kind: 'returned-earlier',
+        forOrderId: forgotten.id,
+      });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
+      expect(await counters(f.redis, activityId)).toMatchObject({ reserved: 1, released: 1 });
+
+      const back = await reserve(f.redis, {
+        activityId,
+        userId: 'late',
+        skuId,
+        quantity: 1,
+        requestId: 'late-third',
+        traceId: 'trace-late-third',
+      });
+      expect(back).toMatchObject({ kind: 'reserved', stockLeft: 3 });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a settler killed after Redis gave the withheld unit back: the next sweep records it and gives nothing twice',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 4 }, f.pool);
+      await recordStock(activityId, skuId, 4);
+      const { forgotten, standIn } = await forgetAndComeBack(activityId, skuId, 'killed');
+      const k = activityKeys(activityId);
+      // What a settler that died between its Redis call and its PostgreSQL transaction left: the
+      // order CLOSED and unsettled in PostgreSQL, the unit given back in Redis.
+      expect((await transitionOrder(f.pool, forgotten.id, 'CLOSE', 'PAYMENT_TIMEOUT')).applied).toBe(true);
+      await expect(returnWithheld(f.redis, { ...standIn, forOrderId: forgotten.id })).resolves.toEqual({
+        kind: 'returned',
+        stockAfter: 4,
+      });
+      const [unsettled] = await findUnsettledClosedOrders(f.pool, activityId, 0, 10);
+      expect(unsettled?.id).toBe(forgotten.id);
+
+      expect(await settleStock(f.deps, [unsettled!])).toMatchObject({ redis: 1, unresolved: 0 });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
+      // This sale does not reopen on release: the slot stays taken, as the order's own release
+      // would have left it.
+      expect(await f.redis.hget(k.buyer('killed'), `${skuId}:slot:1`)).toBe(standIn.reservationId);
+      expect(await withheldReturnedFor(standIn.id)).toBe(forgotten.id);
+      expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+
+      // A reservation that withheld nothing is refused, and so is another buyer's.
+      const [plain] = await reserveFor(f.redis, activityId, skuId, ['plain']);
+      await release(f.redis, {
+        activityId,
+        reservationId: plain!,
+        userId: 'plain',
+        skuId,
+        reason: 'CANCELLED',
+      });
+      await expect(
+        returnWithheld(f.redis, {
+          activityId,
+          reservationId: plain!,
+          userId: 'plain',
+          skuId,
+          forOrderId: '1',
+        }),
+      ).rejects.toMatchObject({ code: 'NOT_WITHHELD' });
+      await expect(
+        returnWithheld(f.redis, { ...standIn, userId: 'plain', forOrderId: '1' }),
+      ).rejects.toMatchObject({ code: 'MISMATCH' });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
     },
     TIMEOUT_MS,
   );
