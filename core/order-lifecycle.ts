@@ -192,6 +192,14 @@ async function settleForgotten(
 ): Promise<'redis' | 'unresolved' | 'deferred' | 'settled-elsewhere'> {
   const standIns: LifecycleOrderRow[] = [];
   for (const w of await findWithheldForBuyer(deps.pool, o)) {
+    if (w.stockReturnVia === null) {
+      // Its own release (unit withheld) has not run yet: settle this order after it.
+      deps.logger.warn(
+        { orderId: o.id, standIn: w.id },
+        'stock return deferred until its stand-in is settled',
+      );
+      return 'deferred';
+    }
     try {
       const r = await returnWithheld(deps.redis, {
         activityId: o.activityId,

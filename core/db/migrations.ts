@@ -502,7 +502,7 @@ DROP INDEX IF EXISTS order_events_unpublished_order;
 -- stock_return_via stays 'withheld': where the unit went when this order was settled.
 ALTER TABLE orders ADD COLUMN withheld_returned_for bigint;
 CREATE INDEX orders_withheld_unreturned ON orders (activity_id, user_id, sku_id)
-  WHERE stock_return_via = 'withheld' AND withheld_returned_for IS NULL;
+  WHERE close_reason IN ('BUYER_LIMIT_EXCEEDED', 'GAP_COMPENSATED') AND withheld_returned_for IS NULL;
 `,
   },
 ];

@@ -372,7 +372,8 @@ export async function markStockReturned(
 /**
  * The buyer's orders the guard closed for the buyer's limit whose withheld unit is not given back
  * yet (core/order-lifecycle.ts settleForgotten): the reservations Redis gave the buyer in place of
- * one it forgot.
+ * one it forgot. Includes those not settled yet (`stockReturnVia` null), whose unit is not
+ * withheld in Redis yet.
  */
 export async function findWithheldForBuyer(
   db: Queryable,
@@ -381,8 +382,8 @@ export async function findWithheldForBuyer(
   const res = await db.query<LifecycleOrderRow>(
     `SELECT ${LIFECYCLE_COLUMNS} FROM orders
       WHERE activity_id = $1 AND user_id = $2 AND sku_id = $3 AND id <> $4
-        AND stock_return_via = 'withheld' AND withheld_returned_for IS NULL
-        AND close_reason IN ('BUYER_LIMIT_EXCEEDED', 'GAP_COMPENSATED')
+        AND close_reason IN ('BUYER_LIMIT_EXCEEDED', 'GAP_COMPENSATED') AND withheld_returned_for IS NULL
+        AND status = 'CLOSED' AND (stock_return_via = 'withheld' OR stock_return_via IS NULL)
       ORDER BY id`,
     [order.activityId, order.userId, order.skuId, order.id],
   );

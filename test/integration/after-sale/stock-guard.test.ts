@@ -575,6 +575,33 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   );
 
   it(
+    'the forgotten order closes before its stand-in is settled: it waits, then settles through it',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 4 }, f.pool);
+      await recordStock(activityId, skuId, 4);
+      const { forgotten, standIn } = await forgetAndComeBack(activityId, skuId, 'early');
+      const k = activityKeys(activityId);
+      // The stand-in's release ran in Redis, its settlement's transaction did not (killed).
+      await f.pool.query(`UPDATE orders SET stock_return_via = NULL WHERE id = $1`, [standIn.id]);
+
+      const closed = await closeOrder(f.deps, forgotten.id, 'CANCELLED', 'trace-cancel');
+      expect(closed.settle).toEqual({ redis: 0, postgres: 0, unresolved: 0, withheld: 0, deferred: 1 });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('3');
+      expect(
+        (await findLifecycleByReservationId(f.pool, forgotten.reservationId))?.stockReturnVia,
+      ).toBeNull();
+
+      // The sweeper settles the stand-in (withheld), then the forgotten order through it.
+      expect(await settleStock(f.deps, [standIn])).toMatchObject({ withheld: 1 });
+      expect(await settleStock(f.deps, [forgotten])).toMatchObject({ redis: 1, unresolved: 0, deferred: 0 });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
+      expect(await withheldReturnedFor(standIn.id)).toBe(forgotten.id);
+      expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'an activity whose stock the operator did not record is guarded from the stock the cache was loaded with',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 3 }, f.pool);
