@@ -18,14 +18,17 @@
  * - An order the PostgreSQL stock guard closed (`OVERSELL_PREVENTED`, `BUYER_LIMIT_EXCEEDED`)
  *   is settled 'withheld': its unit is not returned anywhere (see `guardRelease`).
  */
-import { readMeta } from './activity-cache.js';
+import { readMeta, readStock, unconfirmedReservations } from './activity-cache.js';
+import { restoresOf } from './db/cache-restores-store.js';
 import { appendJournal } from './db/journal-store.js';
 import type { JournalEntry } from './db/journal-store.js';
 import { lockActivitySkus } from './db/activity-skus-store.js';
 import {
   buyerSkuKey,
   findLifecycleByReservationId,
+  closedUnsettledQuantity,
   findWithheldForBuyer,
+  findWithheldOfSku,
   insertClosedOrder,
   liveQuantityOfBuyers,
   markReleaseAttempted,
@@ -50,6 +53,7 @@ import {
   release,
   reservationIdFor,
   returnWithheld,
+  withheldReturnedFor,
 } from './reservations.js';
 import type {
   CancelMarkerOutcome,
@@ -174,80 +178,170 @@ async function settle(
   return settled.length;
 }
 
+/** At most this many ledger entries are read to measure a SKU's reservations in flight. */
+const SURPLUS_LEDGER_LIMIT = 10_000;
+/** Stand-ins of a SKU examined at once by one settlement. */
+const SURPLUS_CANDIDATES = 1_000;
+
+type ForgottenOutcome = 'redis' | 'unresolved' | 'deferred' | 'settled-elsewhere';
+
 /**
  * A closed order whose reservation Redis does not have while the cache is live: Redis forgot it
  * (a failover to a replica that missed it, a restart without data), and its stock decrement with
- * it, while its order stayed live in PostgreSQL. If its buyer came back meanwhile, Redis gave them
- * a new reservation, which the guard closed for the buyer's limit (this order held the slot) with
- * its unit withheld: that unit stood in for this order's, and it is the one closing this order
- * frees, so it goes back to the sale (returnWithheld-6.lua, at most once, recording this order)
- * and this order is settled 'redis'. Without such a reservation nothing provably holds this
- * order's unit in Redis: 'unresolved', flagged, as before. Crash-safe in any order: the script
- * remembers for which order it gave a unit back, and PostgreSQL records both sides in one
+ * it, while its order stayed live in PostgreSQL. Its unit is then either still free in Redis, or
+ * an order the guard closed holds it withheld (docs/after-sale.md, "A forgotten order closed
+ * after its stand-in"):
+ *
+ * - the buyer's own stand-in: Redis gave the buyer a new reservation, which the guard closed for
+ *   the buyer's limit (this order held the slot). It holds exactly what this order held, unit and
+ *   slot, so it is given back whatever else is measured;
+ * - otherwise one of the SKU's `OVERSELL_PREVENTED` closures, when measured under the SKU's row
+ *   lock: units Redis holds beyond what PostgreSQL holds live or unsettled and what is in flight
+ *   (`surplusStandIn`).
+ *
+ * Given back with returnWithheld-6.lua (at most once, recording this order), and this order is
+ * settled 'redis'. With neither, 'unresolved', flagged, as before. Crash-safe in any order: the
+ * script remembers for which order it gave a unit back, and PostgreSQL records both sides in one
  * transaction guarded by their conditional updates.
  */
-async function settleForgotten(
+async function settleForgotten(deps: LifecycleDeps, o: SettleableOrder): Promise<ForgottenOutcome> {
+  try {
+    const standIns: LifecycleOrderRow[] = [];
+    for (const w of await findWithheldForBuyer(deps.pool, o)) {
+      if (w.stockReturnVia === null) {
+        // Its own release (unit withheld) has not run yet: settle this order after it.
+        deps.logger.warn(
+          { orderId: o.id, standIn: w.id },
+          'stock return deferred until its stand-in is settled',
+        );
+        return 'deferred';
+      }
+      if (await givenBack(deps, o, w)) standIns.push(w);
+    }
+    if (standIns.length > 0)
+      return await inTransaction(deps.pool, (c) => recordGivenBack(c, deps, o, standIns));
+    const surplus = await surplusStandIn(deps, o);
+    if (surplus !== 'none') return surplus;
+  } catch (err) {
+    deps.logger.warn({ err: (err as Error).message, orderId: o.id }, 'stock return deferred');
+    return 'deferred';
+  }
+  return (await settle(deps, [o], 'unresolved', 'redis release: UNKNOWN_RESERVATION')) > 0
+    ? 'unresolved'
+    : 'settled-elsewhere';
+}
+
+/** Gives the stand-in's unit back for `o` (or finds it given back for `o` already). */
+async function givenBack(deps: LifecycleDeps, o: SettleableOrder, w: LifecycleOrderRow): Promise<boolean> {
+  try {
+    const r = await returnWithheld(deps.redis, {
+      activityId: o.activityId,
+      reservationId: w.reservationId,
+      userId: w.userId,
+      skuId: w.skuId,
+      forOrderId: o.id,
+    });
+    return r.kind === 'returned' || r.forOrderId === o.id;
+  } catch (err) {
+    // Withheld by a version that did not record it, or forgotten as well: not this order's.
+    if (isCode(err, 'NOT_WITHHELD', 'UNKNOWN_RESERVATION', 'MISMATCH')) return false;
+    throw err;
+  }
+}
+
+/**
+ * One of the SKU's `OVERSELL_PREVENTED` closures whose unit goes back for `o`, if Redis holds it
+ * beyond everything else. Each such closure took a unit a forgotten reservation had left free in
+ * Redis, but none says whose; so it is measured, under the SKU's row lock (no order of the SKU is
+ * inserted, closed or reopened meanwhile): units Redis has taken (initial − remaining, buckets
+ * included) less PostgreSQL's live and unsettled closed units (this order excepted: its unit is
+ * what is being looked for) less the reservations in flight. Each read errs towards holding more:
+ * a reservation between the reads is counted in flight, an order inserted but not yet removed from
+ * the ledger twice, a release in progress as still held. Whatever is left is held by withheld
+ * closures beyond the forgotten orders still live, so one of them is given back.
+ */
+async function surplusStandIn(
   deps: LifecycleDeps,
   o: SettleableOrder,
-): Promise<'redis' | 'unresolved' | 'deferred' | 'settled-elsewhere'> {
-  const standIns: LifecycleOrderRow[] = [];
-  for (const w of await findWithheldForBuyer(deps.pool, o)) {
-    if (w.stockReturnVia === null) {
-      // Its own release (unit withheld) has not run yet: settle this order after it.
-      deps.logger.warn(
-        { orderId: o.id, standIn: w.id },
-        'stock return deferred until its stand-in is settled',
-      );
-      return 'deferred';
-    }
-    try {
-      const r = await returnWithheld(deps.redis, {
-        activityId: o.activityId,
-        reservationId: w.reservationId,
-        userId: w.userId,
-        skuId: w.skuId,
-        forOrderId: o.id,
-      });
-      if (r.kind === 'returned' || r.forOrderId === o.id) standIns.push(w);
-    } catch (err) {
-      // Withheld by a version that did not record it, or forgotten as well: not this order's.
-      if (isCode(err, 'NOT_WITHHELD', 'UNKNOWN_RESERVATION', 'MISMATCH')) continue;
-      deps.logger.warn({ err: (err as Error).message, orderId: o.id }, 'stock return deferred');
-      return 'deferred';
-    }
+): Promise<Exclude<ForgottenOutcome, 'unresolved'> | 'none'> {
+  const candidates = await findWithheldOfSku(deps.pool, o.activityId, o.skuId, SURPLUS_CANDIDATES);
+  if (candidates.length === 0) return 'none';
+  // A unit given back for this order before a crash, not recorded in PostgreSQL yet.
+  for (const w of candidates) {
+    if ((await withheldReturnedFor(deps.redis, w)) === o.id)
+      return inTransaction(deps.pool, (c) => recordGivenBack(c, deps, o, [w]));
   }
-  if (standIns.length === 0)
-    return (await settle(deps, [o], 'unresolved', 'redis release: UNKNOWN_RESERVATION')) > 0
-      ? 'unresolved'
-      : 'settled-elsewhere';
-  const settledNow = await inTransaction(deps.pool, async (c) => {
-    const [settled] = await markStockReturned(c, [o.id], 'redis');
-    const marked = new Set(
-      await markWithheldReturned(
-        c,
-        standIns.map((w) => w.id),
-        o.id,
-      ),
-    );
-    const why = 'Redis forgot its reservation; the unit withheld in its place went back to the sale';
-    await appendJournal(c, [
-      ...(settled ? journalSettled([o], 'redis', { why, standIns: standIns.map((w) => w.id) }) : []),
-      ...standIns
-        .filter((w) => marked.has(w.id))
-        .map((w) => ({
-          activityId: w.activityId,
-          reservationId: w.reservationId,
-          orderId: w.id,
-          event: 'WITHHELD_STOCK_RETURNED',
-          fromStatus: 'CLOSED',
-          toStatus: 'CLOSED',
-          traceId: w.traceId,
-          detail: { quantity: w.quantity, sku: w.skuId, for: o.id },
-        })),
-    ]);
-    return settled !== undefined;
+  const [restore] = await restoresOf(deps.pool, o.activityId, 1);
+  if (restore && restore.step !== 'resumed') return 'deferred';
+  return inTransaction(deps.pool, async (c) => {
+    const [sku] = await lockActivitySkus(c, o.activityId, [o.skuId]);
+    if (!sku) return 'none';
+    const held = sku.sold + (await closedUnsettledQuantity(c, o.activityId, o.skuId)) - o.quantity;
+    const stock = (await readStock(deps.redis, o.activityId)).skus.find((x) => x.skuId === o.skuId);
+    if (!stock) return 'none';
+    const inFlight = await inFlightQuantity(deps.redis, o.activityId, o.skuId);
+    if (inFlight === undefined) return 'deferred';
+    const beyond = stock.initial - stock.remaining - held - inFlight;
+    const pick = candidates.find((w) => w.quantity <= beyond);
+    if (!pick || !(await givenBack(deps, o, pick))) return 'none';
+    return recordGivenBack(c, deps, o, [pick], { measured: { beyond, held, inFlight } });
   });
-  if (!settledNow) return 'settled-elsewhere';
+}
+
+/** Quantity of the SKU's reservations in the ledgers, `RESERVED`; undefined above the limit. */
+async function inFlightQuantity(
+  redis: RedisClient,
+  activityId: string,
+  skuId: string,
+): Promise<number | undefined> {
+  const entries = await unconfirmedReservations(
+    redis,
+    activityId,
+    Number.MAX_SAFE_INTEGER,
+    SURPLUS_LEDGER_LIMIT + 1,
+  );
+  if (entries.length > SURPLUS_LEDGER_LIMIT) return undefined;
+  const records = await mapLimit(entries, RELEASE_CONCURRENCY, (e) =>
+    readReservation(redis, activityId, e.reservationId, e.scope),
+  );
+  return records
+    .filter((r) => r?.state === 'RESERVED' && r.skuId === skuId)
+    .reduce((n, r) => n + r!.quantity, 0);
+}
+
+/** Settles `o` 'redis' through the stand-ins whose units went back, and marks them, in `c`. */
+async function recordGivenBack(
+  c: PoolClient,
+  deps: LifecycleDeps,
+  o: SettleableOrder,
+  standIns: LifecycleOrderRow[],
+  detail: Record<string, unknown> = {},
+): Promise<'redis' | 'settled-elsewhere'> {
+  const [settled] = await markStockReturned(c, [o.id], 'redis');
+  const marked = new Set(
+    await markWithheldReturned(
+      c,
+      standIns.map((w) => w.id),
+      o.id,
+    ),
+  );
+  const why = 'Redis forgot its reservation; the unit withheld in its place went back to the sale';
+  await appendJournal(c, [
+    ...(settled ? journalSettled([o], 'redis', { why, standIns: standIns.map((w) => w.id), ...detail }) : []),
+    ...standIns
+      .filter((w) => marked.has(w.id))
+      .map((w) => ({
+        activityId: w.activityId,
+        reservationId: w.reservationId,
+        orderId: w.id,
+        event: 'WITHHELD_STOCK_RETURNED',
+        fromStatus: 'CLOSED',
+        toStatus: 'CLOSED',
+        traceId: w.traceId,
+        detail: { quantity: w.quantity, sku: w.skuId, for: o.id, reason: w.closeReason },
+      })),
+  ]);
+  if (!settled) return 'settled-elsewhere';
   deps.metrics?.stockReturns.inc({ activity: o.activityId, via: 'redis' });
   deps.logger.warn(
     { activity: o.activityId, orderId: o.id, standIns: standIns.map((w) => w.id) },

@@ -275,6 +275,15 @@ export async function returnWithheld(
   return { kind: 'returned-earlier', forOrderId: String(reply[1]) };
 }
 
+/** The order a withheld unit was given back for (returnWithheld-6.lua), if it was. */
+export async function withheldReturnedFor(
+  redis: RedisClient,
+  input: Omit<ReturnWithheldInput, 'forOrderId'>,
+): Promise<string | undefined> {
+  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
+  return (await redis.hget(k.reservation(input.reservationId), 'withheldReturnedFor')) ?? undefined;
+}
+
 /** Bounds of cancel markers (docs/after-sale.md, "Cancelling before the reservation arrives"). */
 export interface CancelMarkerPolicy {
   /** Seconds a marker outlives the sale's end (covers an endAt extended after the marker). */

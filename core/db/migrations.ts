@@ -496,13 +496,15 @@ DROP INDEX IF EXISTS order_events_unpublished_order;
     version: 13,
     name: 'withheld-returned',
     sql: `
--- An order the guard closed for the buyer's limit withholds its unit for the buyer's order whose
--- reservation Redis forgot; once that order is closed too, the unit goes back to the sale
--- (core/order-lifecycle.ts settleForgotten) and the closed order records for which order.
--- stock_return_via stays 'withheld': where the unit went when this order was settled.
+-- An order the guard closed withholds its unit in place of an order whose reservation Redis
+-- forgot; once that order is closed too, the unit goes back to the sale (core/order-lifecycle.ts
+-- settleForgotten) and the closed order records for which order. stock_return_via stays
+-- 'withheld': where the unit went when this order was settled. The index serves the lookups of a
+-- buyer's (activity, sku, buyer) and of a SKU's (activity, sku) stand-ins.
 ALTER TABLE orders ADD COLUMN withheld_returned_for bigint;
-CREATE INDEX orders_withheld_unreturned ON orders (activity_id, user_id, sku_id)
-  WHERE close_reason IN ('BUYER_LIMIT_EXCEEDED', 'GAP_COMPENSATED') AND withheld_returned_for IS NULL;
+CREATE INDEX orders_withheld_unreturned ON orders (activity_id, sku_id, user_id)
+  WHERE close_reason IN ('OVERSELL_PREVENTED', 'BUYER_LIMIT_EXCEEDED', 'GAP_COMPENSATED')
+    AND withheld_returned_for IS NULL;
 `,
   },
 ];

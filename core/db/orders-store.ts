@@ -390,6 +390,41 @@ export async function findWithheldForBuyer(
   return res.rows;
 }
 
+/**
+ * Orders of the SKU the guard closed as beyond its stock (`OVERSELL_PREVENTED`) whose withheld
+ * unit is not given back yet, oldest first (core/order-lifecycle.ts settleForgotten).
+ */
+export async function findWithheldOfSku(
+  db: Queryable,
+  activityId: string,
+  skuId: string,
+  limit: number,
+): Promise<LifecycleOrderRow[]> {
+  const res = await db.query<LifecycleOrderRow>(
+    `SELECT ${LIFECYCLE_COLUMNS} FROM orders
+      WHERE activity_id = $1 AND sku_id = $2 AND close_reason = 'OVERSELL_PREVENTED'
+        AND withheld_returned_for IS NULL AND stock_return_via = 'withheld'
+      ORDER BY id LIMIT $3`,
+    [activityId, skuId, limit],
+  );
+  return res.rows;
+}
+
+/** Quantity of the SKU's closed orders whose stock is not settled yet (still held). */
+export async function closedUnsettledQuantity(
+  db: Queryable,
+  activityId: string,
+  skuId: string,
+): Promise<number> {
+  const res = await db.query<{ q: string }>(
+    `SELECT coalesce(sum(quantity), 0)::text AS q FROM orders
+      WHERE activity_id = $1 AND sku_id = $2
+        AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL`,
+    [activityId, skuId],
+  );
+  return Number(res.rows[0]?.q ?? 0);
+}
+
 /** Records that these orders' withheld units were given back for `forOrderId` (once). */
 export async function markWithheldReturned(
   db: Queryable,

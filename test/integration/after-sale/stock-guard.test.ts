@@ -411,44 +411,82 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   );
 
   /**
-   * A buyer's reservation reaches PostgreSQL, then Redis forgets it (a failover to a replica that
-   * missed it); the buyer comes back and gets a new one, which the guard closes for the buyer's
-   * limit with its unit withheld. Returns the forgotten order and the withheld one.
+   * Redis forgets a reservation, as a failover to a replica that had not received it does: the
+   * buyer's state, the reservation, its ledger entry, its stock decrement and its counter.
    */
-  const forgetAndComeBack = async (
-    activityId: string,
-    skuId: string,
-    buyer: string,
-  ): Promise<{ forgotten: LifecycleOrderRow; standIn: LifecycleOrderRow }> => {
+  const forget = async (activityId: string, skuId: string, buyer: string, rid: string): Promise<void> => {
+    const k = activityKeys(activityId);
+    await f.redis.del(k.buyer(buyer), k.reservation(rid));
+    await f.redis.zrem(k.ledger, rid);
+    await f.redis.hincrby(k.sku(skuId), 'stock', 1);
+    await f.redis.hincrby(k.counters, 'reserved', -1);
+  };
+
+  /**
+   * A sale whose first buyers' orders reach PostgreSQL before Redis forgets their reservations;
+   * then the second buyers reserve (a first buyer again under a new requestId). Returns both
+   * waves' orders once the second wave's are in PostgreSQL and the guard's closures settled.
+   */
+  const forgottenSale = async (
+    spec: { stock: number; reopenOnRelease?: boolean },
+    first: string[],
+    second: string[],
+  ): Promise<{
+    activityId: string;
+    skuId: string;
+    firstWave: LifecycleOrderRow[];
+    secondWave: LifecycleOrderRow[];
+  }> => {
+    const { activityId, skuId } = await openActivity(f.redis, spec, f.pool);
+    await recordStock(activityId, skuId, spec.stock);
     const topics = topicsFor(activityId, prefix);
     await ensureTopics(admin, topics, 1, 1);
     await startConsumer(activityId, topics);
-    const [first] = await reserveFor(f.redis, activityId, skuId, [buyer]);
-    await send(topics, await messagesOf(activityId, [first!]));
-    await ordersOf(activityId, 1);
-    const k = activityKeys(activityId);
-    await f.redis.del(k.buyer(buyer), k.reservation(first!));
-    await f.redis.zrem(k.ledger, first!);
-    await f.redis.hincrby(k.sku(skuId), 'stock', 1);
-    await f.redis.hincrby(k.counters, 'reserved', -1);
-    const again = (
-      await reserve(f.redis, {
+    const firstIds = await reserveFor(f.redis, activityId, skuId, first);
+    await send(topics, await messagesOf(activityId, firstIds));
+    await ordersOf(activityId, first.length);
+    for (const [i, buyer] of first.entries()) await forget(activityId, skuId, buyer, firstIds[i]!);
+    const secondIds: string[] = [];
+    for (const buyer of second) {
+      const r = await reserve(f.redis, {
         activityId,
         userId: buyer,
         skuId,
         quantity: 1,
         requestId: `${buyer}-again`,
         traceId: `trace-${buyer}-again`,
-      })
-    ).reservationId;
-    await send(topics, await messagesOf(activityId, [again]));
-    const standIn = await until('the stand-in settled', async () => {
-      const row = await findLifecycleByReservationId(f.pool, again);
-      return row?.stockReturnVia ? row : undefined;
+      });
+      secondIds.push(r.reservationId);
+    }
+    await send(topics, await messagesOf(activityId, secondIds));
+    const rowsOf = (ids: string[]): Promise<(LifecycleOrderRow | undefined)[]> =>
+      Promise.all(ids.map((rid) => findLifecycleByReservationId(f.pool, rid)));
+    const secondWave = await until('the second wave in PostgreSQL, its closures settled', async () => {
+      const rows = await rowsOf(secondIds);
+      return rows.every((r) => r && (r.status !== 'CLOSED' || r.stockReturnVia))
+        ? (rows as LifecycleOrderRow[])
+        : undefined;
     });
+    return { activityId, skuId, firstWave: (await rowsOf(firstIds)) as LifecycleOrderRow[], secondWave };
+  };
+
+  /** One buyer's reservation forgotten and the buyer back: the stand-in closed for the limit. */
+  const forgetAndComeBack = async (
+    spec: { stock: number; reopenOnRelease?: boolean },
+    buyer: string,
+  ): Promise<{
+    activityId: string;
+    skuId: string;
+    forgotten: LifecycleOrderRow;
+    standIn: LifecycleOrderRow;
+  }> => {
+    const sale = await forgottenSale(spec, [buyer], [buyer]);
+    const [forgotten] = sale.firstWave;
+    const [standIn] = sale.secondWave;
     expect(standIn).toMatchObject({ closeReason: 'BUYER_LIMIT_EXCEEDED', stockReturnVia: 'withheld' });
-    expect(await f.redis.hget(k.reservation(again), 'withheld')).toBe('1');
-    return { forgotten: (await findLifecycleByReservationId(f.pool, first!))!, standIn };
+    const k = activityKeys(sale.activityId);
+    expect(await f.redis.hget(k.reservation(standIn!.reservationId), 'withheld')).toBe('1');
+    return { ...sale, forgotten: forgotten!, standIn: standIn! };
   };
 
   const withheldReturnedFor = async (orderId: string): Promise<string | null> =>
@@ -465,9 +503,10 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'the forgotten order times out: the unit withheld in its place goes back to the sale with the slot, once',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 4, reopenOnRelease: true }, f.pool);
-      await recordStock(activityId, skuId, 4);
-      const { forgotten, standIn } = await forgetAndComeBack(activityId, skuId, 'late');
+      const { activityId, skuId, forgotten, standIn } = await forgetAndComeBack(
+        { stock: 4, reopenOnRelease: true },
+        'late',
+      );
       const k = activityKeys(activityId);
       expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('3');
       // Before: one live order in PostgreSQL, one unit held in Redis (the stand-in's).
@@ -526,9 +565,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'a settler killed after Redis gave the withheld unit back: the next sweep records it and gives nothing twice',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 4 }, f.pool);
-      await recordStock(activityId, skuId, 4);
-      const { forgotten, standIn } = await forgetAndComeBack(activityId, skuId, 'killed');
+      const { activityId, skuId, forgotten, standIn } = await forgetAndComeBack({ stock: 4 }, 'killed');
       const k = activityKeys(activityId);
       // What a settler that died between its Redis call and its PostgreSQL transaction left: the
       // order CLOSED and unsettled in PostgreSQL, the unit given back in Redis.
@@ -577,9 +614,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'the forgotten order closes before its stand-in is settled: it waits, then settles through it',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 4 }, f.pool);
-      await recordStock(activityId, skuId, 4);
-      const { forgotten, standIn } = await forgetAndComeBack(activityId, skuId, 'early');
+      const { activityId, skuId, forgotten, standIn } = await forgetAndComeBack({ stock: 4 }, 'early');
       const k = activityKeys(activityId);
       // The stand-in's release ran in Redis, its settlement's transaction did not (killed).
       await f.pool.query(`UPDATE orders SET stock_return_via = NULL WHERE id = $1`, [standIn.id]);
@@ -596,6 +631,69 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       expect(await settleStock(f.deps, [forgotten])).toMatchObject({ redis: 1, unresolved: 0, deferred: 0 });
       expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
       expect(await withheldReturnedFor(standIn.id)).toBe(forgotten.id);
+      expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    "forgotten orders without a buyer's stand-in: a unit the guard withheld goes back only once Redis holds it beyond them",
+    async () => {
+      // 3 units; a and b reach PostgreSQL, then Redis forgets both; c and d buy again: one of them
+      // is the third live unit, the other (d below) is closed OVERSELL_PREVENTED, its unit withheld.
+      const sale = await forgottenSale({ stock: 3 }, ['a', 'b'], ['c', 'd']);
+      const { activityId, skuId } = sale;
+      const [a, b] = sale.firstWave;
+      // Whichever of the two the guard closed (the newest by its order).
+      const d = sale.secondWave.find((r) => r.status === 'CLOSED');
+      expect(d).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
+      const k = activityKeys(activityId);
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('1');
+
+      // a times out: b is still live and forgotten, and Redis' free unit is the one b left, so
+      // Redis and PostgreSQL agree (1 free each) and nothing goes back: 'unresolved', as before.
+      expect((await closeOrder(f.deps, a!.id, 'PAYMENT_TIMEOUT', 'trace-a')).settle).toMatchObject({
+        redis: 0,
+        unresolved: 1,
+      });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('1');
+      expect(await withheldReturnedFor(d!.id)).toBeNull();
+
+      // b times out: now d's withheld unit is one Redis holds beyond everything: it goes back.
+      expect((await closeOrder(f.deps, b!.id, 'PAYMENT_TIMEOUT', 'trace-b')).settle).toMatchObject({
+        redis: 1,
+        unresolved: 0,
+      });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('2');
+      expect(await withheldReturnedFor(d!.id)).toBe(b!.id);
+      expect(await settleStock(f.deps, [b!])).toMatchObject({ redis: 0, unresolved: 0 });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('2');
+      // 2 free in Redis and in PostgreSQL (3 less the second wave's live unit); a stays flagged.
+      const report = await audit(activityId);
+      expect(report.figures).toMatchObject({ held: 1, accounted: 1, closedUnresolved: 1 });
+      expect(report.mismatches.map((m) => m.check)).toEqual(['unresolved-returns']);
+      expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ sold: 1 });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a settler killed after Redis gave back a unit the guard withheld beyond the stock: the next one records it',
+    async () => {
+      const { activityId, skuId, firstWave, secondWave } = await forgottenSale({ stock: 1 }, ['e'], ['g']);
+      const [forgotten] = firstWave;
+      const [closure] = secondWave;
+      expect(closure).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
+      // What the settler left: the order closed in PostgreSQL, the unit given back in Redis.
+      expect((await transitionOrder(f.pool, forgotten!.id, 'CLOSE', 'PAYMENT_TIMEOUT')).applied).toBe(true);
+      await expect(
+        returnWithheld(f.redis, { ...closure!, forOrderId: forgotten!.id }),
+      ).resolves.toMatchObject({
+        kind: 'returned',
+      });
+      expect(await settleStock(f.deps, [forgotten!])).toMatchObject({ redis: 1, unresolved: 0 });
+      expect(await f.redis.hget(activityKeys(activityId).sku(skuId), 'stock')).toBe('1');
+      expect(await withheldReturnedFor(closure!.id)).toBe(forgotten!.id);
       expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
     },
     TIMEOUT_MS,
