@@ -593,6 +593,31 @@ describe('fault scenarios (windows 1-11 of docs/faults.md)', () => {
       const audit = await auditStock({ activityId, redis, pool, logger: createLogger('audit', 'silent') });
       expect(audit).toMatchObject({ basis: 'redis', ok: true, mismatches: [] });
       expect(audit.figures).toMatchObject({ held: stock, accounted: stock, closedWithheld: 10 });
+
+      // The forgotten first wave goes unpaid: the real sweeper closes its 10 orders, whose
+      // reservations Redis no longer has. Each gives back one unit a closure withheld in its place
+      // (measured: docs/after-sale.md, "A forgotten order closed after its stand-in"), so those 10
+      // units are on sale again, in Redis as in PostgreSQL: nothing undersold, nothing flagged.
+      await pool.query(
+        `UPDATE orders SET expires_at = now() - interval '1 second'
+          WHERE activity_id = $1 AND user_id LIKE $2 AND status = 'UNPAID'`,
+        [activityId, `${activityId}-a%`],
+      );
+      const swept = await sweepExpiredOrders({
+        ...deps,
+        activityId,
+        batchSize: 100,
+        maxBatches: 1,
+        settleGraceSeconds: 0,
+      });
+      expect({ closed: swept.closed, settled: swept.settled }).toEqual({
+        closed: 10,
+        settled: { redis: 10, postgres: 0, unresolved: 0, withheld: 0, deferred: 0 },
+      });
+      expect(await redis.hget(k.sku('rice'), 'stock')).toBe('10');
+      const unpaid = await auditStock({ activityId, redis, pool, logger: createLogger('audit', 'silent') });
+      expect(unpaid).toMatchObject({ ok: true, mismatches: [] });
+      expect(unpaid.figures).toMatchObject({ held: 10, accounted: 10, closedUnresolved: 0 });
     });
   });
 
