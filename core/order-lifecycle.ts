@@ -29,6 +29,7 @@ import {
   closedUnsettledQuantity,
   findWithheldForBuyer,
   findWithheldOfSku,
+  lockUnsettledClosed,
   insertClosedOrder,
   liveQuantityOfBuyers,
   markReleaseAttempted,
@@ -274,6 +275,9 @@ async function surplusStandIn(
   const [restore] = await restoresOf(deps.pool, o.activityId, 1);
   if (restore && restore.step !== 'resumed') return 'deferred';
   return inTransaction(deps.pool, async (c) => {
+    // Another settler of this order may have given a unit back meanwhile: measured without this
+    // order's unit, a second one would be found.
+    if (!(await lockUnsettledClosed(c, o.id))) return 'settled-elsewhere';
     const [sku] = await lockActivitySkus(c, o.activityId, [o.skuId]);
     if (!sku) return 'none';
     const held = sku.sold + (await closedUnsettledQuantity(c, o.activityId, o.skuId)) - o.quantity;

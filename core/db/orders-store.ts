@@ -410,6 +410,21 @@ export async function findWithheldOfSku(
   return res.rows;
 }
 
+/**
+ * Locks a closed order whose stock is not settled yet (FOR UPDATE, until the transaction ends);
+ * false when it is settled (or not closed). Lock an order before its SKU's row, as every
+ * transaction that changes an order does (the row first, then the trigger's SKU row).
+ */
+export async function lockUnsettledClosed(db: Queryable, orderId: string): Promise<boolean> {
+  const res = await db.query(
+    `SELECT id FROM orders
+      WHERE id = $1 AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+      FOR UPDATE`,
+    [orderId],
+  );
+  return (res.rowCount ?? 0) > 0;
+}
+
 /** Quantity of the SKU's closed orders whose stock is not settled yet (still held). */
 export async function closedUnsettledQuantity(
   db: Queryable,
