@@ -286,9 +286,12 @@ async function surplusStandIn(
     const inFlight = await inFlightQuantity(deps.redis, o.activityId, o.skuId);
     if (inFlight === undefined) return 'deferred';
     const beyond = stock.initial - stock.remaining - held - inFlight;
-    const pick = candidates.find((w) => w.quantity <= beyond);
-    if (!pick || !(await givenBack(deps, o, pick))) return 'none';
-    return recordGivenBack(c, deps, o, [pick], { measured: { beyond, held, inFlight } });
+    // Read again under the lock: another order's settlement may have taken one meanwhile.
+    for (const w of await findWithheldOfSku(c, o.activityId, o.skuId, SURPLUS_CANDIDATES)) {
+      if (w.quantity <= beyond && (await givenBack(deps, o, w)))
+        return recordGivenBack(c, deps, o, [w], { measured: { beyond, held, inFlight } });
+    }
+    return 'none';
   });
 }
 
