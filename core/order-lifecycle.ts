@@ -268,10 +268,9 @@ async function surplusStandIn(
   const candidates = await findWithheldOfSku(deps.pool, o.activityId, o.skuId, SURPLUS_CANDIDATES);
   if (candidates.length === 0) return 'none';
   // A unit given back for this order before a crash, not recorded in PostgreSQL yet.
-  for (const w of candidates) {
-    if ((await withheldReturnedFor(deps.redis, w)) === o.id)
-      return inTransaction(deps.pool, (c) => recordGivenBack(c, deps, o, [w]));
-  }
+  const givenFor = await mapLimit(candidates, RELEASE_CONCURRENCY, (w) => withheldReturnedFor(deps.redis, w));
+  const earlier = candidates.find((_, i) => givenFor[i] === o.id);
+  if (earlier) return inTransaction(deps.pool, (c) => recordGivenBack(c, deps, o, [earlier]));
   const [restore] = await restoresOf(deps.pool, o.activityId, 1);
   if (restore && restore.step !== 'resumed') return 'deferred';
   return inTransaction(deps.pool, async (c) => {

@@ -9,7 +9,7 @@ import { activityKeys, BucketKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
 import { reservationRecordOf } from './order-message.js';
 import type { ReservationRecord, ReservationState } from './order-message.js';
-import type { RedisClient } from './scripts.js';
+import type { RedisClient, ScriptReply } from './scripts.js';
 import { runScript } from './scripts.js';
 
 /**
@@ -202,11 +202,20 @@ export interface ReleaseInput {
 
 export type ReleaseOutcome = { kind: 'released'; stockAfter: number } | { kind: 'already-released' };
 
-export async function release(redis: RedisClient, input: ReleaseInput): Promise<ReleaseOutcome> {
+/**
+ * Runs one of the scripts that settle a reservation (release-6.lua, returnWithheld-6.lua): the same
+ * six keys in the buyer's scope, and the reservation, buyer and SKU first among the arguments.
+ */
+async function runOnReservation(
+  redis: RedisClient,
+  script: 'release' | 'returnWithheld',
+  input: { activityId: string; reservationId: string; userId: string; skuId: string },
+  args: string[],
+): Promise<ScriptReply> {
   const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
-  const reply = await runScript(
+  return runScript(
     redis,
-    'release',
+    script,
     [
       k.meta,
       k.reservation(input.reservationId),
@@ -215,16 +224,17 @@ export async function release(redis: RedisClient, input: ReleaseInput): Promise<
       k.ledger,
       k.counters,
     ],
-    [
-      input.reservationId,
-      input.userId,
-      input.skuId,
-      input.reason,
-      activityKeys(input.activityId).restockChannel,
-      input.returnStock === false ? '0' : '1',
-      input.freeSlot === false ? '0' : '1',
-    ],
+    [input.reservationId, input.userId, input.skuId, ...args],
   );
+}
+
+export async function release(redis: RedisClient, input: ReleaseInput): Promise<ReleaseOutcome> {
+  const reply = await runOnReservation(redis, 'release', input, [
+    input.reason,
+    activityKeys(input.activityId).restockChannel,
+    input.returnStock === false ? '0' : '1',
+    input.freeSlot === false ? '0' : '1',
+  ]);
   if (reply[0] === 1) return { kind: 'released', stockAfter: Number(reply[1]) };
   return { kind: 'already-released' };
 }
@@ -251,26 +261,10 @@ export async function returnWithheld(
   redis: RedisClient,
   input: ReturnWithheldInput,
 ): Promise<ReturnWithheldOutcome> {
-  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
-  const reply = await runScript(
-    redis,
-    'returnWithheld',
-    [
-      k.meta,
-      k.reservation(input.reservationId),
-      k.sku(input.skuId),
-      k.buyer(input.userId),
-      k.ledger,
-      k.counters,
-    ],
-    [
-      input.reservationId,
-      input.userId,
-      input.skuId,
-      input.forOrderId,
-      activityKeys(input.activityId).restockChannel,
-    ],
-  );
+  const reply = await runOnReservation(redis, 'returnWithheld', input, [
+    input.forOrderId,
+    activityKeys(input.activityId).restockChannel,
+  ]);
   if (reply[0] === 1) return { kind: 'returned', stockAfter: Number(reply[1]) };
   return { kind: 'returned-earlier', forOrderId: String(reply[1]) };
 }
