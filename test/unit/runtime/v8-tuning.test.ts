@@ -121,23 +121,32 @@ describe('V8 tuning per role', () => {
     expect(v8FlagsFor('jobs', loadRuntimeConfig('jobs', pipeline))).toEqual([]);
   });
 
+  /**
+   * V8's own choices in a 256 MiB heap: its conservative 1.3x, or its minimum 1.1x when the memory
+   * reducer runs (seen on a loaded CI machine); never the flags' 2.0x.
+   */
+  const expectV8sOwnFactors = (factors: string[]): void => {
+    expect(factors.length).toBeGreaterThan(0);
+    expect(factors.filter((f) => Number(f) > 1.3)).toEqual([]);
+  };
+
   test('set at start-up, the flags change what V8 does in the roles they are for', () => {
     // The jobs role keeps V8's defaults: V8 weighs the same allocation sites for pretenuring there
-    // and grows the old generation by its own 1.3x of a 256 MiB heap, which shows that the pattern
+    // and grows the old generation by its own factor (1.3x, or 1.1x) of a 256 MiB heap, which shows that the pattern
     // does trigger both and that the other roles' traces are the flags' doing.
     const jobs = v8Trace('jobs');
     expect(jobs.pretenuring.length).toBeGreaterThan(0);
-    expect(jobs.factors).toEqual(['1.3']);
+    expectV8sOwnFactors(jobs.factors);
     // The consumer: its growing factor, V8's pretenuring.
     const consumer = v8Trace('consumer');
     expect(consumer.pretenuring.length).toBeGreaterThan(0);
     expect(consumer.factors).toEqual(['2.0']);
-    expect(v8Trace('consumer', { CONSUMER_V8_HEAP_GROWING_PERCENT: '0' }).factors).toEqual(['1.3']);
+    expectV8sOwnFactors(v8Trace('consumer', { CONSUMER_V8_HEAP_GROWING_PERCENT: '0' }).factors);
     const api = v8Trace('api');
     expect(api.pretenuring).toEqual([]);
     expect(api.factors).toEqual(['2.0']);
     const optedOut = v8Trace('api', { API_V8_PRETENURING: 'true', API_V8_HEAP_GROWING_PERCENT: '0' });
     expect(optedOut.pretenuring.length).toBeGreaterThan(0);
-    expect(optedOut.factors).toEqual(['1.3']);
+    expectV8sOwnFactors(optedOut.factors);
   }, 90_000);
 });
