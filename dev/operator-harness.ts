@@ -383,6 +383,8 @@ export class Recorder {
   /** Deployment name -> replica counts. */
   readonly replicas = new Map<string, number[]>();
   readonly statuses = new Map<string, FlashSaleActivity[]>();
+  /** Activities whose DELETED event the watch has delivered. */
+  readonly deleted = new Set<string>();
   private readonly aborts: AbortController[] = [];
   private stopped = false;
 
@@ -400,9 +402,11 @@ export class Recorder {
       const controller = await watch.watch(path, {}, onObject, restart);
       this.aborts.push(controller);
     };
-    await run(`/apis/${GROUP}/${VERSION}/namespaces/${this.namespace}/${PLURAL}`, (_t, obj) => {
+    await run(`/apis/${GROUP}/${VERSION}/namespaces/${this.namespace}/${PLURAL}`, (type, obj) => {
       const fsa = obj as FlashSaleActivity;
       const name = fsa.metadata.name;
+      if (type === 'DELETED') this.deleted.add(name);
+      else this.deleted.delete(name);
       const phase = fsa.status?.phase;
       const list = this.phases.get(name) ?? [];
       if (phase && list.at(-1) !== phase) list.push(phase);
@@ -419,6 +423,39 @@ export class Recorder {
       if (list.at(-1) !== replicas) list.push(replicas);
       this.replicas.set(name, list);
     });
+  }
+
+  /**
+   * Resolves once the watch has delivered `phase` as `name`'s latest: a GET (what `waitForPhase`
+   * polls) can see a phase before the watch event carrying it reaches this process.
+   */
+  async sawPhase(name: string, phase: Phase, timeoutMs = 30_000): Promise<void> {
+    await waitFor(
+      `the watch to deliver ${name} in ${phase}`,
+      async () => this.phases.get(name)?.at(-1) === phase,
+      timeoutMs,
+      50,
+    );
+  }
+
+  /** Resolves once the watch has delivered `name`'s deletion (and so every status before it). */
+  async sawDeleted(name: string, timeoutMs = 30_000): Promise<void> {
+    await waitFor(
+      `the watch to deliver ${name}'s deletion`,
+      async () => this.deleted.has(name),
+      timeoutMs,
+      50,
+    );
+  }
+
+  /** Resolves once the watch has delivered `replicas` as `deployment`'s latest size. */
+  async sawReplicas(deployment: string, replicas: number, timeoutMs = 30_000): Promise<void> {
+    await waitFor(
+      `the watch to deliver ${deployment} at ${replicas} replicas`,
+      async () => this.replicas.get(deployment)?.at(-1) === replicas,
+      timeoutMs,
+      50,
+    );
   }
 
   stop(): void {

@@ -199,6 +199,7 @@ describe('operator: SIGKILL in every phase', () => {
         90_000,
       );
       // Deleted with eight unpaid orders: released from Settling (the after-sale role settles them).
+      await recorder.sawDeleted(name);
       const done = recorder.statuses.get(name)?.findLast((f) => f.status?.phase === Phase.Settling);
       // Released from Settling at their draining size, then removed with the activity by the
       // garbage collector (never by the operator).

@@ -240,6 +240,7 @@ describe('operator: edits, pause, deletion, failures', () => {
       // Deleting the live activity drains, writes back and cleans up before the finalizer goes.
       await remove('z');
       await waitFor('z deleted', async () => (await getActivity(a, ns.namespace, 'z')) === undefined, 90_000);
+      await recorder.sawDeleted('z');
       expect(recorder.phases.get('z')).toEqual(PHASE_ORDER);
       expect(await readWriteBack(pg, id)).toMatchObject({
         initialTotal: 22,

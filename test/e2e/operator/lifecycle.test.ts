@@ -165,6 +165,7 @@ describe('operator: the whole lifecycle of one activity', () => {
       );
 
       // Every phase, in order, as seen by a watch on the resource.
+      await recorder.sawPhase(name, Phase.Completed);
       expect(recorder.phases.get(name)).toEqual(PHASE_ORDER);
       const ts = done.status?.timestamps ?? {};
       const times = [
@@ -191,6 +192,7 @@ describe('operator: the whole lifecycle of one activity', () => {
         const list = await a.apps.listNamespacedDeployment({ namespace: ns.namespace });
         return list.items.length === 3 && list.items.every((d) => d.spec?.replicas === 0);
       });
+      for (const role of ['api', 'relay', 'consumer']) await recorder.sawReplicas(`${name}-${role}`, 0);
       expect(recorder.replicas.get(`${name}-api`)).toEqual([0, 1, 3, 0]);
       // Ready never without an available runtime: every status the watch saw in Ready says so.
       const readyStatuses = (recorder.statuses.get(name) ?? []).filter(

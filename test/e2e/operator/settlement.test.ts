@@ -327,6 +327,8 @@ describe('operator + after-sale role: an activity is Completed only once its ord
         const list = await a.apps.listNamespacedDeployment({ namespace: ns.namespace });
         return list.items.length === 3 && list.items.every((d) => d.spec?.replicas === 0);
       });
+      await recorder.sawPhase(name, Phase.Completed);
+      await recorder.sawReplicas(`${name}-consumer`, 0);
       expect(recorder.phases.get(name)?.slice(-3)).toEqual([
         Phase.CleaningUp,
         Phase.Settling,

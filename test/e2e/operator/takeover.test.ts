@@ -169,6 +169,7 @@ describe('operator: two replicas, two activities', () => {
       await waitFor('operator-b to lead', async () => becameLeader(opB), 60_000);
       expect(await leaseHolder()).toBe('operator-b');
       await waitFor('x deleted', async () => !(await getActivity(a, ns.namespace, 'x')), 90_000);
+      await recorder.sawDeleted('x');
       const xDone = recorder.statuses.get('x')?.findLast((f) => f.status?.phase === Phase.Completed);
       expect(transitions(opB)).toBeGreaterThan(0);
 
@@ -197,7 +198,7 @@ describe('operator: two replicas, two activities', () => {
       const y = await a.apps.readNamespacedDeployment({ name: 'y-api', namespace: ns.namespace });
       expect(y.spec?.replicas).toBe(2);
       // X's runtime went with X (owner references, garbage collector), after being scaled to zero.
-      expect(recorder.replicas.get('x-relay')?.at(-1)).toBe(0);
+      await recorder.sawReplicas('x-relay', 0);
       await waitFor('x-relay garbage-collected', async () => {
         try {
           await a.apps.readNamespacedDeployment({ name: 'x-relay', namespace: ns.namespace });
@@ -223,6 +224,7 @@ describe('operator: two replicas, two activities', () => {
 
       await remove('y');
       await waitFor('y deleted', async () => !(await getActivity(a, ns.namespace, 'y')), 90_000);
+      await recorder.sawDeleted('y');
       // Y was deleted with five unpaid orders: released from Settling; X had none: Completed.
       const yDone = recorder.statuses.get('y')?.findLast((f) => f.status?.phase === Phase.Settling);
       expect(recorder.phases.get('x')).toEqual(PHASE_ORDER);

@@ -165,6 +165,7 @@ describe('operator: tenant isolation', () => {
       expect(failed?.message).toContain(`${ns.namespace}/owner (uid ${owner.metadata.uid})`);
       expect((await eventsOf(a, ns.namespace, 'intruder')).map((e) => e.reason)).toContain('Failed');
       // Never past Pending, no runtime of its own, no figures of the owner's sale.
+      await recorder.sawPhase('intruder', Phase.Failed);
       expect(recorder.phases.get('intruder')?.filter((p) => p !== Phase.Pending)).toEqual([Phase.Failed]);
       expect(await deploymentNames('owner', 'intruder')).toEqual([
         'owner-api',
