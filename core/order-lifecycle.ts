@@ -27,6 +27,8 @@ import {
   buyerSkuKey,
   findLifecycleByReservationId,
   closedUnsettledQuantity,
+  findUnsettledClosedOfSku,
+  reservationsHoldingStock,
   findWithheldForBuyer,
   findWithheldOfSku,
   lockUnsettledClosed,
@@ -54,6 +56,7 @@ import {
   release,
   reservationIdFor,
   returnWithheld,
+  unitBackInRedis,
   withheldReturnedFor,
 } from './reservations.js';
 import type {
@@ -255,11 +258,13 @@ async function givenBack(deps: LifecycleDeps, o: SettleableOrder, w: LifecycleOr
  * beyond everything else. Each such closure took a unit a forgotten reservation had left free in
  * Redis, but none says whose; so it is measured, under the SKU's row lock (no order of the SKU is
  * inserted, closed or reopened meanwhile): units Redis has taken (initial − remaining, buckets
- * included) less PostgreSQL's live and unsettled closed units (this order excepted: its unit is
- * what is being looked for) less the reservations in flight. Each read errs towards holding more:
- * a reservation between the reads is counted in flight, an order inserted but not yet removed from
- * the ledger twice, a release in progress as still held. Whatever is left is held by withheld
- * closures beyond the forgotten orders still live, so one of them is given back.
+ * included) less what PostgreSQL holds — live orders and closed ones not settled yet (this order
+ * excepted: its unit is what is being looked for; a closed one whose release Redis has run already
+ * holds nothing there, nor does a guard closure not settled yet) — less the reservations in flight (in a ledger, no order in PostgreSQL yet).
+ * Read in that order, so that what changes between the reads errs towards holding more: a release
+ * after its order was read is still counted held, a reservation after the stock was read is
+ * counted in flight. Whatever is left is held by withheld closures beyond the forgotten orders
+ * still live, so one of them is given back.
  */
 async function surplusStandIn(
   deps: LifecycleDeps,
@@ -279,23 +284,40 @@ async function surplusStandIn(
     if (!(await lockUnsettledClosed(c, o.id))) return 'settled-elsewhere';
     const [sku] = await lockActivitySkus(c, o.activityId, [o.skuId]);
     if (!sku) return 'none';
-    const held = sku.sold + (await closedUnsettledQuantity(c, o.activityId, o.skuId)) - o.quantity;
+    const unsettled = await closedUnsettledQuantity(c, o.activityId, o.skuId);
+    const peers = await findUnsettledClosedOfSku(c, o.activityId, o.skuId, o.id, SURPLUS_CANDIDATES);
+    // A guard closure never held a unit in PostgreSQL (its unit in Redis is a withheld one, what is
+    // being measured); another closed order holds nothing in Redis once its release has run there.
+    const holdsNothing = await mapLimit(
+      peers,
+      RELEASE_CONCURRENCY,
+      async (p) => guardRelease(p.closeReason) !== undefined || (await unitBackInRedis(deps.redis, p)),
+    );
+    const releasedQuantity = peers.filter((_, i) => holdsNothing[i]).reduce((n, p) => n + p.quantity, 0);
+    const held = sku.sold + unsettled - o.quantity - releasedQuantity;
     const stock = (await readStock(deps.redis, o.activityId)).skus.find((x) => x.skuId === o.skuId);
     if (!stock) return 'none';
-    const inFlight = await inFlightQuantity(deps.redis, o.activityId, o.skuId);
+    const inFlight = await inFlightQuantity(c, deps.redis, o.activityId, o.skuId);
     if (inFlight === undefined) return 'deferred';
     const beyond = stock.initial - stock.remaining - held - inFlight;
     // Read again under the lock: another order's settlement may have taken one meanwhile.
     for (const w of await findWithheldOfSku(c, o.activityId, o.skuId, SURPLUS_CANDIDATES)) {
       if (w.quantity <= beyond && (await givenBack(deps, o, w)))
-        return recordGivenBack(c, deps, o, [w], { measured: { beyond, held, inFlight } });
+        return recordGivenBack(c, deps, o, [w], {
+          measured: { beyond, held, inFlight, releasedUnsettled: releasedQuantity },
+        });
     }
     return 'none';
   });
 }
 
-/** Quantity of the SKU's reservations in the ledgers, `RESERVED`; undefined above the limit. */
+/**
+ * Quantity of the SKU's reservations in the ledgers, `RESERVED`, without an order holding stock
+ * in PostgreSQL (an order inserted, its ledger entry not removed yet, is counted held already);
+ * undefined above the limit. `c` holds the SKU's row lock, so no order of it is inserted meanwhile.
+ */
 async function inFlightQuantity(
+  c: PoolClient,
   redis: RedisClient,
   activityId: string,
   skuId: string,
@@ -310,9 +332,15 @@ async function inFlightQuantity(
   const records = await mapLimit(entries, RELEASE_CONCURRENCY, (e) =>
     readReservation(redis, activityId, e.reservationId, e.scope),
   );
-  return records
-    .filter((r) => r?.state === 'RESERVED' && r.skuId === skuId)
-    .reduce((n, r) => n + r!.quantity, 0);
+  const reserved = records.filter(
+    (r): r is NonNullable<typeof r> => r?.state === 'RESERVED' && r.skuId === skuId,
+  );
+  const inPostgres = await reservationsHoldingStock(
+    c,
+    activityId,
+    reserved.map((r) => r.reservationId),
+  );
+  return reserved.filter((r) => !inPostgres.has(r.reservationId)).reduce((n, r) => n + r.quantity, 0);
 }
 
 /** Settles `o` 'redis' through the stand-ins whose units went back, and marks them, in `c`. */

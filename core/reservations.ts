@@ -278,6 +278,24 @@ export async function withheldReturnedFor(
   return (await redis.hget(k.reservation(input.reservationId), 'withheldReturnedFor')) ?? undefined;
 }
 
+/**
+ * Whether Redis no longer holds this reservation's unit: released with its stock returned
+ * (release-6.lua), or withheld and given back since (returnWithheld-6.lua).
+ */
+export async function unitBackInRedis(
+  redis: RedisClient,
+  input: Omit<ReturnWithheldInput, 'forOrderId'>,
+): Promise<boolean> {
+  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
+  const [state, withheld, returnedFor] = await redis.hmget(
+    k.reservation(input.reservationId),
+    'state',
+    'withheld',
+    'withheldReturnedFor',
+  );
+  return state === 'RELEASED' && (withheld === null || returnedFor !== null);
+}
+
 /** Bounds of cancel markers (docs/after-sale.md, "Cancelling before the reservation arrives"). */
 export interface CancelMarkerPolicy {
   /** Seconds a marker outlives the sale's end (covers an endAt extended after the marker). */

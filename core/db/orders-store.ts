@@ -425,6 +425,46 @@ export async function lockUnsettledClosed(db: Queryable, orderId: string): Promi
   return (res.rowCount ?? 0) > 0;
 }
 
+/**
+ * The SKU's closed orders whose stock is not settled yet, but `exceptId`, oldest first: the ones
+ * whose release Redis has run already, before PostgreSQL recorded it, hold nothing in Redis.
+ */
+export async function findUnsettledClosedOfSku(
+  db: Queryable,
+  activityId: string,
+  skuId: string,
+  exceptId: string,
+  limit: number,
+): Promise<LifecycleOrderRow[]> {
+  const res = await db.query<LifecycleOrderRow>(
+    `SELECT ${LIFECYCLE_COLUMNS} FROM orders
+      WHERE activity_id = $1 AND sku_id = $2 AND id <> $3
+        AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+      ORDER BY id LIMIT $4`,
+    [activityId, skuId, exceptId, limit],
+  );
+  return res.rows;
+}
+
+/**
+ * Which of these reservations have an order holding stock in PostgreSQL: live, or closed with its
+ * stock not settled yet.
+ */
+export async function reservationsHoldingStock(
+  db: Queryable,
+  activityId: string,
+  reservationIds: string[],
+): Promise<Set<string>> {
+  if (reservationIds.length === 0) return new Set();
+  const res = await db.query<{ reservationId: string }>(
+    `SELECT reservation_id AS "reservationId" FROM orders
+      WHERE activity_id = $1 AND reservation_id = ANY($2::text[])
+        AND (status <> 'CLOSED' OR (NOT stock_returned AND stock_return_via IS NULL))`,
+    [activityId, reservationIds],
+  );
+  return new Set(res.rows.map((r) => r.reservationId));
+}
+
 /** Quantity of the SKU's closed orders whose stock is not settled yet (still held). */
 export async function closedUnsettledQuantity(
   db: Queryable,

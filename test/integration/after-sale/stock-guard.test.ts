@@ -677,6 +677,140 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     TIMEOUT_MS,
   );
 
+  /**
+   * 2 units; h reaches PostgreSQL and Redis forgets it; i and j buy: i is the second live unit,
+   * j is closed OVERSELL_PREVENTED with its unit withheld. Redis has taken 2 (i and j), PostgreSQL
+   * holds h and i: once h is closed, j's unit is beyond everything and due back.
+   */
+  const oneForgottenOneWithheld = async (): Promise<{
+    activityId: string;
+    skuId: string;
+    h: LifecycleOrderRow;
+    i: LifecycleOrderRow;
+    j: LifecycleOrderRow;
+  }> => {
+    const sale = await forgottenSale({ stock: 2 }, ['h'], ['i', 'j']);
+    const i = sale.secondWave.find((r) => r.status !== 'CLOSED');
+    const j = sale.secondWave.find((r) => r.status === 'CLOSED');
+    expect(j).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
+    expect(await f.redis.hget(activityKeys(sale.activityId).sku(sale.skuId), 'stock')).toBe('0');
+    return { activityId: sale.activityId, skuId: sale.skuId, h: sale.firstWave[0]!, i: i!, j: j! };
+  };
+
+  it(
+    'an order in PostgreSQL whose ledger entry is not removed yet is counted once: the withheld unit goes back',
+    async () => {
+      const { activityId, skuId, h, i, j } = await oneForgottenOneWithheld();
+      const k = activityKeys(activityId);
+      // The consumer inserted i and was killed before removing its ledger entry.
+      expect(await f.redis.zadd(k.ledger, Date.now(), i.reservationId)).toBe(1);
+
+      expect((await closeOrder(f.deps, h.id, 'PAYMENT_TIMEOUT', 'trace-h')).settle).toMatchObject({
+        redis: 1,
+        unresolved: 0,
+      });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('1');
+      expect(await withheldReturnedFor(j.id)).toBe(h.id);
+      expect((await journalFor(f.pool, j.reservationId)).map((e) => e.event)).toContain(
+        'WITHHELD_STOCK_RETURNED',
+      );
+      // The next consumer confirms i: 1 free in Redis and in PostgreSQL, nothing flagged.
+      await f.redis.zrem(k.ledger, i.reservationId);
+      expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a closed order whose release Redis has run, its settlement not recorded yet, holds nothing there: the withheld unit goes back',
+    async () => {
+      const { activityId, skuId, h, i, j } = await oneForgottenOneWithheld();
+      const k = activityKeys(activityId);
+      // i is cancelled; its release ran in Redis, its settlement's transaction did not (killed).
+      expect((await closeOrder(f.deps, i.id, 'CANCELLED', 'trace-i')).settle).toMatchObject({ redis: 1 });
+      await f.pool.query(`UPDATE orders SET stock_returned = false, stock_return_via = NULL WHERE id = $1`, [
+        i.id,
+      ]);
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('1');
+
+      expect((await closeOrder(f.deps, h.id, 'PAYMENT_TIMEOUT', 'trace-h')).settle).toMatchObject({
+        redis: 1,
+        unresolved: 0,
+      });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('2');
+      expect(await withheldReturnedFor(j.id)).toBe(h.id);
+      // The sweeper records i's settlement (its release answers "already released").
+      expect(await settleStock(f.deps, [i])).toMatchObject({ redis: 1, unresolved: 0 });
+      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('2');
+      expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a guard closure not settled yet holds nothing in PostgreSQL: its unit is counted withheld and another goes back',
+    async () => {
+      // 2 units; h and h2 reach PostgreSQL, Redis forgets both; i and j buy and are both closed
+      // OVERSELL_PREVENTED. j's release withheld its unit in Redis; its settlement's transaction
+      // did not run (killed).
+      const sale = await forgottenSale({ stock: 2 }, ['h', 'h2'], ['i', 'j']);
+      const { activityId, skuId } = sale;
+      const [h] = sale.firstWave;
+      const [i, j] = sale.secondWave;
+      for (const w of [i, j])
+        expect(w).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
+      await f.pool.query(`UPDATE orders SET stock_return_via = NULL WHERE id = $1`, [j!.id]);
+      const keys = activityKeys(activityId);
+      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('0');
+
+      // h times out: i and j stand in for h and h2, so one of them is due back; j's own release
+      // is not recorded yet, so it is i's.
+      expect((await closeOrder(f.deps, h!.id, 'PAYMENT_TIMEOUT', 'trace-h')).settle).toMatchObject({
+        redis: 1,
+        unresolved: 0,
+      });
+      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('1');
+      expect(await withheldReturnedFor(i!.id)).toBe(h!.id);
+      // The sweeper records j's settlement: still withheld, standing in for h2.
+      expect(await settleStock(f.deps, [j!])).toMatchObject({ withheld: 1 });
+      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('1');
+      expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a reservation in flight took the unit a forgotten order left free: nothing goes back for it',
+    async () => {
+      // 2 units; h and h2 reach PostgreSQL, then Redis forgets both; i buys and is closed
+      // OVERSELL_PREVENTED (its unit withheld, standing in for one of them); k buys the other
+      // unit Redis shows free, its reservation not in PostgreSQL yet.
+      const sale = await forgottenSale({ stock: 2 }, ['h', 'h2'], ['i']);
+      const { activityId, skuId } = sale;
+      const [h] = sale.firstWave;
+      const [i] = sale.secondWave;
+      expect(i).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
+      const [k] = await reserveFor(f.redis, activityId, skuId, ['k']);
+      const keys = activityKeys(activityId);
+      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('0');
+
+      // h times out: its unit is k's now and i's stands in for h2, still live: nothing goes back.
+      expect((await closeOrder(f.deps, h!.id, 'PAYMENT_TIMEOUT', 'trace-h')).settle).toMatchObject({
+        redis: 0,
+        unresolved: 1,
+      });
+      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('0');
+      expect(await withheldReturnedFor(i!.id)).toBeNull();
+      // k reaches PostgreSQL live, in the unit h freed there: 0 free on either side.
+      const topics = topicsFor(activityId, prefix);
+      await send(topics, await messagesOf(activityId, [k!]));
+      const row = await until('k in PostgreSQL', () => findLifecycleByReservationId(f.pool, k!));
+      expect(row.status).toBe('UNPAID');
+      expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ stock: 2, sold: 2 });
+    },
+    TIMEOUT_MS,
+  );
+
   it(
     'a settler killed after Redis gave back a unit the guard withheld beyond the stock: the next one records it',
     async () => {
