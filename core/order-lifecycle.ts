@@ -260,11 +260,11 @@ async function givenBack(deps: LifecycleDeps, o: SettleableOrder, w: LifecycleOr
  * inserted, closed or reopened meanwhile): units Redis has taken (initial − remaining, buckets
  * included) less what PostgreSQL holds — live orders and closed ones not settled yet (this order
  * excepted: its unit is what is being looked for; a closed one whose release Redis has run already
- * holds nothing there, nor does a guard closure not settled yet) — less the reservations in flight (in a ledger, no order in PostgreSQL yet).
- * Read in that order, so that what changes between the reads errs towards holding more: a release
- * after its order was read is still counted held, a reservation after the stock was read is
- * counted in flight. Whatever is left is held by withheld closures beyond the forgotten orders
- * still live, so one of them is given back.
+ * holds nothing there, nor does a guard closure not settled yet) — less the reservations in flight
+ * (in a ledger, no order in PostgreSQL yet). Read in that order, so that what changes between
+ * the reads errs towards holding more: a release after its order was read is still counted held,
+ * a reservation after the stock was read is counted in flight. Whatever is left is held by
+ * withheld closures beyond the forgotten orders still live, so one of them is given back.
  */
 async function surplusStandIn(
   deps: LifecycleDeps,
@@ -293,8 +293,8 @@ async function surplusStandIn(
       RELEASE_CONCURRENCY,
       async (p) => guardRelease(p.closeReason) !== undefined || (await unitBackInRedis(deps.redis, p)),
     );
-    const releasedQuantity = peers.filter((_, i) => holdsNothing[i]).reduce((n, p) => n + p.quantity, 0);
-    const held = sku.sold + unsettled - o.quantity - releasedQuantity;
+    const notHeld = peers.filter((_, i) => holdsNothing[i]).reduce((n, p) => n + p.quantity, 0);
+    const held = sku.sold + unsettled - o.quantity - notHeld;
     const stock = (await readStock(deps.redis, o.activityId)).skus.find((x) => x.skuId === o.skuId);
     if (!stock) return 'none';
     const inFlight = await inFlightQuantity(c, deps.redis, o.activityId, o.skuId);
@@ -304,7 +304,7 @@ async function surplusStandIn(
     for (const w of await findWithheldOfSku(c, o.activityId, o.skuId, SURPLUS_CANDIDATES)) {
       if (w.quantity <= beyond && (await givenBack(deps, o, w)))
         return recordGivenBack(c, deps, o, [w], {
-          measured: { beyond, held, inFlight, releasedUnsettled: releasedQuantity },
+          measured: { beyond, held, inFlight, unsettledHoldingNothing: notHeld },
         });
     }
     return 'none';
