@@ -812,6 +812,41 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   );
 
   it(
+    'two settlers of one forgotten order at once: one unit goes back, not one each',
+    async () => {
+      // 2 units; e1 and e2 reach PostgreSQL, Redis forgets both; g1 and g2 buy and are both
+      // closed OVERSELL_PREVENTED, standing in for e1 and e2.
+      const sale = await forgottenSale({ stock: 2 }, ['e1', 'e2'], ['g1', 'g2']);
+      const { activityId, skuId } = sale;
+      const [e1, e2] = sale.firstWave;
+      const [g1, g2] = sale.secondWave;
+      for (const w of [g1, g2])
+        expect(w).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
+      const keys = activityKeys(activityId);
+      // e1 is closed; two sweepers settle it at the same moment. The one that measures second
+      // must not find the other's given-back unit as a second one beyond (e1 no longer unsettled).
+      expect((await transitionOrder(f.pool, e1!.id, 'CLOSE', 'PAYMENT_TIMEOUT')).applied).toBe(true);
+      const [a, b] = await Promise.all([settleStock(f.deps, [e1!]), settleStock(f.deps, [e1!])]);
+      expect(a.redis + b.redis).toBe(1);
+      expect(a.unresolved + b.unresolved).toBe(0);
+      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('1');
+      const returnedFor = [await withheldReturnedFor(g1!.id), await withheldReturnedFor(g2!.id)];
+      expect(returnedFor.filter((x) => x === e1!.id)).toHaveLength(1);
+      expect(returnedFor.filter((x) => x === null)).toHaveLength(1);
+      expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+
+      // e2 times out: the other closure's unit goes back.
+      expect((await closeOrder(f.deps, e2!.id, 'PAYMENT_TIMEOUT', 'trace-e2')).settle).toMatchObject({
+        redis: 1,
+        unresolved: 0,
+      });
+      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('2');
+      expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'a settler killed after Redis gave back a unit the guard withheld beyond the stock: the next one records it',
     async () => {
       const { activityId, skuId, firstWave, secondWave } = await forgottenSale({ stock: 1 }, ['e'], ['g']);
