@@ -76,6 +76,10 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     await c.start();
   };
 
+  /** The SKU's stock as Redis counts it (unbucketed). */
+  const redisStock = (activityId: string, skuId: string): Promise<string | null> =>
+    f.redis.hget(activityKeys(activityId).sku(skuId), 'stock');
+
   const messagesOf = async (activityId: string, rids: string[]): Promise<OrderMessage[]> =>
     Promise.all(
       rids.map(async (rid) => orderMessageOf(activityId, (await readReservation(f.redis, activityId, rid))!)),
@@ -278,7 +282,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 1);
       const p0 = (await findLifecycleByReservationId(f.pool, rids[0]!))!;
       await closeOrder(f.deps, p0.id, 'PAYMENT_TIMEOUT', 'trace-timeout');
-      expect(await f.redis.hget(activityKeys(activityId).sku(skuId), 'stock')).toBe('2');
+      expect(await redisStock(activityId, skuId)).toBe('2');
       // A new buyer takes p0's unit: PostgreSQL's three units are live again.
       const [p3] = await reserveFor(f.redis, activityId, skuId, ['p3']);
       await send(topics, await messagesOf(activityId, [p3!]));
@@ -375,7 +379,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
           traceId: 'trace-twin-again',
         })
       ).reservationId;
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('3');
+      expect(await redisStock(activityId, skuId)).toBe('3');
       await send(topics, await messagesOf(activityId, [again]));
       await ordersOf(activityId, 2);
 
@@ -393,7 +397,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       expect(await prevented(activityId)).toBe(1);
       // Redis is PostgreSQL's again: 3 units left of 4 with one live order, and the buyer, who holds
       // one live order of a limit of 1, keeps the slot.
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('3');
+      expect(await redisStock(activityId, skuId)).toBe('3');
       expect(await f.redis.hget(k.buyer('twin'), `${skuId}:slot:1`)).toBe(again);
       await expect(
         reserve(f.redis, {
@@ -508,7 +512,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         'late',
       );
       const k = activityKeys(activityId);
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('3');
+      expect(await redisStock(activityId, skuId)).toBe('3');
       // Before: one live order in PostgreSQL, one unit held in Redis (the stand-in's).
       expect((await audit(activityId)).figures).toMatchObject({ held: 1, accounted: 1 });
 
@@ -520,7 +524,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       });
       expect(await withheldReturnedFor(standIn.id)).toBe(forgotten.id);
       // The stand-in's unit and slot are back: 4 of 4 units, the buyer free to buy again.
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
+      expect(await redisStock(activityId, skuId)).toBe('4');
       expect(await f.redis.hget(k.buyer('late'), `${skuId}:slot:1`)).toBeNull();
       expect(await f.redis.hget(k.reservation(standIn.reservationId), 'withheldReturnedFor')).toBe(
         forgotten.id,
@@ -546,7 +550,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         kind: 'returned-earlier',
         forOrderId: forgotten.id,
       });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
+      expect(await redisStock(activityId, skuId)).toBe('4');
       expect(await counters(f.redis, activityId)).toMatchObject({ reserved: 1, released: 1 });
 
       const back = await reserve(f.redis, {
@@ -578,7 +582,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       expect(unsettled?.id).toBe(forgotten.id);
 
       expect(await settleStock(f.deps, [unsettled!])).toMatchObject({ redis: 1, unresolved: 0 });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
+      expect(await redisStock(activityId, skuId)).toBe('4');
       // This sale does not reopen on release: the slot stays taken, as the order's own release
       // would have left it.
       expect(await f.redis.hget(k.buyer('killed'), `${skuId}:slot:1`)).toBe(standIn.reservationId);
@@ -606,7 +610,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       await expect(
         returnWithheld(f.redis, { ...standIn, userId: 'plain', forOrderId: '1' }),
       ).rejects.toMatchObject({ code: 'MISMATCH' });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
+      expect(await redisStock(activityId, skuId)).toBe('4');
     },
     TIMEOUT_MS,
   );
@@ -615,13 +619,12 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     'the forgotten order closes before its stand-in is settled: it waits, then settles through it',
     async () => {
       const { activityId, skuId, forgotten, standIn } = await forgetAndComeBack({ stock: 4 }, 'early');
-      const k = activityKeys(activityId);
       // The stand-in's release ran in Redis, its settlement's transaction did not (killed).
       await f.pool.query(`UPDATE orders SET stock_return_via = NULL WHERE id = $1`, [standIn.id]);
 
       const closed = await closeOrder(f.deps, forgotten.id, 'CANCELLED', 'trace-cancel');
       expect(closed.settle).toEqual({ redis: 0, postgres: 0, unresolved: 0, withheld: 0, deferred: 1 });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('3');
+      expect(await redisStock(activityId, skuId)).toBe('3');
       expect(
         (await findLifecycleByReservationId(f.pool, forgotten.reservationId))?.stockReturnVia,
       ).toBeNull();
@@ -629,7 +632,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       // The sweeper settles the stand-in (withheld), then the forgotten order through it.
       expect(await settleStock(f.deps, [standIn])).toMatchObject({ withheld: 1 });
       expect(await settleStock(f.deps, [forgotten])).toMatchObject({ redis: 1, unresolved: 0, deferred: 0 });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('4');
+      expect(await redisStock(activityId, skuId)).toBe('4');
       expect(await withheldReturnedFor(standIn.id)).toBe(forgotten.id);
       expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
     },
@@ -647,8 +650,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       // Whichever of the two the guard closed (the newest by its order).
       const d = sale.secondWave.find((r) => r.status === 'CLOSED');
       expect(d).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
-      const k = activityKeys(activityId);
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('1');
+      expect(await redisStock(activityId, skuId)).toBe('1');
 
       // a times out: b is still live and forgotten, and Redis' free unit is the one b left, so
       // Redis and PostgreSQL agree (1 free each) and nothing goes back: 'unresolved', as before.
@@ -656,7 +658,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         redis: 0,
         unresolved: 1,
       });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('1');
+      expect(await redisStock(activityId, skuId)).toBe('1');
       expect(await withheldReturnedFor(d!.id)).toBeNull();
 
       // b times out: now d's withheld unit is one Redis holds beyond everything: it goes back.
@@ -664,10 +666,10 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         redis: 1,
         unresolved: 0,
       });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('2');
+      expect(await redisStock(activityId, skuId)).toBe('2');
       expect(await withheldReturnedFor(d!.id)).toBe(b!.id);
       expect(await settleStock(f.deps, [b!])).toMatchObject({ redis: 0, unresolved: 0 });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('2');
+      expect(await redisStock(activityId, skuId)).toBe('2');
       // 2 free in Redis and in PostgreSQL (3 less the second wave's live unit); a stays flagged.
       const report = await audit(activityId);
       expect(report.figures).toMatchObject({ held: 1, accounted: 1, closedUnresolved: 1 });
@@ -693,7 +695,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     const i = sale.secondWave.find((r) => r.status !== 'CLOSED');
     const j = sale.secondWave.find((r) => r.status === 'CLOSED');
     expect(j).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
-    expect(await f.redis.hget(activityKeys(sale.activityId).sku(sale.skuId), 'stock')).toBe('0');
+    expect(await redisStock(sale.activityId, sale.skuId)).toBe('0');
     return { activityId: sale.activityId, skuId: sale.skuId, h: sale.firstWave[0]!, i: i!, j: j! };
   };
 
@@ -709,7 +711,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         redis: 1,
         unresolved: 0,
       });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('1');
+      expect(await redisStock(activityId, skuId)).toBe('1');
       expect(await withheldReturnedFor(j.id)).toBe(h.id);
       expect((await journalFor(f.pool, j.reservationId)).map((e) => e.event)).toContain(
         'WITHHELD_STOCK_RETURNED',
@@ -725,23 +727,22 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     'a closed order whose release Redis has run, its settlement not recorded yet, holds nothing there: the withheld unit goes back',
     async () => {
       const { activityId, skuId, h, i, j } = await oneForgottenOneWithheld();
-      const k = activityKeys(activityId);
       // i is cancelled; its release ran in Redis, its settlement's transaction did not (killed).
       expect((await closeOrder(f.deps, i.id, 'CANCELLED', 'trace-i')).settle).toMatchObject({ redis: 1 });
       await f.pool.query(`UPDATE orders SET stock_returned = false, stock_return_via = NULL WHERE id = $1`, [
         i.id,
       ]);
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('1');
+      expect(await redisStock(activityId, skuId)).toBe('1');
 
       expect((await closeOrder(f.deps, h.id, 'PAYMENT_TIMEOUT', 'trace-h')).settle).toMatchObject({
         redis: 1,
         unresolved: 0,
       });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('2');
+      expect(await redisStock(activityId, skuId)).toBe('2');
       expect(await withheldReturnedFor(j.id)).toBe(h.id);
       // The sweeper records i's settlement (its release answers "already released").
       expect(await settleStock(f.deps, [i])).toMatchObject({ redis: 1, unresolved: 0 });
-      expect(await f.redis.hget(k.sku(skuId), 'stock')).toBe('2');
+      expect(await redisStock(activityId, skuId)).toBe('2');
       expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
     },
     TIMEOUT_MS,
@@ -760,8 +761,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       for (const w of [i, j])
         expect(w).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
       await f.pool.query(`UPDATE orders SET stock_return_via = NULL WHERE id = $1`, [j!.id]);
-      const keys = activityKeys(activityId);
-      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('0');
+      expect(await redisStock(activityId, skuId)).toBe('0');
 
       // h times out: i and j stand in for h and h2, so one of them is due back; j's own release
       // is not recorded yet, so it is i's.
@@ -769,11 +769,11 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         redis: 1,
         unresolved: 0,
       });
-      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('1');
+      expect(await redisStock(activityId, skuId)).toBe('1');
       expect(await withheldReturnedFor(i!.id)).toBe(h!.id);
       // The sweeper records j's settlement: still withheld, standing in for h2.
       expect(await settleStock(f.deps, [j!])).toMatchObject({ withheld: 1 });
-      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('1');
+      expect(await redisStock(activityId, skuId)).toBe('1');
       expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
     },
     TIMEOUT_MS,
@@ -791,15 +791,14 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       const [i] = sale.secondWave;
       expect(i).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
       const [k] = await reserveFor(f.redis, activityId, skuId, ['k']);
-      const keys = activityKeys(activityId);
-      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('0');
+      expect(await redisStock(activityId, skuId)).toBe('0');
 
       // h times out: its unit is k's now and i's stands in for h2, still live: nothing goes back.
       expect((await closeOrder(f.deps, h!.id, 'PAYMENT_TIMEOUT', 'trace-h')).settle).toMatchObject({
         redis: 0,
         unresolved: 1,
       });
-      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('0');
+      expect(await redisStock(activityId, skuId)).toBe('0');
       expect(await withheldReturnedFor(i!.id)).toBeNull();
       // k reaches PostgreSQL live, in the unit h freed there: 0 free on either side.
       const topics = topicsFor(activityId, prefix);
@@ -822,14 +821,13 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       const [g1, g2] = sale.secondWave;
       for (const w of [g1, g2])
         expect(w).toMatchObject({ closeReason: 'OVERSELL_PREVENTED', stockReturnVia: 'withheld' });
-      const keys = activityKeys(activityId);
       // e1 is closed; two sweepers settle it at the same moment. The one that measures second
       // must not find the other's given-back unit as a second one beyond (e1 no longer unsettled).
       expect((await transitionOrder(f.pool, e1!.id, 'CLOSE', 'PAYMENT_TIMEOUT')).applied).toBe(true);
       const [a, b] = await Promise.all([settleStock(f.deps, [e1!]), settleStock(f.deps, [e1!])]);
       expect(a.redis + b.redis).toBe(1);
       expect(a.unresolved + b.unresolved).toBe(0);
-      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('1');
+      expect(await redisStock(activityId, skuId)).toBe('1');
       const returnedFor = [await withheldReturnedFor(g1!.id), await withheldReturnedFor(g2!.id)];
       expect(returnedFor.filter((x) => x === e1!.id)).toHaveLength(1);
       expect(returnedFor.filter((x) => x === null)).toHaveLength(1);
@@ -840,7 +838,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         redis: 1,
         unresolved: 0,
       });
-      expect(await f.redis.hget(keys.sku(skuId), 'stock')).toBe('2');
+      expect(await redisStock(activityId, skuId)).toBe('2');
       expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
     },
     TIMEOUT_MS,
@@ -861,7 +859,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         kind: 'returned',
       });
       expect(await settleStock(f.deps, [forgotten!])).toMatchObject({ redis: 1, unresolved: 0 });
-      expect(await f.redis.hget(activityKeys(activityId).sku(skuId), 'stock')).toBe('1');
+      expect(await redisStock(activityId, skuId)).toBe('1');
       expect(await withheldReturnedFor(closure!.id)).toBe(forgotten!.id);
       expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
     },
