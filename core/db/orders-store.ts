@@ -172,6 +172,12 @@ export interface LifecycleOrderRow extends OrderRow {
   stockReleaseAttemptedAt: Date | null;
 }
 
+/**
+ * A closed order whose stock is not settled yet: still held (the partial index
+ * `orders_closed_stock_pending`, core/db/migrations.ts, has the same predicate).
+ */
+const CLOSED_UNSETTLED = `status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL`;
+
 const LIFECYCLE_COLUMNS = `${COLUMNS}, reserved_at AS "reservedAt", paid_at AS "paidAt", closed_at AS "closedAt",
   stock_return_via AS "stockReturnVia", stock_release_attempted_at AS "stockReleaseAttemptedAt"`;
 
@@ -362,7 +368,7 @@ export async function markStockReturned(
   if (orderIds.length === 0) return [];
   const res = await db.query<{ id: string }>(
     `UPDATE orders SET stock_returned = ($2 IN ('redis', 'postgres')), stock_return_via = $2
-      WHERE id = ANY($1::bigint[]) AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+      WHERE id = ANY($1::bigint[]) AND ${CLOSED_UNSETTLED}
       RETURNING id`,
     [orderIds, via],
   );
@@ -418,7 +424,7 @@ export async function findWithheldOfSku(
 export async function lockUnsettledClosed(db: Queryable, orderId: string): Promise<boolean> {
   const res = await db.query(
     `SELECT id FROM orders
-      WHERE id = $1 AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+      WHERE id = $1 AND ${CLOSED_UNSETTLED}
       FOR UPDATE`,
     [orderId],
   );
@@ -439,7 +445,7 @@ export async function findUnsettledClosedOfSku(
   const res = await db.query<LifecycleOrderRow>(
     `SELECT ${LIFECYCLE_COLUMNS} FROM orders
       WHERE activity_id = $1 AND sku_id = $2 AND id <> $3
-        AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+        AND ${CLOSED_UNSETTLED}
       ORDER BY id LIMIT $4`,
     [activityId, skuId, exceptId, limit],
   );
@@ -459,7 +465,7 @@ export async function reservationsHoldingStock(
   const res = await db.query<{ reservationId: string }>(
     `SELECT reservation_id AS "reservationId" FROM orders
       WHERE activity_id = $1 AND reservation_id = ANY($2::text[])
-        AND (status <> 'CLOSED' OR (NOT stock_returned AND stock_return_via IS NULL))`,
+        AND (status <> 'CLOSED' OR (${CLOSED_UNSETTLED}))`,
     [activityId, reservationIds],
   );
   return new Set(res.rows.map((r) => r.reservationId));
@@ -474,7 +480,7 @@ export async function closedUnsettledQuantity(
   const res = await db.query<{ q: string }>(
     `SELECT coalesce(sum(quantity), 0)::text AS q FROM orders
       WHERE activity_id = $1 AND sku_id = $2
-        AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL`,
+        AND ${CLOSED_UNSETTLED}`,
     [activityId, skuId],
   );
   return Number(res.rows[0]?.q ?? 0);
@@ -505,7 +511,7 @@ export async function findUnsettledClosedOrders(
 ): Promise<LifecycleOrderRow[]> {
   const res = await db.query<LifecycleOrderRow>(
     `SELECT ${LIFECYCLE_COLUMNS} FROM orders
-      WHERE activity_id = $1 AND status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+      WHERE activity_id = $1 AND ${CLOSED_UNSETTLED}
         AND closed_at <= now() - make_interval(secs => $2)
       ORDER BY closed_at LIMIT $3`,
     [activityId, graceSeconds, limit],
@@ -571,7 +577,7 @@ export async function activitiesWithAfterSaleWork(db: Queryable, graceSeconds: n
     `SELECT DISTINCT activity_id FROM orders WHERE status = 'UNPAID' AND expires_at <= now()
      UNION
      SELECT DISTINCT activity_id FROM orders
-      WHERE status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL
+      WHERE ${CLOSED_UNSETTLED}
         AND closed_at <= now() - make_interval(secs => $1)`,
     [graceSeconds],
   );
@@ -606,7 +612,7 @@ export async function settlementCounts(db: Queryable, activityId: string): Promi
             count(*) FILTER (WHERE status = 'CLOSED')::text AS closed,
             count(*) FILTER (WHERE status = 'REFUNDING')::text AS refunding,
             count(*) FILTER (WHERE status = 'REFUNDED')::text AS refunded,
-            count(*) FILTER (WHERE status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL)::text
+            count(*) FILTER (WHERE ${CLOSED_UNSETTLED})::text
               AS unsettled,
             max(expires_at) FILTER (WHERE status = 'UNPAID') AS last
        FROM orders WHERE activity_id = $1`,
