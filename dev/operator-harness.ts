@@ -395,12 +395,35 @@ export class Recorder {
 
   async start(): Promise<void> {
     const watch = new Watch(this.a.kc);
-    const run = async (path: string, onObject: (type: string, obj: unknown) => void): Promise<void> => {
+    // A watch the API server ends (its timeout, a restart) resumes from the last resourceVersion
+    // it delivered, so no event in between is lost; only when that version has expired (410 Gone,
+    // delivered as an ERROR event) does it start over with a fresh list.
+    const run = async (
+      path: string,
+      onObject: (type: string, obj: unknown) => void,
+      from?: string,
+    ): Promise<void> => {
+      let last = from;
       const restart = (): void => {
-        if (!this.stopped) setTimeout(() => void run(path, onObject), 200);
+        if (!this.stopped) setTimeout(() => void run(path, onObject, last), 200);
       };
-      const controller = await watch.watch(path, {}, onObject, restart);
-      this.aborts.push(controller);
+      const deliver = (type: string, obj: unknown): void => {
+        if (type === 'ERROR') {
+          last = undefined;
+          return;
+        }
+        const version = (obj as { metadata?: { resourceVersion?: string } }).metadata?.resourceVersion;
+        if (version) last = version;
+        if (type !== 'BOOKMARK') onObject(type, obj);
+      };
+      const query = last
+        ? { allowWatchBookmarks: true, resourceVersion: last }
+        : { allowWatchBookmarks: true };
+      try {
+        this.aborts.push(await watch.watch(path, query, deliver, restart));
+      } catch {
+        restart();
+      }
     };
     await run(`/apis/${GROUP}/${VERSION}/namespaces/${this.namespace}/${PLURAL}`, (type, obj) => {
       const fsa = obj as FlashSaleActivity;
