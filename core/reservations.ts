@@ -73,6 +73,17 @@ export function rateLimitedMs(err: FlashSaleError): number {
   return Number.isFinite(ms) && ms > 0 ? ms : 1000;
 }
 
+/**
+ * The units left that a SOLD_OUT from reserve() carries (reserve-9.lua's reply, or the sum over a
+ * bucketed SKU's buckets): more than 0 when the buyer asked for more than is left, which is not
+ * the SKU sold out for everyone. Undefined when the error carries no figure.
+ */
+export function stockLeftOf(err: FlashSaleError): number | undefined {
+  const data = (err.extra as { data?: unknown[] }).data;
+  const left = Number(data?.[0]);
+  return data && data.length > 0 && Number.isFinite(left) ? left : undefined;
+}
+
 function countOf(consumed: unknown, ttlMs: unknown): WindowCount {
   return { consumed: Number(consumed), ttlMs: Number(ttlMs) };
 }
@@ -132,7 +143,12 @@ export async function reserve(redis: RedisClient, input: ReserveInput): Promise<
       // Units stranded by a transfer whose process died half-way count too.
       if (moved === 0) moved = await completeTransfers(redis, layout, input.skuId);
       // Every donor was emptied by other refills meanwhile: sold out only if no bucket has a unit.
-      if (moved === 0 && (await unitsLeft(redis, layout, input.skuId)) < input.quantity) throw err;
+      if (moved === 0) {
+        const left = await unitsLeft(redis, layout, input.skuId);
+        // The SKU's units left over all its buckets, as the script's SOLD_OUT carries its own.
+        if (left < input.quantity)
+          throw new FlashSaleError('SOLD_OUT', undefined, { script: 'reserve', data: [left] });
+      }
     }
   }
 }

@@ -10,7 +10,13 @@ import type { Metrics } from '../../core/metrics.js';
 import { answerUnloadedSubmission, lookupOrder } from '../../core/order-view.js';
 import { localAck } from '../../core/durable-ack.js';
 import type { ReservationAck } from '../../core/durable-ack.js';
-import { rateLimitedMs, reservationIdFor, reserve, soldOutCheck } from '../../core/reservations.js';
+import {
+  rateLimitedMs,
+  reservationIdFor,
+  reserve,
+  soldOutCheck,
+  stockLeftOf,
+} from '../../core/reservations.js';
 import { crashPoint } from '../../core/crash.js';
 import type { RedisClient } from '../../core/scripts.js';
 import {
@@ -192,7 +198,10 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
       if (!(err instanceof FlashSaleError) || err.code !== 'NOT_LOADED') {
         if (err instanceof FlashSaleError) {
           count(activityId, resultLabel[err.code] ?? 'error');
-          if (err.code === 'SOLD_OUT') deps.soldOut.markSoldOut(activityId, body.skuId);
+          // Only a SKU with nothing left answers everyone without the script: a buyer who asked
+          // for more units than are left must not turn the others away.
+          if (err.code === 'SOLD_OUT' && stockLeftOf(err) === 0)
+            deps.soldOut.markSoldOut(activityId, body.skuId);
         }
         throw err;
       }
