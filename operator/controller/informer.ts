@@ -90,7 +90,8 @@ export class ResilientInformer<T extends KubernetesObject> {
     const epoch = ++this.epoch;
     const informer = (this.options.make ?? defaultMake)(this.options);
     let failed = false;
-    const live = (): boolean => epoch === this.epoch && !this.stopped;
+    let retired = false;
+    const live = (): boolean => !retired && epoch === this.epoch && !this.stopped;
     informer.on('add', (obj) => live() && this.options.onEvent('add', obj));
     informer.on('update', (obj) => live() && this.options.onEvent('update', obj));
     informer.on('delete', (obj) => live() && this.options.onEvent('delete', obj));
@@ -103,8 +104,10 @@ export class ResilientInformer<T extends KubernetesObject> {
     informer.on('connect', () => {
       if (live()) this.restartDelay = this.options.minRestartMs ?? 500;
     });
+    // The informer being replaced keeps answering `get` and `list` until this one has listed: a
+    // reconcile in between must find the objects, if a little stale, never none (a Deployment
+    // missing from the cache reads as "not there yet" and would be applied again).
     const old = this.current;
-    this.current = informer;
     // start() resolves after the list and once the watch is open (or after reporting an error).
     await informer.start().catch((err: unknown) => {
       failed = true;
@@ -114,10 +117,16 @@ export class ResilientInformer<T extends KubernetesObject> {
       }
     });
     if (!failed && live()) {
+      this.current = informer;
       this.syncedOnce = true;
       this.options.log.debug({ informer: this.options.name, why }, 'informer listed and watching');
+      if (old) await old.stop().catch(() => undefined);
+      return;
     }
-    if (old) await old.stop().catch(() => undefined);
+    // Not taken: it failed (a restart is scheduled; the previous cache answers until one lists),
+    // or the wrapper was stopped or another replacement began meanwhile.
+    retired = true;
+    await informer.stop().catch(() => undefined);
   }
 
   private scheduleRestart(): void {

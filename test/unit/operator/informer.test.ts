@@ -11,15 +11,22 @@ class FakeInformer implements Informer<KubernetesObject>, ObjectCache<Kubernetes
   readonly callbacks = new Map<string, Callback[]>();
   started = 0;
   stopped = 0;
-  constructor(private readonly startFails: boolean) {}
+  constructor(public startFails: boolean) {}
   on(verb: string, cb: (arg: never) => void): void {
     this.callbacks.set(verb, [...(this.callbacks.get(verb) ?? []), cb as unknown as Callback]);
   }
   off(): void {}
+  /** When set, start() waits for it: the list still running. */
+  listing: Promise<void> | undefined;
   async start(): Promise<void> {
     this.started += 1;
+    await this.listing;
     if (this.startFails) this.fire('error', new Error('list failed'));
-    else this.fire('connect', undefined);
+    else {
+      this.store.set('d', obj('d'));
+      this.listed = true;
+      this.fire('connect', undefined);
+    }
   }
   async stop(): Promise<void> {
     this.stopped += 1;
@@ -28,11 +35,14 @@ class FakeInformer implements Informer<KubernetesObject>, ObjectCache<Kubernetes
   fire(verb: string, arg: unknown): void {
     for (const cb of this.callbacks.get(verb) ?? []) cb(arg);
   }
-  get(): KubernetesObject | undefined {
-    return undefined;
+  /** What this informer's list found (its cache once started). */
+  readonly store = new Map<string, KubernetesObject>();
+  listed = false;
+  get(name: string): KubernetesObject | undefined {
+    return this.listed ? this.store.get(name) : undefined;
   }
   list(): readonly KubernetesObject[] {
-    return [];
+    return this.listed ? [...this.store.values()] : [];
   }
 }
 
@@ -45,7 +55,7 @@ describe('ResilientInformer', () => {
   beforeEach(() => jest.useFakeTimers());
   afterEach(() => jest.useRealTimers());
 
-  function setup(failFirst: number) {
+  function setup(failFirst: number, configure?: (f: FakeInformer, index: number) => void) {
     const made: FakeInformer[] = [];
     const events: [InformerEvent, string][] = [];
     const informer = new ResilientInformer<KubernetesObject>({
@@ -60,6 +70,7 @@ describe('ResilientInformer', () => {
       maxRestartMs: 400,
       make: () => {
         const f = new FakeInformer(made.length < failFirst);
+        configure?.(f, made.length);
         made.push(f);
         return f;
       },
@@ -105,6 +116,31 @@ describe('ResilientInformer', () => {
     expect(made[1]?.stopped).toBe(1);
     await jest.advanceTimersByTimeAsync(120_000);
     expect(made).toHaveLength(2); // no relist after stop
+  });
+
+  it('keeps answering from the replaced cache while the new informer lists, and after it fails', async () => {
+    let finishList: () => void = () => undefined;
+    const relisting = new Promise<void>((resolve) => (finishList = resolve));
+    // The relist's informer (the second) lists slowly, then fails.
+    const { informer, made } = setup(0, (f, index) => {
+      if (index === 1) Object.assign(f, { listing: relisting, startFails: true });
+    });
+    await informer.start();
+    expect(informer.get('d')?.metadata?.name).toBe('d');
+    await jest.advanceTimersByTimeAsync(60_000);
+    expect(made).toHaveLength(2);
+    expect(informer.get('d')?.metadata?.name).toBe('d'); // still listing: the old cache answers
+    expect(informer.list()).toHaveLength(1);
+    finishList();
+    await flush();
+    expect(made[1]?.stopped).toBe(1); // the failed one is dropped
+    expect(made[0]?.stopped).toBe(0);
+    expect(informer.get('d')?.metadata?.name).toBe('d'); // the old cache answers until one lists
+    await jest.advanceTimersByTimeAsync(100); // the restart lists
+    expect(made).toHaveLength(3);
+    expect(made[0]?.stopped).toBe(1);
+    expect(informer.get('d')?.metadata?.name).toBe('d');
+    await informer.stop();
   });
 
   it('restarts after a watch error once it was running', async () => {
