@@ -3,10 +3,12 @@
  * by lua/loadItems-var.lua), so a later spec generation can be compared with what is live.
  */
 import { activityKeys } from './keys.js';
-import type { CatalogItem } from './model.js';
+import type { CatalogItem, GateState } from './model.js';
 import type { RedisClient } from './scripts.js';
 
 export interface LoadedDefinition {
+  /** The gate as it is now: what buyers meet, whatever the resource's status says. */
+  gate: GateState;
   generation: number;
   loads: number;
   startMs: number;
@@ -52,6 +54,7 @@ export async function readLoadedDefinition(
     });
   }
   return {
+    gate: meta.gate as GateState,
     generation: Number(meta.gen ?? 0),
     loads: Number(meta.loads ?? 0),
     startMs: Number(meta.startMs ?? 0),

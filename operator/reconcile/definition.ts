@@ -4,7 +4,7 @@
  */
 import { Decimal } from 'decimal.js';
 import type { LoadedDefinition } from '../../core/loaded-definition.js';
-import type { ActivityDefinition, CatalogItem } from '../../core/model.js';
+import type { ActivityDefinition, CatalogItem, GateState } from '../../core/model.js';
 import type { FlashSaleActivity, ItemSpec, Phase } from '../api/v1alpha1/types.js';
 import { Phase as P } from '../api/v1alpha1/types.js';
 
@@ -50,6 +50,18 @@ export interface DefinitionDiff {
 
 const LIVE: readonly Phase[] = [P.Active];
 const ENDED: readonly Phase[] = [P.Draining, P.WritingBack, P.CleaningUp, P.Completed, P.Failed];
+
+/**
+ * The phase an edit is judged in: the recorded one, unless the gate is already past it. A step
+ * changes the gate first and records its phase after, so a crash or a conflicting write in between
+ * leaves an open gate under Ready (the sale is live) or a closed one under Active (it has ended);
+ * an edit admitted for the recorded phase must still meet the rules of the one buyers meet.
+ */
+export function phaseOfGate(phase: Phase, gate: GateState): Phase {
+  if (gate === 'closed' && (phase === P.Ready || phase === P.Active)) return P.Draining;
+  if ((gate === 'open' || gate === 'paused') && phase === P.Ready) return P.Active;
+  return phase;
+}
 
 /**
  * Compares the definition in the cache with the one the spec now asks for. Always unsafe: removing

@@ -16,7 +16,7 @@ import { readLoadedDefinition } from '../../core/loaded-definition.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE } from './context.js';
-import { buildDefinition, diffDefinition } from './definition.js';
+import { buildDefinition, diffDefinition, phaseOfGate } from './definition.js';
 import { planBuckets } from './plan-buckets.js';
 import { resolveItems } from './resolve-items.js';
 import { syncTrafficPolicy } from './traffic-policy.js';
@@ -44,7 +44,7 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
     // were recorded in PostgreSQL gets them here (idempotent; a newer generation is kept).
     await recordActivityItems(ctx.deps.pool, ctx.activityId, loaded.generation, loaded.items);
     if (loaded.generation >= desired.generation) return { kind: 'unchanged' };
-    const diff = diffDefinition(loaded, desired, phase);
+    const diff = diffDefinition(loaded, desired, phaseOfGate(phase, loaded.gate));
     if (diff.unsafe.length > 0) {
       return {
         kind: 'refused',

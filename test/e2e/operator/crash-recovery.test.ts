@@ -6,6 +6,8 @@
 // starts a process.
 import type { Redis } from 'ioredis';
 import { readMeta } from '../../../core/activity-cache.js';
+import { readLoadedDefinition } from '../../../core/loaded-definition.js';
+import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { countOrders } from '../../../core/db/orders-store.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
@@ -124,6 +126,17 @@ describe('operator: SIGKILL in every phase', () => {
       expect(fsa.status?.phase).toBe(Phase.Ready);
       expect(await readMeta(redis, activityId)).toMatchObject({ loads: 1, gate: 'open' });
 
+      // A price edit the CRD admits for Ready lands now: the sale is live, so the operator that
+      // comes back judges it by the open gate and refuses it (nothing sold at 899.00 is repriced).
+      await a.custom.patchNamespacedCustomObject({
+        group: GROUP,
+        version: VERSION,
+        namespace: ns.namespace,
+        plural: PLURAL,
+        name,
+        body: [{ op: 'replace', path: '/spec/items/0/price', value: '799.00' }],
+      });
+
       // Buyers reserve while no operator runs at all: 10 want "a" (6 in stock), 3 want 2 of "b".
       const outcomes: string[] = [];
       for (let i = 0; i < 13; i += 1) {
@@ -147,6 +160,14 @@ describe('operator: SIGKILL in every phase', () => {
       // Active, killed from outside while the sale runs.
       current = await startOperator({ ns, databaseUrl: db.url });
       await waitForPhase(a, ns.namespace, name, Phase.Active, 60_000);
+      const refused = await waitFor('the price edit refused', async () => {
+        const degraded = findCondition((await fetchFsa()).status?.conditions, 'Degraded');
+        return degraded?.reason === 'SpecChangeRefused' ? degraded : undefined;
+      });
+      expect(refused.message).toMatch(/sku a: price 899\.00 -> 799\.00/);
+      expect((await readLoadedDefinition(redis, activityId))?.items.find((i) => i.skuId === 'a')?.price).toBe(
+        '899.00',
+      );
       expect((await current.kill('SIGKILL')).signal).toBe('SIGKILL');
       expect(await loads()).toBe(1);
 

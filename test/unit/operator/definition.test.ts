@@ -1,12 +1,13 @@
 import type { LoadedDefinition } from '../../../core/loaded-definition.js';
 import type { ActivityDefinition } from '../../../core/model.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
-import { diffDefinition, normalizePrice } from '../../../operator/reconcile/definition.js';
+import { diffDefinition, normalizePrice, phaseOfGate } from '../../../operator/reconcile/definition.js';
 
 const start = Date.parse('2030-01-01T10:00:00Z');
 const end = Date.parse('2030-01-01T11:00:00Z');
 
 const loaded: LoadedDefinition = {
+  gate: 'pending',
   generation: 1,
   loads: 1,
   startMs: start,
@@ -96,6 +97,36 @@ describe('diffDefinition', () => {
       items: [{ ...loaded.items[0]!, price: '1.00', stock: 1 }],
     });
     expect(diffDefinition(loaded, next, Phase.Active).unsafe).toHaveLength(4);
+  });
+});
+
+describe('phaseOfGate', () => {
+  it('judges an edit by the gate when a step changed it and its phase is not recorded yet', () => {
+    // Opened under Ready: a price edit the CRD admitted for Ready is a live-sale edit.
+    expect(phaseOfGate(Phase.Ready, 'open')).toBe(Phase.Active);
+    expect(phaseOfGate(Phase.Ready, 'paused')).toBe(Phase.Active);
+    expect(
+      diffDefinition(loaded, withItem('a', { price: '4.00' }), phaseOfGate(Phase.Ready, 'open')).unsafe,
+    ).toEqual(['sku a: price 5.00 -> 4.00']);
+    // Closed under Ready or Active: the sale has ended, an endAt extension cannot reopen it.
+    expect(phaseOfGate(Phase.Active, 'closed')).toBe(Phase.Draining);
+    expect(phaseOfGate(Phase.Ready, 'closed')).toBe(Phase.Draining);
+    expect(
+      diffDefinition(loaded, desired({ endAt: new Date(end + 60_000) }), phaseOfGate(Phase.Active, 'closed'))
+        .unsafe,
+    ).toHaveLength(1);
+  });
+
+  it('keeps the recorded phase when the gate agrees with it', () => {
+    expect(phaseOfGate(Phase.Ready, 'pending')).toBe(Phase.Ready);
+    expect(phaseOfGate(Phase.Active, 'open')).toBe(Phase.Active);
+    expect(phaseOfGate(Phase.Active, 'paused')).toBe(Phase.Active);
+    expect(phaseOfGate(Phase.WarmingUp, 'pending')).toBe(Phase.WarmingUp);
+    expect(phaseOfGate(Phase.Draining, 'closed')).toBe(Phase.Draining);
+    expect(phaseOfGate(Phase.WritingBack, 'frozen')).toBe(Phase.WritingBack);
+    expect(
+      diffDefinition(loaded, withItem('a', { price: '4.00' }), phaseOfGate(Phase.Ready, 'pending')).unsafe,
+    ).toEqual([]);
   });
 });
 
