@@ -1,5 +1,5 @@
 // The CRD's OpenAPI schema and CEL rules on the real API server: defaults, invalid specs refused
-// with clear messages, edits refused once the sale is Active, and the operator's RBAC boundary.
+// with clear messages, edits refused once the sale is Ready or Active, and the operator's RBAC boundary.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AuthorizationV1Api } from '@kubernetes/client-node';
@@ -378,6 +378,61 @@ describe('FlashSaleActivity CRD on the API server', () => {
           patch('live', [{ op: 'replace', path: '/spec/runtime/replicas/draining/consumer', value: 3 }]),
         ),
       ).toBeUndefined();
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'refuses edits of the pinned runtime template (image, payment timeout) from Ready on, allows them before',
+    async () => {
+      const image = (value: string): unknown[] => [{ op: 'add', path: '/spec/runtime/image', value }];
+      const timeout = (value: string): unknown[] => [{ op: 'replace', path: '/spec/payment/timeout', value }];
+      const imageRefused = /spec\.runtime: .*spec\.runtime\.image cannot change once the sale is Ready/;
+      const timeoutRefused = /spec\.payment: .*spec\.payment\.timeout cannot change once the sale is Ready/;
+      await create('pin', valid());
+      // Pending and WarmingUp: the operator still (re)applies the pod template.
+      for (const phase of [undefined, 'Pending', 'WarmingUp']) {
+        if (phase) await setPhase('pin', phase);
+        expect([phase, await refusal(patch('pin', image(`registry.example/rt:${phase ?? 'new'}`)))]).toEqual([
+          phase,
+          undefined,
+        ]);
+        expect([phase, await refusal(patch('pin', timeout(phase === 'WarmingUp' ? '20m' : '10m')))]).toEqual([
+          phase,
+          undefined,
+        ]);
+      }
+      // From Ready on the template is pinned: every change is refused, setting or removing the image included.
+      for (const phase of ['Ready', 'Active', 'Draining', 'Settling', 'Completed', 'Failed']) {
+        await setPhase('pin', phase);
+        expect([phase, await refusal(patch('pin', image('registry.example/rt:other')))]).toEqual([
+          phase,
+          expect.stringMatching(imageRefused),
+        ]);
+        expect([phase, await refusal(patch('pin', timeout('30m')))]).toEqual([
+          phase,
+          expect.stringMatching(timeoutRefused),
+        ]);
+      }
+      expect(await refusal(patch('pin', [{ op: 'remove', path: '/spec/runtime/image' }]))).toMatch(
+        imageRefused,
+      );
+      // Unchanged values and the other runtime settings stay editable (replicas are still applied).
+      await setPhase('pin', 'Active');
+      expect(
+        await refusal(
+          patch('pin', [
+            ...image('registry.example/rt:WarmingUp'),
+            ...timeout('20m'),
+            { op: 'replace', path: '/spec/runtime/replicas/active/api', value: 4 },
+            { op: 'replace', path: '/spec/drain/timeout', value: '10m' },
+          ]),
+        ),
+      ).toBeUndefined();
+      // A sale created without an image cannot get one once Ready.
+      await create('pin-default', valid());
+      await setPhase('pin-default', 'Ready');
+      expect(await refusal(patch('pin-default', image('registry.example/rt:late')))).toMatch(imageRefused);
     },
     TIMEOUT_MS,
   );
