@@ -180,7 +180,9 @@ const schema = z
      * rebalance timeout: both bound how long a crash stalls orders (kafkajs' defaults, 30 s and
      * 60 s, left buyers waiting a minute). The session timeout must lie within the broker's
      * group.min/max.session.timeout.ms (6 s to 30 min by default); the heartbeat interval well
-     * below a third of it. The consumer also heartbeats after every chunk it writes.
+     * below a third of it. The consumer also heartbeats after every chunk it writes, and within a
+     * chunk between dead letters, orders written one by one and retry sleeps (kafkajs 2.2.4 sends
+     * none in the background).
      */
     CONSUMER_SESSION_TIMEOUT_MS: env.int(8_000, 1_000),
     CONSUMER_HEARTBEAT_INTERVAL_MS: env.int(1_000, 100),

@@ -66,6 +66,14 @@ export interface ConsumerOptions {
 
 class PoisonMessage extends Error {}
 
+/**
+ * Longest the consumer waits between two heartbeat calls while it sleeps. kafkajs 2.2.4 sends no
+ * heartbeat in the background: while a chunk is processed only the consumer's own calls keep it a
+ * member of the group. `heartbeat()` of eachBatch sends one only once the heartbeat interval has
+ * passed since the last, so calling it often costs nothing.
+ */
+const HEARTBEAT_SLICE_MS = 250;
+
 const ORDER_CREATED = { event: 'ORDER_CREATED', toStatus: 'UNPAID' } as const;
 
 /** A message that contradicts the activity's own data: sent to the DLQ at once, never retried. */
@@ -297,19 +305,22 @@ export class OrderConsumer {
       // An unparseable message will not parse next time either; it still gets its attempts so
       // that every failure is counted the same way.
       while (!(await this.failed(c, new PoisonMessage(c.error), p)));
+      await this.beat(p);
     }
     let good: Parsed[] = [];
     for (let delay = 100; ; delay = Math.min(delay * 2, 5_000)) {
       try {
         const checked = await this.check(chunk.filter((c) => c.order));
-        for (const [c, err] of checked.refused) await this.toDlq(c, err, p, 1);
+        for (const [c, err] of checked.refused) {
+          await this.toDlq(c, err, p, 1);
+          await this.beat(p);
+        }
         good = checked.good;
         break;
       } catch (err) {
         if (!p.isRunning() || !isTransientDbError(err)) throw err;
         this.options.metrics.consumerRetries.inc({ activity: this.options.activityId, reason: 'transient' });
-        await sleep(delay);
-        await p.heartbeat().catch(() => undefined);
+        await this.pause(delay, p);
       }
     }
 
@@ -333,14 +344,17 @@ export class OrderConsumer {
             { err: (err as Error).message, delayMs: delay },
             'transient failure; retrying batch',
           );
-          await sleep(delay);
+          await this.pause(delay, p);
           delay = Math.min(delay * 2, 5_000);
-          await p.heartbeat().catch(() => undefined);
           continue;
         }
         if (good.length > 1) {
-          // Isolate the message that fails: insert one by one.
-          for (const g of good) await this.processChunk([g], p);
+          // Isolate the message that fails: insert one by one, heartbeating between them (a chunk
+          // of hundreds of orders written one at a time can outlast the session timeout).
+          for (const g of good) {
+            await this.beat(p);
+            await this.processChunk([g], p);
+          }
           return;
         }
         const only = good[0];
@@ -352,6 +366,25 @@ export class OrderConsumer {
     }
   }
 
+  /**
+   * A heartbeat if the heartbeat interval has passed (kafkajs throttles it), so that a chunk that
+   * takes long (retries, dead letters, orders isolated one by one) keeps the member in its group:
+   * without one for the session timeout the member is evicted, its commit fails and the chunk is
+   * processed again after the rejoin (every poison order dead-lettered once more). A failed
+   * heartbeat is left to the commit after the chunk, which sees the rebalance or eviction too.
+   */
+  private async beat(p: EachBatchPayload): Promise<void> {
+    await p.heartbeat().catch(() => undefined);
+  }
+
+  /** Sleeps, heartbeating at least every HEARTBEAT_SLICE_MS however long the sleep. */
+  private async pause(ms: number, p: EachBatchPayload): Promise<void> {
+    for (let left = ms; left > 0; left -= HEARTBEAT_SLICE_MS) {
+      await sleep(Math.min(left, HEARTBEAT_SLICE_MS));
+      await this.beat(p);
+    }
+  }
+
   /** Counts a non-transient failure; returns true once the message went to the DLQ. */
   private async failed(c: Parsed, err: Error, p: EachBatchPayload): Promise<boolean> {
     const key = `${p.batch.partition}:${c.message.offset}:${c.index ?? ''}`;
@@ -359,7 +392,7 @@ export class OrderConsumer {
     this.attempts.set(key, n);
     this.options.metrics.consumerRetries.inc({ activity: this.options.activityId, reason: 'poison' });
     if (n < this.options.maxAttempts) {
-      await sleep(50 * n);
+      await this.pause(50 * n, p);
       return false;
     }
     await this.toDlq(c, err, p, n);
