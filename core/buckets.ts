@@ -89,6 +89,8 @@ export class BucketLayout {
     readonly activityId: string,
     /** sku id -> bucket count, for bucketed SKUs only (count >= 2). */
     readonly counts: ReadonlyMap<string, number>,
+    /** The loaded generation (the meta's `gen`) this layout was read at. */
+    readonly generation = 0,
   ) {
     this.keys = activityKeys(activityId);
   }
@@ -129,8 +131,9 @@ export class BucketLayout {
 const cache = new Map<string, BucketLayout>();
 
 /**
- * The activity's remembered layout, without a promise: the order path asks on every request and
- * finds it nearly always. Undefined when it must be read (bucketLayout).
+ * The activity's remembered layout, without a promise and without checking `gen`: the reserve path
+ * asks on every request, and learns of a bucketed SKU added since from the script itself (BUCKETED,
+ * core/reservations.ts). Undefined when it must be read (bucketLayout).
  */
 export function knownBucketLayout(activityId: string): BucketLayout | undefined {
   return cache.get(activityId);
@@ -138,8 +141,11 @@ export function knownBucketLayout(activityId: string): BucketLayout | undefined 
 
 /**
  * The activity's bucket layout as loaded (meta fields `bucket:<sku>`). A SKU's bucket count never
- * changes once loaded (the CRD refuses the edit), so a process keeps the layout; `refresh` re-reads
- * it (a SKU added by a later load, or a reserve script that found a bucketed SKU's activity hash).
+ * changes once loaded (the CRD refuses the edit), but a later load can add a bucketed SKU, and
+ * every load stamps the meta's `gen`: a process keeps the layout and re-reads it only when `gen`
+ * has moved (one small read), or at once with `refresh` (a reserve script that found a bucketed
+ * SKU's activity hash). Without that check a consumer, the jobs or another api would go on
+ * settling a new bucketed SKU's reservations in the activity's own scope, where they are not.
  */
 export async function bucketLayout(
   redis: RedisClient,
@@ -147,15 +153,15 @@ export async function bucketLayout(
   opts: { refresh?: boolean } = {},
 ): Promise<BucketLayout> {
   const known = cache.get(activityId);
-  if (known && !opts.refresh) return known;
   const k = activityKeys(activityId);
+  if (known && !opts.refresh && Number(await redis.hget(k.meta, 'gen')) === known.generation) return known;
   const meta = await redis.hgetall(k.meta);
   const counts = new Map<string, number>();
   for (const [field, value] of Object.entries(meta)) {
     const sku = ActivityKeys.skuOfBucketField(field);
     if (sku !== undefined && Number(value) > 1) counts.set(sku, Number(value));
   }
-  const layout = new BucketLayout(activityId, counts);
+  const layout = new BucketLayout(activityId, counts, Number(meta.gen ?? 0));
   // An activity not loaded yet is not remembered: its layout is still to come. Nor is a meta
   // without the load mark `gen`: a half-done load, or the paused meta a cache restore holds an
   // empty Redis with (core/cache-restore.ts), whose layout comes back with the reload.
