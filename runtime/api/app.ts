@@ -2,7 +2,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Express, RequestHandler, Router } from 'express';
+import type { Express, NextFunction, Request, RequestHandler, Router } from 'express';
 import { FlashSaleError } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 import { createServiceApp } from '../http.js';
@@ -16,7 +16,8 @@ import { problemHandler, sendProblem } from './problem.js';
 import type { AdmissionControl } from './admission.js';
 import { PolicyCache } from './policy-cache.js';
 import { rateLimitStages } from './rate-limit.js';
-import { registrationRouter } from './registration-routes.js';
+import { REFUND_PATH } from './refund-routes.js';
+import { REGISTRATION_PATH, registrationRouter } from './registration-routes.js';
 
 export interface ApiOptions extends ServiceAppOptions, Omit<OrdersDeps, 'policies'> {
   /** Traffic policies per activity; by default read from Redis every second. */
@@ -46,19 +47,79 @@ function findOpenApi(): string | undefined {
   return undefined;
 }
 
+const refuseMediaType = (): FlashSaleError =>
+  new FlashSaleError('UNSUPPORTED_MEDIA_TYPE', 'send application/json');
+
+/** res.locals key: the request's media type was checked already (an optional-body route). */
+const MEDIA_TYPE_CHECKED = 'mediaTypeChecked';
+
 /** Only JSON bodies are read; anything else on a write is refused before authentication work. */
-const jsonOnly: RequestHandler = (req, _res, next) => {
+const jsonOnly: RequestHandler = (req, res, next) => {
   if (
+    res.locals[MEDIA_TYPE_CHECKED] !== true &&
     (req.method === 'POST' || req.method === 'PUT' || req.method === 'DELETE') &&
     req.headers['content-length'] !== '0'
   ) {
     const type = req.headers['content-type'] ?? '';
     if (req.method !== 'DELETE' && !/^application\/json\b/i.test(type)) {
-      next(new FlashSaleError('UNSUPPORTED_MEDIA_TYPE', 'send application/json'));
+      next(refuseMediaType());
       return;
     }
   }
   next();
+};
+
+/**
+ * Routes that read no body, or an optional one: an absent body (neither Content-Length nor
+ * Transfer-Encoding, as `curl -X POST` sends it) and an empty chunked one are no body, like
+ * `Content-Length: 0`, whatever the Content-Type. A body that is there must be JSON.
+ */
+const BODY_OPTIONAL_ROUTES = [REGISTRATION_PATH, REFUND_PATH];
+
+/**
+ * Waits for the first byte of a chunked body of another type than JSON: none (the body ends
+ * empty) is no body; a byte is refused with UNSUPPORTED_MEDIA_TYPE, the rest read off unread.
+ */
+function noBodyOrRefuse(req: Request, next: NextFunction): void {
+  let settled = false;
+  const settle = (err?: unknown): void => {
+    if (settled) return;
+    settled = true;
+    req.off('data', onData);
+    req.off('end', onEnd);
+    req.off('error', onGone);
+    req.off('close', onGone);
+    if (err !== undefined) req.resume();
+    next(err);
+  };
+  const onData = (chunk: Buffer): void => {
+    if (chunk.length > 0) settle(refuseMediaType());
+  };
+  const onEnd = (): void => settle();
+  // The client went away before the end: answered (to nobody) as body-parser does.
+  const onGone = (): void =>
+    settle(Object.assign(new Error('request aborted'), { status: 400, type: 'request.aborted' }));
+  req.on('data', onData);
+  req.on('end', onEnd);
+  req.on('error', onGone);
+  req.on('close', onGone);
+}
+
+const jsonOrNoBody: RequestHandler = (req, res, next) => {
+  res.locals[MEDIA_TYPE_CHECKED] = true;
+  const h = req.headers;
+  if (/^application\/json\b/i.test(h['content-type'] ?? '')) {
+    next();
+    return;
+  }
+  if (h['transfer-encoding'] === undefined) {
+    // No body at all, or a declared length: only an empty one is no body.
+    const length = h['content-length'];
+    if (length === undefined || Number(length) === 0) next();
+    else next(refuseMediaType());
+    return;
+  }
+  noBodyOrRefuse(req, next);
 };
 
 export async function createApiApp(opts: ApiOptions): Promise<Express> {
@@ -94,6 +155,7 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
     res.type('application/yaml').send(openapi);
   });
   for (const r of opts.publicRouters ?? []) app.use(r);
+  app.post(BODY_OPTIONAL_ROUTES, jsonOrNoBody);
   app.use('/v1', jsonOnly);
   app.use(limits.beforeAuth);
   app.use('/v1', body);

@@ -25,7 +25,11 @@ export class PolicyCache {
     private readonly redis: RedisClient,
     private readonly refreshMs: number,
     private readonly logger: Logger,
-    private readonly fallback: TrafficPolicy = DEFAULT_TRAFFIC_POLICY,
+    /**
+     * The policy of an activity with none in Redis (the operator writes one for every activity it
+     * runs): this very object, so a caller can tell such an activity (a made-up id) by identity.
+     */
+    readonly fallback: TrafficPolicy = DEFAULT_TRAFFIC_POLICY,
   ) {}
 
   /**

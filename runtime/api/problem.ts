@@ -73,17 +73,36 @@ export function sendProblem(
 /** Fields of FlashSaleError.extra a client may see; anything else (script data) stays inside. */
 const PUBLIC_EXTRAS = ['errors', 'reservationId'] as const;
 
-/** Body-parser and framework errors carry a `type` / `status`; map them to stable codes. */
-function frameworkCode(err: { type?: string; status?: number }): ErrorCode | undefined {
-  if (err.type === 'entity.too.large') return 'PAYLOAD_TOO_LARGE';
-  if (
-    err.type === 'entity.parse.failed' ||
-    err.type === 'encoding.unsupported' ||
-    err.type === 'charset.unsupported'
-  )
-    return 'VALIDATION_ERROR';
-  if (err.status === 400) return 'VALIDATION_ERROR';
-  return undefined;
+/**
+ * Body-parser and framework errors carry a `type` / `status`; map them to stable codes, each with
+ * an accurate detail. Body-parser's own 415s (a charset other than UTF-8, a Content-Encoding it
+ * cannot decode) stay 415s; the router's 400 for a path it cannot percent-decode is said so.
+ */
+function frameworkProblem(err: unknown): { code: ErrorCode; detail: string } | undefined {
+  const e = (err ?? {}) as { type?: unknown; status?: unknown };
+  switch (e.type) {
+    case 'entity.too.large':
+      return { code: 'PAYLOAD_TOO_LARGE', detail: 'the body exceeds the limit' };
+    case 'entity.parse.failed':
+      return { code: 'VALIDATION_ERROR', detail: 'malformed JSON body' };
+    case 'charset.unsupported':
+      return {
+        code: 'UNSUPPORTED_MEDIA_TYPE',
+        detail: 'unsupported charset; send application/json in UTF-8',
+      };
+    case 'encoding.unsupported':
+      return {
+        code: 'UNSUPPORTED_MEDIA_TYPE',
+        detail: 'unsupported Content-Encoding; send identity, gzip, deflate or br',
+      };
+    case 'request.size.invalid':
+      return { code: 'VALIDATION_ERROR', detail: 'the body does not match its Content-Length' };
+  }
+  if (e.status !== 400) return undefined;
+  // router's decodeParam: decodeURIComponent's URIError with status 400.
+  if (err instanceof URIError)
+    return { code: 'VALIDATION_ERROR', detail: 'malformed percent-encoding in the path' };
+  return { code: 'VALIDATION_ERROR', detail: 'the request body could not be read' };
 }
 
 export function problemHandler(logger: Logger): ErrorRequestHandler {
@@ -96,13 +115,9 @@ export function problemHandler(logger: Logger): ErrorRequestHandler {
       sendProblem(res, err.code, err.message, extra);
       return;
     }
-    const code = frameworkCode(err as { type?: string; status?: number });
-    if (code) {
-      sendProblem(
-        res,
-        code,
-        code === 'PAYLOAD_TOO_LARGE' ? 'the body exceeds the limit' : 'malformed JSON body',
-      );
+    const framework = frameworkProblem(err);
+    if (framework) {
+      sendProblem(res, framework.code, framework.detail);
       return;
     }
     const transient = /ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout/i.test(

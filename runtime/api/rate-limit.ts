@@ -24,6 +24,7 @@ import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes } from 'rate-limite
 import type { RateLimiterAbstract } from 'rate-limiter-flexible';
 import { activityKeys } from '../../core/keys.js';
 import type { Logger } from '../../core/logger.js';
+import { UNKNOWN_ACTIVITY_LABEL } from '../../core/metrics.js';
 import type { Metrics } from '../../core/metrics.js';
 import type { RedisClient } from '../../core/scripts.js';
 import type { BuyerWindow } from '../../core/reservations.js';
@@ -52,6 +53,8 @@ type Reason = 'buyer' | 'address';
 
 interface ActiveLimiters {
   activityId: string;
+  /** The `activity` label of its refusals: UNKNOWN_ACTIVITY_LABEL for an activity with no policy. */
+  label: string;
   /** The policy object these were built from: the same object (cached) needs no comparison. */
   policy: TrafficPolicy;
   signature: string;
@@ -155,32 +158,71 @@ export interface SubmitLimit {
   refuse(res: Response, activityId: string, buyer: string, ttlMs: number): void;
 }
 
+/**
+ * Activities whose limiters one process keeps (like PolicyCache's entries): an api serving every
+ * activity meets made-up ids, each of which would otherwise keep its limiters forever. The least
+ * recently used go first; one evicted is built again on its next request (its counters are in
+ * Redis, so only this process' in-memory block of the window is forgotten).
+ */
+export const MAX_ACTIVITY_LIMITERS = 10_000;
+
 export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
+  /** In least recently used order (a Map iterates in insertion order). */
   const byActivity = new Map<string, ActiveLimiters>();
+  /** The activity used last: using it again (an api serving one activity: always) moves nothing. */
+  let lastUsed: string | undefined;
   const blocked = new BlockedBuyers();
+
+  /**
+   * A metric series per activity id a client makes up would grow without bound: an activity with
+   * no policy in Redis (the operator writes one for each it runs) counts under one shared label,
+   * as the submission's own metric does (orders-routes.ts). An api bound to one activity refuses
+   * the others before any limit.
+   */
+  const labelFor = (activityId: string, policy: TrafficPolicy): string =>
+    deps.activityId === undefined && policy === deps.policies.fallback ? UNKNOWN_ACTIVITY_LABEL : activityId;
 
   const limitersFor = (activityId: string, policy: TrafficPolicy): ActiveLimiters => {
     const known = byActivity.get(activityId);
+    if (known !== undefined && lastUsed !== activityId) {
+      byActivity.delete(activityId);
+      byActivity.set(activityId, known);
+      lastUsed = activityId;
+    }
     if (known?.policy === policy) return known;
     const signature = JSON.stringify([policy.shaping.perBuyer, policy.shaping.perAddress]);
     if (known?.signature === signature) {
       known.policy = policy;
+      known.label = labelFor(activityId, policy);
       return known;
     }
     const k = activityKeys(activityId);
     const built: ActiveLimiters = {
       activityId,
+      label: labelFor(activityId, policy),
       policy,
       signature,
       buyer: limiter(deps.redis, k.rateLimitPrefix('buyer'), policy.shaping.perBuyer),
       address: limiter(deps.redis, k.rateLimitPrefix('address'), policy.shaping.perAddress),
     };
+    if (known === undefined && byActivity.size >= MAX_ACTIVITY_LIMITERS) {
+      const oldest = byActivity.keys().next().value;
+      if (oldest !== undefined) byActivity.delete(oldest);
+    }
     byActivity.set(activityId, built);
+    lastUsed = activityId;
     return built;
   };
 
+  /** The metric label of a refusal for `activityId` (whose limiters this request found, if any). */
+  const labelOf = (res: Response, activityId: string): string => {
+    const active = res.locals.rateLimits as ActiveLimiters | null | undefined;
+    if (active?.activityId === activityId) return active.label;
+    return deps.activityId === undefined ? UNKNOWN_ACTIVITY_LABEL : activityId;
+  };
+
   const refuse = (res: Response, activityId: string, reason: Reason, retryAfter: number): void => {
-    deps.metrics.rateLimited.inc({ activity: activityId, reason });
+    deps.metrics.rateLimited.inc({ activity: labelOf(res, activityId), reason });
     res.setHeader('retry-after', String(retryAfter));
     sendProblem(
       res,

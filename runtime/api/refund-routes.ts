@@ -13,7 +13,7 @@ import type { Request, Response } from 'express';
 import { z } from 'zod';
 import { requestOrderRefund } from '../../core/refunds.js';
 import type { RefundDeps } from '../../core/refunds.js';
-import { parse, reservationParam, servedActivity } from './schemas.js';
+import { parse, reservationParam, servedActivity, storableText } from './schemas.js';
 
 export interface RefundRouteDeps extends RefundDeps {
   /** When set, this api serves only this activity. */
@@ -24,15 +24,17 @@ export const REFUND_PATH = '/v1/activities/:activityId/orders/:reservationId/ref
 
 const refundBody = z
   .object({
-    reason: z
-      .string()
-      .min(1)
-      .max(200)
-      .refine(
-        (v) => ![...v].some((ch) => ch.charCodeAt(0) < 0x20 || ch.charCodeAt(0) === 0x7f),
-        'no control characters',
-      )
-      .optional(),
+    // Stored in refunds.reason and in the journal's jsonb detail.
+    reason: storableText(
+      z
+        .string()
+        .min(1)
+        .max(200)
+        .refine(
+          (v) => ![...v].some((ch) => ch.charCodeAt(0) < 0x20 || ch.charCodeAt(0) === 0x7f),
+          'no control characters',
+        ),
+    ).optional(),
   })
   .strict();
 

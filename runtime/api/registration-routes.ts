@@ -10,10 +10,12 @@ export interface RegistrationDeps {
   activityId: string | undefined;
 }
 
+export const REGISTRATION_PATH = '/v1/activities/:activityId/registrations';
+
 export function registrationRouter(deps: RegistrationDeps): Router {
   const router = Router();
 
-  router.post('/v1/activities/:activityId/registrations', async (req: Request, res: Response) => {
+  router.post(REGISTRATION_PATH, async (req: Request, res: Response) => {
     const activityId = servedActivity(req, deps.activityId);
     const outcome = await registerBuyer(deps.redis, activityId, res.locals.userId as string);
     res.status(outcome === 'registered' ? 201 : 200).json({ registered: true });

@@ -62,7 +62,40 @@ export function paidInTime(
   return notice.paidAt.getTime() <= order.expiresAt.getTime() + toleranceSeconds * 1000;
 }
 
-/** Steps 1-5 above, in one transaction; throws (and writes nothing) for unknown orders and trade conflicts. */
+/**
+ * Text PostgreSQL cannot store: U+0000 (refused by text and jsonb) and unpaired UTF-16 surrogates
+ * (JSON's `"\ud800"`; jsonb refuses its escape). The same rule as runtime/api/schemas.ts
+ * isStorableText, which this role may not import.
+ */
+const NOT_STORABLE = /[\0\p{Cs}]/u;
+
+/**
+ * Where in `value` (strings, object keys, nested objects and arrays) there is text PostgreSQL
+ * cannot store, as a dotted path (`` for `value` itself), or undefined. Iterative: a signed body
+ * may nest deeply.
+ */
+function unstorableTextPath(value: unknown): string | undefined {
+  const stack: [unknown, string][] = [[value, '']];
+  for (let item = stack.pop(); item !== undefined; item = stack.pop()) {
+    const [v, path] = item;
+    if (typeof v === 'string') {
+      if (NOT_STORABLE.test(v)) return path;
+    } else if (v !== null && typeof v === 'object') {
+      for (const [k, child] of Object.entries(v)) {
+        if (NOT_STORABLE.test(k)) return path === '' ? '(a key)' : `${path}.(a key)`;
+        stack.push([child, path === '' ? k : `${path}.${k}`]);
+      }
+    }
+  }
+  return undefined;
+}
+
+/**
+ * Steps 1-5 above, in one transaction; throws (and writes nothing) for unknown orders and trade
+ * conflicts, and VALIDATION_ERROR (400, signed but malformed) before it when the notification
+ * holds text PostgreSQL cannot store (its fields go to payments.notification, a jsonb): the
+ * provider is told so instead of retrying a 500 forever.
+ */
 export async function applyPayment(
   pool: Pool,
   provider: string,
@@ -72,6 +105,16 @@ export async function applyPayment(
   /** To take a late in-time payment's unit back from Redis while the sale cache is live. */
   live?: { redis: RedisClient; logger: Logger },
 ): Promise<ApplyResult> {
+  const unstorable =
+    unstorableTextPath(notice.fields) ??
+    unstorableTextPath({ tradeNo: notice.tradeNo, providerStatus: notice.providerStatus });
+  if (unstorable !== undefined) {
+    throw new FlashSaleError('VALIDATION_ERROR', 'the notification is not valid', {
+      errors: [
+        { path: unstorable, message: 'no U+0000 and no unpaired surrogate (text the database can store)' },
+      ],
+    });
+  }
   return inTransaction(pool, async (c) => {
     const order = await lockOrder(c, notice.orderId);
     if (!order) throw new FlashSaleError('UNKNOWN_ORDER', `no order ${notice.orderId}`);
