@@ -136,10 +136,15 @@ release namespace then reads as absent) and skip the check.
 {{- define "flashsale.checkExistingSecret" -}}
 {{- $base := .Values.runtime.existingSecret -}}
 {{- if and $base (lookup "v1" "Namespace" "" .Release.Namespace) -}}
-{{- $redis := list "REDIS_URL|REDIS_SENTINELS" -}}
+{{- /* Redis by URL, Sentinels or Cluster seed nodes (core/redis.ts redisEnvIssue). */ -}}
+{{- $redis := list "REDIS_URL|REDIS_SENTINELS|REDIS_CLUSTER_NODES" -}}
 {{- $jwt := list "JWT_HS256_SECRET|JWT_RS256_PUBLIC_KEY|JWT_JWKS" -}}
 {{- $needs := dict "operator" (concat (list "DATABASE_URL" "KAFKA_BROKERS") $redis) -}}
 {{- if .Values.migrations.enabled }}{{ $_ := set $needs "migrations" (list "DATABASE_URL") }}{{ end -}}
+{{- /* The platform after-sale Deployment (templates/runtime/after-sale.yaml) answers buyers and
+runs the settlement sweeper, refunds and order events: the api's token key and the consumer's
+connections (ROLE_NEEDS "after-sale"). */ -}}
+{{- if .Values.afterSale.enabled }}{{ $_ := set $needs "after-sale" (concat (list "DATABASE_URL" "KAFKA_BROKERS") $redis $jwt) }}{{ end -}}
 {{- $roles := dict "api" (concat (list "DATABASE_URL") $redis $jwt) "relay" (concat (list "KAFKA_BROKERS") $redis) "consumer" (concat (list "DATABASE_URL" "KAFKA_BROKERS") $redis) -}}
 {{- $checks := list -}}
 {{- range $who, $keys := $needs }}{{ $checks = append $checks (list $.Release.Namespace $who $keys) }}{{ end -}}

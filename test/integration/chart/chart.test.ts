@@ -6,6 +6,7 @@
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { parse, stringify } from 'yaml';
+import { kafkaSecurityEnvShape } from '../../../core/kafka.js';
 import { uniqueId } from '../../../dev/servers.js';
 import {
   alertRules,
@@ -344,6 +345,31 @@ describe('least privilege', () => {
     );
     expect(at(pod, 'initContainers')).toBeUndefined();
     expect(new Set(refs(at(pod, 'containers.0')))).toEqual(new Set(['flashsale-runtime-operator']));
+  });
+
+  it('gives the operator every Kafka TLS and SASL key the runtime pods get, also from an existingSecret', () => {
+    // The runtime pods load their whole Secret (envFrom); the operator imports named keys, so each
+    // KAFKA_* variable of core/kafka.ts must be among them (optional: set only when configured).
+    for (const set of [
+      [],
+      ['runtime.existingSecret=shop-conn'],
+      ['runtime.extraSecretData.operator.KAFKA_TLS_SERVERNAME=kafka.internal.example'],
+    ]) {
+      const objects = parseManifests(renderChart(helm, [], [...connection, ...set]));
+      const env = at(
+        findObject(objects, 'Deployment', '-operator'),
+        'spec.template.spec.containers.0.env',
+      ) as {
+        name: string;
+        valueFrom?: { secretKeyRef?: { name: string; key: string } };
+      }[];
+      const fromSecret = env
+        .filter((e) => e.valueFrom?.secretKeyRef?.name.endsWith('-operator'))
+        .map((e) => e.name);
+      expect(fromSecret).toEqual(expect.arrayContaining(Object.keys(kafkaSecurityEnvShape)));
+      // A key of runtime.extraSecretData.operator that is imported anyway is not set twice.
+      expect(env.map((e) => e.name).filter((n, i, all) => all.indexOf(n) !== i)).toEqual([]);
+    }
   });
 
   it('renders NetworkPolicies for the runtime of each watched namespace and for the operator', () => {

@@ -3,12 +3,14 @@
 // (operator/upgrade-guard.ts, the hook Job's command) refuses while a watched activity is in a live
 // phase and passes with upgrade.allowDuringActiveSale; an existingSecret without the keys its
 // reader needs fails `helm install --dry-run=server` (the `lookup` check), which a `helm template`
-// cannot see; the runtime pods' plumbing values reach the operator.
-import { mkdtempSync, writeFileSync } from 'node:fs';
+// cannot see, and the Secrets docs/install.md step 1 creates pass it; the runtime pods' plumbing
+// values reach the operator.
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { stringify } from 'yaml';
 import { loadOperatorConfig } from '../../../operator/config.js';
+import { loadRuntimeConfig } from '../../../runtime/config.js';
 import { serviceAccountKubeConfig, uniqueId } from '../../../dev/servers.js';
 import { waitFor } from '../../../dev/roles.js';
 import {
@@ -34,6 +36,27 @@ const CRD = path.join(repoRoot, 'crds', 'flashsale.io_flashsaleactivities.yaml')
 
 function k(args: string[], input?: string): string {
   return mustRun(kubectl, ['--kubeconfig', kubeconfig(), ...args], input === undefined ? {} : { input });
+}
+
+/** `helm install --dry-run=server` with runtime.existingSecret: runs the chart's `lookup` checks. */
+function dryRunInstall(namespace: string, base: string, set: string[] = []): ReturnType<typeof run> {
+  return run(
+    helm,
+    [
+      'install',
+      uniqueId('fs'),
+      chartDir,
+      '--namespace',
+      namespace,
+      '--dry-run=server',
+      ...valuesArgs([], ['crds.create=false', `runtime.existingSecret=${base}`, ...set]),
+    ],
+    { env: { ...process.env, KUBECONFIG: kubeconfig() } },
+  );
+}
+
+function secretManifest(namespace: string, name: string, data: Record<string, string>): string {
+  return stringify({ apiVersion: 'v1', kind: 'Secret', metadata: { name, namespace }, stringData: data });
 }
 
 beforeAll(() => {
@@ -91,24 +114,8 @@ describe('connection settings', () => {
     const namespace = uniqueId('chart-existing');
     const base = 'shop-conn';
     const secret = (name: string, data: Record<string, string>): string =>
-      stringify({ apiVersion: 'v1', kind: 'Secret', metadata: { name, namespace }, stringData: data });
-    const install = (): ReturnType<typeof run> =>
-      run(
-        helm,
-        [
-          'install',
-          uniqueId('fs'),
-          chartDir,
-          '--namespace',
-          namespace,
-          '--dry-run=server',
-          '--set',
-          'crds.create=false',
-          '--set',
-          `runtime.existingSecret=${base}`,
-        ],
-        { env: { ...process.env, KUBECONFIG: kubeconfig() } },
-      );
+      secretManifest(namespace, name, data);
+    const install = (): ReturnType<typeof run> => dryRunInstall(namespace, base);
 
     beforeAll(() => {
       k(['create', 'namespace', namespace]);
@@ -120,6 +127,12 @@ describe('connection settings', () => {
           KAFKA_BROKERS: 'k:9092',
         }),
         secret(`${base}-migrations`, { DATABASE_URL: db }),
+        secret(`${base}-after-sale`, {
+          DATABASE_URL: db,
+          REDIS_URL: 'redis://r:6379',
+          KAFKA_BROKERS: 'k:9092',
+          JWT_JWKS: '{}',
+        }),
         // The api's Secret lacks the buyer token key.
         secret(`${base}-api`, { DATABASE_URL: db, REDIS_URL: 'redis://r:6379' }),
         secret(`${base}-relay`, { REDIS_URL: 'redis://r:6379', KAFKA_BROKERS: 'k:9092' }),
@@ -166,6 +179,94 @@ describe('connection settings', () => {
         'runtime.existingSecret=nothing-here',
       ]);
       expect(offline.status).toBe(0);
+    });
+  });
+
+  describe("with the Secrets of docs/install.md step 1, created by the page's own commands", () => {
+    const namespace = uniqueId('chart-docs');
+    const base = 'flashsale-connection';
+
+    /** The ```sh blocks of a page, list-item indentation removed. */
+    function shellBlocks(markdown: string): string[] {
+      return [...markdown.matchAll(/^( *)```sh\n([\s\S]*?)^\1```$/gm)].map((m) => {
+        const indent = m[1] ?? '';
+        return (m[2] ?? '')
+          .split('\n')
+          .map((l) => (l.startsWith(indent) ? l.slice(indent.length) : l))
+          .join('\n');
+      });
+    }
+
+    /** A Secret's keys and values. */
+    function secretData(name: string): Record<string, string> {
+      const data = (
+        JSON.parse(k(['get', 'secret', name, '-n', namespace, '-o', 'json'])) as {
+          data?: Record<string, string>;
+        }
+      ).data;
+      return Object.fromEntries(
+        Object.entries(data ?? {}).map(([key, v]) => [key, Buffer.from(v, 'base64').toString('utf8')]),
+      );
+    }
+
+    beforeAll(() => {
+      k(['create', 'namespace', namespace]);
+      const page = readFileSync(path.join(repoRoot, 'docs', 'install.md'), 'utf8');
+      const step1 = shellBlocks(page).filter((b) => b.includes('create secret generic'));
+      expect(step1).toHaveLength(1);
+      // The page's namespace `flashsale` (the release's and the only watched one) is this test's;
+      // everything else runs as written.
+      const shim = `kubectl() {
+  local args=() a
+  for a in "$@"; do if [[ $a == flashsale ]]; then args+=("$NS"); else args+=("$a"); fi; done
+  command "$FS_KUBECTL" --kubeconfig "$KUBECONFIG" "\${args[@]}"
+}
+`;
+      mustRun('bash', ['-c', `set -euo pipefail\n${shim}${step1[0] ?? ''}`], {
+        env: { ...process.env, NS: namespace, FS_KUBECTL: kubectl, KUBECONFIG: kubeconfig() },
+      });
+    });
+    afterAll(() => {
+      k(['delete', 'namespace', namespace, '--wait=false']);
+    });
+
+    it("creates each Secret the chart reads, each accepted by its reader's configuration", () => {
+      const ok = dryRunInstall(namespace, base);
+      expect([ok.status, /Error.*/.exec(ok.stderr)?.[0]]).toEqual([0, undefined]);
+      for (const role of ['api', 'relay', 'consumer', 'after-sale'] as const) {
+        const env = secretData(`${base}-${role}`);
+        const activity = role === 'api' || role === 'after-sale' ? {} : { ACTIVITY_ID: 'spring' };
+        expect(() => loadRuntimeConfig(role, { ...env, ...activity })).not.toThrow();
+      }
+      // The after-sale role verifies the same buyer tokens as the api.
+      expect(secretData(`${base}-after-sale`).JWT_HS256_SECRET).toBe(
+        secretData(`${base}-api`).JWT_HS256_SECRET,
+      );
+    });
+
+    it('fails the install naming the after-sale Secret when it is missing or lacks a key', () => {
+      const name = `${base}-after-sale`;
+      const saved = secretData(name);
+      k(['delete', 'secret', name, '-n', namespace]);
+      try {
+        const missing = dryRunInstall(namespace, base);
+        expect(missing.status).not.toBe(0);
+        expect(missing.stderr).toContain(
+          `runtime.existingSecret: Secret ${namespace}/${name} not found (docs/install.md, "Connection settings")`,
+        );
+        // Without the after-sale role its Secret is not needed.
+        const off = dryRunInstall(namespace, base, ['afterSale.enabled=false']);
+        expect([off.status, /Error.*/.exec(off.stderr)?.[0]]).toEqual([0, undefined]);
+        const { JWT_HS256_SECRET: _key, ...withoutKey } = saved;
+        k(['apply', '-f', '-'], secretManifest(namespace, name, withoutKey));
+        const noKey = dryRunInstall(namespace, base);
+        expect(noKey.status).not.toBe(0);
+        expect(noKey.stderr).toContain(
+          `Secret ${namespace}/${name} has no JWT_HS256_SECRET or JWT_RS256_PUBLIC_KEY or JWT_JWKS`,
+        );
+      } finally {
+        k(['apply', '-f', '-'], secretManifest(namespace, name, saved));
+      }
     });
   });
 });
