@@ -26,6 +26,18 @@ export async function registerActivity(db: Queryable, a: RegisteredActivity): Pr
   return res.rowCount === 1;
 }
 
+/**
+ * Removes the sale window `ownerUid` registered, and only that one: a resource deleted before its
+ * warm-up leaves nothing of the id behind, so the next resource that names it registers its own
+ * window (registerActivity leaves a row of another uid alone). Idempotent.
+ */
+export async function unregisterActivity(db: Queryable, activityId: string, ownerUid: string): Promise<void> {
+  await db.query(`DELETE FROM activity_registry WHERE activity_id = $1 AND owner_uid = $2`, [
+    activityId,
+    ownerUid,
+  ]);
+}
+
 export async function findRegisteredActivity(
   db: Queryable,
   activityId: string,

@@ -8,6 +8,7 @@ import { EventReason, FINALIZER, Phase } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { deleteActivityKeys } from './clean-up.js';
+import { unregisterActivity } from '../../core/db/activity-registry-store.js';
 import { releaseUnusedClaim } from '../../core/db/claims-store.js';
 
 export async function removeFinalizer(ctx: ReconcileContext): Promise<StepResult> {
@@ -34,8 +35,11 @@ export async function removeFinalizer(ctx: ReconcileContext): Promise<StepResult
     if (!(await deleteActivityKeys(ctx))) return DONE;
   }
   if (!ctx.status.timestamps?.warmingUp) {
-    // Never warmed up (the phase is recorded before any of its side effects): nothing of the id
-    // exists, so a user-chosen id may be used again. Only this resource's own claim goes.
+    // Never warmed up (the phase is recorded before any of its side effects): no order nor cache
+    // of the id exists, so a user-chosen id may be used again. Only this resource's own sale
+    // window and claim go (the window first: a crash in between repeats both); a window left
+    // behind would answer the next sale's buyers NOT_STARTED or ENDED by this one's schedule.
+    await unregisterActivity(ctx.deps.pool, ctx.activityId, ctx.fsa.metadata.uid);
     await releaseUnusedClaim(ctx.deps.pool, ctx.activityId, ctx.fsa.metadata.uid);
   }
   await ctx.event('Normal', EventReason.FinalizerRemoved, `released after ${ctx.phase}`);

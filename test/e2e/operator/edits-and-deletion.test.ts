@@ -3,7 +3,9 @@
 // before the finalizer goes), and the Failed outcomes.
 import type { Redis } from 'ioredis';
 import { readMeta } from '../../../core/activity-cache.js';
+import { findRegisteredActivity } from '../../../core/db/activity-registry-store.js';
 import { upsertCatalogItems } from '../../../core/db/catalog-store.js';
+import { readClaim } from '../../../core/db/claims-store.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, readWriteBack } from '../../../core/db/stock-store.js';
 import type { FlashSaleError } from '../../../core/errors.js';
@@ -290,9 +292,13 @@ describe('operator: edits, pause, deletion, failures', () => {
       });
       expect(pending.status?.phase).toBe(Phase.Pending);
       const id = pending.status?.activityId ?? '';
+      expect(await findRegisteredActivity(pg, id)).toBeDefined();
       await remove('later');
       await waitFor('later deleted', async () => (await getActivity(a, ns.namespace, 'later')) === undefined);
       expect(await readWriteBack(pg, id)).toBeUndefined();
+      // Nothing of the id is left for the next resource that names it: no sale window, no claim.
+      expect(await findRegisteredActivity(pg, id)).toBeUndefined();
+      expect(await readClaim(pg, id)).toBeUndefined();
       expect(await scanKeys(redis, activityKeys(id).scanPattern)).toEqual([]);
     },
     TIMEOUT_MS,
