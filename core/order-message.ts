@@ -75,11 +75,17 @@ export type ReservationRecord = Omit<OrderMessage, 'activityId'> & { state: Rese
 const numeric = (field: LedgerField): boolean => orderMessageSchema.shape[field] instanceof z.ZodNumber;
 
 /** A reservation hash (HGETALL) as a record; undefined when there is no reservation. */
+/**
+ * The state of a claim (lua/claimRequest-2.lua): a hash in the activity's scope under the id of a
+ * reservation made in a stock bucket. Not a reservation: readers look in the bucket.
+ */
+export const CLAIM_STATE = 'ELSEWHERE';
+
 export function reservationRecordOf(
   reservationId: string,
   hash: Record<string, string>,
 ): ReservationRecord | undefined {
-  if (!hash.state) return undefined;
+  if (!hash.state || hash.state === CLAIM_STATE) return undefined;
   const record: Record<string, string | number> = { reservationId, state: hash.state };
   for (const [field, hashField] of Object.entries(RESERVATION_HASH_FIELDS) as [LedgerField, string][]) {
     const v = hash[hashField];

@@ -7,7 +7,7 @@ import { bucketLayout, completeTransfers, knownBucketLayout, refillBucket, units
 import { FlashSaleError } from './errors.js';
 import { activityKeys, BucketKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
-import { reservationRecordOf } from './order-message.js';
+import { CLAIM_STATE, reservationRecordOf } from './order-message.js';
 import type { ReservationRecord, ReservationState } from './order-message.js';
 import type { RedisClient, ScriptReply } from './scripts.js';
 import { runScript } from './scripts.js';
@@ -106,21 +106,72 @@ const limited = (w: BuyerWindow | undefined): BuyerWindow | undefined =>
   w && w.requests > 0 ? w : undefined;
 
 /**
+ * The refusals after which a bucket holds nothing under the submission's id: its claim in the
+ * activity's scope is taken back (unclaimRequest-1.lua). After any other outcome (a replay, a
+ * conflict, a cancel marker, an error that leaves it unknown) the claim stays: a claim too many
+ * only refuses a requestId used again for another SKU, a claim too few would let it reserve twice.
+ */
+const NOTHING_RESERVED = new Set<string>([
+  'SOLD_OUT',
+  'LIMIT_REACHED',
+  'NOT_STARTED',
+  'ENDED',
+  'PAUSED',
+  'UNKNOWN_SKU',
+  'INVALID_ORDER_CODE',
+  'FROZEN',
+  'NOT_LOADED',
+  'BUYER_DENIED',
+  'NOT_REGISTERED',
+]);
+
+/**
  * Reserves in the buyer's scope: the activity's, or the buyer's home bucket of a bucketed SKU.
  * A home bucket out of units is refilled from the other buckets (crash-safe transfers,
  * core/buckets.ts) and the reservation tried again, so SOLD_OUT means every bucket is empty.
+ * A bucket reservation first claims its id in the activity's scope (claimRequest-2.lua), so one
+ * requestId cannot reserve in two scopes.
  */
 export async function reserve(redis: RedisClient, input: ReserveInput): Promise<ReserveOutcome> {
+  let claim: { key: string; attempt: number } | undefined;
+  try {
+    return await reserveClaimed(redis, input, (c) => (claim = c));
+  } catch (err) {
+    if (claim && err instanceof FlashSaleError && NOTHING_RESERVED.has(err.code)) {
+      await runScript(redis, 'unclaimRequest', [claim.key], [claim.attempt]);
+    }
+    throw err;
+  }
+}
+
+async function reserveClaimed(
+  redis: RedisClient,
+  input: ReserveInput,
+  claimed: (claim: { key: string; attempt: number }) => void,
+): Promise<ReserveOutcome> {
   let layout = knownBucketLayout(input.activityId) ?? (await bucketLayout(redis, input.activityId));
   // The submission counts once in the buyer's window, however many attempts it takes.
   let window = limited(input.window);
   let counted: WindowCount | undefined;
+  let claimChecked = false;
   for (let attempt = 0; ; attempt += 1) {
     const scope = layout.scopeFor(input.skuId, input.userId);
-    if (window && scope instanceof BucketKeys) {
-      // The counter is in the activity's slot, the bucket's keys in another: two calls here.
-      counted = await countAlone(redis, input.activityId, input.userId, window);
+    if (scope instanceof BucketKeys && !claimChecked) {
+      // The claim and the counter are in the activity's slot, the bucket's keys in another: two
+      // calls here, the claim counting the submission.
+      const own = activityKeys(input.activityId);
+      const key = own.reservation(reservationIdFor(input.activityId, input.userId, input.requestId));
+      const counter = window ? own.rateLimitKey('buyer', input.userId) : own.none;
+      const reply = await runScript(
+        redis,
+        'claimRequest',
+        [key, counter],
+        [input.userId, input.skuId, input.quantity, window?.requests ?? 0, window?.perSeconds ?? 0],
+      );
+      if (window) counted = countOf(reply[1], reply[2]);
+      if (reply[0] === 1) claimed({ key, attempt: Number(reply[3]) });
       window = undefined;
+      claimChecked = true;
     }
     try {
       const outcome = await reserveIn(redis, scope, input, window);
@@ -130,8 +181,8 @@ export async function reserve(redis: RedisClient, input: ReserveInput): Promise<
       if (err.code === 'BUCKETED') {
         // A SKU bucketed by a load this process has not seen: read the layout again. The
         // activity-scope call counted the submission already.
-        if (window) {
-          const data = (err.extra as { data?: unknown[] }).data ?? [];
+        const data = (err.extra as { data?: unknown[] }).data ?? [];
+        if (window && data.length >= 2) {
           counted = countOf(data[0], data[1]);
           window = undefined;
         }
@@ -198,6 +249,11 @@ async function reserveIn(
       scope: k,
       counted: window ? countOf(reply[3], reply[4]) : undefined,
     };
+  // The id's claim (claimRequest-2.lua): its reservation is in a bucket of a SKU this process
+  // took for an ordinary one (bucketed by a load it has not seen; the claim answered before the
+  // script's own BUCKETED check, uncounted): read the layout again and go there.
+  if (String(reply[2]) === CLAIM_STATE)
+    throw new FlashSaleError('BUCKETED', undefined, { script: 'reserve' });
   return { kind: 'replayed', reservationId: rid, state: String(reply[2]) as ReservationState, scope: k };
 }
 
@@ -349,6 +405,8 @@ export async function cancelBeforeReserve(
       [k.meta, k.reservation(rid), k.buyer(input.userId)],
       [input.userId, input.reason, Math.max(1, policy.graceSeconds), Math.max(0, policy.maxPerBuyer)],
     );
+    // A claim (claimRequest-2.lua) says the reservation is in a bucket: look there.
+    if (reply[0] === 2 && reply[1] === CLAIM_STATE) continue;
     if (reply[0] === 2) return { kind: 'exists', state: String(reply[1]) as ReservationState };
     outcomes.push(reply[0] === 1 ? { kind: 'marked', ttlSeconds: Number(reply[1]) } : { kind: 'sale-over' });
   }

@@ -394,6 +394,41 @@ describe('script guards at their boundaries (real Redis)', () => {
     );
   });
 
+  describe('requestId idempotency across stock buckets', () => {
+    test(
+      'a requestId that reserved in one scope is IDEMPOTENCY_CONFLICT in every other; a refused one claims nothing',
+      async () => {
+        const bucketed = (skuId: string, stock: number, buckets: number): CatalogItem => ({
+          ...item(skuId, stock, 3),
+          buckets,
+        });
+        const a = await activity([item('tea', 5, 3), bucketed('hot', 8, 4), bucketed('warm', 2, 2)]);
+        // Bucketed first: an ordinary SKU, another bucketed one, or another quantity under the id.
+        expect(await a.buy('u1', 'r1', 'hot', 1)).toBe('ok:reserved');
+        expect(await a.buy('u1', 'r1', 'tea', 1)).toBe('IDEMPOTENCY_CONFLICT');
+        expect(await a.buy('u1', 'r1', 'warm', 1)).toBe('IDEMPOTENCY_CONFLICT');
+        expect(await a.buy('u1', 'r1', 'hot', 2)).toBe('IDEMPOTENCY_CONFLICT');
+        expect(await a.buy('u1', 'r1', 'hot', 1)).toBe('ok:replayed');
+        // Ordinary first.
+        expect(await a.buy('u2', 'r2', 'tea', 1)).toBe('ok:reserved');
+        expect(await a.buy('u2', 'r2', 'hot', 1)).toBe('IDEMPOTENCY_CONFLICT');
+        expect(await a.stock('tea')).toBe(4);
+        // The claim is no reservation: the buyer's own reads and cancellation find the bucket's.
+        expect((await readReservation(redis, a.id, a.rid('u1', 'r1'), { userId: 'u1' }))?.state).toBe(
+          'RESERVED',
+        );
+        expect(await a.cancel('u1', 'r1')).toBe('ok:exists');
+        // A submission refused in its bucket takes its claim back: the id stays free.
+        expect(await a.buy('u3', 'w1', 'warm', 1)).toBe('ok:reserved');
+        expect(await a.buy('u4', 'w2', 'warm', 1)).toBe('ok:reserved');
+        expect(await a.buy('u5', 'r5', 'warm', 1)).toBe('SOLD_OUT');
+        expect(await a.buy('u5', 'r5', 'tea', 1)).toBe('ok:reserved');
+        expect(await a.stock('tea')).toBe(3);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
   describe('cancellation before the reservation', () => {
     test(
       'leaves an owned marker: the late reservation is refused with CANCELLED and takes nothing',
