@@ -11,8 +11,19 @@
  * per activity or platform-wide, may run at once: ordering per order holds by construction.
  *
  * `activityId` undefined serves every activity (a platform-level after-sale process).
+ *
+ * A send that outlives ORDER_EVENTS_SEND_TIMEOUT_MS is cancelled, not abandoned. kafkajs 2.2.4 has
+ * no way to stop a send: its idempotent producer retries without end, and a retry that finds the
+ * producer disconnected connects it again (producer/sendMessages.js), so a producer merely
+ * disconnected would deliver its stale copy of event n whenever Kafka came back, possibly after
+ * event n+1 sent since by a fresh producer. Instead the batch's message headers refuse to be read
+ * once the send is cancelled: every later attempt fails while encoding its request, before a byte
+ * is written, with an error kafkajs does not retry, so the send settles. The transaction rolls back
+ * at the timeout (its locks and snapshot are not held through an outage), but this relay sends
+ * nothing more, and creates no other producer, until the cancelled send has settled and its
+ * producer is disconnected: one producer at a time, none left behind reconnecting.
  */
-import type { Producer } from 'kafkajs';
+import type { IHeaders, Producer } from 'kafkajs';
 import { crashPoint } from '../../core/crash.js';
 import {
   claimPublishableEvents,
@@ -44,26 +55,85 @@ export interface OrderEventRelayDeps {
 
 const PURGE_EVERY_MS = 60_000;
 
+/** Thrown by every attempt of a cancelled send; `retriable: false` makes kafkajs give up at once. */
+export class OrderEventSendCancelled extends Error {
+  readonly retriable = false;
+  constructor() {
+    super('order-event send cancelled (timed out)');
+    this.name = 'OrderEventSendCancelled';
+  }
+}
+
+/**
+ * Headers that throw once `cancelled()` says so. kafkajs reads a message's headers only when it
+ * encodes a produce request, once per attempt, just before writing it (protocol/recordBatch/record);
+ * the message objects are copied on the way (core/kafka.ts, onePartitionPerRequest), the headers
+ * object is not.
+ */
+export function cancellableHeaders(values: Record<string, string>, cancelled: () => boolean): IHeaders {
+  const headers: IHeaders = {};
+  for (const [name, value] of Object.entries(values)) {
+    Object.defineProperty(headers, name, {
+      enumerable: true,
+      get: () => {
+        if (cancelled()) throw new OrderEventSendCancelled();
+        return value;
+      },
+    });
+  }
+  return headers;
+}
+
+/** A producer whose send failed or was cancelled, and that send (settled = no attempt to come). */
+interface RetiredProducer {
+  producer: Producer;
+  settled: Promise<void>;
+}
+
 export class OrderEventRelay {
   private running = false;
   private loop: Promise<void> = Promise.resolve();
   private producer: Producer | undefined;
+  private retired: RetiredProducer | undefined;
   private lastPurge = 0;
   private wake: (() => void) | undefined;
+  private stopped!: Promise<void>;
+  private signalStop: () => void = () => undefined;
 
   constructor(private readonly d: OrderEventRelayDeps) {}
 
   async start(): Promise<void> {
     this.running = true;
+    this.stopped = new Promise<void>((resolve) => {
+      this.signalStop = resolve;
+    });
     this.loop = this.run();
   }
 
   /** Finishes the batch in flight, then stops. */
   async stop(): Promise<void> {
     this.running = false;
+    this.signalStop();
     this.wake?.();
     await this.loop;
     await this.producer?.disconnect().catch(() => undefined);
+    this.producer = undefined;
+    const r = this.retired;
+    this.retired = undefined;
+    if (r) {
+      // Not settled yet (Kafka still away): disconnected now, and again once the send has
+      // settled, since an attempt in between may have connected it again.
+      await r.producer.disconnect().catch(() => undefined);
+      void r.settled.then(() => r.producer.disconnect().catch(() => undefined));
+    }
+  }
+
+  /** The producer of a failed or cancelled send is done with once that send has settled. */
+  private async dropRetired(r: RetiredProducer): Promise<void> {
+    const over = await Promise.race([r.settled.then(() => true), this.stopped.then(() => false)]);
+    if (!over) return; // stopping: stop() disconnects it
+    await r.producer.disconnect().catch(() => undefined);
+    if (this.retired === r) this.retired = undefined;
   }
 
   private async sleep(ms: number): Promise<void> {
@@ -80,9 +150,20 @@ export class OrderEventRelay {
   private async run(): Promise<void> {
     while (this.running) {
       try {
+        if (this.retired) {
+          // Nothing is sent before the last send is over: see the head of this file.
+          this.d.logger.info('waiting for the cancelled order-event send to settle');
+          await this.dropRetired(this.retired);
+          continue;
+        }
         if (!this.producer) {
           const p = this.d.createProducer();
-          await p.connect();
+          try {
+            await p.connect();
+          } catch (err) {
+            await p.disconnect().catch(() => undefined);
+            throw err;
+          }
           this.producer = p;
         }
         const sent = await this.publishBatch(this.producer);
@@ -106,20 +187,25 @@ export class OrderEventRelay {
       const events = await claimPublishableEvents(c, this.d.activityId, this.d.cfg.ORDER_EVENTS_BATCH_SIZE);
       if (events.length === 0) return [];
       let timer: NodeJS.Timeout | undefined;
+      let cancelled = false;
+      const sending = producer.send({
+        topic: this.d.topic,
+        acks: -1,
+        messages: events.map((e) => ({
+          key: e.orderId,
+          value: e.payload,
+          headers: cancellableHeaders(
+            { 'event-id': `${e.orderId}-${e.seq}`, 'activity-id': e.activityId },
+            () => cancelled,
+          ),
+        })),
+      });
       try {
-        // The idempotent producer retries without end while Kafka is down; the transaction (and
-        // its snapshot, which holds back vacuum) must not stay open that long: give up, roll
-        // back, and send the batch again with a fresh producer.
+        // The transaction (its locks, and a transaction id that holds back vacuum) must not stay
+        // open through a Kafka outage: at the timeout the send is cancelled and the batch rolled
+        // back, to be sent again once the cancelled send has settled (run()).
         await Promise.race([
-          producer.send({
-            topic: this.d.topic,
-            acks: -1,
-            messages: events.map((e) => ({
-              key: e.orderId,
-              value: e.payload,
-              headers: { 'event-id': `${e.orderId}-${e.seq}`, 'activity-id': e.activityId },
-            })),
-          }),
+          sending,
           new Promise<never>((_, reject) => {
             timer = setTimeout(
               () => reject(new Error('order-event send timed out')),
@@ -128,9 +214,17 @@ export class OrderEventRelay {
           }),
         ]);
       } catch (err) {
-        // This producer is done with; the batch is sent again by a fresh one.
+        cancelled = true;
+        // A failed send may have left its sequence numbers in doubt: a fresh producer sends next,
+        // once this one's send is over.
         if (this.producer === producer) this.producer = undefined;
-        void producer.disconnect().catch(() => undefined);
+        this.retired = {
+          producer,
+          settled: sending.then(
+            () => undefined,
+            () => undefined,
+          ),
+        };
         throw err;
       } finally {
         clearTimeout(timer);
