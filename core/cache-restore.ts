@@ -32,6 +32,7 @@ export interface RestoreTarget {
   epoch: number;
   /** The generation that was loaded (status.cache.loadedGeneration). */
   generation: number;
+  /** The sale window of that generation (activity_registry, which records it after each load). */
   startMs: number;
   endMs: number;
   requireOrderCode: boolean;
@@ -53,6 +54,7 @@ async function measure(
   pool: Pool,
   activityId: string,
   expectedEpoch: number,
+  expectedGeneration: number,
   skus: ActivitySkuRow[],
 ): Promise<{ kind: 'consistent' | RestoreReason; divergence: RestoreDivergence }> {
   const k = activityKeys(activityId);
@@ -95,6 +97,9 @@ async function measure(
   };
   if (!meta.gate || !meta.gen) return { kind: 'CacheEmpty', divergence };
   if (Number(meta.epoch ?? 0) < expectedEpoch) return { kind: 'CacheBehind', divergence };
+  // A Redis that came back from a snapshot (or a lagging replica) taken before the last load of a
+  // spec generation: what that generation added (stock, items, a later endAt) is gone from it.
+  if (Number(meta.gen) < expectedGeneration) return { kind: 'CacheBehind', divergence };
   const behind = divergence.skus.some((s) => s.redisTaken === null || s.postgresLive > s.redisTaken);
   return { kind: behind ? 'CacheBehind' : 'consistent', divergence };
 }
@@ -104,11 +109,12 @@ export const UNIT_CHECK_MAX_SKUS = 5000;
 
 /**
  * Whether the cache still holds what PostgreSQL proves was sold: empty (no meta, or a meta the
- * restore's hold wrote with no load mark), behind (an epoch older than `expectedEpoch`, or a SKU
- * with fewer units taken in Redis than PostgreSQL's live units), or consistent. A unit count
- * divergence is measured twice, `remeasureMs` apart, and reported only when both measurements
- * show it: a release between the two reads (PostgreSQL closes, then Redis returns the unit) can
- * make one measurement look behind.
+ * restore's hold wrote with no load mark), behind (an epoch older than `expectedEpoch`, a load
+ * mark `gen` older than `expectedGeneration` (the generation the operator recorded as loaded,
+ * status.cache.loadedGeneration), or a SKU with fewer units taken in Redis than PostgreSQL's live
+ * units), or consistent. A unit count divergence is measured twice, `remeasureMs` apart, and
+ * reported only when both measurements show it: a release between the two reads (PostgreSQL
+ * closes, then Redis returns the unit) can make one measurement look behind.
  */
 export async function checkCache(
   redis: RedisClient,
@@ -116,16 +122,23 @@ export async function checkCache(
   activityId: string,
   expectedEpoch: number,
   remeasureMs = 1000,
+  expectedGeneration = 0,
 ): Promise<CacheCheck> {
   // The unit comparison reads every SKU; an activity above UNIT_CHECK_MAX_SKUS is checked by its
-  // marks only (empty, older epoch) on each pass, which keeps a pass cheap for huge catalogs.
+  // marks only (empty, older epoch, older generation) on each pass, which keeps a pass cheap for
+  // huge catalogs.
   const k = activityKeys(activityId);
   const [gen, epoch, skuCount] = await Promise.all([
     redis.hget(k.meta, 'gen'),
     redis.hget(k.meta, 'epoch'),
     redis.scard(k.skuIndex),
   ]);
-  if (gen && Number(epoch ?? 0) >= expectedEpoch && skuCount > UNIT_CHECK_MAX_SKUS) {
+  if (
+    gen &&
+    Number(epoch ?? 0) >= expectedEpoch &&
+    Number(gen) >= expectedGeneration &&
+    skuCount > UNIT_CHECK_MAX_SKUS
+  ) {
     return {
       kind: 'consistent',
       divergence: {
@@ -140,15 +153,29 @@ export async function checkCache(
     pool,
     activityId,
     expectedEpoch,
+    expectedGeneration,
     await readActivitySkus(pool, activityId),
   );
   if (first.kind !== 'CacheBehind' || !first.divergence.redis.present) return first;
+  // The marks are not a race: behind by a mark is behind at once.
   if ((first.divergence.redis.epoch ?? 0) < expectedEpoch) return first;
+  if ((first.divergence.redis.generation ?? 0) < expectedGeneration) return first;
   await new Promise((r) => setTimeout(r, remeasureMs));
-  return measure(redis, pool, activityId, expectedEpoch, await readActivitySkus(pool, activityId));
+  return measure(
+    redis,
+    pool,
+    activityId,
+    expectedEpoch,
+    expectedGeneration,
+    await readActivitySkus(pool, activityId),
+  );
 }
 
-/** Step 1: keeps buyers out (gate `paused`; an empty cache gets a meta hash holding only that). */
+/**
+ * Step 1: keeps buyers out (gate `paused`; an empty cache gets a meta hash holding only that) and
+ * puts back the sale window of the generation that was loaded (`startMs`/`endMs`: a cache that came
+ * back behind may hold an older generation's, e.g. without an endAt extension already applied).
+ */
 export async function holdForRestore(redis: RedisClient, t: RestoreTarget): Promise<string> {
   const args = [
     t.epoch,
@@ -442,6 +469,11 @@ interface Figures {
   reserved: number;
   released: number;
   reservations: number;
+}
+
+/** The generation the cache carries as loaded (its load mark `gen`; 0: empty or never loaded). */
+export async function cacheGeneration(redis: RedisClient, activityId: string): Promise<number> {
+  return Number((await redis.hget(activityKeys(activityId).meta, 'gen')) ?? 0);
 }
 
 /** The epoch the cache carries (0: never restored, or empty). */

@@ -3,14 +3,16 @@
   rebuilds the cache from PostgreSQL. A cache that came back empty gets a meta hash holding only
   the gate `paused`, the sale window and the owner, so every submission is refused with PAUSED
   (never NOT_LOADED, which would send a replay to PostgreSQL while the cache is half rebuilt). A
-  cache that came back behind has its gate moved to `paused` unless it is already closed.
+  cache that came back behind has its gate moved to `paused` unless it is already closed, and its
+  sale window set to the one of the generation the operator loaded (a snapshot taken before an
+  endAt extension was loaded holds the old endAt; the reload then marks that generation).
   Idempotent: a repeat changes nothing more.
 
   Input:
     KEYS[1] meta hash
     ARGV[1] restore epoch (integer >= 1), recorded as `restoring`
-    ARGV[2] startMs
-    ARGV[3] endMs
+    ARGV[2] startMs of the generation loaded
+    ARGV[3] endMs of the generation loaded
     ARGV[4] requireCode '1' | '0'
     ARGV[5] reopen on release '1' | '0'
     ARGV[6] owner uid
@@ -30,5 +32,5 @@ if not gate then
   return {1, ''}
 end
 if gate == 'open' or gate == 'pending' then redis.call('HSET', KEYS[1], 'gate', 'paused') end
-redis.call('HSET', KEYS[1], 'restoring', epoch)
+redis.call('HSET', KEYS[1], 'startMs', ARGV[2], 'endMs', ARGV[3], 'restoring', epoch)
 return {1, gate}

@@ -34,7 +34,9 @@ export async function detectFailure(ctx: ReconcileContext): Promise<StepResult> 
       // A cache lost while it is live is restored from PostgreSQL (restore-cache.ts).
       return CONTINUE;
     case Phase.WritingBack: {
-      if (await readMeta(redis, ctx.activityId)) return CONTINUE;
+      // A loaded cache carries its load mark; a meta hash without one (what a cache restore's
+      // hold writes into an empty Redis) has no stock to write back.
+      if (((await readMeta(redis, ctx.activityId))?.generation ?? 0) > 0) return CONTINUE;
       if (await readWriteBack(pool, ctx.activityId)) return CONTINUE;
       if (ctx.status.cache?.loadedGeneration === undefined) return CONTINUE; // never loaded (deleted early)
       return fail(

@@ -5,11 +5,13 @@
  * spec.drain.timeout; then Degraded=True/DrainTimedOut says exactly what was left.
  */
 import { countUnconfirmed, readMeta, readOutbox, setGate } from '../../core/activity-cache.js';
+import { readActivityItems } from '../../core/db/activity-items-store.js';
 import { parseDuration } from '../api/v1alpha1/funcs.js';
-import { EventReason, Phase } from '../api/v1alpha1/types.js';
+import { setCondition } from '../api/v1alpha1/conditions.js';
+import { ConditionType, EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
-import { CONTINUE } from './context.js';
+import { CONTINUE, DONE } from './context.js';
 
 export interface Backlog {
   halfMessages: number;
@@ -40,6 +42,11 @@ export async function readBacklog(ctx: ReconcileContext): Promise<Backlog> {
   return { halfMessages: outbox.halfMessages, unconfirmed, consumerLag };
 }
 
+/** Whether PostgreSQL holds the activity's items: recorded before any cache load began. */
+async function hasActivityItems(ctx: ReconcileContext): Promise<boolean> {
+  return (await readActivityItems(ctx.deps.pool, ctx.activityId)).size > 0;
+}
+
 export async function drain(ctx: ReconcileContext): Promise<StepResult> {
   const { redis, config } = ctx.deps;
   const live = ctx.phase === Phase.Ready || ctx.phase === Phase.Active;
@@ -63,9 +70,31 @@ export async function drain(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.phase !== Phase.Draining) return CONTINUE;
   ctx.requireOwnership();
 
-  if (!(await readMeta(redis, ctx.activityId))) {
-    // Never loaded (deleted during warm-up): nothing can be in flight.
-    return ctx.transition(Phase.WritingBack, 'nothing was loaded; nothing to drain');
+  const meta = await readMeta(redis, ctx.activityId);
+  if (!meta || meta.generation === 0) {
+    if (ctx.status.cache?.loadedGeneration !== undefined || (ctx.status.cache?.loads ?? 0) > 0) {
+      // Loaded, and the cache is gone (or only a restore's hold is there): restore-cache.ts
+      // rebuilds it from PostgreSQL first (it runs before this step, also on deletion). Moving on
+      // would skip the consumers' lag and write back an empty cache.
+      ctx.status.conditions = setCondition(
+        ctx.status.conditions,
+        {
+          type: ConditionType.CacheConsistent,
+          status: 'False',
+          reason: Reason.RestorePausing,
+          message: 'the cache is gone; it is restored from PostgreSQL before the drain goes on',
+        },
+        ctx.generation,
+        ctx.now,
+      );
+      ctx.requeueAfter(config.drainCheckMs);
+      return DONE;
+    }
+    if (!meta && !(await hasActivityItems(ctx))) {
+      // Never loaded (deleted during warm-up before any load began): nothing can be in flight.
+      return ctx.transition(Phase.WritingBack, 'nothing was loaded; nothing to drain');
+    }
+    // A load may have begun without the status knowing it: wait for the backlog all the same.
   }
   const backlog = await readBacklog(ctx);
   const left = backlogLeft(backlog);

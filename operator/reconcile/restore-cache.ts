@@ -17,8 +17,17 @@
  * line repeats the current step's idempotent side effect on the next pass. Each step is recorded
  * as the CacheConsistent condition and an Event. While a restore is open the pass ends here, so
  * sync-spec, open-gate and drain never act on a half-rebuilt cache.
+ *
+ * "Behind" includes a cache whose load mark `gen` is older than status.cache.loadedGeneration (a
+ * snapshot or a lagging replica from before a spec generation was loaded): it is restored to the
+ * loaded generation, stock from PostgreSQL's activity_skus and the sale window from
+ * activity_registry (both recorded with each load), never left at the older one.
+ *
+ * A resource being deleted is restored too: its drain waits for the consumers and its write-back
+ * reads the cache, so neither may act on a cache that is empty or half rebuilt; the restore then
+ * resumes with the gate closed.
  */
-import { setGate } from '../../core/activity-cache.js';
+import { readMeta, setGate } from '../../core/activity-cache.js';
 import {
   cacheEpoch,
   checkCache,
@@ -34,6 +43,7 @@ import {
   openRestore,
 } from '../../core/db/cache-restores-store.js';
 import type { CacheRestoreRow, RestoreDivergence } from '../../core/db/cache-restores-store.js';
+import { findRegisteredActivity } from '../../core/db/activity-registry-store.js';
 import { inTransaction } from '../../core/db/pool.js';
 import { insertReport } from '../../core/db/reconciliation-store.js';
 import { crashPoint } from '../../core/crash.js';
@@ -56,11 +66,30 @@ function condition(ctx: ReconcileContext, status: 'True' | 'False', reason: stri
   );
 }
 
-/** The gate the phase wants once the cache is whole again. */
+/** The gate the phase wants once the cache is whole again (closed: the resource is being deleted). */
 export function gateAfterRestore(ctx: ReconcileContext): GateState {
+  if (ctx.deleting) return 'closed';
   if (ctx.phase === Phase.Ready) return 'pending';
   if (ctx.phase === Phase.Draining) return 'closed';
   return ctx.fsa.spec.paused ? 'paused' : 'open';
+}
+
+/**
+ * The sale window of the generation that was loaded. activity_registry records it after every
+ * load (sync-spec.ts syncCache); the spec may already be a later generation (not synced yet, or
+ * refused: a shortened endAt must not reach the cache through a restore either). Without a
+ * registry row (an activity older than the registry): the window the cache still holds, else the
+ * spec's.
+ */
+async function loadedWindow(ctx: ReconcileContext): Promise<{ startMs: number; endMs: number }> {
+  const { pool, redis } = ctx.deps;
+  const registered = await findRegisteredActivity(pool, ctx.activityId);
+  if (registered && registered.ownerUid === ctx.fsa.metadata.uid) {
+    return { startMs: new Date(registered.startAt).getTime(), endMs: new Date(registered.endAt).getTime() };
+  }
+  const meta = await readMeta(redis, ctx.activityId);
+  if (meta?.startMs && meta.endMs) return { startMs: meta.startMs, endMs: meta.endMs };
+  return { startMs: ctx.schedule.startAt.getTime(), endMs: ctx.schedule.endAt.getTime() };
 }
 
 async function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): Promise<RestoreTarget> {
@@ -77,8 +106,7 @@ async function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): Promise<Re
     activityId: ctx.activityId,
     epoch: row.epoch,
     generation: ctx.status.cache?.loadedGeneration ?? ctx.generation,
-    startMs: ctx.schedule.startAt.getTime(),
-    endMs: ctx.schedule.endAt.getTime(),
+    ...(await loadedWindow(ctx)),
     requireOrderCode: spec.requireOrderCode,
     reopenOnRelease: spec.reopenOnRelease,
     ownerUid: ctx.fsa.metadata.uid,
@@ -86,9 +114,9 @@ async function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): Promise<Re
   };
 }
 
-function describe(d: RestoreDivergence): string {
+function describe(d: RestoreDivergence, loadedGeneration: number): string {
   const redis = d.redis.present
-    ? `generation ${d.redis.generation ?? 0}, epoch ${d.redis.epoch ?? 0} (expected ${d.expectedEpoch})`
+    ? `generation ${d.redis.generation ?? 0} (loaded ${loadedGeneration}), epoch ${d.redis.epoch ?? 0} (expected ${d.expectedEpoch})`
     : 'empty';
   const skus = d.skus
     .filter((s) => s.redisTaken === null || s.postgresLive > s.redisTaken)
@@ -98,9 +126,11 @@ function describe(d: RestoreDivergence): string {
 }
 
 export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
-  if (ctx.deleting || !LIVE_PHASES.includes(ctx.phase)) return CONTINUE;
+  // Also while the resource is being deleted: drain and write-back must find the cache whole.
+  if (!LIVE_PHASES.includes(ctx.phase)) return CONTINUE;
   // Never loaded: warm-up loads it; there is nothing to restore.
-  if (ctx.status.cache?.loadedGeneration === undefined) return CONTINUE;
+  const loadedGeneration = ctx.status.cache?.loadedGeneration;
+  if (loadedGeneration === undefined) return CONTINUE;
   ctx.requireOwnership();
   const { redis, pool, kafka, config } = ctx.deps;
 
@@ -111,6 +141,8 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
       pool,
       ctx.activityId,
       await lastReloadedEpoch(pool, ctx.activityId),
+      undefined,
+      loadedGeneration,
     );
     if (check.kind === 'consistent') {
       const previous = ctx.status.conditions?.find((c) => c.type === ConditionType.CacheConsistent);
@@ -126,7 +158,7 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
     await ctx.event(
       'Warning',
       EventReason.CacheDivergenceDetected,
-      `${check.kind}: ${describe(check.divergence)}; restoring the cache from PostgreSQL (epoch ${row.epoch})`,
+      `${check.kind}: ${describe(check.divergence, loadedGeneration)}; restoring the cache from PostgreSQL (epoch ${row.epoch})`,
     );
   }
   exportOpenRestore(ctx, row);

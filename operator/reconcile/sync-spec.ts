@@ -5,8 +5,15 @@
  * fence; unsafe ones are refused with Degraded=True/SpecChangeRefused and the sale goes on with
  * what is loaded. The CRD's CEL rules refuse most unsafe edits at admission already; this is the
  * check for what admission cannot see (catalog rows, edits racing a phase change).
+ *
+ * Besides a new generation, the step looks at the cache's own load mark: a Redis whose `gen` is
+ * older than status.cache.loadedGeneration came back from before a load (a snapshot, a lagging
+ * replica) and is never loaded over from the spec; restore-cache.ts rebuilds it to the loaded
+ * generation from PostgreSQL on the next pass. One that is newer (a status write lost after a
+ * load) is recorded as it is.
  */
 import { loadActivity } from '../../core/activity-cache.js';
+import { cacheGeneration } from '../../core/cache-restore.js';
 import { recordActivityItems } from '../../core/db/activity-items-store.js';
 import { registerActivity } from '../../core/db/activity-registry-store.js';
 import { recordActivitySkus } from '../../core/db/activity-skus-store.js';
@@ -15,7 +22,7 @@ import { FlashSaleError } from '../../core/errors.js';
 import { readLoadedDefinition } from '../../core/loaded-definition.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
-import { CONTINUE } from './context.js';
+import { CONTINUE, DONE } from './context.js';
 import { buildDefinition, diffDefinition, phaseOfGate } from './definition.js';
 import { planBuckets } from './plan-buckets.js';
 import { resolveItems } from './resolve-items.js';
@@ -29,7 +36,10 @@ export type SyncOutcome =
 
 /**
  * Brings the cache to the spec's generation when that is safe in the current phase. Idempotent:
- * the load script fences by generation, so a repeat after a crash changes nothing.
+ * the load script fences by generation, so a repeat after a crash changes nothing. Whatever the
+ * outcome, the sale window the cache then holds is registered (activity_registry): the after-sale
+ * role judges ENDED by it, and a cache restore puts back the loaded generation's window from it. A
+ * repeat after a crash between the load and the registration registers it then.
  */
 export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<SyncOutcome> {
   const { redis } = ctx.deps;
@@ -43,15 +53,19 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
     // What is live is what the consumer checks orders against: a cache loaded before the items
     // were recorded in PostgreSQL gets them here (idempotent; a newer generation is kept).
     await recordActivityItems(ctx.deps.pool, ctx.activityId, loaded.generation, loaded.items);
-    if (loaded.generation >= desired.generation) return { kind: 'unchanged' };
+    const keep = async <T extends SyncOutcome>(outcome: T): Promise<T> => {
+      await register(ctx, loaded);
+      return outcome;
+    };
+    if (loaded.generation >= desired.generation) return keep({ kind: 'unchanged' });
     const diff = diffDefinition(loaded, desired, phaseOfGate(phase, loaded.gate));
     if (diff.unsafe.length > 0) {
-      return {
+      return keep({
         kind: 'refused',
         message: `refused spec generation ${desired.generation}: ${diff.unsafe.join('; ')}`,
-      };
+      });
     }
-    if (diff.changes.length === 0) return { kind: 'unchanged' };
+    if (diff.changes.length === 0) return keep({ kind: 'unchanged' });
     changes = diff.changes;
   }
   // PostgreSQL first: once an item is in the cache, orders for it can reach the consumer, which
@@ -78,11 +92,14 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
         await recordActivityItems(ctx.deps.pool, ctx.activityId, live.generation, live.items, {
           replace: true,
         });
+        await register(ctx, live);
       }
       return { kind: 'refused', message: `refused spec generation ${desired.generation}: ${err.message}` };
     }
     throw err;
   }
+  // endAt may have been extended: the after-sale role judges ENDED by the registered window.
+  await register(ctx);
   return { kind: 'loaded', first: loaded === undefined, changes };
 }
 
@@ -106,13 +123,22 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.deleting) return CONTINUE;
   if (ctx.phase !== Phase.Ready && ctx.phase !== Phase.Active) return CONTINUE;
   await syncTrafficPolicy(ctx);
-  if (ctx.status.cache?.syncedGeneration === ctx.generation) return CONTINUE;
   ctx.requireOwnership();
+  const loadedGeneration = ctx.status.cache?.loadedGeneration;
+  const cached =
+    loadedGeneration === undefined ? undefined : await cacheGeneration(ctx.deps.redis, ctx.activityId);
+  if (loadedGeneration !== undefined && cached !== undefined && cached < loadedGeneration) {
+    // Empty, or back at an older generation, since restore-cache looked at it: loading the spec
+    // over it would top up stale stock (and count it as sold). The restore rebuilds it from
+    // PostgreSQL to the loaded generation on the next pass; nothing opens or drains it meanwhile.
+    ctx.log.warn({ cached, loadedGeneration }, 'the cache is behind the loaded generation; restoring first');
+    ctx.requeueAfter(ctx.deps.config.drainCheckMs);
+    return DONE;
+  }
+  if (ctx.status.cache?.syncedGeneration === ctx.generation && cached === loadedGeneration) return CONTINUE;
   const outcome = await syncCache(ctx, ctx.phase);
   switch (outcome.kind) {
     case 'loaded':
-      // endAt may have been extended: the after-sale role judges ENDED by the registered window.
-      await register(ctx);
       await recordCache(ctx);
       delete ctx.status.cache?.refusal;
       await ctx.event('Normal', EventReason.SpecChangeApplied, outcome.changes.join('; ') || 'reloaded');
@@ -144,16 +170,22 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
 
 /**
  * Records the activity's sale window in PostgreSQL (activity_registry), so the platform after-sale
- * role can answer NOT_STARTED / ENDED / NOT_FOUND without the cache. Idempotent; a row owned by
- * another resource is never moved.
+ * role can answer NOT_STARTED / ENDED / NOT_FOUND without the cache, and a cache restore knows the
+ * loaded generation's window: the spec's, or `cached`, the window the cache holds (after a load
+ * the spec asked for was refused or had nothing to change). Idempotent; a row owned by another
+ * resource is never moved.
  */
-export async function register(ctx: ReconcileContext): Promise<void> {
+export async function register(
+  ctx: ReconcileContext,
+  cached?: { startMs: number; endMs: number },
+): Promise<void> {
   ctx.requireOwnership();
+  const known = cached !== undefined && cached.startMs > 0 && cached.endMs > 0;
   await registerActivity(ctx.deps.pool, {
     activityId: ctx.activityId,
     owner: `${ctx.fsa.metadata.namespace}/${ctx.fsa.metadata.name}`,
     ownerUid: ctx.fsa.metadata.uid,
-    startAt: ctx.schedule.startAt,
-    endAt: ctx.schedule.endAt,
+    startAt: known ? new Date(cached.startMs) : ctx.schedule.startAt,
+    endAt: known ? new Date(cached.endMs) : ctx.schedule.endAt,
   });
 }

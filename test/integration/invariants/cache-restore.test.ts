@@ -364,4 +364,69 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect(Number(perBuyer.rows[0]!.n)).toBeLessThanOrEqual(2);
     expect((await checkCache(redis, sql, id, row.epoch, 10)).kind).toBe('consistent');
   });
+
+  test('a cache back at an older generation is behind; the restore puts back the loaded generation and its window', async () => {
+    const id = uniqueId('rsg');
+    const start = new Date(Date.now() - 60_000);
+    const end = new Date(Date.now() + 3_600_000);
+    const later = new Date(end.getTime() + 1_800_000);
+    const v1: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 2 }];
+    const v2: CatalogItem[] = [{ ...v1[0]!, stock: 8 }];
+    const def = (generation: number, items: CatalogItem[], endAt: Date) => ({
+      id,
+      generation,
+      startAt: start,
+      endAt,
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      items,
+    });
+    // Generation 1 loaded and open; the snapshot Redis will come back from.
+    await recordActivitySkus(sql, id, v1, 'spec');
+    await loadActivity(redis, def(1, v1, end));
+    await setGate(redis, id, 'open');
+    const k = activityKeys(id);
+    const keys = await redis.keys(k.scanPattern);
+    const dumps = await Promise.all(keys.map(async (key) => [key, (await redis.dumpBuffer(key))!] as const));
+    // Generation 2: more stock and a later end, loaded (as sync-spec does: PostgreSQL first).
+    await recordActivitySkus(sql, id, v2, 'spec');
+    await loadActivity(redis, def(2, v2, later));
+    expect((await checkCache(redis, sql, id, 0, 10, 2)).kind).toBe('consistent');
+    // Back from the snapshot: consistent by units and epoch, behind by its load mark.
+    await redis.del(...(await redis.keys(k.scanPattern)));
+    for (const [key, dump] of dumps) await redis.restore(key, 0, dump);
+    expect(await redis.hmget(k.meta, 'gen', 'endMs')).toEqual(['1', String(end.getTime())]);
+    expect((await checkCache(redis, sql, id, 0, 10)).kind).toBe('consistent');
+    const check = await checkCache(redis, sql, id, 0, 10, 2);
+    expect(check.kind).toBe('CacheBehind');
+    expect(check.divergence.redis).toEqual({ present: true, generation: 1, epoch: 0 });
+
+    const row = await beginRestore(sql, id, 'CacheBehind', check.divergence);
+    const t: RestoreTarget = {
+      activityId: id,
+      epoch: row.epoch,
+      generation: 2,
+      startMs: start.getTime(),
+      endMs: later.getTime(),
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      ownerUid: 'uid-1',
+    };
+    // The hold pauses the gate and puts back the loaded generation's window at once.
+    expect(await holdForRestore(redis, t)).toBe('open');
+    expect(await redis.hmget(k.meta, 'gate', 'gen', 'endMs')).toEqual([
+      'paused',
+      '1',
+      String(later.getTime()),
+    ]);
+    await reloadFromPostgres(redis, sql, t);
+    expect(await redis.hmget(k.meta, 'gate', 'gen', 'endMs', 'epoch')).toEqual([
+      'paused',
+      '2',
+      String(later.getTime()),
+      String(row.epoch),
+    ]);
+    expect(await redis.hmget(k.sku('a'), 'initial', 'stock')).toEqual(['8', '8']);
+    expect((await checkCache(redis, sql, id, 0, 10, 2)).kind).toBe('consistent');
+  });
 });
