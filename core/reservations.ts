@@ -129,8 +129,11 @@ const NOTHING_RESERVED = new Set<string>([
  * Reserves in the buyer's scope: the activity's, or the buyer's home bucket of a bucketed SKU.
  * A home bucket out of units is refilled from the other buckets (crash-safe transfers,
  * core/buckets.ts) and the reservation tried again, so SOLD_OUT means every bucket is empty.
- * A bucket reservation first claims its id in the activity's scope (claimRequest-2.lua), so one
- * requestId cannot reserve in two scopes.
+ * A bucket reservation of a submission counted in the buyer's window (the default) first claims
+ * its id in the activity's scope, in the call that counts it (claimRequest-2.lua), so one requestId
+ * cannot reserve in two scopes. Without a window there is no such call, and none is added: a
+ * second call per reservation on the activity's node is what buckets exist to avoid
+ * (ARCHITECTURE.md "Stock buckets").
  */
 export async function reserve(redis: RedisClient, input: ReserveInput): Promise<ReserveOutcome> {
   let claim: { key: string; attempt: number } | undefined;
@@ -152,11 +155,13 @@ async function reserveClaimed(
   let layout = knownBucketLayout(input.activityId) ?? (await bucketLayout(redis, input.activityId));
   // The submission counts once in the buyer's window, however many attempts it takes.
   let window = limited(input.window);
+  const shaped = window !== undefined;
   let counted: WindowCount | undefined;
   let claimChecked = false;
   for (let attempt = 0; ; attempt += 1) {
     const scope = layout.scopeFor(input.skuId, input.userId);
-    if (scope instanceof BucketKeys && !claimChecked) {
+    // Counted already by a BUCKETED answer (a layout this process had not seen): the claim alone.
+    if (scope instanceof BucketKeys && shaped && !claimChecked) {
       // The claim and the counter are in the activity's slot, the bucket's keys in another: two
       // calls here, the claim counting the submission.
       const own = activityKeys(input.activityId);
