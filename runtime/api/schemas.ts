@@ -8,6 +8,7 @@
  */
 import type { Request } from 'express';
 import { z } from 'zod';
+import { isStorableText } from '../../core/db/storable-text.js';
 import { FlashSaleError } from '../../core/errors.js';
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
@@ -65,17 +66,10 @@ export function parseSubmitOrder(value: unknown): SubmitOrder {
 export const orderCodeBody = z.object({ skuId: id }).strict();
 
 /**
- * Text PostgreSQL cannot store: U+0000 (refused in text columns and in jsonb) and unpaired UTF-16
- * surrogates (JSON's `"\ud800"` parses to one; jsonb refuses its escape and a text column would
- * silently get U+FFFD instead). The ids above are ASCII by their patterns; every other free-text
- * field that reaches PostgreSQL goes through `storableText`.
+ * The string schema `s` refined to text PostgreSQL can store (core/db/storable-text.ts; a 400,
+ * never the database's 500). The ids above are ASCII by their patterns; every other free-text
+ * field that reaches PostgreSQL goes through it.
  */
-const NOT_STORABLE = /[\0\p{Cs}]/u;
-
-/** Whether PostgreSQL can store `text` as it is (well-formed UTF-16 without U+0000). */
-export const isStorableText = (text: string): boolean => !NOT_STORABLE.test(text);
-
-/** The string schema `s` refined to text PostgreSQL can store (a 400, never the database's 500). */
 export const storableText = (s: z.ZodString = z.string()): z.ZodString =>
   s.refine(isStorableText, 'no U+0000 and no unpaired surrogate (text the database can store)');
 

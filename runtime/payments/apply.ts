@@ -22,6 +22,7 @@ import { appendJournal } from '../../core/db/journal-store.js';
 import { lockOrder, PAID_STATUSES, transitionOrder } from '../../core/db/orders-store.js';
 import type { LifecycleOrderRow } from '../../core/db/orders-store.js';
 import { finishPayment, insertPayment, lockPayment } from '../../core/db/payments-store.js';
+import { isStorableText } from '../../core/db/storable-text.js';
 import type { RefundReason } from '../../core/db/payments-store.js';
 import { inTransaction } from '../../core/db/pool.js';
 import type { Pool } from '../../core/db/pool.js';
@@ -63,13 +64,6 @@ export function paidInTime(
 }
 
 /**
- * Text PostgreSQL cannot store: U+0000 (refused by text and jsonb) and unpaired UTF-16 surrogates
- * (JSON's `"\ud800"`; jsonb refuses its escape). The same rule as runtime/api/schemas.ts
- * isStorableText, which this role may not import.
- */
-const NOT_STORABLE = /[\0\p{Cs}]/u;
-
-/**
  * Where in `value` (strings, object keys, nested objects and arrays) there is text PostgreSQL
  * cannot store, as a dotted path (`` for `value` itself), or undefined. Iterative: a signed body
  * may nest deeply.
@@ -79,10 +73,10 @@ function unstorableTextPath(value: unknown): string | undefined {
   for (let item = stack.pop(); item !== undefined; item = stack.pop()) {
     const [v, path] = item;
     if (typeof v === 'string') {
-      if (NOT_STORABLE.test(v)) return path;
+      if (!isStorableText(v)) return path;
     } else if (v !== null && typeof v === 'object') {
       for (const [k, child] of Object.entries(v)) {
-        if (NOT_STORABLE.test(k)) return path === '' ? '(a key)' : `${path}.(a key)`;
+        if (!isStorableText(k)) return path === '' ? '(a key)' : `${path}.(a key)`;
         stack.push([child, path === '' ? k : `${path}.${k}`]);
       }
     }
