@@ -160,7 +160,7 @@ export function createMetrics(component: string, activityId?: string) {
     }),
     orderGapRepairs: new client.Counter({
       name: 'flashsale_order_gap_repairs_total',
-      help: 'Order-gap repair actions (republished, compensated, abandoned, waiting, skipped, failed)',
+      help: 'Order-gap repair actions (republished, compensated, abandoned, refused, waiting, skipped, failed)',
       labelNames: ['activity', 'action'],
       registers: r,
     }),

@@ -40,8 +40,8 @@ import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import { ORDER_BATCH_HEADER, orderMessageSchema, orderTextsOf } from '../../core/order-message.js';
+import { refusalOf } from '../../core/order-refusal.js';
 import type { OrderMessage } from '../../core/order-message.js';
-import { reservationIdFor } from '../../core/reservations.js';
 import type { RedisClient } from '../../core/scripts.js';
 import { StockGuard } from '../../core/stock-guard.js';
 import type { GuardedOrder } from '../../core/stock-guard.js';
@@ -88,35 +88,6 @@ class RefusedMessage extends Error {
 
 /** Why a message went to the DLQ (`flashsale_dlq_messages_total{reason}`). */
 const DLQ_REASONS = ['refused', 'invalid', 'failed'] as const;
-
-/** Whole cents of a decimal string with at most two places ("19.9" -> 1990n). */
-function cents(price: string): bigint | undefined {
-  const m = /^(\d{1,12})(?:\.(\d{1,2}))?$/.exec(price);
-  if (!m) return undefined;
-  return BigInt(m[1]!) * 100n + BigInt((m[2] ?? '').padEnd(2, '0'));
-}
-
-/**
- * Checks one order message against the activity's item (from PostgreSQL). Returns the reason it
- * is refused, or undefined when it fits. Exported for unit tests.
- */
-export function refusalOf(o: OrderMessage, item: ActivityItem | undefined): [string, string] | undefined {
-  if (!item) return ['unknown_sku', `sku ${o.skuId} is not an item of activity ${o.activityId}`];
-  if (o.reservationId !== reservationIdFor(o.activityId, o.userId, o.requestId)) {
-    return ['reservation_id', 'the reservation id is not derived from its buyer and requestId'];
-  }
-  const price = cents(o.unitPrice);
-  if (price === undefined || price !== cents(item.price)) {
-    return ['price', `unit price ${o.unitPrice} differs from the item's price ${item.price}`];
-  }
-  if (o.quantity < 1 || o.quantity > item.limitPerUser) {
-    return ['quantity', `quantity ${o.quantity} outside 1..${item.limitPerUser} (limit per buyer)`];
-  }
-  if (o.slot < 1 || o.slot > item.limitPerUser) {
-    return ['slot', `slot ${o.slot} outside 1..${item.limitPerUser} (limit per buyer)`];
-  }
-  return undefined;
-}
 
 /** What the consumer can do right now (its /readyz reports it). */
 export type ConsumerState = 'starting' | 'joining' | 'consuming' | 'restarting' | 'stopped';

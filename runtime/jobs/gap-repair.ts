@@ -4,6 +4,10 @@
  *   - re-published from its ledger entry to the activity topic with the idempotent producer (the
  *     consumer's unique keys make a duplicate harmless), at most ORDER_GAP_MAX_REPUBLISH times,
  *     ORDER_GAP_REPUBLISH_INTERVAL_SECONDS apart, whatever the number of job replicas; or
+ *   - held back while the consumer would refuse it against the activity's item in PostgreSQL
+ *     (core/order-refusal.ts: price, limit per buyer, unknown SKU): a copy would only be
+ *     dead-lettered again. The first copy is already in the DLQ; once the item is corrected the
+ *     next run re-publishes it; or
  *   - compensated when it provably can never become an order: another live order holds the
  *     buyer's slot (the database would refuse it), or its ledger entry cannot form a valid order.
  *     Compensation inserts the order CLOSED first (so a late message cannot create it) and settles
@@ -16,8 +20,11 @@
 import type { Producer } from 'kafkajs';
 import { appendJournal } from '../../core/db/journal-store.js';
 import { claimRepublish, recordGapAction } from '../../core/db/gap-repairs-store.js';
+import { readActivityItems } from '../../core/db/activity-items-store.js';
+import type { ActivityItem } from '../../core/db/activity-items-store.js';
 import { findLiveSlotHolder } from '../../core/db/orders-store.js';
 import { isValidOrderMessage } from '../../core/order-message.js';
+import { refusalOf } from '../../core/order-refusal.js';
 import { closeInFlight, settleStock } from '../../core/order-lifecycle.js';
 import type { LifecycleDeps } from '../../core/order-lifecycle.js';
 import { locateReservation, orderMessageOf, release } from '../../core/reservations.js';
@@ -34,6 +41,8 @@ export interface GapRepairReport {
   republished: string[];
   compensated: string[];
   abandoned: string[];
+  /** Held back: the consumer would refuse the message (its first copy is in the DLQ). */
+  refused: string[];
   waiting: string[];
   skipped: string[];
   failed: string[];
@@ -44,6 +53,7 @@ export async function repairOrderGap(d: GapRepairDeps, missing: string[]): Promi
     republished: [],
     compensated: [],
     abandoned: [],
+    refused: [],
     waiting: [],
     skipped: [],
     failed: [],
@@ -53,9 +63,12 @@ export async function repairOrderGap(d: GapRepairDeps, missing: string[]): Promi
     report[action].push(rid);
     d.metrics?.orderGapRepairs.inc({ activity: a, action });
   };
+  // Read once a run, when the first reservation needs them: a corrected item counts from the next run.
+  let items: Promise<Map<string, ActivityItem>> | undefined;
+  const itemsOf = () => (items ??= readActivityItems(d.pool, a));
   for (const rid of missing) {
     try {
-      await repairOne(d, rid, count);
+      await repairOne(d, rid, itemsOf, count);
     } catch (err) {
       d.logger.warn(
         { activity: a, reservationId: rid, err: (err as Error).message },
@@ -71,6 +84,7 @@ export async function repairOrderGap(d: GapRepairDeps, missing: string[]): Promi
         republished: report.republished.length,
         compensated: report.compensated.length,
         abandoned: report.abandoned.length,
+        refused: report.refused.length,
         waiting: report.waiting.length,
         skipped: report.skipped.length,
         failed: report.failed.length,
@@ -84,6 +98,7 @@ export async function repairOrderGap(d: GapRepairDeps, missing: string[]): Promi
 async function repairOne(
   d: GapRepairDeps,
   rid: string,
+  itemsOf: () => Promise<Map<string, ActivityItem>>,
   count: (action: keyof GapRepairReport, rid: string) => void,
 ): Promise<void> {
   const a = d.activityId;
@@ -146,6 +161,15 @@ async function repairOne(
       if (r.order?.status === 'CLOSED') await settleStock(d, [r.order]);
       count('skipped', rid); // an order appeared meanwhile: no gap any more
     }
+    return;
+  }
+  const refusal = refusalOf(message, (await itemsOf()).get(message.skuId));
+  if (refusal) {
+    d.logger.warn(
+      { activity: a, reservationId: rid, reason: refusal[0], detail: refusal[1], traceId: rsv.traceId },
+      "order gap: not re-published, the consumer would refuse it against the activity's item; correct the item, or decide on the dead letter",
+    );
+    count('refused', rid);
     return;
   }
   const claim = await claimRepublish(d.pool, a, rid, d.republishIntervalSeconds, d.maxRepublish);

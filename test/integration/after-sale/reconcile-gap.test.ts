@@ -4,6 +4,7 @@
 // twice) or exactly one compensation when it can never become an order.
 import type { Admin, Kafka, Producer } from 'kafkajs';
 import { readStock, setGate } from '../../../core/activity-cache.js';
+import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { latestReports } from '../../../core/db/reconciliation-store.js';
 import { writeBack } from '../../../core/db/stock-store.js';
 import { journalFor } from '../../../core/db/journal-store.js';
@@ -224,6 +225,59 @@ describe('order-gap repair', () => {
       // Re-publication is bounded: with the interval not elapsed nothing is sent again.
       const bounded = await repairOrderGap({ ...deps(activityId), republishIntervalSeconds: 3600 }, [rid!]);
       expect(bounded.waiting).toEqual([rid]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a reservation the consumer would refuse is not re-published (no dead letter per attempt) until its item is corrected',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10, price: '19.90' }, f.pool);
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const [rid] = await reserveFor(f.redis, activityId, skuId, ['priced']);
+      await f.redis.del(activityKeys(activityId).outbox);
+      // PostgreSQL's item no longer matches the ledger's price: the consumer refuses the message
+      // (dead-lettered once, when the relay sent it). Re-publishing would dead-letter it again.
+      const item = (name = '秒杀商品 flash item', price = '25.00') => ({
+        skuId,
+        name,
+        price,
+        limitPerUser: 1,
+      });
+      await recordActivityItems(f.pool, activityId, 1, [item()], { replace: true });
+      const gapNow = async () =>
+        (
+          await checkOrderGap(
+            { activityId, redis: f.redis, pool: f.pool, gapThresholdSeconds: 0 },
+            Date.now() + 1,
+          )
+        ).missing;
+      expect(await gapNow()).toEqual([rid]);
+      const sent = async () =>
+        (await admin.fetchTopicOffsets(topics.orders)).reduce((n, p) => n + Number(p.high), 0);
+
+      for (let run = 0; run < 3; run++) {
+        const r = await repairOrderGap(deps(activityId), [rid!]);
+        expect([r.refused, r.republished]).toEqual([[rid], []]);
+      }
+      expect(await sent()).toBe(0);
+      expect(
+        await countRows(f.pool, 'SELECT count(*) AS n FROM order_gap_repairs WHERE reservation_id = $1', [
+          rid,
+        ]),
+      ).toBe(0);
+      expect(
+        (await f.metrics.orderGapRepairs.get()).values.find(
+          (v) => v.labels.activity === activityId && v.labels.action === 'refused',
+        )?.value,
+      ).toBe(3);
+
+      // The item corrected: the next run re-publishes it, once.
+      await recordActivityItems(f.pool, activityId, 1, [item(undefined, '19.90')], { replace: true });
+      const fixed = await repairOrderGap(deps(activityId), [rid!]);
+      expect([fixed.refused, fixed.republished]).toEqual([[], [rid]]);
+      expect(await sent()).toBe(1);
     },
     TIMEOUT_MS,
   );

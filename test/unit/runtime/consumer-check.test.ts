@@ -1,9 +1,9 @@
 // The consumer's check of an order message against the activity's item from PostgreSQL
-// (runtime/consumer/consumer.ts refusalOf): the message is never trusted.
+// (core/order-refusal.ts, used by the consumer and by order-gap repair): the message is never trusted.
 import type { ActivityItem } from '../../../core/db/activity-items-store.js';
 import type { OrderMessage } from '../../../core/model.js';
 import { reservationIdFor } from '../../../core/reservations.js';
-import { refusalOf } from '../../../runtime/consumer/consumer.js';
+import { refusalOf } from '../../../core/order-refusal.js';
 
 const item: ActivityItem = {
   skuId: 'duck',
