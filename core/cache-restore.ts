@@ -19,8 +19,9 @@ import type { RestoreDivergence, RestoreReason, RestoreReload } from './db/cache
 import { findByReservationIds, ordersForRestore } from './db/orders-store.js';
 import type { OrderStatus } from './db/orders-store.js';
 import type { Pool } from './db/pool.js';
-import { activityKeys } from './keys.js';
+import { BucketKeys, activityKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
+import { CLAIM_STATE } from './order-message.js';
 import { readReservation } from './reservations.js';
 import type { ReservationRecord } from './reservations.js';
 import type { RedisClient } from './scripts.js';
@@ -234,7 +235,8 @@ interface BuyerHold {
  * A bucketed SKU is rebuilt as the warm-up laid it out (ARCHITECTURE.md "Stock buckets"): each
  * reservation and buyer slot in the buyer's home bucket, each bucket's share of the remaining
  * units (lua/restoreBucket-5.lua, fenced by the epoch on the bucket's meta), then the layout (the
- * meta's `bucket:<sku>` and the SKU hash's `buckets`), then the activity's epoch mark.
+ * meta's `bucket:<sku>` and the SKU hash's `buckets`), then the activity's epoch mark. Each bucket
+ * reservation's claim of its id in the activity's scope is written back with it.
  */
 export async function reloadFromPostgres(
   redis: RedisClient,
@@ -303,6 +305,12 @@ export async function reloadFromPostgres(
     f.reservations += 1;
   }
 
+  await writeClaims(
+    redis,
+    k,
+    inFlight.filter((r) => layout.scopeFor(r.skuId, r.userId) instanceof BucketKeys),
+  );
+
   let orders = 0;
   for (let after = '0'; ;) {
     const page = await ordersForRestore(pool, t.activityId, after, PAGE);
@@ -345,6 +353,7 @@ export async function reloadFromPostgres(
       }
       p.zrem(scope.ledger, ...group.map((o) => o.reservationId));
       await p.exec();
+      if (scope instanceof BucketKeys) await writeClaims(redis, k, group);
     }
   }
 
@@ -463,6 +472,30 @@ export async function reloadFromPostgres(
     orders,
     buyers: holds.size,
   };
+}
+
+/**
+ * The claims in the activity's own scope of reservations made in a stock bucket
+ * (lua/claimRequest-2.lua): without them a requestId that reserved in a bucket before the loss
+ * could reserve again under the same id in another scope once the sale resumes. Absolute, like
+ * every write of the reload (the gate is paused: no submission claims meanwhile).
+ */
+async function writeClaims(
+  redis: RedisClient,
+  k: ScopeKeys,
+  reservations: { reservationId: string; userId: string; skuId: string; quantity: number }[],
+): Promise<void> {
+  if (reservations.length === 0) return;
+  const p = redis.pipeline();
+  for (const r of reservations)
+    p.hset(k.reservation(r.reservationId), {
+      state: CLAIM_STATE,
+      sku: r.skuId,
+      qty: r.quantity,
+      user: r.userId,
+      attempts: 1,
+    });
+  await p.exec();
 }
 
 interface Figures {

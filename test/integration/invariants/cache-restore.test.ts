@@ -205,6 +205,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
 
     /** A buyer's reservation, and (as the consumer would) its order in PostgreSQL. */
     let n = 0;
+    const requestIds = new Map<string, string>();
     const buy = async (user: string, skuId: string, order = true): Promise<string | undefined> => {
       n += 1;
       try {
@@ -216,6 +217,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
           requestId: `q${n}`,
           traceId: 't',
         });
+        requestIds.set(r.reservationId, `q${n}`);
         const rec = await readReservation(redis, id, r.reservationId, r.scope);
         if (order) await insertOrders(sql, [orderMessageOf(id, rec!)], 900);
         return r.reservationId;
@@ -334,6 +336,12 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       });
       expect(await redis.hget(home.reservation(o.reservation_id), 'state')).toBe('RESERVED');
       expect(await redis.exists(k.buyer(o.user_id))).toBe(0);
+      // Its id claimed in the activity's scope again (claimRequest-2.lua).
+      expect(await redis.hmget(k.reservation(o.reservation_id), 'state', 'sku', 'user')).toEqual([
+        'ELSEWHERE',
+        'hot',
+        o.user_id,
+      ]);
     }
     // Still paused everywhere; the mark is on every bucket and, last, on the activity.
     expect(await redis.hmget(k.meta, 'gate', 'epoch')).toEqual(['paused', String(row.epoch)]);
@@ -346,6 +354,19 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     await advanceRestore(sql, id, row.epoch, 'reloaded');
     await setGate(redis, id, 'open');
     expect((await checkCache(redis, sql, id, row.epoch, 10)).kind).toBe('consistent');
+
+    // A requestId that reserved in a bucket before the loss cannot reserve another SKU after it.
+    const claimed = orders.rows[0]!;
+    await expect(
+      reserve(redis, {
+        activityId: id,
+        userId: claimed.user_id,
+        skuId: 'cold',
+        quantity: 1,
+        requestId: requestIds.get(claimed.reservation_id)!,
+        traceId: 't',
+      }),
+    ).rejects.toMatchObject({ code: 'IDEMPOTENCY_CONFLICT' });
 
     // The sale resumes with demand above supply: exactly the 12 left sell (transfers refill the
     // buckets that run out), a buyer who already holds one gets one more at most.
