@@ -148,6 +148,7 @@ export interface CacheMeta {
   startMs: number;
   endMs: number;
   requireOrderCode: boolean;
+  reopenOnRelease: boolean;
 }
 
 export async function readMeta(redis: RedisClient, activityId: string): Promise<CacheMeta | undefined> {
@@ -160,6 +161,7 @@ export async function readMeta(redis: RedisClient, activityId: string): Promise<
     startMs: Number(m.startMs ?? 0),
     endMs: Number(m.endMs ?? 0),
     requireOrderCode: m.requireCode === '1',
+    reopenOnRelease: m.reopen === '1',
   };
 }
 

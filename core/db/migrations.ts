@@ -507,4 +507,14 @@ CREATE INDEX orders_withheld_unreturned ON orders (activity_id, sku_id, user_id)
     AND withheld_returned_for IS NULL;
 `,
   },
+  {
+    version: 14,
+    name: 'registry-loaded-settings',
+    sql: `
+-- The order-code requirement and reopen-on-release of the generation loaded, recorded with its
+-- sale window after every load: a cache restore puts back what was loaded, never a spec edit the
+-- operator refused (operator/reconcile/restore-cache.ts). NULL: registered before this migration.
+ALTER TABLE activity_registry ADD COLUMN require_order_code boolean, ADD COLUMN reopen_on_release boolean;
+`,
+  },
 ];

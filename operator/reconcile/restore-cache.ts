@@ -75,25 +75,36 @@ export function gateAfterRestore(ctx: ReconcileContext): GateState {
 }
 
 /**
- * The sale window of the generation that was loaded. activity_registry records it after every
- * load (sync-spec.ts syncCache); the spec may already be a later generation (not synced yet, or
- * refused: a shortened endAt must not reach the cache through a restore either). Without a
- * registry row (an activity older than the registry): the window the cache still holds, else the
- * spec's.
+ * The sale window and settings (requireOrderCode, reopenOnRelease) of the generation that was
+ * loaded. activity_registry records them after every load (sync-spec.ts syncCache); the spec may
+ * already be a later generation (not synced yet, or refused: a shortened endAt or an order-code
+ * requirement the operator refused must not reach the cache through a restore either). Without a
+ * registry row (an activity older than the registry; for the settings, older than migration 14):
+ * what the cache still holds, else the spec's.
  */
-async function loadedWindow(ctx: ReconcileContext): Promise<{ startMs: number; endMs: number }> {
+async function loadedSettings(
+  ctx: ReconcileContext,
+): Promise<Pick<RestoreTarget, 'startMs' | 'endMs' | 'requireOrderCode' | 'reopenOnRelease'>> {
   const { pool, redis } = ctx.deps;
-  const registered = await findRegisteredActivity(pool, ctx.activityId);
-  if (registered && registered.ownerUid === ctx.fsa.metadata.uid) {
-    return { startMs: new Date(registered.startAt).getTime(), endMs: new Date(registered.endAt).getTime() };
-  }
-  const meta = await readMeta(redis, ctx.activityId);
-  if (meta?.startMs && meta.endMs) return { startMs: meta.startMs, endMs: meta.endMs };
-  return { startMs: ctx.schedule.startAt.getTime(), endMs: ctx.schedule.endAt.getTime() };
+  const spec = ctx.fsa.spec;
+  const found = await findRegisteredActivity(pool, ctx.activityId);
+  const registered = found?.ownerUid === ctx.fsa.metadata.uid ? found : undefined;
+  const cached = await readMeta(redis, ctx.activityId);
+  const window =
+    registered !== undefined
+      ? { startMs: new Date(registered.startAt).getTime(), endMs: new Date(registered.endAt).getTime() }
+      : cached?.startMs && cached.endMs
+        ? { startMs: cached.startMs, endMs: cached.endMs }
+        : { startMs: ctx.schedule.startAt.getTime(), endMs: ctx.schedule.endAt.getTime() };
+  // A meta a restore holds (core/cache-restore.ts holdForRestore) carries the settings it was given.
+  return {
+    ...window,
+    requireOrderCode: registered?.requireOrderCode ?? cached?.requireOrderCode ?? spec.requireOrderCode,
+    reopenOnRelease: registered?.reopenOnRelease ?? cached?.reopenOnRelease ?? spec.reopenOnRelease,
+  };
 }
 
 async function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): Promise<RestoreTarget> {
-  const spec = ctx.fsa.spec;
   // The bucket layout the warm-up loaded: the resource fixes each SKU's count once it began.
   // Automatic counts are not in the spec: the status recorded them when the SKUs were loaded.
   const buckets = new Map([
@@ -106,9 +117,7 @@ async function targetOf(ctx: ReconcileContext, row: CacheRestoreRow): Promise<Re
     activityId: ctx.activityId,
     epoch: row.epoch,
     generation: ctx.status.cache?.loadedGeneration ?? ctx.generation,
-    ...(await loadedWindow(ctx)),
-    requireOrderCode: spec.requireOrderCode,
-    reopenOnRelease: spec.reopenOnRelease,
+    ...(await loadedSettings(ctx)),
     ownerUid: ctx.fsa.metadata.uid,
     buckets,
   };

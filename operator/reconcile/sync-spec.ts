@@ -20,6 +20,7 @@ import { recordActivitySkus } from '../../core/db/activity-skus-store.js';
 import { liveQuantityBySku } from '../../core/db/orders-store.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { readLoadedDefinition } from '../../core/loaded-definition.js';
+import type { LoadedDefinition } from '../../core/loaded-definition.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
@@ -171,13 +172,13 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
 /**
  * Records the activity's sale window in PostgreSQL (activity_registry), so the platform after-sale
  * role can answer NOT_STARTED / ENDED / NOT_FOUND without the cache, and a cache restore knows the
- * loaded generation's window: the spec's, or `cached`, the window the cache holds (after a load
- * the spec asked for was refused or had nothing to change). Idempotent; a row owned by another
- * resource is never moved.
+ * loaded generation's window and settings (requireOrderCode, reopenOnRelease): the spec's, or
+ * `cached`, what the cache holds (after a load the spec asked for was refused or had nothing to
+ * change). Idempotent; a row owned by another resource is never moved.
  */
 export async function register(
   ctx: ReconcileContext,
-  cached?: { startMs: number; endMs: number },
+  cached?: Pick<LoadedDefinition, 'startMs' | 'endMs' | 'requireOrderCode' | 'reopenOnRelease'>,
 ): Promise<void> {
   ctx.requireOwnership();
   const known = cached !== undefined && cached.startMs > 0 && cached.endMs > 0;
@@ -187,5 +188,7 @@ export async function register(
     ownerUid: ctx.fsa.metadata.uid,
     startAt: known ? new Date(cached.startMs) : ctx.schedule.startAt,
     endAt: known ? new Date(cached.endMs) : ctx.schedule.endAt,
+    requireOrderCode: known ? cached.requireOrderCode : ctx.fsa.spec.requireOrderCode,
+    reopenOnRelease: known ? cached.reopenOnRelease : ctx.fsa.spec.reopenOnRelease,
   });
 }

@@ -358,6 +358,8 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
         ownerUid: 'uid-future',
         startAt: new Date(Date.now() + 3_600_000),
         endAt: new Date(Date.now() + 7_200_000),
+        requireOrderCode: false,
+        reopenOnRelease: false,
       });
       const early = await buyerCall(api, 'POST', `/v1/activities/${future}/orders`, 'newcomer', {
         skuId,

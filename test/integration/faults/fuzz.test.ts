@@ -425,6 +425,8 @@ describe('fuzzing the platform after-sale role (real after-sale process, no cach
       ownerUid: 'fuzz-uid',
       startAt: new Date(Date.now() - 7_200_000),
       endAt: new Date(Date.now() - 3_600_000),
+      requireOrderCode: false,
+      reopenOnRelease: false,
     });
     role = await startRole('after-sale', {
       databaseUrl: db.url,

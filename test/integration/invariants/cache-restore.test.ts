@@ -11,6 +11,7 @@ import { bucketLayout, forgetBucketLayout, unitsInFlight } from '../../../core/b
 import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
 import type { RestoreTarget } from '../../../core/cache-restore.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
+import { registerActivity } from '../../../core/db/activity-registry-store.js';
 import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import {
   advanceRestore,
@@ -23,6 +24,16 @@ import { activityKeys, homeBucket } from '../../../core/keys.js';
 import type { CatalogItem, OrderMessage } from '../../../core/model.js';
 import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
 import { registerScripts, runScript } from '../../../core/scripts.js';
+import { createLogger } from '../../../core/logger.js';
+import { createOperatorMetrics } from '../../../core/metrics.js';
+import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
+import { Phase } from '../../../operator/api/v1alpha1/types.js';
+import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
+import type { OperatorConfig } from '../../../operator/config.js';
+import { ReconcileContext } from '../../../operator/reconcile/context.js';
+import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
+import { restoreCache } from '../../../operator/reconcile/restore-cache.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 
@@ -449,5 +460,65 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     ]);
     expect(await redis.hmget(k.sku('a'), 'initial', 'stock')).toEqual(['8', '8']);
     expect((await checkCache(redis, sql, id, 0, 10, 2)).kind).toBe('consistent');
+  });
+  test("the operator's restore puts back the loaded generation's order-code and reopen settings, not a refused spec edit", async () => {
+    const id = uniqueId('rss');
+    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 2 }];
+    const startAt = new Date(Date.now() - 60_000);
+    const endAt = new Date(Date.now() + 3_600_000);
+    await recordActivityItems(sql, id, 1, items);
+    await recordActivitySkus(sql, id, items, 'spec');
+    const loaded = { requireOrderCode: false, reopenOnRelease: false };
+    await loadActivity(redis, { id, generation: 1, startAt, endAt, ...loaded, items });
+    await setGate(redis, id, 'open');
+    // What the operator records after loading generation 1 (operator/reconcile/sync-spec.ts register).
+    await registerActivity(sql, {
+      activityId: id,
+      owner: 'default/rss',
+      ownerUid: id,
+      startAt,
+      endAt,
+      ...loaded,
+    });
+    // Redis loses the activity.
+    const k = activityKeys(id);
+    await redis.del(...(await redis.keys(k.scanPattern)));
+
+    // The spec asks for order codes and reopened slots: an edit the operator refused once the sale
+    // was live, which the CRD then keeps from being taken back.
+    const now = new Date();
+    const fsa = {
+      apiVersion: 'flashsale.io/v1alpha1',
+      kind: 'FlashSaleActivity',
+      metadata: { name: id, namespace: 'default', generation: 2, uid: id },
+      spec: { paused: false, requireOrderCode: true, reopenOnRelease: true, items },
+      status: {
+        conditions: enterPhase(undefined, Phase.Active, 'test', 1, now),
+        cache: { loadedGeneration: 1 },
+      },
+    } as unknown as FlashSaleActivity;
+    const log = createLogger('restore-settings-test', 'silent');
+    const deps = {
+      redis,
+      pool: sql,
+      identity: 'restore-settings-test',
+      now: () => now,
+      log,
+      config: { drainCheckMs: 200, restoreSettleMs: 60_000 } as OperatorConfig,
+      metrics: createOperatorMetrics(),
+      events: { record: async () => undefined },
+    } as unknown as ReconcileDeps;
+    const ctx = new ReconcileContext(deps, fsa, id, { startAt, endAt } as EffectiveSchedule, log);
+    ctx.ownsActivityId = true;
+    await restoreCache(ctx);
+    // Held for the restore with what was loaded: buyers without a code are not turned away.
+    expect(await redis.hmget(k.meta, 'gate', 'requireCode', 'reopen', 'startMs', 'endMs')).toEqual([
+      'paused',
+      '0',
+      '0',
+      String(startAt.getTime()),
+      String(endAt.getTime()),
+    ]);
+    expect((await openRestore(sql, id))?.step).toBe('paused');
   });
 });
