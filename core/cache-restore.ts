@@ -205,9 +205,16 @@ async function restoreLayout(redis: RedisClient, t: RestoreTarget): Promise<Buck
   return new BucketLayout(t.activityId, counts);
 }
 
-/** Half messages still in the cache's outbox (the relay empties it while the gate is paused). */
-export async function outboxLength(redis: RedisClient, activityId: string): Promise<number> {
-  return redis.xlen(activityKeys(activityId).outbox);
+/**
+ * Half messages still in the cache's outboxes, the activity's and every stock bucket's (the relay
+ * empties them while the gate is paused). A bucket on a node that kept its data still holds
+ * entries the relay has not sent: reloaded before they reach PostgreSQL, each would count once as
+ * in flight and again as an order.
+ */
+export async function outboxLength(redis: RedisClient, t: RestoreTarget): Promise<number> {
+  const layout = await restoreLayout(redis, t);
+  const lengths = await Promise.all(layout.allScopes().map((scope) => redis.xlen(scope.outbox)));
+  return lengths.reduce((n, l) => n + l, 0);
 }
 
 const PAGE = 1000;

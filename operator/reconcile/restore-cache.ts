@@ -198,7 +198,7 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
     // The hold again (idempotent): a Redis that lost its data once more since starts paused too.
     await holdForRestore(redis, t);
     const [outbox, lag] = await Promise.all([
-      outboxLength(redis, ctx.activityId),
+      outboxLength(redis, t),
       kafka.lag(ctx.activityId).catch((err: unknown) => {
         ctx.log.warn({ err: String(err) }, 'consumer lag unavailable');
         return undefined;

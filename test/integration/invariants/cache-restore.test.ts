@@ -461,6 +461,32 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect(await redis.hmget(k.sku('a'), 'initial', 'stock')).toEqual(['8', '8']);
     expect((await checkCache(redis, sql, id, 0, 10, 2)).kind).toBe('consistent');
   });
+  /** One pass of the operator's restore step (operator/reconcile/restore-cache.ts) for `fsa`. */
+  const operatorPass = async (
+    fsa: FlashSaleActivity,
+    schedule: { startAt: Date; endAt: Date },
+    opts: { restoreSettleMs?: number } = {},
+  ): Promise<ReconcileContext> => {
+    const log = createLogger('restore-step-test', 'silent');
+    const deps = {
+      redis,
+      pool: sql,
+      // The consumers' lag: nothing waits in Kafka here.
+      kafka: { lag: async () => 0 },
+      identity: 'restore-step-test',
+      now: () => new Date(),
+      log,
+      config: { drainCheckMs: 200, restoreSettleMs: opts.restoreSettleMs ?? 60_000 } as OperatorConfig,
+      metrics: createOperatorMetrics(),
+      events: { record: async () => undefined },
+    } as unknown as ReconcileDeps;
+    const ctx = new ReconcileContext(deps, fsa, fsa.metadata.name!, schedule as EffectiveSchedule, log);
+    ctx.ownsActivityId = true;
+    await restoreCache(ctx);
+    fsa.status = ctx.status;
+    return ctx;
+  };
+
   test("the operator's restore puts back the loaded generation's order-code and reopen settings, not a refused spec edit", async () => {
     const id = uniqueId('rss');
     const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 2 }];
@@ -497,20 +523,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
         cache: { loadedGeneration: 1 },
       },
     } as unknown as FlashSaleActivity;
-    const log = createLogger('restore-settings-test', 'silent');
-    const deps = {
-      redis,
-      pool: sql,
-      identity: 'restore-settings-test',
-      now: () => now,
-      log,
-      config: { drainCheckMs: 200, restoreSettleMs: 60_000 } as OperatorConfig,
-      metrics: createOperatorMetrics(),
-      events: { record: async () => undefined },
-    } as unknown as ReconcileDeps;
-    const ctx = new ReconcileContext(deps, fsa, id, { startAt, endAt } as EffectiveSchedule, log);
-    ctx.ownsActivityId = true;
-    await restoreCache(ctx);
+    await operatorPass(fsa, { startAt, endAt });
     // Held for the restore with what was loaded: buyers without a code are not turned away.
     expect(await redis.hmget(k.meta, 'gate', 'requireCode', 'reopen', 'startMs', 'endMs')).toEqual([
       'paused',
@@ -520,5 +533,63 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       String(endAt.getTime()),
     ]);
     expect((await openRestore(sql, id))?.step).toBe('paused');
+  });
+  test("the operator's restore waits for the stock buckets' outboxes, not only the activity's", async () => {
+    const id = uniqueId('rso');
+    const items: CatalogItem[] = [
+      { skuId: 'hot', name: '茅台', price: '1499.00', stock: 12, limitPerUser: 1, buckets: 3 },
+    ];
+    const startAt = new Date(Date.now() - 60_000);
+    const endAt = new Date(Date.now() + 3_600_000);
+    await recordActivityItems(sql, id, 1, items);
+    await recordActivitySkus(sql, id, items, 'spec');
+    const settings = { requireOrderCode: false, reopenOnRelease: false };
+    await loadActivity(redis, { id, generation: 1, startAt, endAt, ...settings, items });
+    await setGate(redis, id, 'open');
+    await registerActivity(sql, {
+      activityId: id,
+      owner: 'default/rso',
+      ownerUid: id,
+      startAt,
+      endAt,
+      ...settings,
+    });
+    // Three reservations in their buyers' home buckets; no relay runs: their half messages wait in
+    // the buckets' outboxes.
+    for (const user of ['u1', 'u2', 'u3'])
+      await reserve(redis, {
+        activityId: id,
+        userId: user,
+        skuId: 'hot',
+        quantity: 1,
+        requestId: user,
+        traceId: 't',
+      });
+    const layout = await bucketLayout(redis, id, { refresh: true });
+    const waiting = await Promise.all(layout.allBuckets().map((b) => redis.xlen(b.outbox)));
+    expect(waiting.reduce((n, l) => n + l, 0)).toBe(3);
+    // Only the activity's own slot loses its data (one node of a cluster); the buckets' keep theirs.
+    const k = activityKeys(id);
+    await redis.del(...(await redis.keys(k.scanPattern)));
+    forgetBucketLayout(id);
+
+    const fsa = {
+      apiVersion: 'flashsale.io/v1alpha1',
+      kind: 'FlashSaleActivity',
+      metadata: { name: id, namespace: 'default', generation: 1, uid: id },
+      spec: { paused: false, ...settings, items },
+      status: {
+        conditions: enterPhase(undefined, Phase.Active, 'test', 1, new Date()),
+        cache: { loadedGeneration: 1 },
+      },
+    } as unknown as FlashSaleActivity;
+    await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0 });
+    expect((await openRestore(sql, id))?.step).toBe('paused');
+    // Settled, consumer lag 0, the activity's outbox empty: still waiting for the buckets'.
+    const ctx = await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0 });
+    expect((await openRestore(sql, id))?.step).toBe('paused');
+    expect(ctx.status.conditions?.find((c) => c.type === 'CacheConsistent')?.message).toMatch(
+      /waiting for 3 half message\(s\) not yet in Kafka/,
+    );
   });
 });
