@@ -276,8 +276,7 @@ async function surplusStandIn(
   const givenFor = await mapLimit(candidates, RELEASE_CONCURRENCY, (w) => withheldReturnedFor(deps.redis, w));
   const earlier = candidates.find((_, i) => givenFor[i] === o.id);
   if (earlier) return inTransaction(deps.pool, (c) => recordGivenBack(c, deps, o, [earlier]));
-  const [restore] = await restoresOf(deps.pool, o.activityId, 1);
-  if (restore && restore.step !== 'resumed') return 'deferred';
+  if (await restoreInProgress(deps, o.activityId)) return 'deferred';
   return inTransaction(deps.pool, async (c) => {
     // Another settler of this order may have given a unit back meanwhile: measured without this
     // order's unit, a second one would be found.
@@ -399,6 +398,12 @@ async function settleInPostgres(deps: LifecycleDeps, o: SettleableOrder): Promis
   });
 }
 
+/** A cache restore of the activity has begun and not resumed yet (core/cache-restore.ts). */
+async function restoreInProgress(deps: LifecycleDeps, activityId: string): Promise<boolean> {
+  const [restore] = await restoresOf(deps.pool, activityId, 1);
+  return restore !== undefined && restore.step !== 'resumed';
+}
+
 function isCode(err: unknown, ...codes: string[]): boolean {
   return err instanceof FlashSaleError && codes.includes(err.code);
 }
@@ -412,6 +417,18 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
   const byActivity = new Map<string, SettleableOrder[]>();
   for (const o of orders) byActivity.set(o.activityId, [...(byActivity.get(o.activityId) ?? []), o]);
   for (const [activityId, list] of byActivity) {
+    if (await restoreInProgress(deps, activityId)) {
+      // The cache is being rebuilt from PostgreSQL: a release now would find no reservation (an
+      // empty cache) or be overwritten by the reload's absolute stock. The reload counts a closed
+      // order's unit as free and rebuilds its reservation RELEASED, so once it has resumed the
+      // release finds the reservation it needs. Left for the next attempt.
+      deps.logger.warn(
+        { activity: activityId, orders: list.map((o) => o.id) },
+        'stock return deferred until the cache restore has resumed',
+      );
+      summary.deferred += list.length;
+      continue;
+    }
     const meta = await readMeta(deps.redis, activityId);
     let frozen: SettleableOrder[] = list;
     if (meta && meta.gate !== 'frozen') {

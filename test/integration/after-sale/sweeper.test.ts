@@ -3,6 +3,10 @@
 // goes to PostgreSQL exactly once; an interrupted settlement is completed once; a settlement that
 // cannot be proven is flagged, never doubled.
 import { readStock, setGate } from '../../../core/activity-cache.js';
+import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
+import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
+import { advanceRestore, beginRestore } from '../../../core/db/cache-restores-store.js';
+import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
 import { activityKeys } from '../../../core/keys.js';
@@ -99,6 +103,67 @@ describe('payment-timeout sweeper', () => {
       ]);
       expect(await skuStock(f.redis, activityId, skuId)).toBe(n);
       expect(await journalCounts(activityId)).toEqual([[1, 1, n]]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'an order that times out while the cache is restored is settled once the restore has resumed, its unit back once',
+    async () => {
+      const item = { skuId: 'sku-1', name: '秒杀商品 flash item', price: '19.90', stock: 3, limitPerUser: 1 };
+      const { activityId, skuId } = await openActivity(f.redis, { stock: item.stock }, f.pool);
+      await recordActivitySkus(f.pool, activityId, [item], 'spec');
+      const [late, keeper] = await reserveFor(f.redis, activityId, skuId, ['late', 'keeper']);
+      await materialize(f.pool, f.redis, activityId, [late!, keeper!]);
+
+      // Redis loses the activity mid-sale; the operator opens a restore and holds the cache.
+      const k = activityKeys(activityId);
+      await f.redis.del(...(await f.redis.keys(k.scanPattern)));
+      const check = await checkCache(f.redis, f.pool, activityId, 0);
+      expect(check.kind).toBe('CacheEmpty');
+      const row = await beginRestore(f.pool, activityId, 'CacheEmpty', check.divergence);
+      const now = Date.now();
+      const target = {
+        activityId,
+        epoch: row.epoch,
+        generation: 1,
+        startMs: now - 60_000,
+        endMs: now + 3_600_000,
+        requireOrderCode: false,
+        reopenOnRelease: false,
+        ownerUid: activityId,
+      };
+      await holdForRestore(f.redis, target);
+
+      // One order times out meanwhile: closed, its unit's return waits for the restore.
+      await f.pool.query(
+        `UPDATE orders SET expires_at = now() - interval '1 second' WHERE reservation_id = $1`,
+        [late],
+      );
+      const during = await sweep(activityId, f.pool);
+      expect(during.closed).toBe(1);
+      expect(during.settled).toMatchObject({ redis: 0, unresolved: 0 });
+      expect(during.settled.deferred).toBeGreaterThan(0);
+      expect(await findLifecycleByReservationId(f.pool, late!)).toMatchObject({
+        status: 'CLOSED',
+        stockReturnVia: null,
+      });
+
+      // The restore reloads (the closed order's unit is free, its reservation RELEASED) and resumes.
+      await advanceRestore(f.pool, activityId, row.epoch, 'detected');
+      await advanceRestore(f.pool, activityId, row.epoch, 'paused');
+      const reload = await reloadFromPostgres(f.redis, f.pool, target);
+      await advanceRestore(f.pool, activityId, row.epoch, 'drained', reload);
+      await advanceRestore(f.pool, activityId, row.epoch, 'reloaded');
+      await setGate(f.redis, activityId, 'open');
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(2);
+
+      const after = await sweep(activityId, f.pool);
+      expect(after.settled).toMatchObject({ redis: 1, unresolved: 0, deferred: 0 });
+      expect(await findLifecycleByReservationId(f.pool, late!)).toMatchObject({ stockReturnVia: 'redis' });
+      // Once: the reload had counted it free already, the release finds it RELEASED.
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(2);
+      expect((await readReservation(f.redis, activityId, late!))?.state).toBe('RELEASED');
     },
     TIMEOUT_MS,
   );
