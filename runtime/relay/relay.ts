@@ -27,7 +27,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { hostname } from 'node:os';
 import type { Message } from 'kafkajs';
 import { CompressionTypes } from 'kafkajs';
-import { outboxStreams, readOutbox } from '../../core/activity-cache.js';
+import { outboxStreams, readMeta, readOutbox } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
 import type { PartitionedProducer } from '../../core/kafka.js';
 import { createStreamGroup } from '../../core/redis.js';
@@ -209,16 +209,25 @@ export class Relay {
   }
 
   /**
-   * Re-reads the outbox streams (the bucket layout) and creates the relay group on new ones. Only
-   * while the activity is loaded: after cleanup the layout is empty and nothing is re-created.
+   * Re-reads the outbox streams (the bucket layout) and creates the relay group on new ones. A
+   * stream is created with its group only while the activity is loaded (its meta carries the load
+   * mark `gen`): a relay (re)started after cleanup, or before the load, would otherwise leave an
+   * outbox key behind the cleanup that nothing deletes. A stream that does not exist yet gets its
+   * group when its first entry arrives (idleWhileGone).
    */
   private async refreshStreams(first = false): Promise<void> {
     this.streamsReadAt = Date.now();
     const streams = await outboxStreams(this.options.redis, this.options.activityId);
-    for (const stream of streams) {
-      // A known stream's group exists (or its stream was cleaned up: never re-created here).
-      if (!first && this.streams.includes(stream)) continue;
-      await createStreamGroup(this.options.redis, stream, RELAY_GROUP, { mkstream: true });
+    const fresh = streams.filter((stream) => first || !this.streams.includes(stream));
+    const loaded =
+      fresh.length > 0 && (await readMeta(this.options.redis, this.options.activityId))?.generation;
+    for (const stream of fresh) {
+      try {
+        await createStreamGroup(this.options.redis, stream, RELAY_GROUP, { mkstream: Boolean(loaded) });
+      } catch (err) {
+        // Not loaded and no stream (yet, or any more): nothing to read until an entry creates it.
+        if (!/requires the key to exist/i.test((err as Error).message)) throw err;
+      }
     }
     this.streams = streams;
   }
@@ -290,7 +299,9 @@ export class Relay {
   private async idleWhileGone(): Promise<void> {
     if (!this.idle) {
       this.idle = true;
-      this.options.logger.info("the activity's outbox is gone (cleaned up): the relay idles");
+      this.options.logger.info(
+        "the activity's outbox is gone (cleaned up, or not loaded yet): the relay idles",
+      );
     }
     await sleep(1_000);
     if ((await this.options.redis.exists(this.stream).catch(() => 0)) === 0) return;

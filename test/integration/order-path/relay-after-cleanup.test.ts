@@ -1,6 +1,6 @@
 // A relay whose activity was cleaned up (the outbox stream deleted with the activity's keys) goes
 // quiet: one info line, no warning per retry, and no stray key re-created behind the cleanup; it
-// resumes should the outbox come back.
+// resumes should the outbox come back. A relay started after the cleanup creates nothing either.
 import { Redis } from 'ioredis';
 import { activityKeys } from '../../../core/keys.js';
 import { reserve } from '../../../core/reservations.js';
@@ -72,6 +72,24 @@ describe('a relay after its activity was cleaned up', () => {
       expect(out.match(/outbox is gone/g)).toHaveLength(4);
       expect(out).not.toContain('relay batch failed');
       expect(relay.proc.exitCode).toBeNull();
+    },
+    TIMEOUT_MS,
+  );
+  it(
+    'a relay (re)started after cleanup creates no outbox either',
+    async () => {
+      await relay?.kill();
+      const id = uniqueId('gone-start');
+      const items = [{ skuId: 'ink', name: '墨水', price: '8.00', stock: 5, limitPerUser: 2 }];
+      await setUpActivity(id, items);
+      const keys = activityKeys(id);
+      const found = await redis.keys(keys.scanPattern);
+      if (found.length > 0) await redis.unlink(...found);
+      // A relay pod restarted during Settling, after cleanup (relays run at their draining size).
+      relay = await startRole('relay', { activityId: id, databaseUrl: db.url, env: { LOG_LEVEL: 'info' } });
+      await waitFor('the relay idles', async () => relay?.output().includes("the activity's outbox is gone"));
+      expect(await redis.exists(keys.outbox)).toBe(0);
+      expect(await redis.keys(keys.scanPattern)).toEqual([]);
     },
     TIMEOUT_MS,
   );
