@@ -419,6 +419,89 @@ describe('least privilege', () => {
   });
 });
 
+describe('monitoring reaches every pod that serves /metrics', () => {
+  /** The named container ports of a pod template. */
+  const portsOf = (podTemplate: unknown): Map<string, number> =>
+    new Map(
+      ((at(podTemplate, 'spec.containers.0.ports') ?? []) as { name: string; containerPort: number }[]).map(
+        (p) => [p.name, p.containerPort],
+      ),
+    );
+
+  it('opens the runtime metrics port, not the HTTP port, to metricsFrom', () => {
+    // The operator's runtime pods serve /metrics only on the `metrics` port (runtime.metricsPort;
+    // operator/reconcile/runtime-objects.ts), which the runtime PodMonitor scrapes.
+    for (const [set, metricsPort] of [
+      [[], 9090],
+      [['runtime.metricsPort=9464'], 9464],
+    ] as const) {
+      const objects = parseManifests(
+        renderChart(
+          helm,
+          [],
+          [...set, 'networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus'],
+        ),
+      );
+      const runtime = findObject(objects, 'NetworkPolicy', '-runtime');
+      expect(at(runtime, 'spec.ingress')).toEqual([
+        {
+          ports: [{ protocol: 'TCP', port: metricsPort }],
+          from: [{ podSelector: { matchLabels: { app: 'prometheus' } } }],
+        },
+      ]);
+      // The port the after-sale pods (the same runtime image and values) name `metrics`.
+      const afterSale = at(findObject(objects, 'Deployment', '-after-sale'), 'spec.template');
+      expect(portsOf(afterSale).get('metrics')).toBe(metricsPort);
+    }
+  });
+
+  it('scrapes the after-sale pods in the release namespace when other namespaces are watched', () => {
+    /** Whether a PodMonitor selects pods with these labels in this namespace (matchNames/any, matchLabels). */
+    const selects = (monitor: K8sObject, namespace: string, labels: Record<string, string>): boolean => {
+      const ns = at(monitor, 'spec.namespaceSelector') as { any?: boolean; matchNames?: string[] };
+      const match = (at(monitor, 'spec.selector.matchLabels') ?? {}) as Record<string, string>;
+      return (
+        (ns.any === true || (ns.matchNames ?? []).includes(namespace)) &&
+        Object.entries(match).every(([k, v]) => labels[k] === v)
+      );
+    };
+    const monitoring = ['metrics.podMonitor.enabled=true'];
+    for (const set of [
+      ['operator.watchNamespaces={shop}'],
+      ['operator.watchNamespaces={shop,outlet}', 'metrics.podMonitor.runtimeNamespaces={shop}'],
+      [],
+      ['operator.watchAllNamespaces=true'],
+    ]) {
+      const objects = parseManifests(renderChart(helm, [], [...monitoring, ...set]));
+      const monitor = findObject(objects, 'PodMonitor', '-runtime');
+      const deployment = findObject(objects, 'Deployment', '-after-sale');
+      const template = at(deployment, 'spec.template');
+      const labels = (at(template, 'metadata.labels') ?? {}) as Record<string, string>;
+      expect([set, deployment.metadata.namespace]).toEqual([set, 'flashsale']);
+      expect([set, selects(monitor, 'flashsale', labels)]).toEqual([set, true]);
+      // It scrapes a port the after-sale container has.
+      expect(portsOf(template).has(String(at(monitor, 'spec.podMetricsEndpoints.0.port')))).toBe(true);
+      // The activities' namespaces stay covered, each listed once.
+      expect([
+        set,
+        selects(monitor, 'shop', {
+          'app.kubernetes.io/name': 'flashsale-runtime',
+          'app.kubernetes.io/managed-by': 'flashsale-operator',
+        }),
+      ]).toEqual([set, set.length > 0]);
+      const names = (at(monitor, 'spec.namespaceSelector.matchNames') ?? []) as string[];
+      expect(new Set(names).size).toBe(names.length);
+    }
+    // Without the after-sale role the release namespace is not added.
+    const without = parseManifests(
+      renderChart(helm, [], [...monitoring, 'operator.watchNamespaces={shop}', 'afterSale.enabled=false']),
+    );
+    expect(at(findObject(without, 'PodMonitor', '-runtime'), 'spec.namespaceSelector')).toEqual({
+      matchNames: ['shop'],
+    });
+  });
+});
+
 describe('validation can fail', () => {
   it('rejects a misspelled value (values.schema.json)', () => {
     const top = run(helm, [
