@@ -431,7 +431,10 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
     }
     const meta = await readMeta(deps.redis, activityId);
     let frozen: SettleableOrder[] = list;
-    if (meta && meta.gate !== 'frozen') {
+    // Once the write-back is committed PostgreSQL holds the stock, whatever the gate says: a Redis
+    // back from a snapshot older than the freeze (a restart, a lagging replica) shows the gate it
+    // had before, and a release there would return a unit activity_stock never sees.
+    if (meta && meta.gate !== 'frozen' && !(await readWriteBack(deps.pool, activityId))) {
       await markReleaseAttempted(
         deps.pool,
         list.map((o) => o.id),

@@ -217,6 +217,39 @@ describe('payment-timeout sweeper', () => {
   );
 
   it(
+    'after write-back a Redis back from before the freeze (gate not frozen) is not released into: the stock goes to PostgreSQL',
+    async () => {
+      const initial = 10;
+      const { activityId, skuId } = await openActivity(f.redis, { stock: initial });
+      const rids = await reserveFor(f.redis, activityId, skuId, ['old-1', 'old-2']);
+      await materialize(f.pool, f.redis, activityId, rids);
+      await setGate(f.redis, activityId, 'frozen');
+      const s = await readStock(f.redis, activityId);
+      await writeBack(f.pool, {
+        activityId,
+        generation: 1,
+        skus: s.skus,
+        reserved: s.reserved,
+        released: s.released,
+        orders: 2,
+        writtenBy: 'test',
+      });
+      expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial - 2);
+      // Redis restarts from a snapshot taken before the freeze: the gate reads `closed` again.
+      await f.redis.hset(activityKeys(activityId).meta, 'gate', 'closed');
+      await expireAll(f.pool, activityId);
+
+      const r = await sweep(activityId, f.pool);
+      expect(r.closed).toBe(2);
+      expect(r.settled).toMatchObject({ postgres: 2, redis: 0, unresolved: 0 });
+      expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial);
+      // Nothing was released into the stale cache.
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(initial - 2);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'a guard closure whose settlement a crash interrupted is re-driven by the sweep with its unit withheld',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 10 });
