@@ -25,20 +25,21 @@ import type { Cluster, Redis } from 'ioredis';
 import { FlashSaleError } from './errors.js';
 import { activityKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
+import { isCluster } from './redis.js';
+import type { RedisClient } from './scripts.js';
+
+export type AckMode = 'replica' | 'local';
 
 export interface ReservationAck {
-  readonly mode: 'replica' | 'local';
   /** Resolves once the reservation is as durable as configured; throws NOT_REPLICATED if not. */
   confirm(activityId: string, reservationId: string, replayed: boolean, scope?: ScopeKeys): Promise<void>;
 }
 
 export const localAck: ReservationAck = {
-  mode: 'local',
   confirm: async () => undefined,
 };
 
 export class ReplicaAck implements ReservationAck {
-  readonly mode = 'replica' as const;
   private queued: Promise<AckedOn> | undefined;
   private running: Promise<unknown> = Promise.resolve();
 
@@ -117,7 +118,6 @@ function notReplicated(
  * holds.
  */
 export class ClusterReplicaAck implements ReservationAck {
-  readonly mode = 'replica' as const;
   /** Per node: the batch waiting to be sent (the probes of its callers' scopes), and the one in flight. */
   private readonly batches = new Map<
     string,
@@ -206,6 +206,52 @@ export class ClusterReplicaAck implements ReservationAck {
     const n = Number(replies[1]?.[1] ?? 0);
     for (const k of here) acked.set(k, n);
     return acked;
+  }
+}
+
+/** The acknowledgement for `mode`: per node on a cluster, on the one commands connection otherwise. */
+export function reservationAckOf(
+  redis: RedisClient,
+  mode: AckMode,
+  replicas: number,
+  timeoutMs: number,
+): ReservationAck {
+  if (mode === 'local') return localAck;
+  return isCluster(redis)
+    ? new ClusterReplicaAck(redis, replicas, timeoutMs)
+    : new ReplicaAck(redis, replicas, timeoutMs);
+}
+
+/**
+ * `RESERVE_ACK` unset: `replica` whenever there is a replica to fail over to (the primary reached
+ * through Sentinel, a cluster, or a primary with replicas right now), else `local`.
+ */
+export async function defaultAckMode(redis: RedisClient, sentinel: boolean): Promise<AckMode> {
+  if (sentinel || isCluster(redis)) return 'replica';
+  return (await connectedReplicas(redis)) > 0 ? 'replica' : 'local';
+}
+
+/**
+ * An acknowledgement decided at its first use, and again after a decision that failed: a role
+ * that only settles stock now and then (the jobs, the after-sale sweeper) must start while Redis
+ * is unreachable, which deciding at start (INFO replication) would not allow.
+ */
+export class AckDecidedOnFirstUse implements ReservationAck {
+  private decided: Promise<ReservationAck> | undefined;
+
+  constructor(private readonly decide: () => Promise<ReservationAck>) {}
+
+  async confirm(
+    activityId: string,
+    reservationId: string,
+    replayed: boolean,
+    scope?: ScopeKeys,
+  ): Promise<void> {
+    this.decided ??= this.decide().catch((err: unknown) => {
+      this.decided = undefined;
+      throw err;
+    });
+    return (await this.decided).confirm(activityId, reservationId, replayed, scope);
   }
 }
 

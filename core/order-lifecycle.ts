@@ -19,6 +19,7 @@
  *   is settled 'withheld': its unit is not returned anywhere (see `guardRelease`).
  */
 import { readMeta, readStock, unconfirmedReservations } from './activity-cache.js';
+import { bucketLayout } from './buckets.js';
 import { restoresOf } from './db/cache-restores-store.js';
 import { appendJournal } from './db/journal-store.js';
 import type { JournalEntry } from './db/journal-store.js';
@@ -45,6 +46,8 @@ import type { LifecycleOrderRow, StockReturnVia, TransitionResult } from './db/o
 import { inSavepoint, inTransaction, isUniqueViolation } from './db/pool.js';
 import type { Pool, PoolClient } from './db/pool.js';
 import { readWriteBack, returnStock, takeBackStock } from './db/stock-store.js';
+import { localAck } from './durable-ack.js';
+import type { ReservationAck } from './durable-ack.js';
 import { FlashSaleError } from './errors.js';
 import type { Logger } from './logger.js';
 import type { Metrics } from './metrics.js';
@@ -65,6 +68,7 @@ import type {
   ReclaimOutcome,
   ReservationRecord,
 } from './reservations.js';
+import type { ScopeKeys } from './keys.js';
 import type { RedisClient } from './scripts.js';
 
 export interface LifecycleDeps {
@@ -74,6 +78,14 @@ export interface LifecycleDeps {
   metrics?: Metrics | undefined;
   /** Used for the expiry of orders inserted CLOSED from the ledger (kept consistent with the consumer). */
   paymentTimeoutSeconds: number;
+  /**
+   * Makes a stock return to Redis as durable as a reservation (`RESERVE_ACK`, core/durable-ack.ts)
+   * before PostgreSQL records it settled. A release a failover loses would otherwise be recorded
+   * `redis` while the promoted replica still holds the reservation: its unit stranded for good, and
+   * the buyer's slot with it. Unconfirmed, the order stays unsettled and the sweeper settles it
+   * again (release-6.lua is idempotent). Absent: the primary's answer is enough.
+   */
+  stockAck?: ReservationAck | undefined;
 }
 
 /** The fields of a closed order that settling its stock needs. */
@@ -398,6 +410,43 @@ async function settleInPostgres(deps: LifecycleDeps, o: SettleableOrder): Promis
   });
 }
 
+/**
+ * The released orders whose release the replicas confirmed (LifecycleDeps.stockAck): one probe and
+ * one WAIT per scope (a cluster node each; on a single primary the WAITs of one moment are shared).
+ */
+async function durablyReleased(
+  deps: LifecycleDeps,
+  activityId: string,
+  released: SettleableOrder[],
+): Promise<SettleableOrder[]> {
+  const ack = deps.stockAck;
+  if (!ack || ack === localAck || released.length === 0) return released;
+  const layout = await bucketLayout(deps.redis, activityId);
+  const byScope = new Map<string, { scope: ScopeKeys; orders: SettleableOrder[] }>();
+  for (const o of released) {
+    const scope = layout.scopeFor(o.skuId, o.userId);
+    const group = byScope.get(scope.prefix) ?? { scope, orders: [] };
+    group.orders.push(o);
+    byScope.set(scope.prefix, group);
+  }
+  const confirmed = await Promise.all(
+    [...byScope.values()].map(async ({ scope, orders }) => {
+      try {
+        // `replayed`: a probe write first, so the WAIT covers the releases however they were sent.
+        await ack.confirm(activityId, orders[0]!.reservationId, true, scope);
+        return orders;
+      } catch (err) {
+        deps.logger.warn(
+          { activity: activityId, orders: orders.map((o) => o.id), err: (err as Error).message },
+          'stock return deferred: the replicas did not confirm the release',
+        );
+        return [];
+      }
+    }),
+  );
+  return confirmed.flat();
+}
+
 /** A cache restore of the activity has begun and not resumed yet (core/cache-restore.ts). */
 async function restoreInProgress(deps: LifecycleDeps, activityId: string): Promise<boolean> {
   const [restore] = await restoresOf(deps.pool, activityId, 1);
@@ -458,7 +507,12 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
           return { o, r: 'deferred' as const };
         }
       });
-      const released = results.filter((x) => x.r === 'released').map((x) => x.o);
+      const released = await durablyReleased(
+        deps,
+        activityId,
+        results.filter((x) => x.r === 'released').map((x) => x.o),
+      );
+      summary.deferred += results.filter((x) => x.r === 'released').length - released.length;
       summary.redis += await settle(
         deps,
         released.filter((o) => !guardRelease(o.closeReason)),

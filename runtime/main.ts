@@ -7,12 +7,13 @@
  * finish the relay's and the consumer's batches in flight, stop the jobs, close pools and clients
  * (roles/process.ts SHUTDOWN_STAGES).
  */
+import { AckDecidedOnFirstUse, defaultAckMode, reservationAckOf } from '../core/durable-ack.js';
 import { migrate } from '../core/db/migrate.js';
 import { createPool } from '../core/db/pool.js';
 import { createKafka } from '../core/kafka.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import { createMetrics } from '../core/metrics.js';
-import { describeRedis } from '../core/redis.js';
+import { describeRedis, usesSentinel } from '../core/redis.js';
 import { registerScripts } from '../core/scripts.js';
 import { loadRuntimeConfig, ROLE_NEEDS, roles } from './config.js';
 import type { Role, RoleConfig, RuntimeConfig } from './config.js';
@@ -74,6 +75,14 @@ async function runRole<R extends Role>(role: R): Promise<void> {
     redis,
     redisConnection,
     connectRedis,
+    reservationAck: new AckDecidedOnFirstUse(async () =>
+      reservationAckOf(
+        redis,
+        c.RESERVE_ACK ?? (await defaultAckMode(redis, usesSentinel(redisConnection))),
+        cfg.RESERVE_ACK_REPLICAS,
+        cfg.RESERVE_ACK_TIMEOUT_MS,
+      ),
+    ),
     readiness: new RoleReadiness(),
   };
   const connections = connect(role, cfg);

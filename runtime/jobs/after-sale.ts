@@ -10,6 +10,7 @@ import cron from 'node-cron';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
+import type { ReservationAck } from '../../core/durable-ack.js';
 import type { RedisClient } from '../../core/scripts.js';
 import { activitiesWithAfterSaleWork } from '../../core/db/orders-store.js';
 import { checkOrderGap } from './gauges.js';
@@ -41,6 +42,8 @@ export interface AfterSaleJobsDeps {
   metrics: Metrics;
   /** Connected idempotent producer for order-gap re-publication. */
   producer: Producer;
+  /** How durable a stock return to Redis must be before it is recorded (LifecycleDeps.stockAck). */
+  stockAck?: ReservationAck | undefined;
 }
 
 export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promise<void> } {
@@ -51,6 +54,7 @@ export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promi
     logger: d.logger,
     metrics: d.metrics,
     paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+    stockAck: d.stockAck,
   };
   const job = (name: string, fn: () => Promise<unknown>) => async () => {
     try {
@@ -130,6 +134,8 @@ export interface SettlementSweeperDeps {
   pool: Pool;
   logger: Logger;
   metrics: Metrics;
+  /** How durable a stock return to Redis must be before it is recorded (LifecycleDeps.stockAck). */
+  stockAck?: ReservationAck | undefined;
 }
 
 /**
@@ -153,6 +159,7 @@ export function scheduleSettlementSweeper(d: SettlementSweeperDeps): { stop: () 
             logger: d.logger,
             metrics: d.metrics,
             paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+            stockAck: d.stockAck,
             activityId,
             batchSize: cfg.PAYMENT_SWEEP_BATCH_SIZE,
             maxBatches: cfg.PAYMENT_SWEEP_MAX_BATCHES,

@@ -15,7 +15,14 @@ export async function startAfterSaleWork(
   { pool, kafka }: DatabaseClient & KafkaClient,
 ): Promise<Closer[]> {
   const { logger, metrics, redis } = ctx;
-  const sweeper = scheduleSettlementSweeper({ cfg, redis, pool, logger, metrics });
+  const sweeper = scheduleSettlementSweeper({
+    cfg,
+    redis,
+    pool,
+    logger,
+    metrics,
+    stockAck: ctx.reservationAck,
+  });
   return [
     await startMoneyJobsOf(ctx, cfg, { pool, kafka }, undefined),
     { stage: 'jobs', name: 'settlement sweeper', close: () => sweeper.stop() },

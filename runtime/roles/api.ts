@@ -5,9 +5,9 @@
  * notification routes. Returns the express app; the caller serves it (roles/process.ts serveHttp).
  */
 import type { Express } from 'express';
-import { ClusterReplicaAck, connectedReplicas, localAck, ReplicaAck } from '../../core/durable-ack.js';
+import { defaultAckMode, reservationAckOf } from '../../core/durable-ack.js';
 import { activityKeys, activityOfRestockChannel, RESTOCK_CHANNEL_PATTERN } from '../../core/keys.js';
-import { isCluster, usesSentinel } from '../../core/redis.js';
+import { usesSentinel } from '../../core/redis.js';
 import { AdmissionControl } from '../api/admission.js';
 import { createApiApp } from '../api/app.js';
 import { cancelRouter } from '../api/cancel-routes.js';
@@ -46,17 +46,13 @@ export async function startApi(
 
   // RESERVE_ACK unset: wait for a replica whenever there is one to fail over to.
   // On a cluster each reservation's WAIT goes to the node of its scope (ClusterReplicaAck).
-  const ackMode =
-    cfg.RESERVE_ACK ??
-    (usesSentinel(ctx.redisConnection) || isCluster(redis) || (await connectedReplicas(redis)) > 0
-      ? 'replica'
-      : 'local');
-  const reservationAck =
-    ackMode === 'replica'
-      ? isCluster(redis)
-        ? new ClusterReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
-        : new ReplicaAck(redis, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS)
-      : localAck;
+  const ackMode = cfg.RESERVE_ACK ?? (await defaultAckMode(redis, usesSentinel(ctx.redisConnection)));
+  const reservationAck = reservationAckOf(
+    redis,
+    ackMode,
+    cfg.RESERVE_ACK_REPLICAS,
+    cfg.RESERVE_ACK_TIMEOUT_MS,
+  );
   logger.info(
     { reserveAck: ackMode, replicas: cfg.RESERVE_ACK_REPLICAS, timeoutMs: cfg.RESERVE_ACK_TIMEOUT_MS },
     'reservation acknowledgement',
@@ -96,6 +92,7 @@ export async function startApi(
         logger,
         metrics,
         paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+        stockAck: reservationAck,
         activityId,
         markers: {
           graceSeconds: cfg.CANCEL_MARKER_GRACE_SECONDS,

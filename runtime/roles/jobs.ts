@@ -52,6 +52,7 @@ export async function startJobs(
     logger,
     metrics,
     producer: gapProducer,
+    stockAck: ctx.reservationAck,
   });
   return [
     await startMoneyJobsOf(ctx, cfg, { pool, kafka }, activityId),

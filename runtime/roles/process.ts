@@ -5,6 +5,7 @@
  * stage by stage (a stable order inside a stage), so roles composed into one process (`all`)
  * still stop in the order below.
  */
+import type { ReservationAck } from '../../core/durable-ack.js';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { Express } from 'express';
 import type { RedisOptions } from 'ioredis';
@@ -103,6 +104,11 @@ export interface RoleContext {
   redisConnection: RedisConnection;
   /** Another Redis connection of this process, its errors logged like the commands one's. */
   connectRedis: (name: string, options?: RedisOptions) => RedisClient;
+  /**
+   * `RESERVE_ACK` on the commands connection, decided at first use: how durable a write to Redis
+   * must be before PostgreSQL records it (stock returns, core/order-lifecycle.ts stockAck).
+   */
+  reservationAck: ReservationAck;
   readiness: RoleReadiness;
 }
 

@@ -6,6 +6,8 @@ import { readStock, setGate } from '../../../core/activity-cache.js';
 import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
 import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { advanceRestore, beginRestore } from '../../../core/db/cache-restores-store.js';
+import { ReplicaAck } from '../../../core/durable-ack.js';
+import type { ReservationAck } from '../../../core/durable-ack.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
@@ -41,9 +43,17 @@ describe('payment-timeout sweeper', () => {
     await f?.close();
   }, TIMEOUT_MS);
 
-  const sweep = (activityId: string, pool: Pool, batchSize = 500) =>
+  const sweep = (activityId: string, pool: Pool, batchSize = 500, stockAck?: ReservationAck) =>
     retryTransient(() =>
-      sweepExpiredOrders({ ...f.deps, pool, activityId, batchSize, maxBatches: 100, settleGraceSeconds: 0 }),
+      sweepExpiredOrders({
+        ...f.deps,
+        pool,
+        activityId,
+        batchSize,
+        maxBatches: 100,
+        settleGraceSeconds: 0,
+        stockAck,
+      }),
     );
 
   /** Per order: [ORDER_CLOSED rows, STOCK_RETURNED rows]; every order must show [1, 1]. */
@@ -164,6 +174,40 @@ describe('payment-timeout sweeper', () => {
       // Once: the reload had counted it free already, the release finds it RELEASED.
       expect(await skuStock(f.redis, activityId, skuId)).toBe(2);
       expect((await readReservation(f.redis, activityId, late!))?.state).toBe('RELEASED');
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a stock return the replicas do not confirm is not recorded; the next sweep settles it, the unit back once',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 });
+      const rids = await reserveFor(f.redis, activityId, skuId, ['unconfirmed-1', 'unconfirmed-2']);
+      await materialize(f.pool, f.redis, activityId, rids);
+      await expireAll(f.pool, activityId);
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(3);
+
+      // RESERVE_ACK=replica with one replica required; this Redis has none, so no WAIT confirms.
+      const unconfirmed = new ReplicaAck(f.redis, 1, 50);
+      const first = await sweep(activityId, f.pool, 500, unconfirmed);
+      expect(first.closed).toBe(2);
+      expect(first.settled).toMatchObject({ redis: 0, unresolved: 0 });
+      expect(first.settled.deferred).toBeGreaterThanOrEqual(2);
+      // Released on the primary, not recorded: a failover that lost the release leaves the
+      // reservation RESERVED for the next release.
+      expect(
+        await countRows(
+          f.pool,
+          `SELECT count(*) AS n FROM orders WHERE activity_id = $1 AND status = 'CLOSED' AND stock_return_via IS NULL`,
+          [activityId],
+        ),
+      ).toBe(2);
+
+      // Confirmed (here: the primary's answer is enough): settled, and the units came back once.
+      const next = await sweep(activityId, f.pool);
+      expect(next.settled).toMatchObject({ redis: 2, deferred: 0 });
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(5);
+      expect(await journalCounts(activityId)).toEqual([[1, 1, 2]]);
     },
     TIMEOUT_MS,
   );
