@@ -4,9 +4,10 @@
  */
 import { randomBytes } from 'node:crypto';
 import { bucketLayout, bucketShare, forgetBucketLayout, unitsInFlight } from './buckets.js';
+import type { BucketLayout } from './buckets.js';
 import { FlashSaleError } from './errors.js';
 import { activityKeys, homeBucket } from './keys.js';
-import type { ScopeKeys } from './keys.js';
+import type { ActivityKeys, ScopeKeys } from './keys.js';
 import type { ActivityDefinition, CatalogItem, GateState, ReservationResult } from './model.js';
 import { isCluster, primariesOf } from './redis.js';
 import type { RedisClient } from './scripts.js';
@@ -331,10 +332,24 @@ export async function recordResults(
       .hset(k.results, ...flat)
       .zrem(k.ledger, ...results.map((r) => r.reservationId))
       .exec();
+    await expireIfCleanedUp(redis, k, layout);
     return;
   }
   await redis.hset(k.results, ...flat);
   await Promise.all([...byLedger].map(([ledger, ids]) => redis.zrem(ledger, ...ids)));
+  await expireIfCleanedUp(redis, k, layout);
+}
+
+/**
+ * Results written after cleanup (a dead letter replayed once the retained results had expired)
+ * would re-create the hash without a TTL, a key nothing deletes: it gets one, unless it has one.
+ * Checked only when the layout says the activity is not loaded (generation 0), the rare case.
+ */
+const LATE_RESULTS_TTL_SECONDS = 24 * 3600;
+
+async function expireIfCleanedUp(redis: RedisClient, k: ActivityKeys, layout: BucketLayout): Promise<void> {
+  if (layout.generation !== 0 || (await redis.exists(k.meta)) === 1) return;
+  await redis.expire(k.results, LATE_RESULTS_TTL_SECONDS, 'NX');
 }
 
 /** A buyer's result with its owner, so lookups stay owner-checked after cleanup. */

@@ -158,6 +158,25 @@ describe('cleanup of an activity (real Redis)', () => {
     );
   });
 
+  test(
+    'results written after the retained ones expired (a dead letter replayed late) get a TTL, not a key forever',
+    async () => {
+      const { id, rid } = await withReservation();
+      await relayAll(id);
+      await confirm(id, rid);
+      await cleanupActivity(redis, id, RETENTION_SECONDS);
+      const k = activityKeys(id);
+      await redis.del(k.results); // the retention ran out
+      await recordResults(redis, id, [
+        { reservationId: 'late-replay', userId: 'u-late', result: { status: 'CREATED', orderId: '9' } },
+      ]);
+      expect(await redis.exists(k.results)).toBe(1);
+      expect(await redis.ttl(k.results)).toBeGreaterThan(0);
+      expect(await keysOf(id)).toEqual([k.results]);
+    },
+    TIMEOUT_MS,
+  );
+
   describe("the operator's clean-up step", () => {
     /** A context in phase CleaningUp, with the Redis connection and no-op events (reasons recorded). */
     function context(activityId: string, events: string[]): ReconcileContext {
