@@ -530,6 +530,17 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
         else if (x.err?.code === 'UNKNOWN_RESERVATION') {
           const outcome = await settleForgotten(deps, x.o);
           if (outcome !== 'settled-elsewhere') summary[outcome] += 1;
+        } else if (x.err?.code === 'ALREADY_PAID') {
+          // A closed order whose reservation Redis holds PAID: a payment in time took the unit back
+          // (reclaimPaid-5.lua) and its transaction has not committed, or died before it did. The
+          // unit is held for that payment, whose provider retries until it is answered (and then
+          // reopens the order); settled 'unresolved' here, the retry would be refunded instead.
+          // Left unsettled: the write-back settles it (a reservation still PAID there is flagged).
+          deps.logger.warn(
+            { orderId: x.o.id, reservationId: x.o.reservationId },
+            'stock return deferred: a payment holds the unit in Redis (reservation PAID)',
+          );
+          summary.deferred += 1;
         } else summary.unresolved += await settle(deps, [x.o], 'unresolved', `redis release: ${x.err?.code}`);
       }
       summary.deferred += results.filter((x) => x.r === 'deferred').length;

@@ -5,10 +5,10 @@
 // cache is gone gets its order back and a new submission the answer of the sale window.
 import { cleanupActivity, readStock, setGate } from '../../../core/activity-cache.js';
 import { registerActivity } from '../../../core/db/activity-registry-store.js';
-import { findOrderById } from '../../../core/db/orders-store.js';
+import { closeExpiredOrders, findOrderById } from '../../../core/db/orders-store.js';
 import { paymentsForOrder } from '../../../core/db/payments-store.js';
 import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
-import { readReservation, reservationIdFor } from '../../../core/reservations.js';
+import { readReservation, reclaimPaid, reservationIdFor } from '../../../core/reservations.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { uniqueId } from '../../../dev/servers.js';
 import {
@@ -169,6 +169,45 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
         [slow],
       );
       expect(why.rows.map((j) => j.detail.why)).toEqual(['paid in time, but Redis: SOLD_OUT']);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    "an in-time payment whose transaction died after Redis took the unit back is completed by the provider's retry, not refunded",
+    async () => {
+      const other = await openActivity(f.redis, { stock: 3, price: '19.90' });
+      const u = 'crashed-payer';
+      const [r2] = await reserveFor(f.redis, other.activityId, other.skuId, [u]);
+      const id = (await materialize(f.pool, f.redis, other.activityId, [r2!])).get(r2!)!;
+      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '10 seconds' WHERE id = $1`, [id]);
+      // The sweeper closes the order in PostgreSQL and dies before its release ran.
+      expect(await closeExpiredOrders(f.pool, other.activityId, 10, 'PAYMENT_TIMEOUT')).toHaveLength(1);
+      // The payment's transaction took the unit in Redis and died before its commit (the
+      // provider got no answer and retries).
+      await reclaimPaid(f.redis, {
+        activityId: other.activityId,
+        reservationId: r2!,
+        userId: u,
+        skuId: other.skuId,
+      });
+      // The sweeper's next pass finds the reservation PAID: it leaves the unit to the payment.
+      const swept = await sweepExpiredOrders({
+        ...f.deps,
+        activityId: other.activityId,
+        batchSize: 10,
+        maxBatches: 1,
+        settleGraceSeconds: 0,
+      });
+      expect(swept.settled).toMatchObject({ unresolved: 0, redis: 0 });
+      expect(await findOrderById(f.pool, id)).toMatchObject({ status: 'CLOSED', stockReturnVia: null });
+
+      const paidAt = new Date((await deadline(id)).getTime() - 5_000);
+      const r = await notify(api, paidBody(id, uniqueId('T'), paidAt));
+      expect(r).toEqual({ status: 200, body: { result: 'success', outcome: 'PAID' } });
+      expect(await findOrderById(f.pool, id)).toMatchObject({ status: 'PAID', stockReturnVia: null });
+      expect((await readReservation(f.redis, other.activityId, r2!))?.state).toBe('PAID');
+      expect(await skuStock(f.redis, other.activityId, other.skuId)).toBe(2);
     },
     TIMEOUT_MS,
   );
