@@ -36,7 +36,10 @@ export interface BuyerOrderView {
   closedAt?: string;
   /** CLOSED: why (PAYMENT_TIMEOUT, CANCELLED, ...); FAILED: why no order exists. */
   reason?: string;
-  /** Money received that will be returned (a payment after the close, a second trade). */
+  /**
+   * Money received for this order that will be returned (a payment after the close, a second
+   * trade, a wrong amount): surplus payments not refunded yet (REFUND_PENDING or REFUNDING).
+   */
   refundPending?: { amount: string; count: number };
 }
 
@@ -65,13 +68,15 @@ async function viewOfOrder(pool: Pool, o: LifecycleOrderRow): Promise<BuyerOrder
     view.reason = o.closeReason ?? 'CLOSED';
     if (o.closedAt) view.closedAt = o.closedAt.toISOString();
   }
-  // Only an order that is no longer UNPAID can have a payment that must go back.
-  if (o.status !== 'UNPAID') {
-    const pending = (await paymentsForOrder(pool, o.id)).filter((p) => p.state === 'REFUND_PENDING');
-    if (pending.length > 0) {
-      const total = pending.reduce((n, p) => n.plus(p.amount), new Decimal(0));
-      view.refundPending = { amount: total.toFixed(2), count: pending.length };
-    }
+  // Any order can have received money that goes back, UNPAID included (a payment of the wrong
+  // amount leaves its order UNPAID). It is owed until refunded: REFUND_PENDING, and REFUNDING
+  // once the refund worker has taken it (within seconds).
+  const pending = (await paymentsForOrder(pool, o.id)).filter(
+    (p) => p.state === 'REFUND_PENDING' || p.state === 'REFUNDING',
+  );
+  if (pending.length > 0) {
+    const total = pending.reduce((n, p) => n.plus(p.amount), new Decimal(0));
+    view.refundPending = { amount: total.toFixed(2), count: pending.length };
   }
   return view;
 }

@@ -4,9 +4,10 @@
  * Each run:
  *   1. takes surplus payments (REFUND_PENDING) for refund: payment REFUNDING + a PENDING refund
  *      row whose refund id is committed before any provider call (core/refunds.ts);
- *   2. claims due PENDING refunds (FOR UPDATE SKIP LOCKED; the claim itself schedules the next
- *      attempt with exponential backoff, never sooner than the call timeout, so it doubles as the
- *      lease) and calls the provider with the refund's fixed id;
+ *   2. claims due PENDING refunds one at a time, each just before its call (FOR UPDATE SKIP
+ *      LOCKED; the claim itself schedules the next attempt with exponential backoff, never sooner
+ *      than the call timeout, so it doubles as the lease of that call), up to REFUND_BATCH_SIZE per
+ *      run, and calls the provider with the refund's fixed id;
  *   3. records the answer: succeeded -> completeRefund; processing -> wait (the notification or
  *      the next attempt tells); rejected -> FAILED for a human; unreachable -> next attempt.
  * A SIGKILL anywhere leaves the row PENDING with its id: the next attempt sends the same id and
@@ -68,12 +69,19 @@ export async function runRefundWorker(d: RefundWorkerDeps): Promise<RefundRunRep
     if (await enqueuePaymentRefund(deps, p)) report.enqueued += 1;
   }
 
-  const claimed = await claimDueRefunds(d.pool, d.activityId, d.cfg.REFUND_BATCH_SIZE, {
+  const backoff = {
     baseSeconds: d.cfg.REFUND_RETRY_BASE_SECONDS,
     maxSeconds: d.cfg.REFUND_RETRY_MAX_SECONDS,
     minSeconds: Math.ceil(d.cfg.REFUND_PROVIDER_TIMEOUT_MS / 1000) + 1,
-  });
-  for (const r of claimed) {
+  };
+  // One refund claimed at a time, right before its call: the claim is the lease of that one call
+  // (never shorter than the call timeout), so every call starts and ends within its own lease. A
+  // batch claimed at once leases every row from the same instant while its calls run one after
+  // another: later calls would start after their lease ran out, when another worker may claim and
+  // send the same refund concurrently.
+  for (let n = 0; n < d.cfg.REFUND_BATCH_SIZE; n += 1) {
+    const [r] = await claimDueRefunds(d.pool, d.activityId, 1, backoff);
+    if (!r) break;
     report.attempted += 1;
     const log = { refundId: r.refundId, orderId: r.orderId, attempt: r.attempts, traceId: r.traceId };
     const provider = providers.get(r.provider);

@@ -1,8 +1,9 @@
 // Refunds end to end on the real PostgreSQL, Redis and a fake provider that is a real HTTP server
 // (dev/fake-provider.ts): a duplicate trade refunded automatically, a buyer's refund
 // retried through a provider outage and a hanging provider, a provider that answers
-// "processing" and then notifies, a refusal handled by the operator's command, and every bad
-// input on the new endpoints answered with problem+json and no state change.
+// "processing" and then notifies, the buyer's view of money on its way back (refundPending), a
+// refusal handled by the operator's command, and every bad input on the new endpoints answered
+// with problem+json and no state change.
 import { journalFor } from '../../../core/db/journal-store.js';
 import { findOrderById } from '../../../core/db/orders-store.js';
 import { paymentsForOrder } from '../../../core/db/payments-store.js';
@@ -340,6 +341,63 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       fake.mode = 'ok';
       await runRefundWorker(worker);
       expect(fake.calls.get(refundId)).toBe(calls);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'the buyer sees refundPending until the money is back: an UNPAID order paid the wrong amount, a second trade being refunded',
+    async () => {
+      const view = async (o: { reservationId: string; userId: string }) => {
+        const r = await buyerCall(
+          api,
+          'GET',
+          `/v1/activities/${activityId}/orders/${o.reservationId}`,
+          o.userId,
+        );
+        expect(r.status).toBe(200);
+        return r.body;
+      };
+      // A second trade for a paid order, and a wrong amount (the order stays UNPAID).
+      const dup = nextOrder();
+      await pay(dup.orderId);
+      const second = tradeNo();
+      expect((await notify(api, { orderId: dup.orderId, tradeNo: second, amount: '19.90' })).body).toEqual({
+        result: 'success',
+        outcome: 'REFUND_PENDING',
+      });
+      const wrong = nextOrder();
+      const mismatch = tradeNo();
+      expect((await notify(api, { orderId: wrong.orderId, tradeNo: mismatch, amount: '9.90' })).body).toEqual(
+        { result: 'success', outcome: 'REFUND_PENDING' },
+      );
+
+      // One run of the worker takes both for refund (payments REFUNDING); the provider is down,
+      // so the money is still on its way back.
+      fake.mode = 'fail';
+      const run = await runRefundWorker(worker);
+      expect(run.enqueued).toBe(2);
+      const stateOf = async (orderId: string, trade: string) =>
+        (await paymentsForOrder(f.pool, orderId)).find((p) => p.tradeNo === trade)?.state;
+      expect(await stateOf(dup.orderId, second)).toBe('REFUNDING');
+      expect(await stateOf(wrong.orderId, mismatch)).toBe('REFUNDING');
+      expect(await view(dup)).toMatchObject({ status: 'PAID', refundPending: { amount: '19.90', count: 1 } });
+      expect(await view(wrong)).toMatchObject({
+        status: 'UNPAID',
+        refundPending: { amount: '9.90', count: 1 },
+      });
+
+      // Refunded: nothing is owed any more.
+      fake.mode = 'ok';
+      await driveUntil('both surplus payments refunded', async () =>
+        (await stateOf(dup.orderId, second)) === 'REFUNDED' &&
+        (await stateOf(wrong.orderId, mismatch)) === 'REFUNDED'
+          ? true
+          : undefined,
+      );
+      expect(await view(dup)).not.toHaveProperty('refundPending');
+      expect(await view(wrong)).not.toHaveProperty('refundPending');
+      expect((await view(wrong)).status).toBe('UNPAID');
     },
     TIMEOUT_MS,
   );
