@@ -344,7 +344,17 @@ export function createOperatorMetrics() {
     }),
     cacheRestoreOpenSeconds: new client.Gauge({
       name: 'flashsale_cache_restore_open_seconds',
-      help: "Seconds since the activity's open cache restore was detected, by its current step (detected, paused, drained, reloaded); absent when none is open",
+      help: "Seconds since the activity's open cache restore was detected, by its current step (detected, paused, drained, reloaded), as of the operator's last reconcile pass; absent when none is open",
+      labelNames: ['activity', 'name', 'namespace', 'step'],
+      registers: r,
+    }),
+    // The alert's series (FlashSaleCacheRestoreStuck: `time() - it`): the age above is computed
+    // only by a reconcile pass, so it stops below any threshold when passes stop (PostgreSQL down,
+    // a pass that hangs); this timestamp needs no pass to keep ageing. Set and removed with the age
+    // series (operator/reconcile/restore-metrics.ts, update-status.ts forgetActivityMetrics).
+    cacheRestoreOpenSince: new client.Gauge({
+      name: 'flashsale_cache_restore_open_since_timestamp_seconds',
+      help: "When the activity's open cache restore was detected (Unix seconds, the database's clock), by its current step (detected, paused, drained, reloaded); absent when none is open",
       labelNames: ['activity', 'name', 'namespace', 'step'],
       registers: r,
     }),

@@ -195,7 +195,10 @@ export function forgetActivityMetrics(
     metrics.activityDlqDepth,
   ])
     g.remove(labels);
-  for (const step of RESTORE_STEPS) metrics.cacheRestoreOpenSeconds.remove({ ...labels, step });
+  for (const step of RESTORE_STEPS) {
+    metrics.cacheRestoreOpenSeconds.remove({ ...labels, step });
+    metrics.cacheRestoreOpenSince.remove({ ...labels, step });
+  }
   for (const reason of ['CacheEmpty', 'CacheBehind'] as const)
     metrics.cacheRestores.remove({ ...labels, reason });
 }

@@ -4,7 +4,9 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import client from 'prom-client';
 import { parseAllDocuments } from 'yaml';
+import { exposition } from './promql.js';
 
 export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 export const chartDir = path.join(repoRoot, 'charts', 'flashsale');
@@ -197,4 +199,27 @@ export function alertRules(objects: K8sObject[]): AlertRule[] {
     for (const r of (group.rules ?? []) as AlertRule[]) rules.push(r);
   }
   return rules;
+}
+
+/** Sets, increments or observes every metric of a registry once, with a value for each label. */
+function observeAll(registry: client.Registry): void {
+  for (const metric of registry.getMetricsAsArray()) {
+    const names: unknown = Reflect.get(metric, 'labelNames');
+    const labels: Record<string, string> = {};
+    if (Array.isArray(names)) for (const n of names) labels[String(n)] = 'x';
+    if (metric instanceof client.Counter) metric.inc(labels, 1);
+    else if (metric instanceof client.Gauge) metric.set(labels, 1);
+    else if (metric instanceof client.Histogram) metric.observe(labels, 0.01);
+    else if (metric instanceof client.Summary) metric.observe(labels, 0.01);
+  }
+}
+
+/**
+ * The metric names a registry of core/metrics.ts serves, each with its labels, after observing
+ * every metric once: exactly as Prometheus scrapes them, histogram series (_bucket/_sum/_count)
+ * and the default process metrics (flashsale_process_*) included.
+ */
+export async function scrapedMetrics(registry: client.Registry): Promise<Map<string, Set<string>>> {
+  observeAll(registry);
+  return exposition(await registry.metrics());
 }

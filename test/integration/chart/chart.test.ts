@@ -7,6 +7,7 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { parse, stringify } from 'yaml';
 import { kafkaSecurityEnvShape } from '../../../core/kafka.js';
+import { createMetrics, createOperatorMetrics } from '../../../core/metrics.js';
 import { uniqueId } from '../../../dev/servers.js';
 import {
   alertRules,
@@ -25,6 +26,7 @@ import {
   renderChart,
   repoRoot,
   run,
+  scrapedMetrics,
   valuesArgs,
   valuesSets,
   type K8sObject,
@@ -499,6 +501,77 @@ describe('monitoring reaches every pod that serves /metrics', () => {
     expect(at(findObject(without, 'PodMonitor', '-runtime'), 'spec.namespaceSelector')).toEqual({
       matchNames: ['shop'],
     });
+  });
+});
+
+describe("tenant pods cannot forge or hide the operator's series", () => {
+  interface Relabeling {
+    action?: string;
+    sourceLabels?: string[];
+    separator?: string;
+    regex?: string;
+  }
+
+  /**
+   * Whether Prometheus keeps a scraped series named `name` after these metricRelabelings (only
+   * keep and drop, the actions that decide; the regex is anchored, as Prometheus anchors it).
+   */
+  const kept = (relabelings: Relabeling[], name: string): boolean =>
+    relabelings.every((r) => {
+      const action = (r.action ?? 'replace').toLowerCase();
+      if (action !== 'drop' && action !== 'keep')
+        throw new Error(`unexpected metricRelabelings action ${action}`);
+      const value = (r.sourceLabels ?? [])
+        .map((l) => (l === '__name__' ? name : ''))
+        .join(r.separator ?? ';');
+      const matches = new RegExp(`^(?:${r.regex ?? '(.*)'})$`).test(value);
+      return action === 'drop' ? !matches : matches;
+    });
+
+  /** The metricRelabelings of each endpoint of a PodMonitor or ServiceMonitor. */
+  const endpointRelabelings = (monitor: K8sObject): Relabeling[][] => {
+    const key = monitor.kind === 'PodMonitor' ? 'spec.podMetricsEndpoints' : 'spec.endpoints';
+    const endpoints = (at(monitor, key) ?? []) as { metricRelabelings?: Relabeling[] }[];
+    expect(endpoints.length).toBeGreaterThan(0);
+    return endpoints.map((e) => e.metricRelabelings ?? []);
+  };
+
+  it('the runtime PodMonitor drops every metric only the operator exports, and none a runtime pod exports', async () => {
+    // As scraped: histogram series and the default metrics, which both registries serve.
+    const runtime = new Set((await scrapedMetrics(createMetrics('api', 'shop.s1-aaaaaaaa').registry)).keys());
+    const operatorOnly = [...(await scrapedMetrics(createOperatorMetrics().registry)).keys()].filter(
+      (n) => !runtime.has(n),
+    );
+    // The series the rules and dashboards tell the operator by.
+    for (const name of [
+      'flashsale_leader',
+      'flashsale_activity_phase',
+      'flashsale_activity_half_messages',
+      'flashsale_reconcile_errors_total',
+      'flashsale_reconcile_duration_seconds_bucket',
+      'flashsale_cache_restore_open_since_timestamp_seconds',
+      'flashsale_orders_unsettled',
+    ])
+      expect(operatorOnly).toContain(name);
+    expect([...runtime].filter((n) => n.startsWith('flashsale_process_')).length).toBeGreaterThan(5);
+
+    for (const set of [
+      ['operator.watchNamespaces={shop}'],
+      ['operator.watchAllNamespaces=true'],
+      ['metrics.serviceMonitor.enabled=true'],
+    ]) {
+      const objects = parseManifests(renderChart(helm, [], ['metrics.podMonitor.enabled=true', ...set]));
+      for (const relabelings of endpointRelabelings(findObject(objects, 'PodMonitor', '-runtime'))) {
+        expect([set, operatorOnly.filter((n) => kept(relabelings, n))]).toEqual([set, []]);
+        expect([set, [...runtime].filter((n) => !kept(relabelings, n))]).toEqual([set, []]);
+      }
+      // The operator's own monitor keeps them.
+      const own = set.includes('metrics.serviceMonitor.enabled=true')
+        ? findObject(objects, 'ServiceMonitor', '-operator')
+        : findObject(objects, 'PodMonitor', '-operator');
+      for (const relabelings of endpointRelabelings(own))
+        expect(operatorOnly.filter((n) => !kept(relabelings, n))).toEqual([]);
+    }
   });
 });
 

@@ -4,7 +4,6 @@
 // operator) after observing each metric once, so histogram series (_bucket/_sum/_count) and the
 // default process metrics (flashsale_process_*) are there exactly as Prometheus would scrape them.
 import path from 'node:path';
-import client from 'prom-client';
 import { createMetrics, createOperatorMetrics } from '../../../core/metrics.js';
 import {
   alertRules,
@@ -14,25 +13,13 @@ import {
   parseManifests,
   readText,
   renderChart,
+  scrapedMetrics,
 } from './chart-helpers.js';
-import { contractViolations, exposition, selectors } from './promql.js';
+import { contractViolations, selectors } from './promql.js';
 
 interface Query {
   source: string;
   expr: string;
-}
-
-/** Sets, increments or observes every metric of a registry once, with a value for each label. */
-function observeAll(registry: client.Registry): void {
-  for (const metric of registry.getMetricsAsArray()) {
-    const names: unknown = Reflect.get(metric, 'labelNames');
-    const labels: Record<string, string> = {};
-    if (Array.isArray(names)) for (const n of names) labels[String(n)] = 'x';
-    if (metric instanceof client.Counter) metric.inc(labels, 1);
-    else if (metric instanceof client.Gauge) metric.set(labels, 1);
-    else if (metric instanceof client.Histogram) metric.observe(labels, 0.01);
-    else if (metric instanceof client.Summary) metric.observe(labels, 0.01);
-  }
 }
 
 async function exportedMetrics(): Promise<Map<string, Set<string>>> {
@@ -41,8 +28,7 @@ async function exportedMetrics(): Promise<Map<string, Set<string>>> {
   const operator = createOperatorMetrics();
   const all = new Map<string, Set<string>>();
   for (const registry of [runtime.registry, operator.registry]) {
-    observeAll(registry);
-    for (const [name, labels] of exposition(await registry.metrics())) {
+    for (const [name, labels] of await scrapedMetrics(registry)) {
       all.set(name, new Set([...(all.get(name) ?? []), ...labels]));
     }
   }
