@@ -323,6 +323,15 @@ export function createOperatorMetrics() {
       labelNames: ['activity', 'name', 'namespace'],
       registers: r,
     }),
+    // The jobs' flashsale_dlq_unhandled goes with the activity's runtime (scaled to zero at
+    // Completed); this one lasts as long as the resource, so FlashSaleDLQUnhandled still sees
+    // dead letters nobody handled after the sale.
+    activityDlqUnhandled: new client.Gauge({
+      name: 'flashsale_activity_dlq_unhandled',
+      help: 'Dead letters of each activity neither replayed nor acknowledged, as last seen by the operator',
+      labelNames: ['activity', 'name', 'namespace'],
+      registers: r,
+    }),
     activitySchedule: new client.Gauge({
       name: 'flashsale_activity_schedule_timestamp_seconds',
       help: "Each activity's schedule instants (Unix seconds) by instant: warm_up, start, end",

@@ -3,7 +3,14 @@
  * and re-created after a failure so a broker restart does not leave a dead client behind.
  */
 import type { Admin } from 'kafkajs';
-import { consumerLag, createKafka, ensureTopics, topicDepth, topicsFor } from '../../core/kafka.js';
+import {
+  consumerLag,
+  createKafka,
+  dlqUnhandled,
+  ensureTopics,
+  topicDepth,
+  topicsFor,
+} from '../../core/kafka.js';
 import type { TopicNames } from '../../core/kafka.js';
 
 export interface KafkaAccess {
@@ -12,6 +19,8 @@ export interface KafkaAccess {
   /** Consumer lag of the activity's consumer group on its orders topic. */
   lag(activityId: string): Promise<number>;
   dlqDepth(activityId: string): Promise<number>;
+  /** Dead letters after the DLQ's handled offset (`dlq replay` and `dlq ack` move it). */
+  dlqUnhandled(activityId: string): Promise<number>;
   close(): Promise<void>;
 }
 
@@ -53,6 +62,10 @@ export class KafkaAdminAccess implements KafkaAccess {
 
   async dlqDepth(activityId: string): Promise<number> {
     return this.use((a) => topicDepth(a, this.topics(activityId).dlq));
+  }
+
+  async dlqUnhandled(activityId: string): Promise<number> {
+    return this.use((a) => dlqUnhandled(a, this.topics(activityId)));
   }
 
   async close(): Promise<void> {

@@ -85,12 +85,14 @@ async function readFigures(
     backlog = { halfMessages: 0, oldestHalfMessageAgeSeconds: 0, orderGap: 0, unconfirmed: 0 };
   }
   if (KAFKA_PHASES.includes(phase)) {
-    const [lag, dlq] = await Promise.all([
+    const [lag, dlq, unhandled] = await Promise.all([
       kafka.lag(id).catch(() => undefined),
       kafka.dlqDepth(id).catch(() => undefined),
+      kafka.dlqUnhandled(id).catch(() => undefined),
     ]);
     if (lag !== undefined) backlog.consumerLag = lag;
     if (dlq !== undefined) backlog.dlqDepth = dlq;
+    if (unhandled !== undefined) backlog.dlqUnhandled = unhandled;
   }
   return { ...(stock ? { stock } : {}), backlog };
 }
@@ -165,6 +167,7 @@ function exportActivityMetrics(ctx: ReconcileContext, phase: Phase, status: Flas
   if (b?.orderGap !== undefined) metrics.activityOrderGap.set(labels, b.orderGap);
   if (b?.consumerLag !== undefined) metrics.activityConsumerLag.set(labels, b.consumerLag);
   if (b?.dlqDepth !== undefined) metrics.activityDlqDepth.set(labels, b.dlqDepth);
+  if (b?.dlqUnhandled !== undefined) metrics.activityDlqUnhandled.set(labels, b.dlqUnhandled);
   if (status.settlement) {
     const st = status.settlement;
     const values = {
@@ -193,6 +196,7 @@ export function forgetActivityMetrics(
     metrics.activityOrderGap,
     metrics.activityConsumerLag,
     metrics.activityDlqDepth,
+    metrics.activityDlqUnhandled,
   ])
     g.remove(labels);
   for (const step of RESTORE_STEPS) {

@@ -184,6 +184,7 @@ export const statusMirror: Mirror<FlashSaleActivityStatus> = {
       oldestHalfMessageAgeSeconds: int(false),
       consumerLag: int(false),
       dlqDepth: int(false),
+      dlqUnhandled: int(false),
       orderGap: int(false),
       unconfirmed: int(false),
     },

@@ -282,6 +282,8 @@ export interface BacklogStatus {
   oldestHalfMessageAgeSeconds?: number;
   consumerLag?: number;
   dlqDepth?: number;
+  /** Dead letters neither replayed nor acknowledged (core/kafka.ts dlqUnhandled). */
+  dlqUnhandled?: number;
   orderGap?: number;
   unconfirmed?: number;
 }

@@ -278,6 +278,9 @@ describe('operator: the whole lifecycle of one activity', () => {
         unconfirmed: 0,
         orderGap: 0,
         consumerLag: 0,
+        dlqDepth: 0,
+        // The operator's own count, which FlashSaleDLQUnhandled falls back on after Completed.
+        dlqUnhandled: 0,
       });
       expect(done.status?.cache?.loads).toBe(1);
       expect(done.status?.writeBack).toMatchObject({
