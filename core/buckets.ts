@@ -8,7 +8,6 @@
 import { randomUUID } from 'node:crypto';
 import { activityKeys, homeBucket, ActivityKeys } from './keys.js';
 import type { BucketKeys, ScopeKeys } from './keys.js';
-import { isCluster } from './redis.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
 
@@ -178,7 +177,10 @@ export function forgetBucketLayout(activityId?: string): void {
 
 export interface TransferOutcome {
   transferId: string;
+  /** Units the donor gave up. */
   moved: number;
+  /** Whether they are in the recipient now; false: in flight until `completeTransfers` lands them. */
+  landed: boolean;
 }
 
 /**
@@ -203,35 +205,42 @@ export async function transferStock(
     ['out', transferId, wanted, to.index, from.skuId],
   );
   const moved = Number(out[1]);
-  if (moved > 0 && (await donorReplicated(redis, from))) {
+  if (moved > 0 && (await donorRecordDurable(redis, from, transferId))) {
     await transferIn(redis, to, from.index, transferId, moved);
+    return { transferId, moved, landed: true };
   }
-  return { transferId, moved };
+  return { transferId, moved, landed: false };
 }
 
 /**
  * The donor's record must survive a failover of the donor's node before the units land in the
- * recipient (else a promoted replica would still have them, and they would exist twice): WAIT for
- * one replica on the connection the donor's script ran on (on a cluster: a pipeline routed to the
- * donor's node, after the script on that node's connection). Not confirmed: the transfer stays in
- * flight and `completeTransfers` lands it later from the record the donor's current primary
- * holds. A node without replicas has nothing to wait for.
+ * recipient (else a promoted replica would still have them, and they would exist twice). Asked of
+ * whichever node serves the donor's slot now, in one pipeline on that node's connection: the
+ * record is there, and a WAIT after a probe write in the donor's scope saw one replica acknowledge
+ * every write of that node up to then, the record's included. A reply from another node than the
+ * script's (the slot moved in a failover) therefore speaks for its own copy of the record, never
+ * for the old node's; an error anywhere is "not confirmed". A node without replicas has nothing to
+ * wait for. Not confirmed: the transfer stays in flight, `completeTransfers` asks again.
  */
-async function donorReplicated(redis: RedisClient, from: BucketKeys): Promise<boolean> {
-  // Keyless commands follow a keyed one in a pipeline: on a cluster that routes them to the donor.
-  const onDonor = async (cmd: 'info' | 'wait'): Promise<unknown> => {
-    const p = isCluster(redis) ? redis.pipeline().exists(from.transfers) : redis.pipeline();
-    const replies = await (cmd === 'info' ? p.info('replication') : p.wait(1, 1000)).exec();
-    const [err, value] = replies?.[replies.length - 1] ?? [new Error('no reply'), undefined];
-    if (err) throw err;
-    return value;
+async function donorRecordDurable(
+  redis: RedisClient,
+  from: BucketKeys,
+  transferId: string,
+): Promise<boolean> {
+  const record = `out:${transferId}`;
+  const replies = async (p: ReturnType<RedisClient['pipeline']>): Promise<unknown[] | undefined> => {
+    const r = (await p.exec().catch(() => null)) ?? [];
+    if (r.length === 0 || r.some(([err]) => err)) return undefined;
+    return r.map(([, value]) => value);
   };
-  try {
-    if (/^connected_slaves:0\b/m.test(String(await onDonor('info')))) return true;
-    return Number(await onDonor('wait')) >= 1;
-  } catch {
-    return false;
-  }
+  // Keyless commands after keyed ones of the donor's slot: a cluster routes the pipeline there.
+  const info = await replies(redis.pipeline().hexists(from.transfers, record).info('replication'));
+  if (!info || Number(info[0]) !== 1) return false;
+  if (/^connected_slaves:0\b/m.test(String(info[1]))) return true;
+  const waited = await replies(
+    redis.pipeline().hexists(from.transfers, record).incr(from.ackProbe).wait(1, 1000),
+  );
+  return waited !== undefined && Number(waited[0]) === 1 && Number(waited[2]) >= 1;
 }
 
 async function transferIn(
@@ -278,21 +287,30 @@ async function pendingTransfers(
 
 /**
  * Finishes every transfer of a SKU whose donor step ran and whose recipient step did not (a
- * process killed between them); returns the units that were in flight and are now in a bucket.
+ * process killed between them, or a donor record its replicas had not confirmed): each lands only
+ * once its record is confirmed on the donor's node (`donorRecordDurable`). Returns the units that
+ * landed, and those still in flight unconfirmed.
  */
 export async function completeTransfers(
   redis: RedisClient,
   layout: BucketLayout,
   skuId: string,
-): Promise<number> {
+): Promise<{ landed: number; unconfirmed: number }> {
   const { buckets, pending } = await pendingTransfers(redis, layout, skuId);
   let landed = 0;
+  let unconfirmed = 0;
   for (const t of pending) {
-    if (t.units <= 0 || !buckets[t.to]) continue;
-    await transferIn(redis, buckets[t.to]!, buckets[t.from]!.index, t.id, t.units);
+    const from = buckets[t.from];
+    const to = buckets[t.to];
+    if (t.units <= 0 || !from || !to) continue;
+    if (!(await donorRecordDurable(redis, from, t.id))) {
+      unconfirmed += t.units;
+      continue;
+    }
+    await transferIn(redis, to, from.index, t.id, t.units);
     landed += t.units;
   }
-  return landed;
+  return { landed, unconfirmed };
 }
 
 /**
@@ -328,8 +346,8 @@ export async function unitsLeft(redis: RedisClient, layout: BucketLayout, skuId:
 
 /**
  * Refills an empty bucket: takes half of the fullest other bucket's units (at least `needed`)
- * while any other bucket has units. Returns the units moved (0: every other bucket is empty, so
- * the SKU is sold out for this quantity).
+ * while any other bucket has units. Returns the units that landed in the target (0: every other
+ * bucket is empty, or what was taken is in flight, not confirmed on its donor's node yet).
  */
 export async function refillBucket(
   redis: RedisClient,
@@ -352,6 +370,8 @@ export async function refillBucket(
     if (have >= needed) break;
     const want = Math.max(needed - have, Math.ceil((stocks[donor.index] ?? 0) / 2));
     const r = await transferStock(redis, donor, target, want);
+    // Units in flight are not in the target: a later call lands them once confirmed.
+    if (!r.landed) continue;
     moved += r.moved;
     have += r.moved;
   }

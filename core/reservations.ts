@@ -123,6 +123,8 @@ const NOTHING_RESERVED = new Set<string>([
   'NOT_LOADED',
   'BUYER_DENIED',
   'NOT_REGISTERED',
+  // Units only in flight between stock buckets, not yet safe to land (reserveClaimed).
+  'UNAVAILABLE',
 ]);
 
 /**
@@ -195,15 +197,23 @@ async function reserveClaimed(
         continue;
       }
       if (err.code !== 'SOLD_OUT' || !(scope instanceof BucketKeys)) throw err;
-      let moved = await refillBucket(redis, layout, input.skuId, scope, input.quantity);
-      // Units stranded by a transfer whose process died half-way count too.
-      if (moved === 0) moved = await completeTransfers(redis, layout, input.skuId);
+      const moved = await refillBucket(redis, layout, input.skuId, scope, input.quantity);
+      // Units stranded by a transfer whose process died half-way, or whose donor record was not
+      // confirmed on its node's replica, count too once they land.
+      const stranded = moved === 0 ? await completeTransfers(redis, layout, input.skuId) : undefined;
       // Every donor was emptied by other refills meanwhile: sold out only if no bucket has a unit.
-      if (moved === 0) {
+      if (stranded && stranded.landed === 0) {
         const left = await unitsLeft(redis, layout, input.skuId);
         // The SKU's units left over all its buckets, as the script's SOLD_OUT carries its own.
         if (left < input.quantity)
           throw new FlashSaleError('SOLD_OUT', undefined, { script: 'reserve', data: [left] });
+        // Units left, but only in flight between buckets and not yet safe to land (a donor's
+        // replica lags): a retry, not a phantom SOLD_OUT, and not a loop of one-second WAITs.
+        if (stranded.unconfirmed > 0)
+          throw new FlashSaleError(
+            'UNAVAILABLE',
+            `${stranded.unconfirmed} unit(s) of ${input.skuId} are moving between stock buckets; retry`,
+          );
       }
     }
   }

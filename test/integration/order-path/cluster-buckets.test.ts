@@ -5,7 +5,7 @@
 // sold through transfers between buckets, so a phantom sold-out (units left in a bucket nobody
 // reaches) leaves stock behind and fails the test (mutant test/faults/mutants/bucket-no-transfer).
 import { cleanupActivity, loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
-import { forgetBucketLayout } from '../../../core/buckets.js';
+import { bucketLayout, completeTransfers, forgetBucketLayout, transferStock } from '../../../core/buckets.js';
 import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
 import type { RestoreTarget } from '../../../core/cache-restore.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
@@ -13,6 +13,7 @@ import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { beginRestore } from '../../../core/db/cache-restores-store.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
 import type { CatalogItem } from '../../../core/model.js';
+import type { BucketKeys as BucketKeysOf } from '../../../core/keys.js';
 import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { createPool } from '../../../core/db/pool.js';
@@ -448,4 +449,95 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
       redis.disconnect();
     }
   });
+  // A transfer's units land in the recipient only once the donor's record is confirmed on a
+  // replica of the node serving the donor's slot: with that replica stopped, neither the transfer
+  // nor completeTransfers lands them (a failover would bring them back to the donor: twice), a
+  // buyer who needs them is told to retry (503 UNAVAILABLE, not SOLD_OUT), and they land once it
+  // acknowledges.
+  test('a transfer whose donor record no replica confirmed stays in flight until one does', async () => {
+    const id = uniqueId('cl-xfer');
+    const items: CatalogItem[] = [
+      { skuId: 'hot', name: '茅台', price: '1499.00', stock: 8, limitPerUser: 8, buckets: 2 },
+    ];
+    const redis = redisOf(servers);
+    if (!isCluster(redis)) throw new Error('not a cluster client');
+    registerScripts(redis);
+    let stopped: number | undefined;
+    try {
+      await loadActivity(redis, {
+        id,
+        generation: 1,
+        startAt: new Date(Date.now() - 60_000),
+        endAt: new Date(Date.now() + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: false,
+        items,
+      });
+      await setGate(redis, id, 'open');
+      const layout = await bucketLayout(redis, id, { refresh: true });
+      const [b0, b1] = layout.bucketsOf('hot') as [BucketKeysOf, BucketKeysOf];
+      const stock = async (b: BucketKeysOf) => Number(await redis.hget(b.sku('hot'), 'stock'));
+      expect([await stock(b0), await stock(b1)]).toEqual([4, 4]);
+
+      // The replica of bucket 0's node stops acknowledging.
+      const slot = calculateSlot(b0.transfers);
+      const replicaAddress = await waitFor(
+        `slot ${slot}'s replica in the client's map`,
+        async () => {
+          await new Promise<void>((resolve) => {
+            redis.refreshSlotsCache(() => resolve());
+          });
+          return redis.slots[slot]?.[1];
+        },
+        20_000,
+      );
+      const replica = redis
+        .nodes('all')
+        .find((n) => `${n.options.host}:${n.options.port}` === replicaAddress);
+      const pid = Number(/^process_id:(\d+)/m.exec((await replica?.info('server')) ?? '')?.[1]);
+      if (!Number.isInteger(pid) || pid <= 0) throw new Error(`no process id for ${replicaAddress}`);
+      process.kill(pid, 'SIGSTOP');
+      stopped = pid;
+
+      const t = await transferStock(redis, b0, b1, 2);
+      expect([t.moved, t.landed]).toEqual([2, false]);
+      expect([await stock(b0), await stock(b1)]).toEqual([2, 4]);
+      expect(await completeTransfers(redis, layout, 'hot')).toEqual({ landed: 0, unconfirmed: 2 });
+      expect(await stock(b1)).toBe(4);
+
+      // Bucket 1's buyers empty it; the next one needs the 2 units in flight: retry, not SOLD_OUT.
+      const home1 = Array.from({ length: 200 }, (_, i) => `x${i}`).filter(
+        (u) => homeBucket(id, 'hot', u, 2) === 1,
+      );
+      const buy = (user: string, quantity: number) =>
+        reserve(redis, {
+          activityId: id,
+          userId: user,
+          skuId: 'hot',
+          quantity,
+          requestId: `r-${user}`,
+          traceId: 't',
+        });
+      await buy(home1[0]!, 4);
+      expect(await stock(b1)).toBe(0);
+      // Bucket 0's 2 units move (unconfirmed as well): 4 units in flight, none safe to land.
+      await expect(buy(home1[1]!, 3)).rejects.toMatchObject({ code: 'UNAVAILABLE' });
+
+      process.kill(pid, 'SIGCONT');
+      stopped = undefined;
+      // Acknowledged: the units land and the buyer's retry is served.
+      await waitFor(
+        'the transfers land',
+        async () => ((await completeTransfers(redis, layout, 'hot')).unconfirmed === 0 ? true : undefined),
+        30_000,
+      );
+      const r = await buy(home1[1]!, 3);
+      expect(r.reservationId).toBeDefined();
+      const after = await readStock(redis, id);
+      expect(after.skus.find((x) => x.skuId === 'hot')?.remaining).toBe(1);
+    } finally {
+      if (stopped !== undefined) process.kill(stopped, 'SIGCONT');
+      redis.disconnect();
+    }
+  }, 120_000);
 });
