@@ -224,7 +224,7 @@ it('passes the default runtime resources to the operator unchanged', () => {
   });
 });
 
-it('carries a Sentinel-managed Redis to the operator and every role, and RESERVE_ACK to the api', () => {
+it('carries a Sentinel-managed Redis to the operator and every role, and RESERVE_ACK to the roles that write to Redis and record it', () => {
   const sentinel = [
     ...connection.filter((c) => !c.startsWith('runtime.redis.url=')),
     // renderChart starts from values-connection.yaml, which names a single Redis.
@@ -258,9 +258,14 @@ it('carries a Sentinel-managed Redis to the operator and every role, and RESERVE
       REDIS_SENTINEL_MASTER: 'flashsale',
       REDIS_SENTINEL_PASSWORD: 'sentinel-secret',
     });
-    // The wait for the replicas is the api's decision alone.
-    expect(secret.RESERVE_ACK).toBe(role === 'api' ? 'replica' : undefined);
+    // The api's 202 and the consumer's jobs' stock returns wait for the replicas; the relay
+    // writes nothing that PostgreSQL records.
+    expect(secret.RESERVE_ACK).toBe(role === 'relay' ? undefined : 'replica');
   }
+  const afterSale = objects.find(
+    (o) => o.kind === 'Secret' && String(at(o, 'metadata.name')).endsWith('-after-sale'),
+  );
+  expect(at(afterSale, 'stringData.RESERVE_ACK')).toBe('replica');
 
   // Sentinels without a master name are refused at render time, with the reason.
   const refused = run(helm, [

@@ -242,6 +242,10 @@ describe('connection settings', () => {
       expect(secretData(`${base}-after-sale`).JWT_HS256_SECRET).toBe(
         secretData(`${base}-api`).JWT_HS256_SECRET,
       );
+      // Least privilege, as the chart's own Secrets: the relay has no database URL, the api no
+      // Kafka settings ("Security").
+      expect(secretData(`${base}-relay`).DATABASE_URL).toBeUndefined();
+      expect(Object.keys(secretData(`${base}-api`)).filter((key) => key.startsWith('KAFKA_'))).toEqual([]);
     });
 
     it('fails the install naming the after-sale Secret when it is missing or lacks a key', () => {
