@@ -12,7 +12,7 @@ import type { ActivityDefinition, CatalogItem, GateState, ReservationResult } fr
 import { isCluster, primariesOf } from './redis.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
-import { ELIGIBILITY_FIELDS } from './traffic-policy.js';
+import { ELIGIBILITY_FIELDS, writeBuyerFlags } from './traffic-policy.js';
 
 /** SKUs per script call while loading: keeps each call well under a few milliseconds. */
 export const LOAD_CHUNK = 2000;
@@ -88,9 +88,11 @@ export async function loadActivity(redis: RedisClient, a: ActivityDefinition): P
 /**
  * Loads each bucket of the bucketed SKUs as a scope of its own (loadItems-var.lua on the bucket's
  * keys: the same generation fence, the bucket's share of the stock, which only grows), copies the
- * activity's gate into it, then records the layout: the meta field `bucket:<sku>` and the SKU's
- * activity-scope hash field `buckets` (which makes reserve-9.lua send a stale caller to the
- * buckets). The layout is written after the buckets, so a caller that sees it finds them loaded.
+ * activity's gate and registration requirement into it, flags the buyers the deny list named and
+ * the buyers who registered (the activity's `denied` and `registered` sets) in their home buckets,
+ * then records the layout: the meta field `bucket:<sku>` and the SKU's activity-scope hash field
+ * `buckets` (which makes reserve-9.lua send a stale caller to the buckets). The layout is written
+ * after the buckets, so a caller that sees it finds them loaded and its buyers flagged.
  */
 async function loadBuckets(redis: RedisClient, a: ActivityDefinition, items: CatalogItem[]): Promise<number> {
   const k = activityKeys(a.id);
@@ -125,23 +127,60 @@ async function loadBuckets(redis: RedisClient, a: ActivityDefinition, items: Cat
         if (requireReg) await redis.hset(b.meta, 'requireReg', requireReg);
       }),
     );
-    // Buyers the deny list named before the buckets existed (traffic-policy.ts flags the buckets
-    // of later ones itself).
-    const denied = await redis.smembers(k.denied);
-    await Promise.all(
-      denied.map((u) =>
-        redis.hset(
-          k.bucket(item.skuId, homeBucket(a.id, item.skuId, u, n), n).buyer(u),
-          ELIGIBILITY_FIELDS.denied,
-          '1',
-        ),
-      ),
-    );
+    // Buyers the deny list named and buyers who registered before the buckets existed
+    // (traffic-policy.ts flags the buckets of later ones itself).
+    const flagged = await flagHomeBuckets(redis, a.id, item.skuId, n);
     await redis.hset(k.meta, k.bucketField(item.skuId), String(n));
     await redis.hset(k.sku(item.skuId), 'buckets', String(n));
+    // A buyer who registered while the buckets were flagged read a layout without this SKU
+    // (registerBuyer adds the buyer to the set before it reads the layout): flagged now.
+    await flagHomeBuckets(redis, a.id, item.skuId, n, flagged);
   }
   return added;
 }
+
+/** The buyers a set names, read with SSCAN (a registration set can be large: no SMEMBERS). */
+async function setMembers(redis: RedisClient, key: string): Promise<Set<string>> {
+  const members = new Set<string>();
+  let cursor = '0';
+  do {
+    const [next, batch] = await redis.sscan(key, cursor, 'COUNT', 1000);
+    cursor = next;
+    for (const m of batch) members.add(m);
+  } while (cursor !== '0');
+  return members;
+}
+
+interface FlaggedBuyers {
+  denied: Set<string>;
+  registered: Set<string>;
+}
+
+/**
+ * Flags the buyers of the activity's `denied` and `registered` sets in their home buckets of a
+ * bucketed SKU (`~deny`, `~reg`), but those `done` already flagged; returns the sets as read.
+ */
+async function flagHomeBuckets(
+  redis: RedisClient,
+  activityId: string,
+  skuId: string,
+  n: number,
+  done?: FlaggedBuyers,
+): Promise<FlaggedBuyers> {
+  const k = activityKeys(activityId);
+  const [denied, registered] = await Promise.all([
+    setMembers(redis, k.denied),
+    setMembers(redis, k.registered),
+  ]);
+  const home = (users: Set<string>, skip: Set<string> | undefined) =>
+    [...users]
+      .filter((u) => !skip?.has(u))
+      .map((u) => [k.bucket(skuId, homeBucket(activityId, skuId, u, n), n), u] as const);
+  await writeBuyerFlags(redis, home(denied, done?.denied), ELIGIBILITY_FIELDS.denied, true);
+  await writeBuyerFlags(redis, home(registered, done?.registered), ELIGIBILITY_FIELDS.registered, true);
+  return { denied, registered };
+}
+
 export interface CacheMeta {
   gate: GateState;
   generation: number;

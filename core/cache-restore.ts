@@ -19,6 +19,7 @@ import type { RestoreDivergence, RestoreReason, RestoreReload } from './db/cache
 import { findByReservationIds, ordersForRestore } from './db/orders-store.js';
 import type { OrderStatus } from './db/orders-store.js';
 import type { Pool } from './db/pool.js';
+import { registeredBuyers } from './db/registrations-store.js';
 import { BucketKeys, activityKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
 import { CLAIM_STATE } from './order-message.js';
@@ -26,6 +27,7 @@ import { readReservation } from './reservations.js';
 import type { ReservationRecord } from './reservations.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
+import { ELIGIBILITY_FIELDS, writeBuyerFlags } from './traffic-policy.js';
 
 /** What the operator knows about the activity that an empty cache has forgotten. */
 export interface RestoreTarget {
@@ -244,6 +246,10 @@ interface BuyerHold {
  * units (lua/restoreBucket-5.lua, fenced by the epoch on the bucket's meta), then the layout (the
  * meta's `bucket:<sku>` and the SKU hash's `buckets`), then the activity's epoch mark. Each bucket
  * reservation's claim of its id in the activity's scope is written back with it.
+ *
+ * Every pre-registered buyer (PostgreSQL's `activity_registrations`) is flagged again (`~reg`) in
+ * every scope they may reserve in, and named in the `registered` set: registration closes at
+ * startAt, so a buyer whose flag the lost cache took along could not register again.
  */
 export async function reloadFromPostgres(
   redis: RedisClient,
@@ -436,6 +442,8 @@ export async function reloadFromPostgres(
     await redis.hset(k.sku(r.skuId), 'buckets', String(buckets.length));
   }
 
+  await reflagRegistrations(redis, pool, layout);
+
   // The activity's own scope: a bucketed SKU's hash holds no units (as loaded), and its counters
   // only the figures of the SKUs that are not bucketed.
   const own = rows.map((r) => (layout.countOf(r.skuId) > 1 ? { ...r, initial: 0, remaining: 0 } : r));
@@ -479,6 +487,27 @@ export async function reloadFromPostgres(
     orders,
     buyers: holds.size,
   };
+}
+
+/**
+ * The registered buyers' flags in the activity's scope and their home bucket of every bucketed
+ * SKU (BucketLayout.scopesForUser), and the `registered` set a later load's buckets read; page by
+ * page from PostgreSQL. Absolute (a flag and a set member), so a repeat writes the same.
+ */
+async function reflagRegistrations(redis: RedisClient, pool: Pool, layout: BucketLayout): Promise<void> {
+  const k = layout.keys;
+  for (let after = ''; ;) {
+    const users = await registeredBuyers(pool, layout.activityId, after, PAGE);
+    if (users.length === 0) break;
+    after = users.at(-1)!;
+    await redis.sadd(k.registered, ...users);
+    await writeBuyerFlags(
+      redis,
+      users.flatMap((u) => layout.scopesForUser(u).map((scope) => [scope, u] as const)),
+      ELIGIBILITY_FIELDS.registered,
+      true,
+    );
+  }
 }
 
 /**

@@ -120,6 +120,13 @@ export class ActivityKeys extends ScopeKeys {
     return `${this.prefix}denied`;
   }
   /**
+   * Set: buyers who pre-registered (a copy of PostgreSQL's `activity_registrations`), so a stock
+   * bucket loaded later flags them as the deny list's buyers are (core/activity-cache.ts).
+   */
+  get registered(): string {
+    return `${this.prefix}registered`;
+  }
+  /**
    * Key prefix of a rate limiter's counters (rate-limiter-flexible appends `:<subject>`): inside
    * the activity's hash tag, so cleanup's scan removes them with the rest of the activity.
    */

@@ -8,7 +8,11 @@
 import { z } from 'zod';
 import { FlashSaleError } from './errors.js';
 import { activityKeys } from './keys.js';
+import type { ScopeKeys } from './keys.js';
 import { bucketLayout } from './buckets.js';
+import type { BucketLayout } from './buckets.js';
+import { recordRegistration } from './db/registrations-store.js';
+import type { Queryable } from './db/pool.js';
 import type { RedisClient } from './scripts.js';
 
 export const rateLimitSchema = z
@@ -78,27 +82,71 @@ export async function writeTrafficPolicy(
   await redis.multi().set(k.policy, JSON.stringify(valid)).hset(k.meta, 'requireReg', requireReg).exec();
 }
 
+/** Buyer hashes written per pipeline: one round trip per scope and chunk. */
+const FLAG_CHUNK = 1000;
+
+/**
+ * Sets (or clears) an eligibility flag in the given buyer hashes: one pipeline per scope and chunk
+ * (a cluster runs a pipeline within one slot only; each scope is one slot), the scopes in
+ * parallel. Idempotent: HSET of the same value, HDEL of an absent field.
+ */
+export async function writeBuyerFlags(
+  redis: RedisClient,
+  targets: readonly (readonly [ScopeKeys, string])[],
+  field: string,
+  set: boolean,
+): Promise<void> {
+  const byScope = new Map<string, { scope: ScopeKeys; users: string[] }>();
+  for (const [scope, userId] of targets) {
+    const group = byScope.get(scope.prefix) ?? { scope, users: [] };
+    group.users.push(userId);
+    byScope.set(scope.prefix, group);
+  }
+  await Promise.all(
+    [...byScope.values()].map(async ({ scope, users }) => {
+      for (let i = 0; i < users.length; i += FLAG_CHUNK) {
+        const p = redis.pipeline();
+        for (const u of users.slice(i, i + FLAG_CHUNK)) {
+          if (set) p.hset(scope.buyer(u), field, '1');
+          else p.hdel(scope.buyer(u), field);
+        }
+        throwFirstError(await p.exec());
+      }
+    }),
+  );
+}
+
 /**
  * Sets or clears an eligibility flag in the buyer's hash of every stock bucket the buyer's
- * reservations can be in (one command per bucket: each has its own slot).
+ * reservations can be in, by `layout`.
  */
 async function bucketFlags(
   redis: RedisClient,
-  activityId: string,
+  layout: BucketLayout,
   userIds: readonly string[],
   field: string,
   set: boolean,
 ): Promise<void> {
-  const layout = await bucketLayout(redis, activityId);
   if (layout.counts.size === 0) return;
-  const writes: Promise<unknown>[] = [];
-  for (const u of userIds) {
-    for (const scope of layout.scopesForUser(u).slice(1)) {
-      writes.push(set ? redis.hset(scope.buyer(u), field, '1') : redis.hdel(scope.buyer(u), field));
-    }
-  }
-  await Promise.all(writes);
+  await writeBuyerFlags(
+    redis,
+    userIds.flatMap((u) =>
+      layout
+        .scopesForUser(u)
+        .slice(1)
+        .map((scope) => [scope, u] as const),
+    ),
+    field,
+    set,
+  );
 }
+
+/**
+ * The layout read afresh, not the process's remembered one: a load in progress writes a new
+ * bucketed SKU's layout before it moves `gen`, which is what tells a remembered layout is stale.
+ */
+const currentLayout = (redis: RedisClient, activityId: string): Promise<BucketLayout> =>
+  bucketLayout(redis, activityId, { refresh: true });
 
 /** The policy in Redis, or undefined when none was written (the api then uses the defaults). */
 export async function readTrafficPolicy(
@@ -121,11 +169,19 @@ export type RegisterOutcome = 'registered' | 'already-registered';
  * the sale window (and refused once the sale is closed). Not one script: registration only ever adds a flag, and a flag that lands
  * just after startAt admits a buyer who asked in time, so no interleaving breaks the rule that
  * only buyers who registered before the start may reserve. Reserving reads the flag atomically.
+ *
+ * `db` (the api always passes it) records the registration in PostgreSQL first
+ * (`activity_registrations`, idempotent), before any flag: a cache restore flags the buyer again
+ * from there once Redis lost them (core/cache-restore.ts), since nobody can register after the
+ * start. Then the buyer joins the activity's `registered` set, before the layout is read: a load
+ * adding a bucketed SKU flags the set's buyers in its buckets after it wrote the layout
+ * (core/activity-cache.ts), so a buyer is flagged in a new bucket by one side or the other.
  */
 export async function registerBuyer(
   redis: RedisClient,
   activityId: string,
   userId: string,
+  db?: Queryable,
 ): Promise<RegisterOutcome> {
   const k = activityKeys(activityId);
   const [metaReply, timeReply] = (await redis
@@ -145,8 +201,16 @@ export async function registerBuyer(
   if (gate === 'closed' || gate === 'frozen' || now >= Number(startMs)) {
     throw new FlashSaleError('REGISTRATION_CLOSED', 'registration closes when the sale starts');
   }
+  if (db) await recordRegistration(db, activityId, userId);
+  await redis.sadd(k.registered, userId);
   // The buyer's stock buckets first: the activity's flag is what a repeat checks.
-  await bucketFlags(redis, activityId, [userId], ELIGIBILITY_FIELDS.registered, true);
+  await bucketFlags(
+    redis,
+    await currentLayout(redis, activityId),
+    [userId],
+    ELIGIBILITY_FIELDS.registered,
+    true,
+  );
   const added = await redis.hsetnx(k.buyer(userId), ELIGIBILITY_FIELDS.registered, '1');
   return added === 1 ? 'registered' : 'already-registered';
 }
@@ -162,6 +226,7 @@ function throwFirstError(replies: [Error | null, unknown][] | null): void {
 }
 
 export interface DenyListOutcome {
+  /** Listed buyers the `denied` set did not name yet. */
   added: number;
   removed: number;
 }
@@ -170,6 +235,12 @@ export interface DenyListOutcome {
  * Makes the deny flags of the activity's buyers equal to `userIds`: flags each listed buyer's hash
  * (reserve-9.lua refuses them atomically with the reservation) and clears buyers a previous list
  * named but this one does not. Idempotent; a repeat after a crash completes the same state.
+ *
+ * Every listed buyer's flag is written again on every call, not only the buyers the `denied` set
+ * does not name yet: a buyer hash can lose its flag while the set keeps the buyer (a cluster node
+ * holding a bucket lost its data, a failover lost a suffix of writes, a cache restore rebuilt the
+ * hash), and a flag only the set remembers refuses nobody. The cost is one pipelined HSET per
+ * listed buyer and scope a pass (docs/operator.md "Traffic shaping and eligibility").
  */
 export async function syncDenyList(
   redis: RedisClient,
@@ -177,28 +248,30 @@ export async function syncDenyList(
   userIds: readonly string[],
 ): Promise<DenyListOutcome> {
   const k = activityKeys(activityId);
-  const wanted = new Set(userIds);
+  const wanted = [...new Set(userIds)];
+  const wantedSet = new Set(wanted);
   const current = new Set(await redis.smembers(k.denied));
-  const add = [...wanted].filter((u) => !current.has(u));
-  const remove = [...current].filter((u) => !wanted.has(u));
+  const added = wanted.filter((u) => !current.has(u)).length;
+  const remove = [...current].filter((u) => !wantedSet.has(u));
+  const layout = await currentLayout(redis, activityId);
   const CHUNK = 1000;
-  for (let i = 0; i < add.length; i += CHUNK) {
-    const part = add.slice(i, i + CHUNK);
-    // The buyers' stock buckets before the set: a repeat skips buyers the set already names.
-    await bucketFlags(redis, activityId, part, ELIGIBILITY_FIELDS.denied, true);
-    // The set is written first: a crash in between leaves a listed buyer whose flag the repeat
-    // still writes (it is in `wanted`, and HSET is idempotent), never a flag nobody tracks.
+  for (let i = 0; i < wanted.length; i += CHUNK) {
+    const part = wanted.slice(i, i + CHUNK);
+    await bucketFlags(redis, layout, part, ELIGIBILITY_FIELDS.denied, true);
+    // The set with the activity's flags (one slot, one pipeline): a crash in between leaves a
+    // listed buyer whose flag the repeat writes (every listed buyer's is), never a flag nobody
+    // tracks.
     const p = redis.pipeline().sadd(k.denied, ...part);
     for (const u of part) p.hset(k.buyer(u), ELIGIBILITY_FIELDS.denied, '1');
     throwFirstError(await p.exec());
   }
   for (let i = 0; i < remove.length; i += CHUNK) {
     const part = remove.slice(i, i + CHUNK);
-    await bucketFlags(redis, activityId, part, ELIGIBILITY_FIELDS.denied, false);
+    await bucketFlags(redis, layout, part, ELIGIBILITY_FIELDS.denied, false);
     const p = redis.pipeline();
     for (const u of part) p.hdel(k.buyer(u), ELIGIBILITY_FIELDS.denied);
     p.srem(k.denied, ...part);
     throwFirstError(await p.exec());
   }
-  return { added: add.length, removed: remove.length };
+  return { added, removed: remove.length };
 }

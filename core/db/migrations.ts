@@ -517,4 +517,20 @@ CREATE INDEX orders_withheld_unreturned ON orders (activity_id, sku_id, user_id)
 ALTER TABLE activity_registry ADD COLUMN require_order_code boolean, ADD COLUMN reopen_on_release boolean;
 `,
   },
+  {
+    version: 15,
+    name: 'activity-registrations',
+    sql: `
+-- Pre-registrations (spec.eligibility.preRegistration), written by the api's registration route
+-- before the buyer's Redis flags (core/db/registrations-store.ts): the truth a cache restore
+-- re-flags the buyers from (core/cache-restore.ts), since registration closes at startAt and a
+-- buyer cannot register again. One row per buyer and activity; a repeat changes nothing.
+CREATE TABLE activity_registrations (
+  activity_id   text        NOT NULL,
+  user_id       text        NOT NULL,
+  registered_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (activity_id, user_id)
+);
+`,
+  },
 ];

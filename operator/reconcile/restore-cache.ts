@@ -9,8 +9,9 @@
  *                         reached Kafka is in PostgreSQL
  *   drained  -> reloaded  reservations, buyers' slots and each SKU's stock = initial − live
  *                         orders − proven in-flight reservations; the epoch mark is written last
- *   reloaded -> resumed   only with the cache carrying the restore's epoch, the gate goes back to
- *                         what the phase wants
+ *   reloaded -> resumed   only with the cache carrying the restore's epoch, the traffic policy is
+ *                         synced again (requireReg, deny flags, rate windows), then the gate goes
+ *                         back to what the phase wants
  *
  * The step's truth is the `cache_restores` row (one open restore per activity, moved forward by
  * conditional updates) and Redis itself; nothing is kept in memory, so an operator killed at any
@@ -54,6 +55,7 @@ import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { countRestore, exportOpenRestore } from './restore-metrics.js';
 import { resolveItems } from './resolve-items.js';
+import { syncTrafficPolicy } from './traffic-policy.js';
 
 const LIVE_PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
 
@@ -253,6 +255,11 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
       return DONE;
     }
     condition(ctx, 'False', Reason.RestoreResuming, `restore ${row.epoch}: resuming`);
+    // The traffic policy before the gate: the reload rebuilt stock, reservations and buyers, not
+    // the registration requirement, the deny flags nor the rate windows (the `policy` key), which
+    // sync-spec would write only on the next pass. Opened first, the gate would admit unregistered
+    // and denied buyers, with the api on default windows, until then.
+    await syncTrafficPolicy(ctx);
     const gate = gateAfterRestore(ctx);
     await setGate(redis, ctx.activityId, gate);
     crashPoint('operator-after-restore-resume');

@@ -1,12 +1,15 @@
 /** Pre-registration (docs/operator.md "Traffic shaping and eligibility"): during warm-up only. */
 import { Router } from 'express';
 import type { Request, Response } from 'express';
+import type { Pool } from '../../core/db/pool.js';
 import { isRegistered, registerBuyer } from '../../core/traffic-policy.js';
 import type { RedisClient } from '../../core/scripts.js';
 import { servedActivity } from './schemas.js';
 
 export interface RegistrationDeps {
   redis: RedisClient;
+  /** Where the registration is recorded (activity_registrations) before the buyer's Redis flags. */
+  pool: Pool;
   activityId: string | undefined;
 }
 
@@ -17,7 +20,8 @@ export function registrationRouter(deps: RegistrationDeps): Router {
 
   router.post(REGISTRATION_PATH, async (req: Request, res: Response) => {
     const activityId = servedActivity(req, deps.activityId);
-    const outcome = await registerBuyer(deps.redis, activityId, res.locals.userId as string);
+    // PostgreSQL first (core/traffic-policy.ts registerBuyer): a cache restore flags the buyer again.
+    const outcome = await registerBuyer(deps.redis, activityId, res.locals.userId as string, deps.pool);
     res.status(outcome === 'registered' ? 201 : 200).json({ registered: true });
   });
 

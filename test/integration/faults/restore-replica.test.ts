@@ -14,6 +14,7 @@
 //
 // Heavy (its own primary, replica and three Sentinels from test/env/start-redis-sentinel.sh): it
 // runs under `make faults` (FAULT_HEAVY=1) only.
+import { DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
 import { execFile } from 'node:child_process';
 import { readFileSync, readdirSync, rmSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -161,7 +162,11 @@ function sentinelLogTails(state: string, nodeDir: string): string {
         identity: 'restore-replica-test',
         now: () => new Date(),
         log,
-        config: { drainCheckMs: 200, restoreSettleMs: 2000 } as OperatorConfig,
+        config: {
+          drainCheckMs: 200,
+          restoreSettleMs: 2000,
+          trafficPolicy: DEFAULT_TRAFFIC_POLICY,
+        } as OperatorConfig,
         metrics,
         events: {
           record: async (_f: FlashSaleActivity, type: string, reason: string) => {

@@ -6,6 +6,7 @@
 // Expected: the sale resumes and sells out, 0 oversold, every 202 is an order or a FAILED status
 // its buyer reads, the gate never opens before the reload, one Event per step, and the
 // reconciliation report of the restore.
+import { DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
 import { rmSync, readdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { RedisClient } from '../../../core/scripts.js';
@@ -129,7 +130,11 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
             identity: 'restore-test',
             now: () => new Date(),
             log,
-            config: { drainCheckMs: 200, restoreSettleMs: 2000 } as OperatorConfig,
+            config: {
+              drainCheckMs: 200,
+              restoreSettleMs: 2000,
+              trafficPolicy: DEFAULT_TRAFFIC_POLICY,
+            } as OperatorConfig,
             metrics,
             events: {
               record: async (_f: FlashSaleActivity, type: string, reason: string) => {

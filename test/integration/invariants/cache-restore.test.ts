@@ -4,6 +4,7 @@
 // the reload writes initial − live orders − proven in-flight reservations, each order's
 // reservation in the state PostgreSQL decides, and each buyer's held quantity and slots; the
 // restore's step only moves forward, one open restore per activity.
+import { DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { loadActivity, readMeta, readStock, setGate } from '../../../core/activity-cache.js';
@@ -476,7 +477,11 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       identity: 'restore-step-test',
       now: () => new Date(),
       log,
-      config: { drainCheckMs: 200, restoreSettleMs: opts.restoreSettleMs ?? 60_000 } as OperatorConfig,
+      config: {
+        drainCheckMs: 200,
+        restoreSettleMs: opts.restoreSettleMs ?? 60_000,
+        trafficPolicy: DEFAULT_TRAFFIC_POLICY,
+      } as OperatorConfig,
       metrics: createOperatorMetrics(),
       events: { record: async () => undefined },
     } as unknown as ReconcileDeps;
