@@ -338,6 +338,9 @@ export class ScriptModel {
     const rid = this.cfg.ridOf(user, req);
     this.s.results.add(rid);
     this.s.ledger.delete(rid);
+    // Written while the activity is not loaded (after cleanup): the results get a TTL if they had
+    // none, never a key that lives forever.
+    if (!this.s.meta) this.s.resultsExpire = true;
     return 'confirmed';
   }
 
