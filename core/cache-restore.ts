@@ -20,7 +20,7 @@ import { findByReservationIds, ordersForRestore } from './db/orders-store.js';
 import type { OrderStatus } from './db/orders-store.js';
 import type { Pool } from './db/pool.js';
 import { registeredBuyers } from './db/registrations-store.js';
-import { BucketKeys, activityKeys } from './keys.js';
+import { BucketKeys, activityKeys, groupByScope } from './keys.js';
 import type { ScopeKeys } from './keys.js';
 import { CLAIM_STATE } from './order-message.js';
 import { readReservation } from './reservations.js';
@@ -330,14 +330,7 @@ export async function reloadFromPostgres(
     if (page.length === 0) break;
     after = page.at(-1)!.id;
     // One pipeline per scope: a cluster runs a pipeline within one slot's node only.
-    const byScope = new Map<string, { scope: ScopeKeys; page: typeof page }>();
-    for (const o of page) {
-      const scope = layout.scopeFor(o.skuId, o.userId);
-      const group = byScope.get(scope.prefix) ?? { scope, page: [] };
-      group.page.push(o);
-      byScope.set(scope.prefix, group);
-    }
-    for (const { scope, page: group } of byScope.values()) {
+    for (const { scope, items: group } of groupByScope(page, (o) => layout.scopeFor(o.skuId, o.userId))) {
       const p = redis.pipeline();
       for (const o of group) {
         orders += 1;
@@ -372,14 +365,9 @@ export async function reloadFromPostgres(
 
   // Each buyer's fields absolutely, in the buyer's home scope of the SKU: slots of the SKU
   // cleared, then the proven ones written. One transaction per scope (one slot each).
-  const buyersByScope = new Map<string, { scope: ScopeKeys; holds: BuyerHold[] }>();
-  for (const h of holds.values()) {
-    const scope = layout.scopeFor(h.skuId, h.userId);
-    const group = buyersByScope.get(scope.prefix) ?? { scope, holds: [] };
-    group.holds.push(h);
-    buyersByScope.set(scope.prefix, group);
-  }
-  for (const { scope, holds: list } of buyersByScope.values()) {
+  for (const { scope, items: list } of groupByScope(holds.values(), (h) =>
+    layout.scopeFor(h.skuId, h.userId),
+  )) {
     for (let i = 0; i < list.length; i += PAGE) {
       const m = redis.multi();
       for (const h of list.slice(i, i + PAGE)) {

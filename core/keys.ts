@@ -98,6 +98,24 @@ export class ScopeKeys {
   }
 }
 
+/**
+ * Items grouped by the scope each belongs to, in first-seen order: one slot per group, so one
+ * pipeline, transaction or WAIT per group (a cluster runs each within one slot's node only).
+ */
+export function groupByScope<T>(
+  items: Iterable<T>,
+  scopeOf: (item: T) => ScopeKeys,
+): { scope: ScopeKeys; items: T[] }[] {
+  const groups = new Map<string, { scope: ScopeKeys; items: T[] }>();
+  for (const item of items) {
+    const scope = scopeOf(item);
+    const group = groups.get(scope.prefix);
+    if (group) group.items.push(item);
+    else groups.set(scope.prefix, { scope, items: [item] });
+  }
+  return [...groups.values()];
+}
+
 export class ActivityKeys extends ScopeKeys {
   constructor(activityId: string) {
     super(activityId, activityId);

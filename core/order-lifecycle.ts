@@ -68,7 +68,7 @@ import type {
   ReclaimOutcome,
   ReservationRecord,
 } from './reservations.js';
-import type { ScopeKeys } from './keys.js';
+import { groupByScope } from './keys.js';
 import type { RedisClient } from './scripts.js';
 
 export interface LifecycleDeps {
@@ -422,27 +422,22 @@ async function durablyReleased(
   const ack = deps.stockAck;
   if (!ack || ack === localAck || released.length === 0) return released;
   const layout = await bucketLayout(deps.redis, activityId);
-  const byScope = new Map<string, { scope: ScopeKeys; orders: SettleableOrder[] }>();
-  for (const o of released) {
-    const scope = layout.scopeFor(o.skuId, o.userId);
-    const group = byScope.get(scope.prefix) ?? { scope, orders: [] };
-    group.orders.push(o);
-    byScope.set(scope.prefix, group);
-  }
   const confirmed = await Promise.all(
-    [...byScope.values()].map(async ({ scope, orders }) => {
-      try {
-        // `replayed`: a probe write first, so the WAIT covers the releases however they were sent.
-        await ack.confirm(activityId, orders[0]!.reservationId, true, scope);
-        return orders;
-      } catch (err) {
-        deps.logger.warn(
-          { activity: activityId, orders: orders.map((o) => o.id), err: (err as Error).message },
-          'stock return deferred: the replicas did not confirm the release',
-        );
-        return [];
-      }
-    }),
+    groupByScope(released, (o) => layout.scopeFor(o.skuId, o.userId)).map(
+      async ({ scope, items: orders }) => {
+        try {
+          // `replayed`: a probe write first, so the WAIT covers the releases however they were sent.
+          await ack.confirm(activityId, orders[0]!.reservationId, true, scope);
+          return orders;
+        } catch (err) {
+          deps.logger.warn(
+            { activity: activityId, orders: orders.map((o) => o.id), err: (err as Error).message },
+            'stock return deferred: the replicas did not confirm the release',
+          );
+          return [];
+        }
+      },
+    ),
   );
   return confirmed.flat();
 }

@@ -7,7 +7,7 @@
  */
 import { z } from 'zod';
 import { FlashSaleError } from './errors.js';
-import { activityKeys } from './keys.js';
+import { activityKeys, groupByScope } from './keys.js';
 import type { ScopeKeys } from './keys.js';
 import { bucketLayout } from './buckets.js';
 import type { BucketLayout } from './buckets.js';
@@ -96,14 +96,9 @@ export async function writeBuyerFlags(
   field: string,
   set: boolean,
 ): Promise<void> {
-  const byScope = new Map<string, { scope: ScopeKeys; users: string[] }>();
-  for (const [scope, userId] of targets) {
-    const group = byScope.get(scope.prefix) ?? { scope, users: [] };
-    group.users.push(userId);
-    byScope.set(scope.prefix, group);
-  }
   await Promise.all(
-    [...byScope.values()].map(async ({ scope, users }) => {
+    groupByScope(targets, ([scope]) => scope).map(async ({ scope, items }) => {
+      const users = items.map(([, userId]) => userId);
       for (let i = 0; i < users.length; i += FLAG_CHUNK) {
         const p = redis.pipeline();
         for (const u of users.slice(i, i + FLAG_CHUNK)) {
