@@ -56,6 +56,21 @@ describe('payment-timeout sweeper', () => {
       }),
     );
 
+  /** What the operator's write-back does: freeze the gate, then write Redis' stock to PostgreSQL. */
+  const freezeAndWriteBack = async (activityId: string, orders: number) => {
+    await setGate(f.redis, activityId, 'frozen');
+    const s = await readStock(f.redis, activityId);
+    await writeBack(f.pool, {
+      activityId,
+      generation: 1,
+      skus: s.skus,
+      reserved: s.reserved,
+      released: s.released,
+      orders,
+      writtenBy: 'test',
+    });
+  };
+
   /** Per order: [ORDER_CLOSED rows, STOCK_RETURNED rows]; every order must show [1, 1]. */
   const journalCounts = async (activityId: string) =>
     (
@@ -225,17 +240,7 @@ describe('payment-timeout sweeper', () => {
         Array.from({ length: n }, (_, i) => `late-${i}`),
       );
       await materialize(f.pool, f.redis, activityId, rids);
-      await setGate(f.redis, activityId, 'frozen');
-      const s = await readStock(f.redis, activityId);
-      await writeBack(f.pool, {
-        activityId,
-        generation: 1,
-        skus: s.skus,
-        reserved: s.reserved,
-        released: s.released,
-        orders: n,
-        writtenBy: 'test',
-      });
+      await freezeAndWriteBack(activityId, n);
       expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial - n);
       await expireAll(f.pool, activityId);
 
@@ -267,17 +272,7 @@ describe('payment-timeout sweeper', () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: initial });
       const rids = await reserveFor(f.redis, activityId, skuId, ['old-1', 'old-2']);
       await materialize(f.pool, f.redis, activityId, rids);
-      await setGate(f.redis, activityId, 'frozen');
-      const s = await readStock(f.redis, activityId);
-      await writeBack(f.pool, {
-        activityId,
-        generation: 1,
-        skus: s.skus,
-        reserved: s.reserved,
-        released: s.released,
-        orders: 2,
-        writtenBy: 'test',
-      });
+      await freezeAndWriteBack(activityId, 2);
       expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial - 2);
       // Redis restarts from a snapshot taken before the freeze: the gate reads `closed` again.
       await f.redis.hset(activityKeys(activityId).meta, 'gate', 'closed');

@@ -36,6 +36,14 @@ import type { Cluster } from 'ioredis';
 import pg from 'pg';
 
 const HOT_STOCK = 96;
+
+/** The process id of the cluster node at `address` ("host:port"), to SIGSTOP it. */
+async function processIdOf(redis: Cluster, address: string): Promise<number> {
+  const node = redis.nodes('all').find((n) => `${n.options.host}:${n.options.port}` === address);
+  const pid = Number(/^process_id:(\d+)/m.exec((await node?.info('server')) ?? '')?.[1]);
+  if (!Number.isInteger(pid) || pid <= 0) throw new Error(`no process id for ${address}`);
+  return pid;
+}
 const BUCKETS = 8;
 const LIMIT = 2;
 const PLAIN_STOCK = 12;
@@ -417,11 +425,7 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
         },
         20_000,
       );
-      const replica = redis
-        .nodes('all')
-        .find((n) => `${n.options.host}:${n.options.port}` === replicaAddress);
-      const pid = Number(/^process_id:(\d+)/m.exec((await replica?.info('server')) ?? '')?.[1]);
-      if (!Number.isInteger(pid) || pid <= 0) throw new Error(`no process id for ${replicaAddress}`);
+      const pid = await processIdOf(redis, replicaAddress);
 
       // The replica stops acknowledging: the first WAIT blocks on the scope's node.
       process.kill(pid, 'SIGSTOP');
@@ -491,11 +495,7 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
         },
         20_000,
       );
-      const replica = redis
-        .nodes('all')
-        .find((n) => `${n.options.host}:${n.options.port}` === replicaAddress);
-      const pid = Number(/^process_id:(\d+)/m.exec((await replica?.info('server')) ?? '')?.[1]);
-      if (!Number.isInteger(pid) || pid <= 0) throw new Error(`no process id for ${replicaAddress}`);
+      const pid = await processIdOf(redis, replicaAddress);
       process.kill(pid, 'SIGSTOP');
       stopped = pid;
 
