@@ -206,8 +206,8 @@ export async function transferStock(
   );
   const moved = Number(out[1]);
   if (moved > 0 && (await donorRecordDurable(redis, from, transferId))) {
-    await transferIn(redis, to, from.index, transferId, moved);
-    return { transferId, moved, landed: true };
+    const landed = await transferIn(redis, to, from.index, transferId, moved, String(out[2] ?? ''));
+    return { transferId, moved, landed };
   }
   return { transferId, moved, landed: false };
 }
@@ -243,19 +243,26 @@ async function donorRecordDurable(
   return waited !== undefined && Number(waited[0]) === 1 && Number(waited[2]) >= 1;
 }
 
+/**
+ * The recipient's step. False when a cache restore rebuilt the recipient after the donor's step
+ * (`donorEpoch`, from the donor's record, is older than the recipient's): the restore counted those
+ * units from PostgreSQL and dropped the donor's record, so they must not be added again.
+ */
 async function transferIn(
   redis: RedisClient,
   to: BucketKeys,
   fromIndex: number,
   transferId: string,
   units: number,
-): Promise<void> {
-  await runScript(
+  donorEpoch: string,
+): Promise<boolean> {
+  const r = await runScript(
     redis,
     'transferStock',
     [to.meta, to.sku(to.skuId), to.transfers, to.counters],
-    ['in', transferId, units, fromIndex, to.skuId],
+    ['in', transferId, units, fromIndex, to.skuId, donorEpoch],
   );
+  return Number(r[0]) === 1;
 }
 
 /** A transfer whose donor step ran and whose recipient step did not (yet). */
@@ -264,6 +271,8 @@ interface PendingTransfer {
   units: number;
   from: number;
   to: number;
+  /** The donor's restore epoch when it took the units ('' in a record written before it was kept). */
+  donorEpoch: string;
 }
 
 async function pendingTransfers(
@@ -278,8 +287,10 @@ async function pendingTransfers(
     for (const [field, value] of Object.entries(donor)) {
       if (!field.startsWith('out:')) continue;
       const id = field.slice(4);
-      const [units, to] = value.split('|').map(Number) as [number, number];
-      if (records[to]?.[`in:${id}`] === undefined) pending.push({ id, units, from, to });
+      const [units, to, donorEpoch = ''] = value.split('|');
+      const target = Number(to);
+      if (records[target]?.[`in:${id}`] === undefined)
+        pending.push({ id, units: Number(units), from, to: target, donorEpoch });
     }
   }
   return { buckets, pending };
@@ -307,8 +318,7 @@ export async function completeTransfers(
       unconfirmed += t.units;
       continue;
     }
-    await transferIn(redis, to, from.index, t.id, t.units);
-    landed += t.units;
+    if (await transferIn(redis, to, from.index, t.id, t.units, t.donorEpoch)) landed += t.units;
   }
   return { landed, unconfirmed };
 }

@@ -8,7 +8,13 @@ import { DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { loadActivity, readMeta, readStock, setGate } from '../../../core/activity-cache.js';
-import { bucketLayout, forgetBucketLayout, unitsInFlight } from '../../../core/buckets.js';
+import {
+  bucketLayout,
+  completeTransfers,
+  forgetBucketLayout,
+  transferStock,
+  unitsInFlight,
+} from '../../../core/buckets.js';
 import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
 import type { RestoreTarget } from '../../../core/cache-restore.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
@@ -396,6 +402,78 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     );
     expect(Number(perBuyer.rows[0]!.n)).toBeLessThanOrEqual(2);
     expect((await checkCache(redis, sql, id, row.epoch, 10)).kind).toBe('consistent');
+  });
+
+  test('a stock transfer taken before a restore never lands after it, and none starts while the restore holds', async () => {
+    const id = uniqueId('rst');
+    const BUCKETS = 4;
+    const items: CatalogItem[] = [
+      { skuId: 'hot', name: '茅台', price: '1499.00', stock: 20, limitPerUser: 2, buckets: BUCKETS },
+    ];
+    const start = new Date(Date.now() - 60_000);
+    const end = new Date(Date.now() + 3_600_000);
+    await recordActivityItems(sql, id, 1, items);
+    await recordActivitySkus(sql, id, items, 'spec');
+    await loadActivity(redis, {
+      id,
+      generation: 1,
+      startAt: start,
+      endAt: end,
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      items,
+    });
+    await setGate(redis, id, 'open');
+    const layout = await bucketLayout(redis, id, { refresh: true });
+    const [b0, b1, b2] = layout.bucketsOf('hot');
+    const side = (b: NonNullable<typeof b0>, args: (string | number)[]) =>
+      runScript(redis, 'transferStock', [b.meta, b.sku('hot'), b.transfers, b.counters], args);
+    const stocks = async () =>
+      Promise.all(layout.bucketsOf('hot').map(async (b) => Number(await redis.hget(b.sku('hot'), 'stock'))));
+
+    // A refill's donor step from bucket 0 to 1; its process stops before the recipient's step.
+    const out = await side(b0!, ['out', 'late', 2, 1, 'hot']);
+    expect([Number(out[1]), String(out[2])]).toEqual([2, '0']);
+    const record = await redis.hget(b0!.transfers, 'out:late');
+    expect(record).toBe('2|1|0');
+
+    // Meanwhile the operator restores the cache (here: behind by nothing, the units PostgreSQL
+    // proves are the 20 loaded).
+    const check = await checkCache(redis, sql, id, 0, 10);
+    const row = await beginRestore(sql, id, 'CacheBehind', check.divergence);
+    const t: RestoreTarget = {
+      activityId: id,
+      epoch: row.epoch,
+      generation: 1,
+      startMs: start.getTime(),
+      endMs: end.getTime(),
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      ownerUid: 'uid-1',
+      buckets: new Map([['hot', BUCKETS]]),
+    };
+    await holdForRestore(redis, t);
+    // Held: no donor step starts (a bucket rewritten before its recipient would lose the units).
+    await expect(side(b2!, ['out', 'held', 1, 3, 'hot'])).rejects.toMatchObject({ code: 'PAUSED' });
+    await reloadFromPostgres(redis, sql, t);
+    expect(await stocks()).toEqual([5, 5, 5, 5]);
+
+    // The stopped process resumes with the donor's record as it read it: its recipient was rebuilt
+    // since, and the 2 units are among the 20 the restore counted. Nothing lands.
+    expect(Array.from(await side(b1!, ['in', 'late', 2, 0, 'hot', String(out[2])]))).toEqual([0, 0]);
+    // As completeTransfers does with a pending list read before the restore.
+    await redis.hset(b0!.transfers, 'out:late', record!);
+    expect(await completeTransfers(redis, layout, 'hot')).toEqual({ landed: 0, unconfirmed: 0 });
+    expect(await stocks()).toEqual([5, 5, 5, 5]);
+    await redis.hdel(b0!.transfers, 'out:late');
+
+    // Resumed: transfers move units again, recorded with the restore's epoch, and land.
+    await setGate(redis, id, 'open');
+    const again = await transferStock(redis, b2!, b1!, 3);
+    expect(again).toMatchObject({ moved: 3, landed: true });
+    expect(await redis.hget(b2!.transfers, `out:${again.transferId}`)).toBe(`3|1|${row.epoch}`);
+    expect(await stocks()).toEqual([5, 8, 2, 5]);
+    expect((await readStock(redis, id)).skus[0]?.remaining).toBe(20);
   });
 
   test('a cache back at an older generation is behind; the restore puts back the loaded generation and its window', async () => {
