@@ -6,6 +6,8 @@
  * eligibility" describes the fields.
  */
 import { z } from 'zod';
+import { localAck } from './durable-ack.js';
+import type { ReservationAck } from './durable-ack.js';
 import { FlashSaleError } from './errors.js';
 import { activityKeys, groupByScope } from './keys.js';
 import type { ScopeKeys } from './keys.js';
@@ -171,12 +173,19 @@ export type RegisterOutcome = 'registered' | 'already-registered';
  * start. Then the buyer joins the activity's `registered` set, before the layout is read: a load
  * adding a bucketed SKU flags the set's buyers in its buckets after it wrote the layout
  * (core/activity-cache.ts), so a buyer is flagged in a new bucket by one side or the other.
+ *
+ * `ack` (the api passes its RESERVE_ACK): the flags must reach a replica before the buyer is told
+ * they are registered, as a reservation must before its 202. A failover to a replica without them
+ * would refuse a registered buyer at the start (403 NOT_REGISTERED), and nobody can register again
+ * then; no restore runs for a failover that lost only a suffix of writes. Not confirmed:
+ * NOT_REPLICATED (503), and a repeat of the registration (idempotent) confirms again.
  */
 export async function registerBuyer(
   redis: RedisClient,
   activityId: string,
   userId: string,
   db?: Queryable,
+  ack: ReservationAck = localAck,
 ): Promise<RegisterOutcome> {
   const k = activityKeys(activityId);
   const [metaReply, timeReply] = (await redis
@@ -198,15 +207,20 @@ export async function registerBuyer(
   }
   if (db) await recordRegistration(db, activityId, userId);
   await redis.sadd(k.registered, userId);
+  const layout = await currentLayout(redis, activityId);
   // The buyer's stock buckets first: the activity's flag is what a repeat checks.
-  await bucketFlags(
-    redis,
-    await currentLayout(redis, activityId),
-    [userId],
-    ELIGIBILITY_FIELDS.registered,
-    true,
-  );
+  await bucketFlags(redis, layout, [userId], ELIGIBILITY_FIELDS.registered, true);
   const added = await redis.hsetnx(k.buyer(userId), ELIGIBILITY_FIELDS.registered, '1');
+  // Every scope holding one of the buyer's flags (a cluster node each); a probe write first in each.
+  try {
+    await Promise.all(layout.scopesForUser(userId).map((scope) => ack.confirm(activityId, '', true, scope)));
+  } catch (err) {
+    if (!(err instanceof FlashSaleError) || err.code !== 'NOT_REPLICATED') throw err;
+    throw new FlashSaleError(
+      'NOT_REPLICATED',
+      'the registration is not on a replica yet; register again (a repeat is harmless)',
+    );
+  }
   return added === 1 ? 'registered' : 'already-registered';
 }
 

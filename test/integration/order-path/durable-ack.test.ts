@@ -7,7 +7,11 @@ import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import { ReplicaAck } from '../../../core/durable-ack.js';
 import type { ReservationAck } from '../../../core/durable-ack.js';
+import { loadActivity, setGate } from '../../../core/activity-cache.js';
+import { registeredBuyers } from '../../../core/db/registrations-store.js';
 import { activityKeys } from '../../../core/keys.js';
+import { uniqueId } from '../../../dev/servers.js';
+import { DEFAULT_TRAFFIC_POLICY, writeTrafficPolicy } from '../../../core/traffic-policy.js';
 import { readReservation } from '../../../core/reservations.js';
 import { createApiApp } from '../../../runtime/api/app.js';
 import { SoldOutFlags } from '../../../runtime/api/sold-out.js';
@@ -97,6 +101,45 @@ describe('durable acknowledgement of reservations (Redis WAIT)', () => {
         (v) => v.labels.activity === activityId && v.labels.result === 'not_replicated',
       );
       expect(counted?.value).toBe(2);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a registration is answered only once a replica has its flags: 503 NOT_REPLICATED, then registered on a repeat',
+    async () => {
+      const activityId = uniqueId('regack');
+      const now = Date.now();
+      await loadActivity(f.redis, {
+        id: activityId,
+        generation: 1,
+        startAt: new Date(now + 3_600_000),
+        endAt: new Date(now + 7_200_000),
+        requireOrderCode: false,
+        reopenOnRelease: false,
+        items: [{ skuId: 'tea', name: '茶', price: '5.00', stock: 5, limitPerUser: 1 }],
+      });
+      await setGate(f.redis, activityId, 'pending');
+      await writeTrafficPolicy(f.redis, activityId, {
+        ...DEFAULT_TRAFFIC_POLICY,
+        eligibility: { ...DEFAULT_TRAFFIC_POLICY.eligibility, preRegistration: true },
+      });
+      const path = `/v1/activities/${activityId}/registrations`;
+
+      // No replica confirms the flags: not "registered" (a failover could lose them, and nobody can
+      // register after the start), but recorded in PostgreSQL already.
+      const strict = await apiWith(new ReplicaAck(f.redis, 1, 100));
+      const first = await buyerCall(strict, 'POST', path, 'reg-buyer', {});
+      expect(first.status).toBe(503);
+      expect(first.body).toMatchObject({ code: 'NOT_REPLICATED' });
+      expect(await registeredBuyers(f.pool, activityId, '', 10)).toEqual(['reg-buyer']);
+
+      // Confirmed: the repeat answers registered (the flag was written by the first call).
+      const satisfied = await apiWith(new ReplicaAck(f.redis, 0, 100));
+      const again = await buyerCall(satisfied, 'POST', path, 'reg-buyer', {});
+      expect([again.status, again.body]).toEqual([200, { registered: true }]);
+      const fresh = await buyerCall(satisfied, 'POST', path, 'reg-other', {});
+      expect([fresh.status, fresh.body]).toEqual([201, { registered: true }]);
     },
     TIMEOUT_MS,
   );
