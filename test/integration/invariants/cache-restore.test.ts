@@ -62,6 +62,24 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     await db?.drop();
   });
 
+  /**
+   * A sale open from a minute ago for an hour: its items recorded in PostgreSQL as the operator's
+   * sync-spec records them, then loaded into Redis at generation 1 and opened.
+   */
+  const openSale = async (
+    id: string,
+    items: CatalogItem[],
+    settings = { requireOrderCode: false, reopenOnRelease: true },
+  ): Promise<{ start: Date; end: Date }> => {
+    const start = new Date(Date.now() - 60_000);
+    const end = new Date(Date.now() + 3_600_000);
+    await recordActivityItems(sql, id, 1, items);
+    await recordActivitySkus(sql, id, items, 'spec');
+    await loadActivity(redis, { id, generation: 1, startAt: start, endAt: end, ...settings, items });
+    await setGate(redis, id, 'open');
+    return { start, end };
+  };
+
   /** Every key of the activity (its stock buckets' too) with its whole value, for comparing two states. */
   async function snapshot(activityId: string): Promise<Record<string, unknown>> {
     const out: Record<string, unknown> = {};
@@ -86,20 +104,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       { skuId: 'a', name: '汤圆', price: '5.00', stock: 10, limitPerUser: 2 },
       { skuId: 'b', name: '月饼', price: '8.00', stock: 3, limitPerUser: 1 },
     ];
-    const start = new Date(Date.now() - 60_000);
-    const end = new Date(Date.now() + 3_600_000);
-    await recordActivityItems(sql, id, 1, items);
-    await recordActivitySkus(sql, id, items, 'spec');
-    await loadActivity(redis, {
-      id,
-      generation: 1,
-      startAt: start,
-      endAt: end,
-      requireOrderCode: false,
-      reopenOnRelease: true,
-      items,
-    });
-    await setGate(redis, id, 'open');
+    const { start, end } = await openSale(id, items);
     const msg = (rid: string, user: string, sku: string, qty: number, slot: number): OrderMessage => ({
       reservationId: rid,
       activityId: id,
@@ -205,20 +210,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       { skuId: 'hot', name: '茅台', price: '1499.00', stock: 20, limitPerUser: 2, buckets: BUCKETS },
       { skuId: 'cold', name: '粽子', price: '6.00', stock: 5, limitPerUser: 1 },
     ];
-    const start = new Date(Date.now() - 60_000);
-    const end = new Date(Date.now() + 3_600_000);
-    await recordActivityItems(sql, id, 1, items);
-    await recordActivitySkus(sql, id, items, 'spec');
-    await loadActivity(redis, {
-      id,
-      generation: 1,
-      startAt: start,
-      endAt: end,
-      requireOrderCode: false,
-      reopenOnRelease: true,
-      items,
-    });
-    await setGate(redis, id, 'open');
+    const { start, end } = await openSale(id, items);
     const k = activityKeys(id);
 
     /** A buyer's reservation, and (as the consumer would) its order in PostgreSQL. */
@@ -410,20 +402,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     const items: CatalogItem[] = [
       { skuId: 'hot', name: '茅台', price: '1499.00', stock: 20, limitPerUser: 2, buckets: BUCKETS },
     ];
-    const start = new Date(Date.now() - 60_000);
-    const end = new Date(Date.now() + 3_600_000);
-    await recordActivityItems(sql, id, 1, items);
-    await recordActivitySkus(sql, id, items, 'spec');
-    await loadActivity(redis, {
-      id,
-      generation: 1,
-      startAt: start,
-      endAt: end,
-      requireOrderCode: false,
-      reopenOnRelease: true,
-      items,
-    });
-    await setGate(redis, id, 'open');
+    const { start, end } = await openSale(id, items);
     const layout = await bucketLayout(redis, id, { refresh: true });
     const [b0, b1, b2] = layout.bucketsOf('hot');
     const side = (b: NonNullable<typeof b0>, args: (string | number)[]) =>
@@ -573,13 +552,8 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
   test("the operator's restore puts back the loaded generation's order-code and reopen settings, not a refused spec edit", async () => {
     const id = uniqueId('rss');
     const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 2 }];
-    const startAt = new Date(Date.now() - 60_000);
-    const endAt = new Date(Date.now() + 3_600_000);
-    await recordActivityItems(sql, id, 1, items);
-    await recordActivitySkus(sql, id, items, 'spec');
     const loaded = { requireOrderCode: false, reopenOnRelease: false };
-    await loadActivity(redis, { id, generation: 1, startAt, endAt, ...loaded, items });
-    await setGate(redis, id, 'open');
+    const { start: startAt, end: endAt } = await openSale(id, items, loaded);
     // What the operator records after loading generation 1 (operator/reconcile/sync-spec.ts register).
     await registerActivity(sql, {
       activityId: id,
@@ -622,13 +596,8 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     const items: CatalogItem[] = [
       { skuId: 'hot', name: '茅台', price: '1499.00', stock: 12, limitPerUser: 1, buckets: 3 },
     ];
-    const startAt = new Date(Date.now() - 60_000);
-    const endAt = new Date(Date.now() + 3_600_000);
-    await recordActivityItems(sql, id, 1, items);
-    await recordActivitySkus(sql, id, items, 'spec');
     const settings = { requireOrderCode: false, reopenOnRelease: false };
-    await loadActivity(redis, { id, generation: 1, startAt, endAt, ...settings, items });
-    await setGate(redis, id, 'open');
+    const { start: startAt, end: endAt } = await openSale(id, items, settings);
     await registerActivity(sql, {
       activityId: id,
       owner: 'default/rso',
