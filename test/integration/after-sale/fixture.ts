@@ -6,7 +6,8 @@ import type { Server } from 'node:http';
 import { Redis } from 'ioredis';
 import type { Consumer, ConsumerRunConfig, EachBatchPayload, Kafka } from 'kafkajs';
 import { SignJWT } from 'jose';
-import { loadActivity, recordResults, setGate } from '../../../core/activity-cache.js';
+import { loadActivity, readStock, recordResults, setGate } from '../../../core/activity-cache.js';
+import { writeBack } from '../../../core/db/stock-store.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
 import { idempotentProducer } from '../../../core/kafka.js';
@@ -136,6 +137,28 @@ export async function openActivity(
   });
   await setGate(redis, activityId, 'open');
   return { activityId, skuId };
+}
+
+/**
+ * What the operator's write-back does (operator/reconcile/write-back.ts): freeze the gate, then
+ * write Redis' stock to PostgreSQL with `orders` as the order count.
+ */
+export async function freezeAndWriteBack(
+  f: Pick<Fixture, 'redis' | 'pool'>,
+  activityId: string,
+  orders: number,
+): Promise<void> {
+  await setGate(f.redis, activityId, 'frozen');
+  const s = await readStock(f.redis, activityId);
+  await writeBack(f.pool, {
+    activityId,
+    generation: 1,
+    skus: s.skus,
+    reserved: s.reserved,
+    released: s.released,
+    orders,
+    writtenBy: 'test',
+  });
 }
 
 /** Reserves one unit for each user through reserve-9.lua; returns the reservation ids in order. */

@@ -3,11 +3,11 @@
 // timeout closed takes its unit back from PostgreSQL after write-back (or goes to REFUND_PENDING
 // when it cannot, never an oversell); buyers read every state from PostgreSQL; a replay after the
 // cache is gone gets its order back and a new submission the answer of the sale window.
-import { cleanupActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { cleanupActivity } from '../../../core/activity-cache.js';
 import { registerActivity } from '../../../core/db/activity-registry-store.js';
 import { closeExpiredOrders, findOrderById } from '../../../core/db/orders-store.js';
 import { paymentsForOrder } from '../../../core/db/payments-store.js';
-import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
+import { readStockRows } from '../../../core/db/stock-store.js';
 import { readReservation, reclaimPaid, reservationIdFor } from '../../../core/reservations.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { uniqueId } from '../../../dev/servers.js';
@@ -27,6 +27,7 @@ import {
   startApi,
   type Api,
   type Fixture,
+  freezeAndWriteBack,
 } from './fixture.js';
 
 /** A signed notification with an explicit payment time. */
@@ -220,17 +221,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       expect((await notify(api, paidBody(dup, 'dup-1', new Date()))).body.outcome).toBe('PAID');
 
       // The sale ends: frozen, written back, the rest expires and is swept to PostgreSQL.
-      await setGate(f.redis, activityId, 'frozen');
-      const stock = await readStock(f.redis, activityId);
-      await writeBack(f.pool, {
-        activityId,
-        generation: 1,
-        skus: stock.skus,
-        reserved: stock.reserved,
-        released: stock.released,
-        orders: 6,
-        writtenBy: 'test',
-      });
+      await freezeAndWriteBack(f, activityId, 6);
       const before = await remaining();
       expect(before).toBe(10 - 6); // 6 reserved; never-pays' unit released, then taken back by its payment
       const late = ['late-in-time', 'late-too-late', 'sold-again'].map((u) => order.get(u)!);

@@ -6,8 +6,7 @@ import { createPool } from '../../../core/db/pool.js';
 import { findOrderById } from '../../../core/db/orders-store.js';
 import { paymentsForOrder } from '../../../core/db/payments-store.js';
 import { journalFor } from '../../../core/db/journal-store.js';
-import { setGate, readStock } from '../../../core/activity-cache.js';
-import { writeBack } from '../../../core/db/stock-store.js';
+import { readStock } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { readReservation } from '../../../core/reservations.js';
 import { signNotification } from '../../../runtime/payments/hmac-provider.js';
@@ -24,6 +23,7 @@ import {
   startApi,
   type Api,
   type Fixture,
+  freezeAndWriteBack,
 } from './fixture.js';
 
 describe('payment notifications (docs/sources seed 004 outcome table)', () => {
@@ -315,17 +315,7 @@ describe('payment notifications (docs/sources seed 004 outcome table)', () => {
     'payment after write-back (cache frozen): PAID in PostgreSQL, the frozen cache is left alone',
     async () => {
       const { orderId, reservationId } = nextOrder();
-      await setGate(f.redis, activityId, 'frozen');
-      const s = await readStock(f.redis, activityId);
-      await writeBack(f.pool, {
-        activityId,
-        generation: 1,
-        skus: s.skus,
-        reserved: s.reserved,
-        released: s.released,
-        orders: 0,
-        writtenBy: 'test',
-      });
+      await freezeAndWriteBack(f, activityId, 0);
       const r = await notify(api, { orderId, tradeNo: tradeNo(), amount: '19.90' });
       expect(r.body.outcome).toBe('PAID');
       expect((await findOrderById(f.pool, orderId))?.status).toBe('PAID');

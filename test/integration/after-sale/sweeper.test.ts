@@ -2,7 +2,7 @@
 // orders close each exactly once and return its stock exactly once; after write-back the stock
 // goes to PostgreSQL exactly once; an interrupted settlement is completed once; a settlement that
 // cannot be proven is flagged, never doubled.
-import { readStock, setGate } from '../../../core/activity-cache.js';
+import { setGate } from '../../../core/activity-cache.js';
 import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
 import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { advanceRestore, beginRestore } from '../../../core/db/cache-restores-store.js';
@@ -10,7 +10,7 @@ import { ReplicaAck } from '../../../core/durable-ack.js';
 import type { ReservationAck } from '../../../core/durable-ack.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
 import type { Pool } from '../../../core/db/pool.js';
-import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
+import { readStockRows } from '../../../core/db/stock-store.js';
 import { activityKeys } from '../../../core/keys.js';
 import { readReservation } from '../../../core/reservations.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
@@ -27,6 +27,7 @@ import {
   retryTransient,
   skuStock,
   type Fixture,
+  freezeAndWriteBack,
 } from './fixture.js';
 
 describe('payment-timeout sweeper', () => {
@@ -55,21 +56,6 @@ describe('payment-timeout sweeper', () => {
         stockAck,
       }),
     );
-
-  /** What the operator's write-back does: freeze the gate, then write Redis' stock to PostgreSQL. */
-  const freezeAndWriteBack = async (activityId: string, orders: number) => {
-    await setGate(f.redis, activityId, 'frozen');
-    const s = await readStock(f.redis, activityId);
-    await writeBack(f.pool, {
-      activityId,
-      generation: 1,
-      skus: s.skus,
-      reserved: s.reserved,
-      released: s.released,
-      orders,
-      writtenBy: 'test',
-    });
-  };
 
   /** Per order: [ORDER_CLOSED rows, STOCK_RETURNED rows]; every order must show [1, 1]. */
   const journalCounts = async (activityId: string) =>
@@ -240,7 +226,7 @@ describe('payment-timeout sweeper', () => {
         Array.from({ length: n }, (_, i) => `late-${i}`),
       );
       await materialize(f.pool, f.redis, activityId, rids);
-      await freezeAndWriteBack(activityId, n);
+      await freezeAndWriteBack(f, activityId, n);
       expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial - n);
       await expireAll(f.pool, activityId);
 
@@ -272,7 +258,7 @@ describe('payment-timeout sweeper', () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: initial });
       const rids = await reserveFor(f.redis, activityId, skuId, ['old-1', 'old-2']);
       await materialize(f.pool, f.redis, activityId, rids);
-      await freezeAndWriteBack(activityId, 2);
+      await freezeAndWriteBack(f, activityId, 2);
       expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial - 2);
       // Redis restarts from a snapshot taken before the freeze: the gate reads `closed` again.
       await f.redis.hset(activityKeys(activityId).meta, 'gate', 'closed');
@@ -359,17 +345,7 @@ describe('payment-timeout sweeper', () => {
       const [rid] = await reserveFor(f.redis, other.activityId, other.skuId, ['gone-1']);
       const [rid2] = await reserveFor(f.redis, other.activityId, other.skuId, ['gone-2']);
       const oids = await materialize(f.pool, f.redis, other.activityId, [rid!, rid2!]);
-      await setGate(f.redis, other.activityId, 'frozen');
-      const s = await readStock(f.redis, other.activityId);
-      await writeBack(f.pool, {
-        activityId: other.activityId,
-        generation: 1,
-        skus: s.skus,
-        reserved: s.reserved,
-        released: s.released,
-        orders: 2,
-        writtenBy: 'test',
-      });
+      await freezeAndWriteBack(f, other.activityId, 2);
       await f.pool.query(
         `UPDATE orders SET status = 'CLOSED', closed_at = now(), close_reason = 'PAYMENT_TIMEOUT' WHERE activity_id = $1`,
         [other.activityId],
