@@ -2,7 +2,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { z } from 'zod';
 import type { ConnectionOptions } from 'node:tls';
-import { Kafka, Partitioners, logLevel } from 'kafkajs';
+import kafkajs, { Kafka, Partitioners, logLevel } from 'kafkajs';
 import { fixKafkajsIdleLoop } from './kafkajs-idle-loop.js';
 import type {
   Admin,
@@ -14,6 +14,9 @@ import type {
   RecordMetadata,
   SASLOptions,
 } from 'kafkajs';
+
+// Not among the names Node finds in kafkajs' CommonJS exports: taken from the module object.
+const { ConfigResourceTypes } = kafkajs;
 
 export interface TopicNames {
   orders: string;
@@ -313,9 +316,68 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Partit
 }
 
 /**
+ * Topics that exist with less replication than this process is configured to create: the
+ * durability an acknowledged order relies on (acks=all on `min.insync.replicas` brokers) would not
+ * hold, so they are refused rather than used (ensureTopics).
+ */
+export class TopicReplicationError extends Error {
+  constructor(readonly shortfalls: string[]) {
+    super(
+      `Kafka topic(s) exist with less replication than configured: ${shortfalls.join('; ')}. ` +
+        'Raise them (kafka-reassign-partitions, kafka-configs --alter), or delete them while they hold ' +
+        'no orders so they are created as configured (docs/operator.md, "Kafka topics")',
+    );
+    this.name = 'TopicReplicationError';
+  }
+}
+
+/**
+ * What falls short in existing `names` of `replicationFactor` replicas per partition and
+ * `minInsyncReplicas` (the topic's effective setting, its own or the brokers' default); nothing
+ * to check when the factor is the brokers' default (-1).
+ */
+export async function topicReplicationShortfalls(
+  admin: Admin,
+  names: readonly string[],
+  replicationFactor: number,
+  minInsyncReplicas: number,
+): Promise<string[]> {
+  if (names.length === 0 || replicationFactor < 1) return [];
+  const [metadata, configs] = await Promise.all([
+    admin.fetchTopicMetadata({ topics: [...names] }),
+    admin.describeConfigs({
+      includeSynonyms: false,
+      resources: names.map((name) => ({
+        type: ConfigResourceTypes.TOPIC,
+        name,
+        configNames: ['min.insync.replicas'],
+      })),
+    }),
+  ]);
+  const isrOf = new Map(
+    configs.resources.map((r) => [
+      r.resourceName,
+      Number(r.configEntries.find((e) => e.configName === 'min.insync.replicas')?.configValue ?? 1),
+    ]),
+  );
+  const out: string[] = [];
+  for (const t of metadata.topics) {
+    const replicas = Math.min(...t.partitions.map((p) => p.replicas.length));
+    if (replicas < replicationFactor)
+      out.push(`${t.name} has ${replicas} replica(s) per partition, configured ${replicationFactor}`);
+    const isr = isrOf.get(t.name) ?? 1;
+    if (isr < minInsyncReplicas)
+      out.push(`${t.name} has min.insync.replicas=${isr}, configured ${minInsyncReplicas}`);
+  }
+  return out;
+}
+
+/**
  * Creates an activity's orders topic and its DLQ if missing, with `replicationFactor` replicas and
  * min.insync.replicas (defaultMinInsyncReplicas unless given): the producers use acks=all, so a
- * message acknowledged to the relay is on that many brokers.
+ * message acknowledged to the relay is on that many brokers. Topics that exist already (created by
+ * hand, by auto-creation, or under other settings) must have at least that replication:
+ * TopicReplicationError otherwise, before anything is created.
  */
 export async function ensureTopics(
   admin: Admin,
@@ -325,6 +387,13 @@ export async function ensureTopics(
   minInsyncReplicas: number = defaultMinInsyncReplicas(replicationFactor),
 ): Promise<string[]> {
   const existing = new Set(await admin.listTopics());
+  const shortfalls = await topicReplicationShortfalls(
+    admin,
+    [topics.orders, topics.dlq].filter((t) => existing.has(t)),
+    replicationFactor,
+    minInsyncReplicas,
+  );
+  if (shortfalls.length > 0) throw new TopicReplicationError(shortfalls);
   const wanted = [topics.orders, topics.dlq].filter((t) => !existing.has(t));
   if (wanted.length === 0) return [];
   await admin.createTopics({

@@ -7,6 +7,7 @@ import {
   consumerLag,
   createKafka,
   dlqUnhandled,
+  TopicReplicationError,
   ensureTopics,
   topicDepth,
   topicsFor,
@@ -15,6 +16,7 @@ import type { TopicNames } from '../../core/kafka.js';
 
 export interface KafkaAccess {
   topics(activityId: string): TopicNames;
+  /** Creates the missing topics; TopicReplicationError when existing ones have less replication. */
   ensureTopics(activityId: string): Promise<string[]>;
   /** Consumer lag of the activity's consumer group on its orders topic. */
   lag(activityId: string): Promise<number>;
@@ -83,7 +85,8 @@ export class KafkaAdminAccess implements KafkaAccess {
     try {
       return await fn(await pending);
     } catch (err) {
-      if (this.admin === pending) {
+      // A refusal of the topics' settings is an answer of a working connection: keep it.
+      if (this.admin === pending && !(err instanceof TopicReplicationError)) {
         this.admin = undefined;
         void pending.then((a) => a.disconnect()).catch(() => undefined);
       }

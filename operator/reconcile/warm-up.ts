@@ -4,6 +4,7 @@
  * so live stock is never reset), then -> Ready once the runtime is available (observe-runtime.ts).
  */
 import { claimCacheOwner } from '../../core/activity-cache.js';
+import { TopicReplicationError } from '../../core/kafka.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
@@ -44,7 +45,20 @@ export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
     await ctx.event('Warning', EventReason.Failed, `${Reason.ActivityIdInUse}: ${message}`);
     return ctx.transition(Phase.Failed, message, Reason.ActivityIdInUse);
   }
-  const created = await kafka.ensureTopics(ctx.activityId);
+  let created: string[];
+  try {
+    created = await kafka.ensureTopics(ctx.activityId);
+  } catch (err) {
+    if (!(err instanceof TopicReplicationError)) throw err;
+    // Selling on them would acknowledge orders on fewer brokers than configured: hold the warm-up
+    // (the gate stays shut) until the topics are raised or recreated, and say so once.
+    const already =
+      ctx.fsa.status?.conditions?.some((c) => c.reason === Reason.TopicsUnderReplicated) ?? false;
+    ctx.degraded = { reason: Reason.TopicsUnderReplicated, message: err.message };
+    if (!already) await ctx.event('Warning', EventReason.TopicsUnderReplicated, err.message);
+    ctx.requeueAfter(ctx.deps.config.cleanupRetryMs);
+    return DONE;
+  }
   crashPoint('operator-after-topics');
   if (created.length > 0) {
     await ctx.event('Normal', EventReason.TopicsCreated, `created Kafka topics ${created.join(', ')}`);

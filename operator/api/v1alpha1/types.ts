@@ -115,6 +115,8 @@ export const Reason = {
   ScheduleMissed: 'ScheduleMissed',
   ActivityIdInUse: 'ActivityIdInUse',
   CatalogEmpty: 'CatalogEmpty',
+  /** The activity's Kafka topics exist with less replication than the operator's settings. */
+  TopicsUnderReplicated: 'TopicsUnderReplicated',
 } as const;
 export type Reason = (typeof Reason)[keyof typeof Reason];
 
@@ -122,6 +124,8 @@ export type Reason = (typeof Reason)[keyof typeof Reason];
 export const EventReason = {
   WarmUpStarted: 'WarmUpStarted',
   TopicsCreated: 'TopicsCreated',
+  /** The activity's topics exist with less replication than configured: warm-up held (Warning). */
+  TopicsUnderReplicated: 'TopicsUnderReplicated',
   CacheLoaded: 'CacheLoaded',
   /** startAt came while the runtime was not available: the gate stays shut until it is. */
   StartDelayed: 'StartDelayed',
