@@ -404,8 +404,13 @@ async function settleInPostgres(deps: LifecycleDeps, o: SettleableOrder): Promis
       // Frozen but the snapshot is not committed yet: returning now would be overwritten or lost.
       throw new FlashSaleError('NOT_WRITTEN_BACK', `activity ${o.activityId} is frozen but not written back`);
     }
-    await returnStock(c, o.activityId, o.skuId, o.quantity);
-    await appendJournal(c, journalSettled([o], 'postgres'));
+    const r = await returnStock(c, o.activityId, o.skuId, o.quantity);
+    if (r.trimmed > 0)
+      deps.logger.warn(
+        { activity: o.activityId, orderId: o.id, sku: o.skuId, returned: r.returned, trimmed: r.trimmed },
+        "stock return held to PostgreSQL's unsold stock: Redis had sold units it forgot",
+      );
+    await appendJournal(c, journalSettled([o], 'postgres', r.trimmed > 0 ? { trimmed: r.trimmed } : {}));
     return true;
   });
 }

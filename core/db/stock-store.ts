@@ -104,18 +104,48 @@ export async function readStockRows(db: Queryable, activityId: string): Promise<
   return res.rows;
 }
 
-/** Returns stock after write-back (payment timeouts, cancellations); PostgreSQL is the truth then. */
+/**
+ * Returns a closed order's stock after write-back (payment timeouts, cancellations); PostgreSQL is
+ * the truth then. Held to the write-back's bound, `activity_skus.stock - sold` (sold: the live
+ * orders' quantity, this closed one no longer among them): a unit Redis had forgotten and sold
+ * again was not written back, and the units of closed orders come back on top of what was, so
+ * without the bound they would take `remaining` above what PostgreSQL has left to sell. The SKU's
+ * `activity_skus` row is locked first, as an order's reopening locks it (through the sold trigger)
+ * before it takes a unit out of `activity_stock`, so the bound is read as of this return and the
+ * two never wait on each other in opposite orders. The units left out are added to the write-back's
+ * `trimmed_total` and returned; a SKU without its `activity_skus` row gets the whole quantity back.
+ * Call in the transaction that marks the order settled.
+ */
 export async function returnStock(
   db: Queryable,
   activityId: string,
   skuId: string,
   quantity: number,
-): Promise<void> {
-  await db.query(
-    `UPDATE activity_stock SET remaining = remaining + $3, updated_at = now()
-      WHERE activity_id = $1 AND sku_id = $2`,
-    [activityId, skuId, quantity],
+): Promise<{ returned: number; trimmed: number }> {
+  const bound = await db.query<{ unsold: number }>(
+    `SELECT GREATEST(stock - sold, 0) AS unsold FROM activity_skus
+      WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE`,
+    [activityId, skuId],
   );
+  const unsold = bound.rows[0]?.unsold;
+  const res = await db.query<{ returned: number }>(
+    `WITH old AS (SELECT remaining FROM activity_stock WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE)
+     UPDATE activity_stock s
+        SET remaining = GREATEST(s.remaining, LEAST(s.remaining + $3, COALESCE($4::int, s.remaining + $3))),
+            updated_at = now()
+       FROM old
+      WHERE s.activity_id = $1 AND s.sku_id = $2
+     RETURNING s.remaining - old.remaining AS returned`,
+    [activityId, skuId, quantity, unsold ?? null],
+  );
+  const returned = res.rows[0]?.returned ?? 0;
+  const trimmed = res.rows.length > 0 ? quantity - returned : 0;
+  if (trimmed > 0)
+    await db.query(
+      `UPDATE activity_writebacks SET trimmed_total = trimmed_total + $2 WHERE activity_id = $1`,
+      [activityId, trimmed],
+    );
+  return { returned, trimmed };
 }
 
 /**

@@ -8,9 +8,10 @@ import pg from 'pg';
 import { loadActivity, readMeta, setGate } from '../../../core/activity-cache.js';
 import { readStockRows, readWriteBack, writeBack as writeBackStock } from '../../../core/db/stock-store.js';
 import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
-import { insertOrders } from '../../../core/db/orders-store.js';
+import { findLifecycleByReservationId, insertOrders } from '../../../core/db/orders-store.js';
 import { activityKeys } from '../../../core/keys.js';
 import { createLogger } from '../../../core/logger.js';
+import { settleStock } from '../../../core/order-lifecycle.js';
 import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
 import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
@@ -196,6 +197,109 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       expect(await readWriteBack(sql, id)).toMatchObject({ remainingTotal: 3, trimmedTotal: 3 });
       expect(ctx.status.writeBack).toMatchObject({ remaining: 3, trimmed: 3 });
       expect(events).toEqual(['Normal WroteBack', 'Warning StockTrimmed']);
+    },
+    TIMEOUT_MS,
+  );
+  test(
+    "a closed order's unit returned after the write-back does not take the stock above PostgreSQL's unsold units",
+    async () => {
+      const id = uniqueId('wb-return');
+      const items = [
+        { skuId: 'c', name: 'item c', price: '1.00', stock: 5, limitPerUser: 1 },
+        { skuId: 'd', name: 'item d', price: '1.00', stock: 5, limitPerUser: 1 },
+      ];
+      await recordActivitySkus(sql, id, items, 'spec');
+      await loadActivity(redis, {
+        id,
+        generation: 1,
+        startAt: new Date(Date.now() - 60_000),
+        endAt: new Date(Date.now() + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: true,
+        items,
+      });
+      await setGate(redis, id, 'open');
+      const buy = async (skuId: string, users: string[]): Promise<string[]> => {
+        const ids: string[] = [];
+        for (const u of users) {
+          const r = await reserve(redis, {
+            activityId: id,
+            userId: u,
+            skuId,
+            quantity: 1,
+            requestId: u,
+            traceId: u,
+          });
+          await insertOrders(
+            sql,
+            [orderMessageOf(id, (await readReservation(redis, id, r.reservationId))!)],
+            900,
+          );
+          ids.push(r.reservationId);
+        }
+        return ids;
+      };
+      const closeUnreturned = (user: string): Promise<unknown> =>
+        sql.query(
+          `UPDATE orders SET status = 'CLOSED', close_reason = 'PAYMENT_TIMEOUT', closed_at = now()
+            WHERE activity_id = $1 AND user_id = $2`,
+          [id, user],
+        );
+      // c: 4 sold, Redis forgets 3 of them (it counts 4 left), and one of the 4 orders is closed,
+      // its unit not returned yet: 5 - 3 live = 2 units are PostgreSQL's to sell.
+      const [c1] = await buy('c', ['c1', 'c2', 'c3', 'c4']);
+      await redis.hincrby(activityKeys(id).sku('c'), 'stock', 3);
+      await closeUnreturned('c1');
+      // d: the same without the forgetting: Redis' 2 are right and the return makes them 3.
+      const [d1] = await buy('d', ['d1', 'd2', 'd3']);
+      await closeUnreturned('d1');
+
+      const ctx = await context(id, redis);
+      await writeBack(ctx);
+      expect(await readStockRows(sql, id)).toEqual([
+        { skuId: 'c', initial: 5, remaining: 2 },
+        { skuId: 'd', initial: 5, remaining: 2 },
+      ]);
+      expect(await readWriteBack(sql, id)).toMatchObject({ trimmedTotal: 2 });
+
+      // The settler returns both closed orders' units through PostgreSQL (Redis is frozen).
+      const deps = {
+        pool: sql,
+        redis,
+        logger: createLogger('write-back-test', 'silent'),
+        paymentTimeoutSeconds: 900,
+      };
+      const closed = await Promise.all([c1!, d1!].map((r) => findLifecycleByReservationId(sql, r)));
+      expect(
+        await settleStock(
+          deps,
+          closed.map((o) => o!),
+        ),
+      ).toMatchObject({ postgres: 2, deferred: 0 });
+      expect(await readStockRows(sql, id)).toEqual([
+        { skuId: 'c', initial: 5, remaining: 2 },
+        { skuId: 'd', initial: 5, remaining: 3 },
+      ]);
+      // The unit left out is counted with the write-back's, and in the order's journal entry.
+      expect(await readWriteBack(sql, id)).toMatchObject({ trimmedTotal: 3 });
+      const journal = await sql.query<{ detail: Record<string, unknown> }>(
+        `SELECT detail FROM order_journal WHERE reservation_id = $1 AND event = 'STOCK_RETURNED'`,
+        [c1],
+      );
+      expect(journal.rows.map((r) => r.detail)).toEqual([
+        expect.objectContaining({ via: 'postgres', trimmed: 1 }),
+      ]);
+      // A repeat settles nothing twice.
+      expect(
+        await settleStock(
+          deps,
+          closed.map((o) => o!),
+        ),
+      ).toMatchObject({ postgres: 0 });
+      expect(await readStockRows(sql, id)).toEqual([
+        { skuId: 'c', initial: 5, remaining: 2 },
+        { skuId: 'd', initial: 5, remaining: 3 },
+      ]);
     },
     TIMEOUT_MS,
   );
