@@ -35,6 +35,27 @@ export async function claimRepublish(
   return { claimed: false, attempts: cur.rows[0]?.attempts ?? 0 };
 }
 
+/**
+ * Gives back a claimed re-publication whose send failed (brokers away): it does not count against
+ * the cap, so an outage longer than the cap times the interval does not abandon the reservation.
+ * `last_at` stays, so the next attempt still waits the interval. Conditional on the attempt being
+ * the last one claimed: a later claim by another replica is never undone. A process killed
+ * between the claim and the send keeps the attempt used (the cap stays an upper bound).
+ */
+export async function releaseRepublishClaim(
+  db: Queryable,
+  activityId: string,
+  reservationId: string,
+  attempt: number,
+): Promise<boolean> {
+  const res = await db.query(
+    `UPDATE order_gap_repairs SET attempts = attempts - 1, last_action = 'send-failed'
+      WHERE activity_id = $1 AND reservation_id = $2 AND attempts = $3`,
+    [activityId, reservationId, attempt],
+  );
+  return (res.rowCount ?? 0) > 0;
+}
+
 /** Records a final action (compensated, abandoned) for a reservation. */
 export async function recordGapAction(
   db: Queryable,

@@ -3,7 +3,8 @@
  * (checkOrderGap's `missing`) is
  *   - re-published from its ledger entry to the activity topic with the idempotent producer (the
  *     consumer's unique keys make a duplicate harmless), at most ORDER_GAP_MAX_REPUBLISH times,
- *     ORDER_GAP_REPUBLISH_INTERVAL_SECONDS apart, whatever the number of job replicas; or
+ *     ORDER_GAP_REPUBLISH_INTERVAL_SECONDS apart, whatever the number of job replicas (a send that
+ *     fails gives its attempt back, so a Kafka outage does not use up the cap); or
  *   - held back while the consumer would refuse it against the activity's item in PostgreSQL
  *     (core/order-refusal.ts: price, limit per buyer, unknown SKU): a copy would only be
  *     dead-lettered again. The first copy is already in the DLQ; once the item is corrected the
@@ -19,7 +20,7 @@
  */
 import type { Producer } from 'kafkajs';
 import { appendJournal } from '../../core/db/journal-store.js';
-import { claimRepublish, recordGapAction } from '../../core/db/gap-repairs-store.js';
+import { claimRepublish, recordGapAction, releaseRepublishClaim } from '../../core/db/gap-repairs-store.js';
 import { readActivityItems } from '../../core/db/activity-items-store.js';
 import type { ActivityItem } from '../../core/db/activity-items-store.js';
 import { findLiveSlotHolder } from '../../core/db/orders-store.js';
@@ -183,21 +184,28 @@ async function repairOne(
     } else count('waiting', rid);
     return;
   }
-  await d.producer.send({
-    topic: d.topic,
-    acks: -1,
-    messages: [
-      {
-        key: message.userId,
-        value: JSON.stringify(message),
-        headers: {
-          'trace-id': message.traceId,
-          'reservation-id': rid,
-          'gap-repair-attempt': String(claim.attempt),
+  try {
+    await d.producer.send({
+      topic: d.topic,
+      acks: -1,
+      messages: [
+        {
+          key: message.userId,
+          value: JSON.stringify(message),
+          headers: {
+            'trace-id': message.traceId,
+            'reservation-id': rid,
+            'gap-repair-attempt': String(claim.attempt),
+          },
         },
-      },
-    ],
-  });
+      ],
+    });
+  } catch (err) {
+    // Not sent (as far as we know; a copy that did arrive is deduplicated by the consumer's keys):
+    // the attempt is given back, so a Kafka outage does not use up the cap.
+    await releaseRepublishClaim(d.pool, a, rid, claim.attempt).catch(() => false);
+    throw err;
+  }
   await appendJournal(d.pool, [
     {
       activityId: a,

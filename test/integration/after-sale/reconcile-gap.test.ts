@@ -7,6 +7,7 @@ import { readStock, setGate } from '../../../core/activity-cache.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { latestReports } from '../../../core/db/reconciliation-store.js';
 import { writeBack } from '../../../core/db/stock-store.js';
+import { gapRepairOf } from '../../../core/db/gap-repairs-store.js';
 import { journalFor } from '../../../core/db/journal-store.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
 import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
@@ -225,6 +226,37 @@ describe('order-gap repair', () => {
       // Re-publication is bounded: with the interval not elapsed nothing is sent again.
       const bounded = await repairOrderGap({ ...deps(activityId), republishIntervalSeconds: 3600 }, [rid!]);
       expect(bounded.waiting).toEqual([rid]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a send that fails (brokers away) does not use up the re-publication cap',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 }, f.pool);
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const [rid] = await reserveFor(f.redis, activityId, skuId, ['outage']);
+      await f.redis.del(activityKeys(activityId).outbox);
+      // The real producer, failing as it does while no broker answers.
+      const away = {
+        ...producer,
+        send: async () => {
+          throw new Error('Connection error: connect ECONNREFUSED (test: brokers away)');
+        },
+      } as Producer;
+      const capped = { ...deps(activityId), maxRepublish: 2 };
+      for (let run = 0; run < 4; run++) {
+        const r = await repairOrderGap({ ...capped, producer: away }, [rid!]);
+        expect([r.failed, r.abandoned, r.republished]).toEqual([[rid], [], []]);
+      }
+      expect(await gapRepairOf(f.pool, activityId, rid!)).toEqual({ attempts: 0, lastAction: 'send-failed' });
+      // The brokers back: re-published, as its first attempt, and sent once.
+      const back = await repairOrderGap(capped, [rid!]);
+      expect(back.republished).toEqual([rid]);
+      expect(await gapRepairOf(f.pool, activityId, rid!)).toEqual({ attempts: 1, lastAction: 'republished' });
+      expect((await admin.fetchTopicOffsets(topics.orders)).reduce((n, p) => n + Number(p.high), 0)).toBe(1);
+      expect((await journalFor(f.pool, rid!)).map((j) => j.event)).toEqual(['GAP_REPUBLISHED']);
     },
     TIMEOUT_MS,
   );
