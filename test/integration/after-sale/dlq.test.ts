@@ -2,6 +2,8 @@
 // consumer; once the cause is fixed, the `dlq` command (run as a real process) lists, inspects and
 // replays it into the order topic, twice, and the order is created exactly once. Replaying and
 // acknowledging move the DLQ's handled offset (flashsale_dlq_unhandled), which the depth never shows.
+// The runbooks' own commands (docs/runbooks/FlashSaleDLQUnhandled.md, …NewDeadLetters.md) are run as
+// written there, with the built program.
 import { execFile } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -20,6 +22,7 @@ import {
 import { orderMessageOf, readReservation } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { runDlqCli } from '../../../runtime/dlq.js';
+import { runRuntimeCommand, runbookCommand } from '../../../dev/runbook.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
   TIMEOUT_MS,
@@ -73,6 +76,17 @@ describe('DLQ list / inspect / replay / ack', () => {
     return stdout;
   };
 
+  /** A command of a runbook page, as written there (dev/runbook.ts), run with the built program. */
+  const runbook = async (activityId: string, page: string, what: string): Promise<string> => {
+    const args = runbookCommand(page, what, { ID: activityId, 'P:O': '0:0' });
+    const r = await runRuntimeCommand(args, {
+      KAFKA_BROKERS: testEnv().kafkaBrokers.join(','),
+      KAFKA_TOPIC_PREFIX: prefix,
+    });
+    expect({ args, code: r.code, stderr: r.stderr }).toEqual({ args, code: 0, stderr: '' });
+    return r.stdout;
+  };
+
   it(
     'a fixed poison message replayed twice creates its order exactly once',
     async () => {
@@ -106,7 +120,8 @@ describe('DLQ list / inspect / replay / ack', () => {
       // The defect is fixed.
       await f.pool.query('ALTER TABLE orders DROP CONSTRAINT dlq_test_defect');
 
-      const list = await dlqCommand(activityId, 'list');
+      // The runbooks' diagnosis (docs/runbooks/FlashSaleDLQUnhandled.md), as written there.
+      const list = await runbook(activityId, 'FlashSaleDLQUnhandled.md', 'dlq list');
       expect(list).toContain(`1 message(s) in ${topics.dlq}, 1 not handled`);
       expect(list).toMatch(
         new RegExp(
@@ -130,6 +145,9 @@ describe('DLQ list / inspect / replay / ack', () => {
       };
       expect(inspected.value.reservationId).toBe(rid);
       expect(inspected.headers['dlq-original-topic']).toBe(topics.orders);
+      expect(
+        JSON.parse(await runbook(activityId, 'FlashSaleDLQNewDeadLetters.md', 'dlq inspect')) as unknown,
+      ).toEqual(inspected);
 
       const replayed = await dlqCommand(activityId, 'replay', '0:0');
       expect(replayed).toContain('replayed 1 message(s)');
@@ -137,7 +155,13 @@ describe('DLQ list / inspect / replay / ack', () => {
       // The replay is what the alert sees: the depth (high - low) stays, the unhandled count drops.
       expect(await dlqUnhandled(admin, topics)).toBe(0);
       expect(await dlqCommand(activityId, 'list')).toMatch(/^0:0\thandled\t/m);
-      expect(await dlqCommand(activityId, 'replay', '--all')).toContain('replayed 1 message(s)');
+      // The runbook's mitigation and its "Done when" line.
+      expect(await runbook(activityId, 'FlashSaleDLQUnhandled.md', 'dlq replay --all')).toContain(
+        'replayed 1 message(s)',
+      );
+      expect(await runbook(activityId, 'FlashSaleDLQUnhandled.md', 'dlq list')).toContain(
+        `1 message(s) in ${topics.dlq}, 0 not handled`,
+      );
 
       // Offsets 1 and 2 are the replays: both processed, one order.
       await until('both replays consumed', async () =>

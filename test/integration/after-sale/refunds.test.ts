@@ -14,6 +14,7 @@ import { runRefundWorker } from '../../../runtime/jobs/refunds.js';
 import type { RefundWorkerDeps } from '../../../runtime/jobs/refunds.js';
 import { signNotification } from '../../../runtime/payments/hmac-provider.js';
 import { runRefundCli } from '../../../runtime/refund-cli.js';
+import { runRuntimeCommand, runbookCommand } from '../../../dev/runbook.js';
 import { refundNotificationBody, startFakeProvider } from '../../../dev/fake-provider.js';
 import type { FakeProvider } from '../../../dev/fake-provider.js';
 import {
@@ -547,13 +548,26 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       expect((await findOrderById(f.pool, o.orderId))?.status).toBe('REFUNDING');
       expect((await journalFor(f.pool, o.reservationId)).map((j) => j.event)).toContain('REFUND_FAILED');
 
-      lines.length = 0;
-      expect(await cli('list', '--activity', activityId, '--state', 'FAILED')).toBe(0);
-      expect(lines[0]).toBe('1 refund(s)');
-      expect(lines[1]).toContain(failed.refundId);
+      // docs/runbooks/FlashSaleRefundFailed.md's diagnosis and mitigation, as written there, with
+      // the built program (dev/runbook.ts); then FlashSaleRefundPendingTooLong.md's listing.
+      const runbook = async (page: string, what: string): Promise<string[]> => {
+        const args = runbookCommand(page, what, { ID: activityId, '<refundId>': failed.refundId });
+        const r = await runRuntimeCommand(args, { DATABASE_URL: f.db.url, LOG_LEVEL: 'silent' });
+        expect({ args, code: r.code, stderr: r.stderr }).toEqual({ args, code: 0, stderr: '' });
+        return r.stdout.trimEnd().split('\n');
+      };
+      const listed = await runbook('FlashSaleRefundFailed.md', 'refund list --state FAILED');
+      expect(listed[0]).toBe('1 refund(s)');
+      expect(listed[1]).toContain(failed.refundId);
+      expect(listed[1]).toMatch(/not refundable/); // the provider's message in the last column
 
       fake.mode = 'ok';
-      expect(await cli('retry', failed.refundId)).toBe(0);
+      expect(await runbook('FlashSaleRefundFailed.md', 'refund retry')).toEqual([
+        `refund ${failed.refundId} is PENDING again; the worker sends it with the same id`,
+      ]);
+      expect((await runbook('FlashSaleRefundPendingTooLong.md', 'refund list --state PENDING'))[1]).toContain(
+        `${failed.refundId}\tPENDING`,
+      );
       expect(await cli('retry', failed.refundId)).toBe(1); // not FAILED any more
       await driveUntil('refunded after the retry', async () =>
         (await findOrderById(f.pool, o.orderId))?.status === 'REFUNDED' ? true : undefined,
