@@ -6,6 +6,7 @@ import pg from 'pg';
 import { insertOrders, ORDER_TRANSITIONS, transitionOrder } from '../../../core/db/orders-store.js';
 import type { OrderStatus, OrderTransition } from '../../../core/db/orders-store.js';
 import type { OrderMessage } from '../../../core/model.js';
+import { orderMessage } from '../../fixtures/order-message.js';
 import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 
@@ -23,20 +24,17 @@ describe('orders-store insertOrders (real PostgreSQL)', () => {
     await db.drop();
   }, TIMEOUT_MS);
 
-  const message = (activityId: string, rid: string, o: Partial<OrderMessage> = {}): OrderMessage => ({
-    reservationId: rid,
-    activityId,
-    userId: 'u',
-    skuId: 's',
-    quantity: 1,
-    slot: 1,
-    unitPrice: '19.90',
-    itemName: '五常大米',
-    reservedAt: 1_700_000_000_000,
-    traceId: 't',
-    requestId: rid,
-    ...o,
-  });
+  const message = (activityId: string, rid: string, o: Partial<OrderMessage> = {}): OrderMessage =>
+    orderMessage(activityId, 'u', {
+      reservationId: rid,
+      skuId: 's',
+      unitPrice: '19.90',
+      itemName: '五常大米',
+      reservedAt: 1_700_000_000_000,
+      traceId: 't',
+      requestId: rid,
+      ...o,
+    });
 
   test(
     'the amount is unit price x quantity, computed in SQL, for one and for several units',

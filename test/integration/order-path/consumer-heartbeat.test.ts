@@ -5,8 +5,8 @@
 import pg from 'pg';
 import { createKafka, idempotentProducer, topicDepth } from '../../../core/kafka.js';
 import type { OrderMessage } from '../../../core/model.js';
+import { orderMessage } from '../../fixtures/order-message.js';
 import { ORDER_BATCH_HEADER } from '../../../core/order-message.js';
-import { reservationIdFor } from '../../../core/reservations.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { setUpActivity, startRole, waitFor } from '../../../dev/roles.js';
@@ -55,20 +55,8 @@ describe('consumer heartbeats during a long chunk', () => {
     await db.drop();
   });
 
-  const order = (userId: string, over: Partial<OrderMessage> = {}): OrderMessage => ({
-    reservationId: reservationIdFor(activityId, userId, `req-${userId}`),
-    activityId,
-    userId,
-    skuId: 'duck',
-    quantity: 1,
-    slot: 1,
-    unitPrice: '198.00',
-    itemName: 'duck',
-    reservedAt: Date.now(),
-    traceId: `trace-${userId}`,
-    requestId: `req-${userId}`,
-    ...over,
-  });
+  const order = (userId: string, over: Partial<OrderMessage> = {}): OrderMessage =>
+    orderMessage(activityId, userId, { itemName: 'duck', ...over });
 
   test('a chunk of poison orders longer than the session timeout: each dead-lettered once, the partition moves on', async () => {
     const refused = [order('cheap-1', { unitPrice: '0.01' }), order('cheap-2', { unitPrice: '0.01' })];

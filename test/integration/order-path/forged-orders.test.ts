@@ -6,6 +6,7 @@
 import pg from 'pg';
 import { createKafka, idempotentProducer, topicDepth } from '../../../core/kafka.js';
 import type { OrderMessage } from '../../../core/model.js';
+import { orderMessage } from '../../fixtures/order-message.js';
 import { ORDER_BATCH_HEADER } from '../../../core/order-message.js';
 import { reservationIdFor } from '../../../core/reservations.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
@@ -41,20 +42,8 @@ describe('forged order messages', () => {
     await db.drop();
   });
 
-  const message = (userId: string, over: Partial<OrderMessage> = {}): OrderMessage => ({
-    reservationId: reservationIdFor(activityId, userId, `req-${userId}`),
-    activityId,
-    userId,
-    skuId: 'duck',
-    quantity: 1,
-    slot: 1,
-    unitPrice: '198.00',
-    itemName: 'anything the sender likes',
-    reservedAt: Date.now(),
-    traceId: `trace-${userId}`,
-    requestId: `req-${userId}`,
-    ...over,
-  });
+  const message = (userId: string, over: Partial<OrderMessage> = {}): OrderMessage =>
+    orderMessage(activityId, userId, { itemName: 'anything the sender likes', ...over });
 
   test('a wrong price or a huge quantity never becomes an order and lands in the DLQ with the reason', async () => {
     const forged: [OrderMessage, string][] = [

@@ -2,6 +2,7 @@
 // (core/order-refusal.ts, used by the consumer and by order-gap repair): the message is never trusted.
 import type { ActivityItem } from '../../../core/db/activity-items-store.js';
 import type { OrderMessage } from '../../../core/model.js';
+import { orderMessage } from '../../fixtures/order-message.js';
 import { reservationIdFor } from '../../../core/reservations.js';
 import { refusalOf } from '../../../core/order-refusal.js';
 
@@ -14,20 +15,7 @@ const item: ActivityItem = {
 };
 
 function message(over: Partial<OrderMessage> = {}): OrderMessage {
-  const base: OrderMessage = {
-    reservationId: reservationIdFor('a1', 'alice', 'r1'),
-    activityId: 'a1',
-    userId: 'alice',
-    skuId: 'duck',
-    quantity: 1,
-    slot: 1,
-    unitPrice: '198.00',
-    itemName: '北京烤鸭',
-    reservedAt: 1,
-    traceId: 't',
-    requestId: 'r1',
-  };
-  return { ...base, ...over };
+  return orderMessage('a1', 'alice', { requestId: 'r1', reservedAt: 1, traceId: 't', ...over });
 }
 
 describe('order message check', () => {
