@@ -2,8 +2,12 @@
  * The runtime commands of docs/runbooks/ as written, for the tests that run them: a page's
  * `node dist/runtime/main.js …` command (what an operator types inside `kubectl exec … --`), with
  * the page's placeholders (`ID`, `P:O`, `<refundId>`, see docs/runbooks/README.md) replaced, run
- * with the built program. A page that no longer has the command, or a command the program no
+ * by the program's entry point. A page that no longer has the command, or a command the program no
  * longer takes, fails the test that names it.
+ *
+ * `dist/runtime/main.js` is `runtime/main.ts` compiled; the command runs the source through tsx,
+ * as dev/roles.ts starts the roles, so it needs no build and runs the code under test (a broken
+ * build of test/faults/mutants/ is a copy of the sources, without dist/).
  */
 import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
@@ -40,14 +44,14 @@ export interface CommandResult {
   stderr: string;
 }
 
-/** Runs `node dist/runtime/main.js <args>` from the repository's root with `env` added. */
+/** Runs `node dist/runtime/main.js <args>` (from source) in the repository's root with `env` added. */
 export async function runRuntimeCommand(args: string[], env: Record<string, string>): Promise<CommandResult> {
   const childEnv: NodeJS.ProcessEnv = { ...process.env, ...env };
   delete childEnv.NODE_OPTIONS; // jest's flags are not the command's
   try {
     const { stdout, stderr } = await promisify(execFile)(
       process.execPath,
-      [join('dist', 'runtime', 'main.js'), ...args],
+      ['--import', 'tsx', join(ROOT, 'runtime', 'main.ts'), ...args],
       { cwd: ROOT, env: childEnv, timeout: 120_000 },
     );
     return { code: 0, stdout, stderr };

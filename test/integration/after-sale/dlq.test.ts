@@ -3,7 +3,7 @@
 // replays it into the order topic, twice, and the order is created exactly once. Replaying and
 // acknowledging move the DLQ's handled offset (flashsale_dlq_unhandled), which the depth never shows.
 // The runbooks' own commands (docs/runbooks/FlashSaleDLQUnhandled.md, …NewDeadLetters.md) are run as
-// written there, with the built program.
+// written there, by the program's entry point (dev/runbook.ts).
 import { execFile } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -76,7 +76,7 @@ describe('DLQ list / inspect / replay / ack', () => {
     return stdout;
   };
 
-  /** A command of a runbook page, as written there (dev/runbook.ts), run with the built program. */
+  /** A command of a runbook page, as written there (dev/runbook.ts), run by the program's entry point. */
   const runbook = async (activityId: string, page: string, what: string): Promise<string> => {
     const args = runbookCommand(page, what, { ID: activityId, 'P:O': '0:0' });
     const r = await runRuntimeCommand(args, {

@@ -549,7 +549,7 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       expect((await journalFor(f.pool, o.reservationId)).map((j) => j.event)).toContain('REFUND_FAILED');
 
       // docs/runbooks/FlashSaleRefundFailed.md's diagnosis and mitigation, as written there, with
-      // the built program (dev/runbook.ts); then FlashSaleRefundPendingTooLong.md's listing.
+      // the program's entry point (dev/runbook.ts); then FlashSaleRefundPendingTooLong.md's listing.
       const runbook = async (page: string, what: string): Promise<string[]> => {
         const args = runbookCommand(page, what, { ID: activityId, '<refundId>': failed.refundId });
         const r = await runRuntimeCommand(args, { DATABASE_URL: f.db.url, LOG_LEVEL: 'silent' });
