@@ -15,18 +15,9 @@ import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { ROOT, startRole, waitFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
+import { sample } from '../../fixtures/metrics-text.js';
 
 const TIMEOUT_MS = 180_000;
-
-/** The value of one series of a metric in a /metrics text (NaN when absent). */
-function sample(text: string, name: string, labels: Record<string, string>): number {
-  const line = text
-    .split('\n')
-    .find(
-      (l) => l.startsWith(`${name}{`) && Object.entries(labels).every(([k, v]) => l.includes(`${k}="${v}"`)),
-    );
-  return line ? Number(line.split(' ').at(-1)) : NaN;
-}
 
 describe('gauge samplers with Redis stopped', () => {
   const activityId = uniqueId('gauges');
