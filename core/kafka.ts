@@ -71,7 +71,11 @@ function topicConfigEntries(r: TopicReplication): { name: string; value: string 
   return isr === undefined ? [] : [{ name: 'min.insync.replicas', value: String(isr) }];
 }
 
-/** Creates the order-events topic if missing (replication -1 = the brokers' default). */
+/**
+ * Creates the order-events topic if missing (replication -1 = the brokers' default). One that
+ * exists must have at least the configured replication, as the activities' topics must
+ * (ensureTopics): otherwise TopicReplicationError, and the relay publishes nothing to it.
+ */
 export async function ensureOrderEventsTopic(
   admin: Admin,
   topic: string,
@@ -79,7 +83,21 @@ export async function ensureOrderEventsTopic(
   replication: TopicReplication | number = -1,
 ): Promise<boolean> {
   const r = typeof replication === 'number' ? { replicationFactor: replication } : replication;
-  if ((await admin.listTopics()).includes(topic)) return false;
+  if ((await admin.listTopics()).includes(topic)) {
+    const shortfalls = await topicReplicationShortfalls(
+      admin,
+      [topic],
+      r.replicationFactor,
+      r.minInsyncReplicas ?? defaultMinInsyncReplicas(r.replicationFactor),
+    );
+    if (shortfalls.length > 0)
+      throw new TopicReplicationError(
+        shortfalls,
+        'Raise it (kafka-reassign-partitions, kafka-configs --alter); the events wait in PostgreSQL ' +
+          'meanwhile (docs/runbooks/FlashSaleOrderEventsTopicUnderReplicated.md)',
+      );
+    return false;
+  }
   try {
     const created = await admin.createTopics({
       waitForLeaders: false,
@@ -321,12 +339,12 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Partit
  * hold, so they are refused rather than used (ensureTopics).
  */
 export class TopicReplicationError extends Error {
-  constructor(readonly shortfalls: string[]) {
-    super(
-      `Kafka topic(s) exist with less replication than configured: ${shortfalls.join('; ')}. ` +
-        'Raise them (kafka-reassign-partitions, kafka-configs --alter), or delete them while they hold ' +
-        'no orders so they are created as configured (docs/operator.md, "Kafka topics")',
-    );
+  constructor(
+    readonly shortfalls: string[],
+    advice = 'Raise them (kafka-reassign-partitions, kafka-configs --alter), or delete them while they hold ' +
+      'no orders so they are created as configured (docs/operator.md, "Kafka topics")',
+  ) {
+    super(`Kafka topic(s) exist with less replication than configured: ${shortfalls.join('; ')}. ${advice}`);
     this.name = 'TopicReplicationError';
   }
 }

@@ -211,6 +211,17 @@ export function createMetrics(component: string, activityId?: string) {
       help: 'Order events in the PostgreSQL outbox not yet acknowledged by Kafka (all activities the relay serves)',
       registers: r,
     }),
+    orderEventsOldestAge: new client.Gauge({
+      name: 'flashsale_order_events_oldest_unpublished_age_seconds',
+      help: 'Age of the oldest order event not yet acknowledged by Kafka (all activities the relay serves); 0 when none. Sampled from PostgreSQL, so it keeps rising while Kafka is away',
+      registers: r,
+    }),
+    orderEventsTopicUnderReplicated: new client.Gauge({
+      name: 'flashsale_order_events_topic_under_replicated',
+      help: '1 while the order-events topic exists with fewer replicas or a lower min.insync.replicas than configured and the relay refuses to publish to it; 0 once it publishes',
+      labelNames: ['topic'],
+      registers: r,
+    }),
     // --- Traffic shaping and admission control (docs/operator.md "Traffic shaping") ---
     rateLimited: new client.Counter({
       name: 'flashsale_rate_limited_total',

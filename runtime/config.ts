@@ -254,7 +254,19 @@ const schema = z
     ORDER_EVENTS_SEND_TIMEOUT_MS: env.int(30_000, 100),
     /** Published events are kept in the outbox this long, then purged. */
     ORDER_EVENTS_RETENTION_HOURS: env.int(24, 0),
+    /** An order-events topic refused for its replication is checked again this often. */
+    ORDER_EVENTS_TOPIC_RETRY_MS: env.int(30_000, 100),
+    /** The outbox backlog gauges are sampled from PostgreSQL this often. */
+    ORDER_EVENTS_BACKLOG_SAMPLE_MS: env.int(15_000, 100),
   })
+  .refine(
+    (c) => c.KAFKA_REPLICATION_FACTOR < 1 || (c.KAFKA_MIN_INSYNC_REPLICAS ?? 1) <= c.KAFKA_REPLICATION_FACTOR,
+    {
+      // Kafka accepts such a topic and then refuses every acks=all write to it (NOT_ENOUGH_REPLICAS).
+      message: 'KAFKA_MIN_INSYNC_REPLICAS must be at most KAFKA_REPLICATION_FACTOR',
+      path: ['KAFKA_MIN_INSYNC_REPLICAS'],
+    },
+  )
   .refine((c) => c.CONSUMER_HEARTBEAT_INTERVAL_MS * 3 <= c.CONSUMER_SESSION_TIMEOUT_MS, {
     message: 'CONSUMER_HEARTBEAT_INTERVAL_MS must be at most a third of CONSUMER_SESSION_TIMEOUT_MS',
     path: ['CONSUMER_HEARTBEAT_INTERVAL_MS'],

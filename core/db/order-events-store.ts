@@ -108,6 +108,24 @@ export async function markEventsPublished(db: Queryable, ids: string[]): Promise
   );
 }
 
+/**
+ * The relay's backlog (of one activity, or all): unpublished events and the age of the oldest
+ * (0 when none), in one pass over the unpublished rows.
+ */
+export async function eventBacklog(
+  db: Queryable,
+  activityId: string | undefined,
+): Promise<{ unpublished: number; oldestAgeSeconds: number }> {
+  const res = await db.query<{ n: string; age: number | null }>(
+    `SELECT count(*)::text AS n, extract(epoch FROM now() - min(created_at))::float8 AS age
+       FROM order_events
+      WHERE published_at IS NULL AND ($1::text IS NULL OR activity_id = $1)`,
+    [activityId ?? null],
+  );
+  const row = res.rows[0];
+  return { unpublished: Number(row?.n ?? 0), oldestAgeSeconds: Math.max(0, row?.age ?? 0) };
+}
+
 /** Unpublished events (of one activity, or all). */
 export async function unpublishedEvents(db: Queryable, activityId: string | undefined): Promise<number> {
   const res = await db.query<{ n: string }>(

@@ -47,16 +47,6 @@ export async function startMoneyJobs(d: MoneyJobsDeps): Promise<{ stop: () => Pr
   let relay: OrderEventRelay | undefined;
   if (d.cfg.ORDER_EVENTS_RELAY) {
     const topic = orderEventsTopic(d.cfg.KAFKA_TOPIC_PREFIX);
-    const admin = d.kafka.admin();
-    await admin.connect();
-    try {
-      await ensureOrderEventsTopic(admin, topic, d.cfg.ORDER_EVENTS_PARTITIONS, {
-        replicationFactor: d.cfg.KAFKA_REPLICATION_FACTOR,
-        minInsyncReplicas: d.cfg.KAFKA_MIN_INSYNC_REPLICAS,
-      });
-    } finally {
-      await admin.disconnect();
-    }
     relay = new OrderEventRelay({
       cfg: d.cfg,
       activityId: d.activityId,
@@ -65,6 +55,20 @@ export async function startMoneyJobs(d: MoneyJobsDeps): Promise<{ stop: () => Pr
       logger: d.logger,
       metrics: d.metrics,
       createProducer: () => idempotentProducer(d.kafka),
+      // In the relay's loop, not before it: Kafka away or the topic refused holds the events in
+      // PostgreSQL, never the refund worker started beside it.
+      prepareTopic: async () => {
+        const admin = d.kafka.admin();
+        await admin.connect();
+        try {
+          await ensureOrderEventsTopic(admin, topic, d.cfg.ORDER_EVENTS_PARTITIONS, {
+            replicationFactor: d.cfg.KAFKA_REPLICATION_FACTOR,
+            minInsyncReplicas: d.cfg.KAFKA_MIN_INSYNC_REPLICAS,
+          });
+        } finally {
+          await admin.disconnect();
+        }
+      },
     });
     await relay.start();
   }

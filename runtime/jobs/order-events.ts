@@ -22,18 +22,27 @@
  * at the timeout (its locks and snapshot are not held through an outage), but this relay sends
  * nothing more, and creates no other producer, until the cancelled send has settled and its
  * producer is disconnected: one producer at a time, none left behind reconnecting.
+ *
+ * Before its first send the relay prepares the topic (`prepareTopic`: created as configured when
+ * missing). An existing topic with less replication than configured is refused
+ * (TopicReplicationError): the relay publishes nothing, says so in
+ * `flashsale_order_events_topic_under_replicated`, and checks again every
+ * ORDER_EVENTS_TOPIC_RETRY_MS; the events wait in PostgreSQL. The backlog gauges are sampled from
+ * PostgreSQL on their own timer, so they keep rising through a Kafka outage or a refusal instead of
+ * freezing with the loop.
  */
 import type { IHeaders, Producer } from 'kafkajs';
 import { crashPoint } from '../../core/crash.js';
 import {
   claimPublishableEvents,
+  eventBacklog,
   markEventsPublished,
   purgePublishedEvents,
-  unpublishedEvents,
 } from '../../core/db/order-events-store.js';
 import { inTransaction } from '../../core/db/pool.js';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
+import { TopicReplicationError } from '../../core/kafka.js';
 import type { Metrics } from '../../core/metrics.js';
 
 export interface OrderEventRelayConfig {
@@ -41,6 +50,8 @@ export interface OrderEventRelayConfig {
   ORDER_EVENTS_POLL_MS: number;
   ORDER_EVENTS_RETENTION_HOURS: number;
   ORDER_EVENTS_SEND_TIMEOUT_MS: number;
+  ORDER_EVENTS_TOPIC_RETRY_MS: number;
+  ORDER_EVENTS_BACKLOG_SAMPLE_MS: number;
 }
 
 export interface OrderEventRelayDeps {
@@ -51,6 +62,11 @@ export interface OrderEventRelayDeps {
   logger: Logger;
   metrics: Metrics;
   createProducer: () => Producer;
+  /**
+   * Creates the topic if missing and checks an existing one's replication (TopicReplicationError);
+   * omitted when the caller made the topic itself.
+   */
+  prepareTopic?: () => Promise<void>;
 }
 
 const PURGE_EVERY_MS = 60_000;
@@ -99,6 +115,10 @@ export class OrderEventRelay {
   private wake: (() => void) | undefined;
   private stopped!: Promise<void>;
   private signalStop: () => void = () => undefined;
+  private topicReady = false;
+  private lastRefusal = '';
+  private backlogTimer: NodeJS.Timeout | undefined;
+  private sampling: Promise<void> | undefined;
 
   constructor(private readonly d: OrderEventRelayDeps) {}
 
@@ -107,12 +127,20 @@ export class OrderEventRelay {
     this.stopped = new Promise<void>((resolve) => {
       this.signalStop = resolve;
     });
+    void this.sampleBacklog();
+    this.backlogTimer = setInterval(
+      () => void this.sampleBacklog(),
+      this.d.cfg.ORDER_EVENTS_BACKLOG_SAMPLE_MS,
+    );
+    this.backlogTimer.unref();
     this.loop = this.run();
   }
 
   /** Finishes the batch in flight, then stops. */
   async stop(): Promise<void> {
     this.running = false;
+    clearInterval(this.backlogTimer);
+    await this.sampling;
     this.signalStop();
     this.wake?.();
     await this.loop;
@@ -147,9 +175,55 @@ export class OrderEventRelay {
     this.wake = undefined;
   }
 
+  /** The backlog gauges, from PostgreSQL alone; a sample still running is not started again. */
+  sampleBacklog(): Promise<void> {
+    this.sampling ??= eventBacklog(this.d.pool, this.d.activityId)
+      .then((b) => {
+        this.d.metrics.orderEventsBacklog.set(b.unpublished);
+        this.d.metrics.orderEventsOldestAge.set(b.oldestAgeSeconds);
+      })
+      .catch((err: unknown) => {
+        this.d.logger.warn({ err: (err as Error).message }, 'order-event backlog not sampled');
+      })
+      .finally(() => {
+        this.sampling = undefined;
+      });
+    return this.sampling;
+  }
+
+  /** True once the topic may be published to; false (and the gauge says why) while it is refused. */
+  private async prepareTopic(): Promise<boolean> {
+    if (this.topicReady) return true;
+    if (this.d.prepareTopic) {
+      try {
+        await this.d.prepareTopic();
+      } catch (err) {
+        if (!(err instanceof TopicReplicationError)) throw err;
+        this.d.metrics.orderEventsTopicUnderReplicated.set({ topic: this.d.topic }, 1);
+        if (err.message !== this.lastRefusal) {
+          this.lastRefusal = err.message;
+          this.d.logger.error(
+            { topic: this.d.topic, shortfalls: err.shortfalls },
+            `order events not published: ${err.message}`,
+          );
+        }
+        return false;
+      }
+      this.d.metrics.orderEventsTopicUnderReplicated.set({ topic: this.d.topic }, 0);
+      if (this.lastRefusal)
+        this.d.logger.info({ topic: this.d.topic }, 'order-events topic accepted; publishing');
+    }
+    this.topicReady = true;
+    return true;
+  }
+
   private async run(): Promise<void> {
     while (this.running) {
       try {
+        if (!(await this.prepareTopic())) {
+          await this.sleep(this.d.cfg.ORDER_EVENTS_TOPIC_RETRY_MS);
+          continue;
+        }
         if (this.retired) {
           // Nothing is sent before the last send is over: see the head of this file.
           this.d.logger.info('waiting for the cancelled order-event send to settle');
@@ -169,7 +243,6 @@ export class OrderEventRelay {
         const sent = await this.publishBatch(this.producer);
         if (Date.now() - this.lastPurge >= PURGE_EVERY_MS) {
           this.lastPurge = Date.now();
-          this.d.metrics.orderEventsBacklog.set(await unpublishedEvents(this.d.pool, this.d.activityId));
           await purgePublishedEvents(this.d.pool, this.d.cfg.ORDER_EVENTS_RETENTION_HOURS * 3600, 5000);
         }
         if (sent === 0) await this.sleep(this.d.cfg.ORDER_EVENTS_POLL_MS);

@@ -106,6 +106,8 @@ describe('order events: a Kafka outage longer than the send timeout', () => {
           ORDER_EVENTS_BATCH_SIZE: 4,
           ORDER_EVENTS_POLL_MS: 50,
           ORDER_EVENTS_RETENTION_HOURS: 1,
+          ORDER_EVENTS_TOPIC_RETRY_MS: 30_000,
+          ORDER_EVENTS_BACKLOG_SAMPLE_MS: 200,
           ORDER_EVENTS_SEND_TIMEOUT_MS: SEND_TIMEOUT_MS,
         },
         activityId,
@@ -163,6 +165,16 @@ describe('order events: a Kafka outage longer than the send timeout', () => {
           });
         }
         await sleep(PAUSE_MS);
+        // The backlog gauges come from PostgreSQL on their own timer: they show the outage while
+        // every send hangs (they used to be set after a batch went out, so they read 0 here).
+        const gauge = async (name: string): Promise<number | undefined> =>
+          (await f.metrics.registry.getSingleMetric(name)?.get())?.values[0]?.value;
+        const waiting = await unpublishedEvents(f.pool, activityId);
+        expect(waiting).toBeGreaterThanOrEqual(ORDERS * 3);
+        expect(await gauge('flashsale_order_events_unpublished')).toBe(waiting);
+        expect(await gauge('flashsale_order_events_oldest_unpublished_age_seconds')).toBeGreaterThanOrEqual(
+          PAUSE_MS / 2000,
+        );
         process.kill(kafkaPid, 'SIGCONT');
 
         await until(

@@ -20,8 +20,9 @@ import { OrderEventRelay } from '../../../runtime/jobs/order-events.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { readTopic } from '../../../runtime/dlq.js';
 import { testEnv } from '../../../dev/servers.js';
-import { startRole } from '../../../dev/roles.js';
+import { freePort, startRole } from '../../../dev/roles.js';
 import { recorded } from '../../faults/harness/results.js';
+import { sample } from '../../fixtures/metrics-text.js';
 import {
   TIMEOUT_MS,
   materialize,
@@ -44,6 +45,8 @@ interface OrderEvent {
   fromStatus: string | null;
   status: string;
 }
+
+const metricsOf = async (url: string): Promise<string> => (await fetch(`${url}/metrics`)).text();
 
 describe('order events: transactional outbox -> Kafka, at least once and in order per order', () => {
   let f: Fixture;
@@ -230,6 +233,8 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
               ORDER_EVENTS_BATCH_SIZE: 1,
               ORDER_EVENTS_POLL_MS: 20,
               ORDER_EVENTS_RETENTION_HOURS: 1,
+              ORDER_EVENTS_TOPIC_RETRY_MS: 30_000,
+              ORDER_EVENTS_BACKLOG_SAMPLE_MS: 200,
               ORDER_EVENTS_SEND_TIMEOUT_MS: 30_000,
             },
             activityId,
@@ -272,6 +277,126 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
         .getSingleMetric('flashsale_order_events_published_total')
         ?.get();
       expect(published?.values.find((v) => v.labels.activity === activityId)?.value).toBe(30 * 3 + 15);
+    },
+    TIMEOUT_MS,
+  );
+  it(
+    'an existing topic with fewer replicas than configured holds the events in PostgreSQL, says so, and they are published once it is accepted',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10, price: '19.90' });
+      const prefix = `test-${activityId}`;
+      const topic = orderEventsTopic(prefix);
+      const kafka = createKafka(testEnv().kafkaBrokers, prefix);
+      const admin = kafka.admin();
+      await admin.connect();
+      await ensureTopics(admin, topicsFor(activityId, prefix), 1, 1);
+      // As a topic made by hand or by the brokers' auto-creation is: one replica.
+      await admin.createTopics({
+        waitForLeaders: true,
+        topics: [{ topic, numPartitions: 2, replicationFactor: 1 }],
+      });
+      await admin.disconnect();
+      const rids = await reserveFor(f.redis, activityId, skuId, ['rep-0', 'rep-1', 'rep-2']);
+      const ids = await materialize(f.pool, f.redis, activityId, rids);
+      const env = {
+        KAFKA_TOPIC_PREFIX: prefix,
+        ORDER_EVENTS_POLL_MS: '50',
+        ORDER_EVENTS_TOPIC_RETRY_MS: '300',
+        ORDER_EVENTS_BACKLOG_SAMPLE_MS: '200',
+        RECONCILIATION_CRON: '0 0 0 1 1 *',
+      };
+
+      const refused = await startRole('jobs', {
+        activityId,
+        databaseUrl: f.db.url,
+        env: { ...env, KAFKA_REPLICATION_FACTOR: '3' },
+      });
+      try {
+        const held = await until(
+          'the refusal and the age of the oldest waiting event on /metrics',
+          async () => {
+            const text = await metricsOf(refused.metricsUrl);
+            return sample(text, 'flashsale_order_events_topic_under_replicated', { topic }) === 1 &&
+              sample(text, 'flashsale_order_events_oldest_unpublished_age_seconds') >= 3
+              ? text
+              : undefined;
+          },
+          60_000,
+        );
+        expect(sample(held, 'flashsale_order_events_unpublished')).toBe(3);
+        expect(await unpublishedEvents(f.pool, activityId)).toBe(3);
+        // Checked again every 300 ms, logged once.
+        expect(refused.output()).toContain(`${topic} has 1 replica(s) per partition, configured 3`);
+        expect(refused.output().split('order events not published').length - 1).toBe(1);
+      } finally {
+        await refused.stop();
+      }
+      expect(await readTopic(kafka, topic)).toEqual([]);
+
+      // The way out that needs no broker: accept the topic as it is (docs/runbooks).
+      const accepted = await startRole('jobs', {
+        activityId,
+        databaseUrl: f.db.url,
+        env: { ...env, KAFKA_REPLICATION_FACTOR: '1' },
+      });
+      try {
+        const drained = await until(
+          'the events published and the gauges back to 0',
+          async () => {
+            const text = await metricsOf(accepted.metricsUrl);
+            return sample(text, 'flashsale_order_events_topic_under_replicated', { topic }) === 0 &&
+              sample(text, 'flashsale_order_events_unpublished') === 0 &&
+              sample(text, 'flashsale_order_events_oldest_unpublished_age_seconds') === 0
+              ? text
+              : undefined;
+          },
+          60_000,
+        );
+        expect(drained).toBeDefined();
+      } finally {
+        await accepted.stop();
+      }
+      expect(await unpublishedEvents(f.pool, activityId)).toBe(0);
+      const published = (await readTopic(kafka, topic)).map((m) => JSON.parse(m.value) as OrderEvent);
+      expect(published.map((e) => `${e.orderId}:${e.seq}:${e.type}`).sort()).toEqual(
+        rids.map((r) => `${ids.get(r)!}:1:ORDER_CREATED`).sort(),
+      );
+    },
+    TIMEOUT_MS,
+  );
+  it(
+    'the after-sale role starts and runs its refund worker with Kafka away; the events wait and are counted',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5, price: '19.90' });
+      const rids = await reserveFor(f.redis, activityId, skuId, ['away-0', 'away-1']);
+      await materialize(f.pool, f.redis, activityId, rids);
+      const nowhere = await freePort(); // nothing listens there
+      const role = await startRole('after-sale', {
+        databaseUrl: f.db.url,
+        env: {
+          KAFKA_BROKERS: `127.0.0.1:${nowhere}`,
+          REFUND_WORKER_CRON: '* * * * * *',
+          ORDER_EVENTS_BACKLOG_SAMPLE_MS: '200',
+        },
+      });
+      try {
+        const text = await until(
+          'refund worker runs and the waiting events on /metrics',
+          async () => {
+            const t = await metricsOf(role.metricsUrl);
+            return sample(t, 'flashsale_job_runs_total', { job: 'refunds', result: 'ok' }) >= 2 &&
+              sample(t, 'flashsale_order_events_unpublished') >= 2 &&
+              sample(t, 'flashsale_order_events_oldest_unpublished_age_seconds') > 0
+              ? t
+              : undefined;
+          },
+          60_000,
+        );
+        expect(sample(text, 'flashsale_order_events_published_total', { activity: activityId })).toBeNaN();
+      } finally {
+        await role.stop();
+      }
+      expect(await unpublishedEvents(f.pool, activityId)).toBe(2);
     },
     TIMEOUT_MS,
   );

@@ -33,6 +33,21 @@ describe('runtime configuration', () => {
       /KAFKA_REPLICATION_FACTOR: at least 1, or -1/,
     );
     expect(() =>
+      loadRuntimeConfig('jobs', {
+        ...base,
+        ACTIVITY_ID: 'a1',
+        KAFKA_REPLICATION_FACTOR: '1',
+        KAFKA_MIN_INSYNC_REPLICAS: '2',
+      }),
+    ).toThrow(
+      /KAFKA_MIN_INSYNC_REPLICAS: KAFKA_MIN_INSYNC_REPLICAS must be at most KAFKA_REPLICATION_FACTOR/,
+    );
+    // With the brokers' default factor the setting is the brokers' to check.
+    expect(
+      loadRuntimeConfig('jobs', { ...base, ACTIVITY_ID: 'a1', KAFKA_MIN_INSYNC_REPLICAS: '2' })
+        .KAFKA_MIN_INSYNC_REPLICAS,
+    ).toBe(2);
+    expect(() =>
       loadRuntimeConfig('consumer', {
         ...base,
         ACTIVITY_ID: 'a1',
