@@ -56,6 +56,52 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
     return { redis: proxy, calls };
   }
 
+  /**
+   * A sale of 5 units per SKU, recorded in PostgreSQL and open in Redis, and its buyer: each user
+   * reserves one unit and its order is written as the consumer writes it; returns the reservation
+   * ids.
+   */
+  async function openSaleWithBuyer(
+    id: string,
+    skuIds: string[],
+  ): Promise<(skuId: string, users: string[]) => Promise<string[]>> {
+    const items = skuIds.map((skuId) => ({
+      skuId,
+      name: `item ${skuId}`,
+      price: '1.00',
+      stock: 5,
+      limitPerUser: 1,
+    }));
+    await recordActivitySkus(sql, id, items, 'spec');
+    await loadActivity(redis, {
+      id,
+      generation: 1,
+      startAt: new Date(Date.now() - 60_000),
+      endAt: new Date(Date.now() + 3_600_000),
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      items,
+    });
+    await setGate(redis, id, 'open');
+    return async (skuId, users) => {
+      const ids: string[] = [];
+      for (const u of users) {
+        const r = await reserve(redis, {
+          activityId: id,
+          userId: u,
+          skuId,
+          quantity: 1,
+          requestId: u,
+          traceId: u,
+        });
+        const rsv = (await readReservation(redis, id, r.reservationId))!;
+        await insertOrders(sql, [orderMessageOf(id, rsv)], 900);
+        ids.push(r.reservationId);
+      }
+      return ids;
+    };
+  }
+
   async function context(activityId: string, r: Redis, events: string[] = []): Promise<ReconcileContext> {
     const now = new Date();
     const fsa = {
@@ -144,35 +190,7 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
     'units Redis counts beyond PostgreSQL (it forgot reservations) are not written back; the truth is never cut',
     async () => {
       const id = uniqueId('wb-trim');
-      const items = [
-        { skuId: 'a', name: 'item a', price: '1.00', stock: 5, limitPerUser: 1 },
-        { skuId: 'b', name: 'item b', price: '1.00', stock: 5, limitPerUser: 1 },
-      ];
-      await recordActivitySkus(sql, id, items, 'spec');
-      await loadActivity(redis, {
-        id,
-        generation: 1,
-        startAt: new Date(Date.now() - 60_000),
-        endAt: new Date(Date.now() + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: true,
-        items,
-      });
-      await setGate(redis, id, 'open');
-      const buy = async (skuId: string, users: string[]): Promise<void> => {
-        for (const u of users) {
-          const r = await reserve(redis, {
-            activityId: id,
-            userId: u,
-            skuId,
-            quantity: 1,
-            requestId: u,
-            traceId: u,
-          });
-          const rsv = (await readReservation(redis, id, r.reservationId))!;
-          await insertOrders(sql, [orderMessageOf(id, rsv)], 900);
-        }
-      };
+      const buy = await openSaleWithBuyer(id, ['a', 'b']);
       // a: 4 units sold and in PostgreSQL, then Redis forgets 3 of them (as a failover to a replica
       // that missed them does): it counts 4 left where PostgreSQL has 1.
       await buy('a', ['a1', 'a2', 'a3', 'a4']);
@@ -204,41 +222,7 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
     "a closed order's unit returned after the write-back does not take the stock above PostgreSQL's unsold units",
     async () => {
       const id = uniqueId('wb-return');
-      const items = [
-        { skuId: 'c', name: 'item c', price: '1.00', stock: 5, limitPerUser: 1 },
-        { skuId: 'd', name: 'item d', price: '1.00', stock: 5, limitPerUser: 1 },
-      ];
-      await recordActivitySkus(sql, id, items, 'spec');
-      await loadActivity(redis, {
-        id,
-        generation: 1,
-        startAt: new Date(Date.now() - 60_000),
-        endAt: new Date(Date.now() + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: true,
-        items,
-      });
-      await setGate(redis, id, 'open');
-      const buy = async (skuId: string, users: string[]): Promise<string[]> => {
-        const ids: string[] = [];
-        for (const u of users) {
-          const r = await reserve(redis, {
-            activityId: id,
-            userId: u,
-            skuId,
-            quantity: 1,
-            requestId: u,
-            traceId: u,
-          });
-          await insertOrders(
-            sql,
-            [orderMessageOf(id, (await readReservation(redis, id, r.reservationId))!)],
-            900,
-          );
-          ids.push(r.reservationId);
-        }
-        return ids;
-      };
+      const buy = await openSaleWithBuyer(id, ['c', 'd']);
       const closeUnreturned = (user: string): Promise<unknown> =>
         sql.query(
           `UPDATE orders SET status = 'CLOSED', close_reason = 'PAYMENT_TIMEOUT', closed_at = now()
