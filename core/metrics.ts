@@ -206,14 +206,25 @@ export function createMetrics(component: string, activityId?: string) {
       labelNames: ['activity'],
       registers: r,
     }),
+    // The order-event relay's gauges carry the topic it publishes to, so a series exists only in a
+    // process whose relay has sampled its backlog: an unlabelled gauge would be exported as 0 by
+    // every runtime process (api pods included), an "all published" that hides a missing relay.
     orderEventsBacklog: new client.Gauge({
       name: 'flashsale_order_events_unpublished',
-      help: 'Order events in the PostgreSQL outbox not yet acknowledged by Kafka (all activities the relay serves)',
+      help: 'Order events in the PostgreSQL outbox not yet acknowledged by Kafka (all activities the relay serves), by the topic the relay publishes to',
+      labelNames: ['topic'],
       registers: r,
     }),
     orderEventsOldestAge: new client.Gauge({
       name: 'flashsale_order_events_oldest_unpublished_age_seconds',
       help: 'Age of the oldest order event not yet acknowledged by Kafka (all activities the relay serves); 0 when none. Sampled from PostgreSQL, so it keeps rising while Kafka is away',
+      labelNames: ['topic'],
+      registers: r,
+    }),
+    orderEventsLastSample: new client.Gauge({
+      name: 'flashsale_order_events_last_sample_timestamp_seconds',
+      help: 'When the order-event relay last read its backlog from PostgreSQL (Unix seconds); left behind while PostgreSQL does not answer, so the two backlog gauges are that old',
+      labelNames: ['topic'],
       registers: r,
     }),
     orderEventsTopicUnderReplicated: new client.Gauge({

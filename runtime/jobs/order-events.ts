@@ -29,7 +29,10 @@
  * `flashsale_order_events_topic_under_replicated`, and checks again every
  * ORDER_EVENTS_TOPIC_RETRY_MS; the events wait in PostgreSQL. The backlog gauges are sampled from
  * PostgreSQL on their own timer, so they keep rising through a Kafka outage or a refusal instead of
- * freezing with the loop.
+ * freezing with the loop; a sample PostgreSQL does not answer leaves
+ * `flashsale_order_events_last_sample_timestamp_seconds` behind. The gauges exist only once this
+ * relay has sampled (labelled by topic), so where no relay runs there is no series to read as "0
+ * waiting" (FlashSaleOrderEventsRelayMissing).
  */
 import type { IHeaders, Producer } from 'kafkajs';
 import { crashPoint } from '../../core/crash.js';
@@ -134,6 +137,10 @@ export class OrderEventRelay {
     );
     this.backlogTimer.unref();
     this.loop = this.run();
+    this.d.logger.info(
+      { topic: this.d.topic, scope: this.d.activityId ?? 'every activity' },
+      'order-event relay started',
+    );
   }
 
   /** Finishes the batch in flight, then stops. */
@@ -179,8 +186,10 @@ export class OrderEventRelay {
   sampleBacklog(): Promise<void> {
     this.sampling ??= eventBacklog(this.d.pool, this.d.activityId)
       .then((b) => {
-        this.d.metrics.orderEventsBacklog.set(b.unpublished);
-        this.d.metrics.orderEventsOldestAge.set(b.oldestAgeSeconds);
+        const topic = { topic: this.d.topic };
+        this.d.metrics.orderEventsBacklog.set(topic, b.unpublished);
+        this.d.metrics.orderEventsOldestAge.set(topic, b.oldestAgeSeconds);
+        this.d.metrics.orderEventsLastSample.set(topic, Date.now() / 1000);
       })
       .catch((err: unknown) => {
         this.d.logger.warn({ err: (err as Error).message }, 'order-event backlog not sampled');

@@ -371,30 +371,65 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
       const rids = await reserveFor(f.redis, activityId, skuId, ['away-0', 'away-1']);
       await materialize(f.pool, f.redis, activityId, rids);
       const nowhere = await freePort(); // nothing listens there
-      const role = await startRole('after-sale', {
-        databaseUrl: f.db.url,
-        env: {
-          KAFKA_BROKERS: `127.0.0.1:${nowhere}`,
-          REFUND_WORKER_CRON: '* * * * * *',
-          ORDER_EVENTS_BACKLOG_SAMPLE_MS: '200',
-        },
-      });
+      const env = {
+        KAFKA_BROKERS: `127.0.0.1:${nowhere}`,
+        REFUND_WORKER_CRON: '* * * * * *',
+        ORDER_EVENTS_BACKLOG_SAMPLE_MS: '200',
+      };
+      // Beside it, an after-sale pod without the relay: it must export no backlog series at all
+      // (an unlabelled gauge would say "0 waiting" for it; FlashSaleOrderEventsRelayMissing reads
+      // the absence).
+      const [role, noRelay] = await Promise.all([
+        startRole('after-sale', { databaseUrl: f.db.url, env }),
+        startRole('after-sale', { databaseUrl: f.db.url, env: { ...env, ORDER_EVENTS_RELAY: 'false' } }),
+      ]);
+      const relayed = { component: 'runtime-after-sale', topic: orderEventsTopic() };
       try {
         const text = await until(
           'refund worker runs and the waiting events on /metrics',
           async () => {
             const t = await metricsOf(role.metricsUrl);
             return sample(t, 'flashsale_job_runs_total', { job: 'refunds', result: 'ok' }) >= 2 &&
-              sample(t, 'flashsale_order_events_unpublished') >= 2 &&
-              sample(t, 'flashsale_order_events_oldest_unpublished_age_seconds') > 0
+              sample(t, 'flashsale_order_events_unpublished', relayed) >= 2 &&
+              sample(t, 'flashsale_order_events_oldest_unpublished_age_seconds', relayed) > 0
               ? t
               : undefined;
           },
           60_000,
         );
         expect(sample(text, 'flashsale_order_events_published_total', { activity: activityId })).toBeNaN();
+        // The last sample is recent, and it moves on with the next one (every 200 ms).
+        const sampledAt = sample(text, 'flashsale_order_events_last_sample_timestamp_seconds', relayed);
+        expect(Date.now() / 1000 - sampledAt).toBeLessThan(30);
+        await until(
+          'a later backlog sample',
+          async () =>
+            sample(
+              await metricsOf(role.metricsUrl),
+              'flashsale_order_events_last_sample_timestamp_seconds',
+              relayed,
+            ) > sampledAt || undefined,
+          30_000,
+        );
+
+        const quiet = await until(
+          'the relay-less pod running its refund worker',
+          async () => {
+            const t = await metricsOf(noRelay.metricsUrl);
+            return sample(t, 'flashsale_job_runs_total', { job: 'refunds', result: 'ok' }) >= 2
+              ? t
+              : undefined;
+          },
+          60_000,
+        );
+        for (const name of [
+          'flashsale_order_events_unpublished',
+          'flashsale_order_events_oldest_unpublished_age_seconds',
+          'flashsale_order_events_last_sample_timestamp_seconds',
+        ])
+          expect([name, sample(quiet, name)]).toEqual([name, NaN]);
       } finally {
-        await role.stop();
+        await Promise.all([role.stop(), noRelay.stop()]);
       }
       expect(await unpublishedEvents(f.pool, activityId)).toBe(2);
     },

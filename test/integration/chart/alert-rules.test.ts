@@ -90,6 +90,25 @@ describe('alert rules (promtool)', () => {
     );
   });
 
+  it('renders FlashSaleOrderEventsRelayMissing only where the chart runs the after-sale relay, for the release namespace', () => {
+    const rendered = (set: string[], namespace?: string) =>
+      alertRules(
+        parseManifests(
+          renderChart(helmBinary(), [], ['metrics.prometheusRule.enabled=true', ...set], namespace),
+        ),
+      );
+    const relayMissing = (rules: ReturnType<typeof rendered>) =>
+      rules.find((r) => r.alert === 'FlashSaleOrderEventsRelayMissing');
+    const all = rendered([], 'shop-ops');
+    expect(relayMissing(all)?.expr).toContain('{namespace="shop-ops", component="runtime-after-sale"}');
+    for (const off of [['afterSale.enabled=false'], ['afterSale.replicas=0']]) {
+      const rules = rendered(off);
+      expect([off, relayMissing(rules)]).toEqual([off, undefined]);
+      // Only that alert is left out.
+      expect(rules.length).toBe(all.length - 1);
+    }
+  });
+
   it('promtool rejects a broken rule (the check can fail)', () => {
     const bad = path.join(dir, 'bad.rules.yaml');
     writeFileSync(
