@@ -4,6 +4,8 @@ import { z } from 'zod';
 import type { ConnectionOptions } from 'node:tls';
 import kafkajs, { Kafka, Partitioners, logLevel } from 'kafkajs';
 import { fixKafkajsIdleLoop } from './kafkajs-idle-loop.js';
+import { kafkajsLogCreator } from './kafka-log.js';
+import type { Logger } from './logger.js';
 import type {
   Admin,
   Message,
@@ -211,11 +213,16 @@ export function kafkaSecurityFromEnv(e: NodeJS.ProcessEnv = process.env): KafkaS
   return out;
 }
 
-/** A kafkajs client; TLS and SASL come from the environment unless given (kafkaSecurityFromEnv). */
+/**
+ * A kafkajs client; TLS and SASL come from the environment unless given (kafkaSecurityFromEnv).
+ * With `logger`, kafkajs' lines go through it, repeats held back (core/kafka-log.ts); without,
+ * kafkajs writes its own JSON to the console (tests, benchmarks, the demo's scripts).
+ */
 export function createKafka(
   brokers: string[],
   clientId: string,
   security: KafkaSecurity = kafkaSecurityFromEnv(),
+  logger?: Logger,
 ): Kafka {
   // Once per process (idempotent): no 1 ms timer loop per idle broker connection.
   fixKafkajsIdleLoop();
@@ -224,6 +231,7 @@ export function createKafka(
     brokers,
     logLevel: logLevel.WARN,
     retry: { retries: 8, initialRetryTime: 200 },
+    ...(logger ? { logCreator: kafkajsLogCreator(logger) } : {}),
     ...security,
   });
 }

@@ -61,6 +61,7 @@ async function main(): Promise<void> {
     partitions: config.kafka.partitions,
     replicationFactor: config.kafka.replicationFactor,
     minInsyncReplicas: config.kafka.minInsyncReplicas,
+    logger: log,
   });
 
   // The controller's Deployment cache is read through this late-bound reference.

@@ -12,6 +12,7 @@ import { migrate } from '../core/db/migrate.js';
 import { createPool } from '../core/db/pool.js';
 import { createKafka } from '../core/kafka.js';
 import { createLogger, redactUrl } from '../core/logger.js';
+import type { Logger } from '../core/logger.js';
 import { createMetrics } from '../core/metrics.js';
 import { describeRedis, usesSentinel } from '../core/redis.js';
 import { registerScripts } from '../core/scripts.js';
@@ -28,7 +29,11 @@ import { applyV8Tuning } from './v8-tuning.js';
 const isRole = (s: string): s is Role => (roles as readonly string[]).includes(s);
 
 /** Only the connections this role uses: the relay gets no pool and the api no Kafka client. */
-function connect<R extends Role>(role: R, cfg: RoleConfig<R>): { clients: ClientsOf<R>; closers: Closer[] } {
+function connect<R extends Role>(
+  role: R,
+  cfg: RoleConfig<R>,
+  logger: Logger,
+): { clients: ClientsOf<R>; closers: Closer[] } {
   const c = cfg as Partial<RuntimeConfig> & Pick<RuntimeConfig, 'DB_POOL_SIZE'>;
   const clients: Partial<DatabaseClient & KafkaClient> = {};
   const closers: Closer[] = [];
@@ -38,7 +43,7 @@ function connect<R extends Role>(role: R, cfg: RoleConfig<R>): { clients: Client
     closers.push({ stage: 'clients', name: 'postgres pool', close: () => pool.end() });
   }
   if (ROLE_NEEDS[role].kafka && c.KAFKA_BROKERS?.length) {
-    clients.kafka = createKafka(c.KAFKA_BROKERS, `flashsale-${role}-${process.pid}`);
+    clients.kafka = createKafka(c.KAFKA_BROKERS, `flashsale-${role}-${process.pid}`, undefined, logger);
   }
   return { clients: clients as ClientsOf<R>, closers };
 }
@@ -85,7 +90,7 @@ async function runRole<R extends Role>(role: R): Promise<void> {
     ),
     readiness: new RoleReadiness(),
   };
-  const connections = connect(role, cfg);
+  const connections = connect(role, cfg, logger);
 
   const closers = [
     ...(await START_ROLE[role](ctx, cfg, connections.clients)),

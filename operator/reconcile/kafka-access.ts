@@ -13,6 +13,7 @@ import {
   topicsFor,
 } from '../../core/kafka.js';
 import type { TopicNames } from '../../core/kafka.js';
+import type { Logger } from '../../core/logger.js';
 
 export interface KafkaAccess {
   topics(activityId: string): TopicNames;
@@ -34,6 +35,8 @@ export interface KafkaAccessOptions {
   replicationFactor: number;
   /** min.insync.replicas of the topics created (KAFKA_MIN_INSYNC_REPLICAS). */
   minInsyncReplicas?: number;
+  /** Where kafkajs' own lines go (repeats held back, core/kafka-log.ts); the console without. */
+  logger?: Logger;
 }
 
 export class KafkaAdminAccess implements KafkaAccess {
@@ -78,7 +81,12 @@ export class KafkaAdminAccess implements KafkaAccess {
 
   private async use<T>(fn: (admin: Admin) => Promise<T>): Promise<T> {
     if (!this.admin) {
-      const admin = createKafka(this.options.brokers, this.options.clientId).admin();
+      const admin = createKafka(
+        this.options.brokers,
+        this.options.clientId,
+        undefined,
+        this.options.logger,
+      ).admin();
       this.admin = admin.connect().then(() => admin);
     }
     const pending = this.admin;
