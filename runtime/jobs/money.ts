@@ -57,15 +57,19 @@ export async function startMoneyJobs(d: MoneyJobsDeps): Promise<{ stop: () => Pr
       createProducer: () => idempotentProducer(d.kafka),
       // In the relay's loop, not before it: Kafka away or the topic refused holds the events in
       // PostgreSQL, never the refund worker started beside it.
-      prepareTopic: async () => {
+      prepareTopic: async (stopping) => {
         const admin = d.kafka.admin();
-        await admin.connect();
+        // The relay stops without waiting for this: let go of a connection Kafka has not answered.
+        const letGo = (): void => void admin.disconnect().catch(() => undefined);
+        stopping.addEventListener('abort', letGo, { once: true });
         try {
+          await admin.connect();
           await ensureOrderEventsTopic(admin, topic, d.cfg.ORDER_EVENTS_PARTITIONS, {
             replicationFactor: d.cfg.KAFKA_REPLICATION_FACTOR,
             minInsyncReplicas: d.cfg.KAFKA_MIN_INSYNC_REPLICAS,
           });
         } finally {
+          stopping.removeEventListener('abort', letGo);
           await admin.disconnect();
         }
       },

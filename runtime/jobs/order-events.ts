@@ -67,12 +67,42 @@ export interface OrderEventRelayDeps {
   createProducer: () => Producer;
   /**
    * Creates the topic if missing and checks an existing one's replication (TopicReplicationError);
-   * omitted when the caller made the topic itself.
+   * omitted when the caller made the topic itself. `stopping` is aborted when the relay stops:
+   * the relay no longer waits for it then, and the preparation should let go of its connection.
    */
-  prepareTopic?: () => Promise<void>;
+  prepareTopic?: (stopping: AbortSignal) => Promise<void>;
 }
 
 const PURGE_EVERY_MS = 60_000;
+/**
+ * How long a stop lets a send in flight finish before cancelling it as the send timeout does (the
+ * batch rolled back, sent again by the next relay: at least once, in order). A healthy send takes
+ * milliseconds; with Kafka away it would hold the stop for ORDER_EVENTS_SEND_TIMEOUT_MS (30 s),
+ * past the role's SHUTDOWN_TIMEOUT_MS (20 s).
+ */
+const STOP_SEND_GRACE_MS = 5_000;
+
+/**
+ * Settles as `work` does, or with `undefined` once `stopping` is aborted first (the listener is
+ * removed when `work` settles, so a long-lived relay does not collect one per call).
+ */
+function unlessStopped<T>(work: Promise<T>, stopping: AbortSignal): Promise<{ value: T } | undefined> {
+  if (stopping.aborted) return Promise.resolve(undefined);
+  return new Promise((resolve, reject) => {
+    const onStop = (): void => resolve(undefined);
+    stopping.addEventListener('abort', onStop, { once: true });
+    work.then(
+      (value) => {
+        stopping.removeEventListener('abort', onStop);
+        resolve({ value });
+      },
+      (err: unknown) => {
+        stopping.removeEventListener('abort', onStop);
+        reject(err as Error);
+      },
+    );
+  });
+}
 
 /** Thrown by every attempt of a cancelled send; `retriable: false` makes kafkajs give up at once. */
 export class OrderEventSendCancelled extends Error {
@@ -118,6 +148,10 @@ export class OrderEventRelay {
   private wake: (() => void) | undefined;
   private stopped!: Promise<void>;
   private signalStop: () => void = () => undefined;
+  private stopping = new AbortController();
+  /** Cancels the send in flight (set while one is); called STOP_SEND_GRACE_MS after a stop. */
+  private abandonSend: (() => void) | undefined;
+  private sendsAbandoned = false;
   private topicReady = false;
   private lastRefusal = '';
   private backlogTimer: NodeJS.Timeout | undefined;
@@ -127,9 +161,14 @@ export class OrderEventRelay {
 
   async start(): Promise<void> {
     this.running = true;
+    this.stopping = new AbortController();
     this.stopped = new Promise<void>((resolve) => {
-      this.signalStop = resolve;
+      this.signalStop = () => {
+        this.stopping.abort();
+        resolve();
+      };
     });
+    this.sendsAbandoned = false;
     void this.sampleBacklog();
     this.backlogTimer = setInterval(
       () => void this.sampleBacklog(),
@@ -143,14 +182,23 @@ export class OrderEventRelay {
     );
   }
 
-  /** Finishes the batch in flight, then stops. */
+  /**
+   * Finishes the batch in flight (cancelled after STOP_SEND_GRACE_MS, as at the send timeout),
+   * then stops; a topic preparation or a producer connection still waiting for Kafka is not
+   * waited for.
+   */
   async stop(): Promise<void> {
     this.running = false;
     clearInterval(this.backlogTimer);
     await this.sampling;
     this.signalStop();
     this.wake?.();
+    const grace = setTimeout(() => {
+      this.sendsAbandoned = true;
+      this.abandonSend?.();
+    }, STOP_SEND_GRACE_MS);
     await this.loop;
+    clearTimeout(grace);
     await this.producer?.disconnect().catch(() => undefined);
     this.producer = undefined;
     const r = this.retired;
@@ -172,6 +220,7 @@ export class OrderEventRelay {
   }
 
   private async sleep(ms: number): Promise<void> {
+    if (!this.running) return; // stop() has already called wake
     await new Promise<void>((resolve) => {
       const t = setTimeout(resolve, ms);
       this.wake = () => {
@@ -205,7 +254,11 @@ export class OrderEventRelay {
     if (this.topicReady) return true;
     if (this.d.prepareTopic) {
       try {
-        await this.d.prepareTopic();
+        const preparing = this.d.prepareTopic(this.stopping.signal);
+        if (!(await unlessStopped(preparing, this.stopping.signal))) {
+          preparing.catch(() => undefined); // Kafka away: it fails later, nobody waits for it
+          return false;
+        }
       } catch (err) {
         if (!(err instanceof TopicReplicationError)) throw err;
         this.d.metrics.orderEventsTopicUnderReplicated.set({ topic: this.d.topic }, 1);
@@ -241,8 +294,20 @@ export class OrderEventRelay {
         }
         if (!this.producer) {
           const p = this.d.createProducer();
+          const connecting = p.connect();
           try {
-            await p.connect();
+            if (!(await unlessStopped(connecting, this.stopping.signal))) {
+              // Stopping while Kafka is away: let go of it now, and again once kafkajs has
+              // stopped retrying, since a retry in between may have connected it.
+              void connecting
+                .then(
+                  () => p.disconnect(),
+                  () => p.disconnect(),
+                )
+                .catch(() => undefined);
+              await p.disconnect().catch(() => undefined);
+              break;
+            }
           } catch (err) {
             await p.disconnect().catch(() => undefined);
             throw err;
@@ -294,6 +359,12 @@ export class OrderEventRelay {
               this.d.cfg.ORDER_EVENTS_SEND_TIMEOUT_MS,
             );
           }),
+          new Promise<never>((_, reject) => {
+            const abandon = (): void =>
+              reject(new Error('order-event send cancelled: the relay is stopping'));
+            if (this.sendsAbandoned) abandon();
+            else this.abandonSend = abandon;
+          }),
         ]);
       } catch (err) {
         cancelled = true;
@@ -310,6 +381,7 @@ export class OrderEventRelay {
         throw err;
       } finally {
         clearTimeout(timer);
+        this.abandonSend = undefined;
       }
       crashPoint('order-events-after-kafka-ack');
       await markEventsPublished(
