@@ -7,7 +7,9 @@
 //   FlashSaleDLQUnhandled is raised; once the defect is fixed, `dlq replay` resolves the latter;
 // - the relay and the consumer (which runs the gauge jobs) stopped mid-sale: with no runtime pod
 //   exporting the backlog, FlashSaleHalfMessageBacklogGrowing is raised from the operator's view,
-//   and FlashSaleRuntimeMetricsStale (sampler "none") because the sale is Active.
+//   and FlashSaleRuntimeMetricsStale (sampler "none") because the sale is Active;
+// - no after-sale pod in the release namespace: FlashSaleOrderEventsRelayMissing is raised, and
+//   an after-sale pod scraped there clears it.
 // The list of panels with their series count is printed.
 //
 // Test-only rendering: the rules are the chart's PrometheusRule (default values), except that the
@@ -54,6 +56,9 @@ const BACKLOG_ALERT = 'FlashSaleHalfMessageBacklogGrowing';
 const STALE_ALERT = 'FlashSaleRuntimeMetricsStale';
 const NEW_DLQ_ALERT = 'FlashSaleDLQNewDeadLetters';
 const UNHANDLED_ALERT = 'FlashSaleDLQUnhandled';
+const RELAY_MISSING_ALERT = 'FlashSaleOrderEventsRelayMissing';
+/** The namespace the chart is rendered for (renderChart's default): the after-sale role's. */
+const RELEASE_NAMESPACE = 'flashsale';
 const SHORTENED = [BACKLOG_ALERT, STALE_ALERT, UNHANDLED_ALERT];
 
 /**
@@ -169,6 +174,7 @@ describe('a real Prometheus during an end-to-end sale', () => {
   const roles: RoleProcess[] = [];
   let relay: RoleProcess | undefined;
   let consumer: RoleProcess | undefined;
+  let afterSale: RoleProcess | undefined;
   // The reconciliation job every 5 s instead of 5 min, so that its panel has data in the test;
   // a 15 s payment window (the activity's too), so that the unpaid orders close and the sale
   // settles and completes within the test.
@@ -189,14 +195,28 @@ describe('a real Prometheus during an end-to-end sale', () => {
     const targets = [
       ...(operator ? [{ port: operator.port, pod: operator.identity }] : []),
       // The roles serve /metrics on their metrics port only (never the buyer port).
-      ...roles.map((r) => ({ port: Number(new URL(r.metricsUrl).port), pod: `${activity}-${r.role}` })),
+      ...roles.map((r) => ({
+        port: Number(new URL(r.metricsUrl).port),
+        pod: `${activity}-${r.role}`,
+        namespace: ns.namespace,
+      })),
+      // The platform's after-sale pod lives in the release namespace, as the chart deploys it.
+      ...(afterSale
+        ? [
+            {
+              port: Number(new URL(afterSale.metricsUrl).port),
+              pod: 'flashsale-after-sale-0',
+              namespace: RELEASE_NAMESPACE,
+            },
+          ]
+        : []),
     ];
     writeFileSync(
       path.join(targetsDir, 'flashsale.json'),
       JSON.stringify(
         targets.map((t) => ({
           targets: [`127.0.0.1:${t.port}`],
-          labels: { namespace: ns.namespace, pod: t.pod },
+          labels: { namespace: 'namespace' in t ? t.namespace : ns.namespace, pod: t.pod },
         })),
       ),
     );
@@ -249,7 +269,7 @@ describe('a real Prometheus during an end-to-end sale', () => {
   }, TIMEOUT_MS);
 
   afterAll(async () => {
-    await Promise.all(roles.map((r) => r.stop()));
+    await Promise.all([...roles, ...(afterSale ? [afterSale] : [])].map((r) => r.stop()));
     await operator?.kill('SIGTERM');
     await pg?.end();
     await db?.drop();
@@ -374,6 +394,25 @@ describe('a real Prometheus during an end-to-end sale', () => {
       writeTargets();
       await waitForPhase(a, ns.namespace, activity, Phase.Completed, 180_000);
       await http.close();
+
+      // No after-sale pod in the release namespace reports the order-event backlog (the sale's own
+      // relay, in its consumer, does not count): FlashSaleOrderEventsRelayMissing is raised. An
+      // after-sale pod scraped there, its relay sampling, clears it.
+      const relayMissing = async (): Promise<Alert[]> =>
+        ((await prom('alerts')) as { alerts: Alert[] }).alerts.filter(
+          (x) => x.labels.alertname === RELAY_MISSING_ALERT && x.labels.namespace === RELEASE_NAMESPACE,
+        );
+      expect((await relayMissing()).map((x) => x.state)).toEqual([
+        expect.stringMatching(/^(pending|firing)$/),
+      ]);
+      afterSale = await startRole('after-sale', { databaseUrl: db.url, env: roleEnv });
+      writeTargets();
+      await waitFor(
+        `${RELAY_MISSING_ALERT} resolved`,
+        async () => (await relayMissing()).length === 0,
+        60_000,
+        1_000,
+      );
       // A few more scrapes after the end, so the last values are in.
       await new Promise((r) => setTimeout(r, 3_000));
 
