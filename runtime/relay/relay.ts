@@ -165,6 +165,36 @@ export function kafkaMessagesOf(
 /** How often the list of outbox streams is re-read. */
 const STREAMS_REFRESH_MS = 5_000;
 
+/**
+ * How long a stop waits for the batch in flight. A healthy batch takes milliseconds; one whose
+ * Kafka does not answer is retried by kafkajs for as long as it takes (an idempotent producer
+ * never gives up), which held a stop until the role's SHUTDOWN_TIMEOUT_MS (20 s, exit 1). Letting
+ * it go is what a SIGKILL does, which the design is built for: the batch's entries stay pending
+ * in the outbox and the next relay reclaims them (at least once; the consumer's unique keys absorb
+ * a repeat).
+ */
+export const RELAY_STOP_GRACE_MS = 5_000;
+/** How long a stop waits for the producer's disconnect (it too can wait on a silent broker). */
+const DISCONNECT_GRACE_MS = 2_000;
+
+/** `work`'s outcome as true, or false once `ms` have passed first. */
+async function within(work: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      work.then(
+        () => true,
+        () => true,
+      ),
+      new Promise<boolean>((resolve) => {
+        timer = setTimeout(() => resolve(false), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 export class Relay {
   private running = false;
   private loop: Promise<void> | undefined;
@@ -195,11 +225,18 @@ export class Relay {
     this.loop = this.run();
   }
 
-  /** Finishes the batch in flight, then stops. */
+  /** Finishes the batch in flight (or lets it go after RELAY_STOP_GRACE_MS), then stops. */
   async stop(): Promise<void> {
     this.running = false;
-    await this.loop;
-    await this.producer?.disconnect();
+    if (this.loop && !(await within(this.loop, RELAY_STOP_GRACE_MS))) {
+      this.options.logger.warn(
+        { graceMs: RELAY_STOP_GRACE_MS },
+        'stopping with a batch still in flight (Kafka not answering); its entries stay pending in the outbox for the next relay',
+      );
+    }
+    const producer = this.producer;
+    this.producer = undefined;
+    if (producer) await within(producer.disconnect(), DISCONNECT_GRACE_MS);
   }
 
   private async connectProducer(): Promise<void> {

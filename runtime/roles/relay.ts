@@ -18,7 +18,7 @@ export async function startRelays(
 ): Promise<{ relays: Relay[]; closers: Closer[] }> {
   const baseName = cfg.RELAY_CONSUMER_NAME ?? hostname();
   const relays: Relay[] = [];
-  const closers: Closer[] = [];
+  const stops: (() => Promise<void>)[] = [];
   for (let i = 0; i < cfg.RELAY_CONCURRENCY; i += 1) {
     const blocking = ctx.connectRedis(`relay-blocking-reads-${i}`, { maxRetriesPerRequest: null });
     const relay = new Relay({
@@ -36,16 +36,17 @@ export async function startRelays(
     });
     await relay.start();
     relays.push(relay);
-    // Finishes the batch in flight (Kafka acknowledged, entries deleted) before it stops.
-    closers.push({
-      stage: 'work',
-      name: `relay loop ${i}`,
-      close: async () => {
-        await relay.stop();
-        blocking.disconnect();
-      },
+    stops.push(async () => {
+      await relay.stop();
+      blocking.disconnect();
     });
   }
+  // Each loop finishes its batch in flight (Kafka acknowledged, entries deleted) before it stops,
+  // or lets it go after RELAY_STOP_GRACE_MS when Kafka does not answer: all at once, so that the
+  // loops' graces do not add up past SHUTDOWN_TIMEOUT_MS.
+  const closers: Closer[] = [
+    { stage: 'work', name: 'relay loops', close: () => Promise.all(stops.map((stop) => stop())) },
+  ];
   return { relays, closers };
 }
 

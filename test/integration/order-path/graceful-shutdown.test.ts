@@ -140,14 +140,7 @@ describe('graceful shutdown of the role processes', () => {
       'postgres pool',
       'redis',
     ]);
-    expectStageOrder(relay, [
-      'service port',
-      'metrics port',
-      'relay loop 0',
-      'relay loop 1',
-      'outbox gauges',
-      'redis',
-    ]);
+    expectStageOrder(relay, ['service port', 'metrics port', 'relay loops', 'outbox gauges', 'redis']);
     expectStageOrder(consumer, ['service port', 'metrics port', 'order consumer', 'postgres pool', 'redis']);
 
     // The roles run again: every reservation the script recorded becomes exactly one order.

@@ -1,0 +1,107 @@
+// The order relay stopped while its Kafka does not answer (a private broker frozen with SIGSTOP,
+// a send in flight): kafkajs retries an idempotent send for as long as it takes, and a stop that
+// waited for it ran into SHUTDOWN_TIMEOUT_MS ("shutdown timed out; exiting", exit 1) on every
+// rollout during a Kafka outage. The stop lets the send go after RELAY_STOP_GRACE_MS instead, and
+// closes its clients: its entries stay pending in the outbox, and the next relay reclaims them, so
+// every reservation still reaches Kafka (at least once; the consumer's unique keys absorb a
+// repeat).
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
+import type { OrderMessage } from '../../../core/order-message.js';
+import { readTopic } from '../../../runtime/dlq.js';
+import { startRole } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
+import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
+import type { PrivateServers } from '../../faults/harness/servers.js';
+import { TIMEOUT_MS, openActivity, reserveFor, setUp, until, type Fixture } from '../after-sale/fixture.js';
+
+describe('the order relay stopped while Kafka does not answer', () => {
+  let f: Fixture;
+  let priv: PrivateServers | undefined;
+  let kafkaPid = 0;
+  const roles: RoleProcess[] = [];
+
+  const resume = (): void => {
+    try {
+      if (kafkaPid) process.kill(kafkaPid, 'SIGCONT');
+    } catch {
+      // gone
+    }
+  };
+
+  beforeAll(async () => {
+    f = await setUp();
+    priv = await startPrivateServers(['kafka']);
+    kafkaPid = Number(readFileSync(join(priv.state, 'kafka.pid'), 'utf8').split('\n')[0]);
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    resume();
+    await Promise.all(roles.map((r) => r.kill()));
+    await f?.close();
+    if (priv) await stopPrivateServers(priv);
+  }, TIMEOUT_MS);
+
+  it(
+    'stops cleanly with a send in flight, and the next relay publishes what it held',
+    async () => {
+      const broker = priv!.env.KAFKA_BROKERS!;
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 20 });
+      const topics = topicsFor(activityId);
+      const kafka = createKafka([broker], `test-${activityId}`);
+      const admin = kafka.admin();
+      await admin.connect();
+      await ensureTopics(admin, topics, 2, 1);
+      await admin.disconnect();
+      const reservationsOnKafka = async (): Promise<Set<string>> =>
+        new Set(
+          (await readTopic(kafka, topics.orders)).flatMap((m) =>
+            m.value.split('\n').map((line) => (JSON.parse(line) as OrderMessage).reservationId),
+          ),
+        );
+      const env = {
+        KAFKA_BROKERS: broker,
+        LOG_LEVEL: 'info', // the stop is read from the log
+        RELAY_RECLAIM_IDLE_MS: '1000',
+      };
+      const relay = await startRole('relay', { activityId, databaseUrl: f.db.url, env });
+      roles.push(relay);
+
+      const before = await reserveFor(f.redis, activityId, skuId, ['rs-0', 'rs-1', 'rs-2']);
+      await until(
+        'the first reservations on Kafka',
+        async () => {
+          const seen = await reservationsOnKafka();
+          return before.every((r) => seen.has(r)) ? true : undefined;
+        },
+        60_000,
+      );
+
+      // Kafka stops answering; the relay's next send waits on it.
+      process.kill(kafkaPid, 'SIGSTOP');
+      const held = await reserveFor(f.redis, activityId, skuId, ['rs-3', 'rs-4', 'rs-5']);
+      await new Promise((r) => setTimeout(r, 1_500));
+      const code = await relay.stop();
+      expect(code).toBe(0);
+      expect(relay.output()).toContain('"msg":"stopped"');
+      expect(relay.output()).not.toContain('shutdown timed out');
+      expect(relay.output()).toContain('stopping with a batch still in flight');
+
+      resume();
+      const next = await startRole('relay', { activityId, databaseUrl: f.db.url, env });
+      roles.push(next);
+      const seen = await until(
+        'the held reservations on Kafka through the next relay',
+        async () => {
+          const s = await reservationsOnKafka();
+          return [...before, ...held].every((r) => s.has(r)) ? s : undefined;
+        },
+        120_000,
+      );
+      expect([...before, ...held].filter((r) => !seen.has(r))).toEqual([]);
+      expect(await next.stop()).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+});
