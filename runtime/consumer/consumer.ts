@@ -31,6 +31,7 @@ import type { Consumer, EachBatchPayload, KafkaMessage, Producer } from 'kafkajs
 import { recordResults } from '../../core/activity-cache.js';
 import type { StoredResult } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
+import { KAFKA_DISCONNECT_GRACE_MS, settlesWithin } from '../../core/deadline.js';
 import { readActivityItems } from '../../core/db/activity-items-store.js';
 import type { ActivityItem } from '../../core/db/activity-items-store.js';
 import { insertOrders } from '../../core/db/orders-store.js';
@@ -103,6 +104,9 @@ interface Parsed {
   order?: OrderMessage;
   error?: string;
 }
+
+/** How long a stop waits for kafkajs' disconnect (the chunk in flight, the commit, the group leave). */
+export const CONSUMER_STOP_GRACE_MS = 5_000;
 
 export class OrderConsumer {
   /** Attempts per offset for messages failing for non-transient reasons. */
@@ -195,12 +199,23 @@ export class OrderConsumer {
   }
 
   /** kafkajs finishes the batch in flight before disconnecting. */
+  /**
+   * Finishes the chunk in flight (its transaction, results and offsets), then leaves the group.
+   * What waits on a Kafka that does not answer (the offset commit, the group leave) is let go after
+   * CONSUMER_STOP_GRACE_MS: the orders are in PostgreSQL before their offsets are committed, so an
+   * offset left uncommitted only means a message read again, which the unique keys absorb.
+   */
   async stop(): Promise<void> {
     this.stopped = true;
     this.state = 'stopped';
     if (this.restartTimer) clearTimeout(this.restartTimer);
-    await this.consumer?.disconnect();
-    await this.options.dlqProducer.disconnect();
+    if (this.consumer && !(await settlesWithin(this.consumer.disconnect(), CONSUMER_STOP_GRACE_MS))) {
+      this.options.logger.warn(
+        { graceMs: CONSUMER_STOP_GRACE_MS },
+        'stopping without leaving the group (Kafka not answering); offsets not committed are read again',
+      );
+    }
+    await settlesWithin(this.options.dlqProducer.disconnect(), KAFKA_DISCONNECT_GRACE_MS);
   }
 
   /** The orders of one Kafka message (several when it is a batch). */

@@ -36,6 +36,7 @@
  */
 import type { IHeaders, Producer } from 'kafkajs';
 import { crashPoint } from '../../core/crash.js';
+import { KAFKA_DISCONNECT_GRACE_MS, settlesWithin } from '../../core/deadline.js';
 import {
   claimPublishableEvents,
   eventBacklog,
@@ -199,14 +200,14 @@ export class OrderEventRelay {
     }, STOP_SEND_GRACE_MS);
     await this.loop;
     clearTimeout(grace);
-    await this.producer?.disconnect().catch(() => undefined);
+    if (this.producer) await settlesWithin(this.producer.disconnect(), KAFKA_DISCONNECT_GRACE_MS);
     this.producer = undefined;
     const r = this.retired;
     this.retired = undefined;
     if (r) {
       // Not settled yet (Kafka still away): disconnected now, and again once the send has
       // settled, since an attempt in between may have connected it again.
-      await r.producer.disconnect().catch(() => undefined);
+      await settlesWithin(r.producer.disconnect(), KAFKA_DISCONNECT_GRACE_MS);
       void r.settled.then(() => r.producer.disconnect().catch(() => undefined));
     }
   }

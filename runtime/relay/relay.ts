@@ -27,6 +27,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { hostname } from 'node:os';
 import type { Message } from 'kafkajs';
 import { CompressionTypes } from 'kafkajs';
+import { KAFKA_DISCONNECT_GRACE_MS, settlesWithin } from '../../core/deadline.js';
 import { outboxStreams, readMeta, readOutbox } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
 import type { PartitionedProducer } from '../../core/kafka.js';
@@ -174,26 +175,6 @@ const STREAMS_REFRESH_MS = 5_000;
  * a repeat).
  */
 export const RELAY_STOP_GRACE_MS = 5_000;
-/** How long a stop waits for the producer's disconnect (it too can wait on a silent broker). */
-const DISCONNECT_GRACE_MS = 2_000;
-
-/** `work`'s outcome as true, or false once `ms` have passed first. */
-async function within(work: Promise<unknown>, ms: number): Promise<boolean> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([
-      work.then(
-        () => true,
-        () => true,
-      ),
-      new Promise<boolean>((resolve) => {
-        timer = setTimeout(() => resolve(false), ms);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
 
 export class Relay {
   private running = false;
@@ -228,7 +209,7 @@ export class Relay {
   /** Finishes the batch in flight (or lets it go after RELAY_STOP_GRACE_MS), then stops. */
   async stop(): Promise<void> {
     this.running = false;
-    if (this.loop && !(await within(this.loop, RELAY_STOP_GRACE_MS))) {
+    if (this.loop && !(await settlesWithin(this.loop, RELAY_STOP_GRACE_MS))) {
       this.options.logger.warn(
         { graceMs: RELAY_STOP_GRACE_MS },
         'stopping with a batch still in flight (Kafka not answering); its entries stay pending in the outbox for the next relay',
@@ -236,7 +217,7 @@ export class Relay {
     }
     const producer = this.producer;
     this.producer = undefined;
-    if (producer) await within(producer.disconnect(), DISCONNECT_GRACE_MS);
+    if (producer) await settlesWithin(producer.disconnect(), KAFKA_DISCONNECT_GRACE_MS);
   }
 
   private async connectProducer(): Promise<void> {

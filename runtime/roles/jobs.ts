@@ -5,6 +5,7 @@
  * one is safe with several replicas (jobs/*.ts).
  */
 import cron from 'node-cron';
+import { KAFKA_DISCONNECT_GRACE_MS, settlesWithin } from '../../core/deadline.js';
 import { idempotentProducer, topicsFor } from '../../core/kafka.js';
 import type { AfterSaleConfig, JobsConfig } from '../config.js';
 import { scheduleAfterSaleJobs } from '../jobs/after-sale.js';
@@ -58,8 +59,16 @@ export async function startJobs(
     await startMoneyJobsOf(ctx, cfg, { pool, kafka }, activityId),
     { stage: 'jobs', name: 'gauges', close: async () => gauges.stop() },
     { stage: 'jobs', name: 'after-sale jobs', close: () => afterSale.stop() },
-    { stage: 'jobs', name: 'gap repair producer', close: () => gapProducer.disconnect() },
-    { stage: 'jobs', name: 'jobs kafka admin', close: () => admin.disconnect() },
+    {
+      stage: 'jobs',
+      name: 'gap repair producer',
+      close: () => settlesWithin(gapProducer.disconnect(), KAFKA_DISCONNECT_GRACE_MS),
+    },
+    {
+      stage: 'jobs',
+      name: 'jobs kafka admin',
+      close: () => settlesWithin(admin.disconnect(), KAFKA_DISCONNECT_GRACE_MS),
+    },
   ];
 }
 

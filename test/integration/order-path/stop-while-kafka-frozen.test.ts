@@ -1,10 +1,12 @@
-// The order relay stopped while its Kafka does not answer (a private broker frozen with SIGSTOP,
-// a send in flight): kafkajs retries an idempotent send for as long as it takes, and a stop that
-// waited for it ran into SHUTDOWN_TIMEOUT_MS ("shutdown timed out; exiting", exit 1) on every
-// rollout during a Kafka outage. The stop lets the send go after RELAY_STOP_GRACE_MS instead, and
-// closes its clients: its entries stay pending in the outbox, and the next relay reclaims them, so
-// every reservation still reaches Kafka (at least once; the consumer's unique keys absorb a
-// repeat).
+// The order path's roles stopped while their Kafka does not answer (a private broker frozen with
+// SIGSTOP). The relay, a send in flight: kafkajs retries an idempotent send for as long as it
+// takes, and a stop that waited for it ran into SHUTDOWN_TIMEOUT_MS ("shutdown timed out;
+// exiting", exit 1) on every rollout during a Kafka outage. The stop lets the send go after
+// RELAY_STOP_GRACE_MS instead, and closes its clients: its entries stay pending in the outbox, and
+// the next relay reclaims them, so every reservation still reaches Kafka (at least once; the
+// consumer's unique keys absorb a repeat). The consumer: its group leave and offset commit wait on
+// the broker likewise; what it had written to PostgreSQL stays, and an offset not committed only
+// means a message read again.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
@@ -14,9 +16,17 @@ import { startRole } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
-import { TIMEOUT_MS, openActivity, reserveFor, setUp, until, type Fixture } from '../after-sale/fixture.js';
+import {
+  TIMEOUT_MS,
+  countRows,
+  openActivity,
+  reserveFor,
+  setUp,
+  until,
+  type Fixture,
+} from '../after-sale/fixture.js';
 
-describe('the order relay stopped while Kafka does not answer', () => {
+describe('the order path stopped while Kafka does not answer', () => {
   let f: Fixture;
   let priv: PrivateServers | undefined;
   let kafkaPid = 0;
@@ -101,6 +111,45 @@ describe('the order relay stopped while Kafka does not answer', () => {
       );
       expect([...before, ...held].filter((r) => !seen.has(r))).toEqual([]);
       expect(await next.stop()).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'the consumer stops cleanly while the broker is frozen, keeping what it wrote',
+    async () => {
+      const broker = priv!.env.KAFKA_BROKERS!;
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 20 }, f.pool);
+      const kafka = createKafka([broker], `test-${activityId}`);
+      const admin = kafka.admin();
+      await admin.connect();
+      await ensureTopics(admin, topicsFor(activityId), 2, 1);
+      await admin.disconnect();
+      const env = { KAFKA_BROKERS: broker, LOG_LEVEL: 'info' };
+      const [relay, consumer] = await Promise.all([
+        startRole('relay', { activityId, databaseUrl: f.db.url, env }),
+        startRole('consumer', { activityId, databaseUrl: f.db.url, env }),
+      ]);
+      roles.push(relay, consumer);
+      await reserveFor(f.redis, activityId, skuId, ['cs-0', 'cs-1', 'cs-2']);
+      const orders = (): Promise<number> =>
+        countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = $1', [activityId]);
+      await until(
+        'three orders in PostgreSQL',
+        async () => ((await orders()) === 3 ? true : undefined),
+        60_000,
+      );
+
+      process.kill(kafkaPid, 'SIGSTOP');
+      await new Promise((r) => setTimeout(r, 1_500));
+      const codes = await Promise.all([consumer.stop(), relay.stop()]);
+      resume();
+      expect(codes).toEqual([0, 0]);
+      for (const p of [consumer, relay]) {
+        expect(p.output()).toContain('"msg":"stopped"');
+        expect(p.output()).not.toContain('shutdown timed out');
+      }
+      expect(await orders()).toBe(3);
     },
     TIMEOUT_MS,
   );
