@@ -42,6 +42,16 @@ const MAX_REMEMBERED = 512;
 
 type Level = 'warn' | 'info' | 'debug';
 
+/** A field's value as text for a line's identity; never throws (circular values, BigInt). */
+function textOf(v: unknown): string {
+  if (typeof v === 'string') return v;
+  try {
+    return JSON.stringify(v) ?? String(v);
+  } catch {
+    return String(v);
+  }
+}
+
 function levelOf(level: logLevel): Level | undefined {
   switch (level) {
     case logLevel.ERROR:
@@ -70,31 +80,44 @@ export function kafkajsLogCreator(logger: Logger, options: KafkaLogOptions = {})
     for (const [key, s] of seen) if (t - s.writtenAt >= windowMs) seen.delete(key);
   };
 
+  const write = ({ namespace, level, label, log: entry }: LogEntry): void => {
+    const method = levelOf(level);
+    if (!method) return;
+    // kafkajs passes an Error as the message in places (cluster/brokerPool.js).
+    const raw: unknown = entry.message;
+    const message = raw instanceof Error ? `${raw.name}: ${raw.message}` : String(raw);
+    const fields: Record<string, unknown> = { namespace, kafkajsLevel: label };
+    for (const [k, v] of Object.entries(entry))
+      if (k !== 'timestamp' && k !== 'logger' && k !== 'message') fields[k] = v;
+    const identity = [
+      label,
+      namespace,
+      message,
+      ...Object.entries(entry)
+        .filter(([k]) => !VOLATILE.has(k))
+        .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+        .map(([k, v]) => `${k}=${textOf(v)}`),
+    ].join('\u0000');
+    const t = now();
+    const s = seen.get(identity);
+    if (s && t - s.writtenAt < windowMs) {
+      s.heldBack += 1;
+      return;
+    }
+    if (s && s.heldBack > 0) fields.repeated = s.heldBack;
+    forgetOld(t);
+    seen.set(identity, { writtenAt: t, heldBack: 0 });
+    log[method](fields, message);
+  };
+
+  // kafkajs calls its logger inside its own retry and rebalance paths: a line that cannot be
+  // written must never throw into them.
   return () =>
-    ({ namespace, level, label, log: entry }: LogEntry): void => {
-      const method = levelOf(level);
-      if (!method) return;
-      const fields: Record<string, unknown> = { namespace, kafkajsLevel: label };
-      for (const [k, v] of Object.entries(entry))
-        if (k !== 'timestamp' && k !== 'logger' && k !== 'message') fields[k] = v;
-      const identity = [
-        label,
-        namespace,
-        entry.message,
-        ...Object.entries(entry)
-          .filter(([k]) => !VOLATILE.has(k))
-          .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
-          .map(([k, v]) => `${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`),
-      ].join('\u0000');
-      const t = now();
-      const s = seen.get(identity);
-      if (s && t - s.writtenAt < windowMs) {
-        s.heldBack += 1;
-        return;
+    (entry: LogEntry): void => {
+      try {
+        write(entry);
+      } catch {
+        // nothing to do: the line is lost, kafkajs carries on
       }
-      if (s && s.heldBack > 0) fields.repeated = s.heldBack;
-      forgetOld(t);
-      seen.set(identity, { writtenAt: t, heldBack: 0 });
-      log[method](fields, entry.message);
     };
 }

@@ -110,4 +110,27 @@ describe('kafkajsLogCreator', () => {
       [2, undefined],
     ]);
   });
+
+  it('never throws into kafkajs: an Error as the message, circular and BigInt fields', async () => {
+    const { logger, lines } = capture();
+    const write = kafkajsLogCreator(logger)(logLevel.WARN);
+    const circular: Record<string, unknown> = { name: 'loop' };
+    circular.self = circular;
+    const odd = {
+      namespace: 'BrokerPool',
+      level: logLevel.ERROR,
+      label: 'ERROR',
+      // kafkajs' cluster/brokerPool.js logs an Error object as the message.
+      log: { timestamp: 't', logger: 'kafkajs', message: new TypeError('no leader') as unknown as string },
+    };
+    expect(() => write(odd)).not.toThrow();
+    expect(() =>
+      write({ ...refused(1), log: { ...refused(1).log, detail: circular, offset: 12n } }),
+    ).not.toThrow();
+    await flush();
+    expect(lines.map((l) => l.msg)).toEqual([
+      'TypeError: no leader',
+      'Connection error: connect ECONNREFUSED 127.0.0.1:9092',
+    ]);
+  });
 });
