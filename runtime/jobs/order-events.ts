@@ -147,8 +147,7 @@ export class OrderEventRelay {
   private retired: RetiredProducer | undefined;
   private lastPurge = 0;
   private wake: (() => void) | undefined;
-  private stopped!: Promise<void>;
-  private signalStop: () => void = () => undefined;
+  /** Aborted by stop(): whatever waits on Kafka stops waiting (unlessStopped). */
   private stopping = new AbortController();
   /** Cancels the send in flight (set while one is); called STOP_SEND_GRACE_MS after a stop. */
   private abandonSend: (() => void) | undefined;
@@ -163,12 +162,6 @@ export class OrderEventRelay {
   async start(): Promise<void> {
     this.running = true;
     this.stopping = new AbortController();
-    this.stopped = new Promise<void>((resolve) => {
-      this.signalStop = () => {
-        this.stopping.abort();
-        resolve();
-      };
-    });
     this.sendsAbandoned = false;
     void this.sampleBacklog();
     this.backlogTimer = setInterval(
@@ -192,7 +185,7 @@ export class OrderEventRelay {
     this.running = false;
     clearInterval(this.backlogTimer);
     await this.sampling;
-    this.signalStop();
+    this.stopping.abort();
     this.wake?.();
     const grace = setTimeout(() => {
       this.sendsAbandoned = true;
@@ -214,7 +207,7 @@ export class OrderEventRelay {
 
   /** The producer of a failed or cancelled send is done with once that send has settled. */
   private async dropRetired(r: RetiredProducer): Promise<void> {
-    const over = await Promise.race([r.settled.then(() => true), this.stopped.then(() => false)]);
+    const over = await unlessStopped(r.settled, this.stopping.signal);
     if (!over) return; // stopping: stop() disconnects it
     await r.producer.disconnect().catch(() => undefined);
     if (this.retired === r) this.retired = undefined;
