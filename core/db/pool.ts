@@ -7,7 +7,25 @@ export type Pool = pg.Pool;
 export type PoolClient = pg.PoolClient;
 export type Queryable = pg.Pool | pg.PoolClient;
 
-export function createPool(databaseUrl: string, max = 10, applicationName = 'flashsale'): pg.Pool {
+/** The server ends any statement after this (statement_timeout). */
+export const STATEMENT_TIMEOUT_MS = 30_000;
+
+export interface PoolOptions {
+  /**
+   * Fail a query the server has not answered after this many ms (pg's client-side query_timeout;
+   * off when absent). statement_timeout is enforced by the server, so a server that does not
+   * answer at all (frozen, partitioned) holds a query until TCP gives up, minutes later; above
+   * STATEMENT_TIMEOUT_MS it only fires then.
+   */
+  queryTimeoutMs?: number;
+}
+
+export function createPool(
+  databaseUrl: string,
+  max = 10,
+  applicationName = 'flashsale',
+  options: PoolOptions = {},
+): pg.Pool {
   const pool = new pg.Pool({
     connectionString: databaseUrl,
     max,
@@ -16,7 +34,8 @@ export function createPool(databaseUrl: string, max = 10, applicationName = 'fla
     application_name: applicationName,
     connectionTimeoutMillis: 5_000,
     idleTimeoutMillis: 30_000,
-    statement_timeout: 30_000,
+    statement_timeout: STATEMENT_TIMEOUT_MS,
+    ...(options.queryTimeoutMs !== undefined ? { query_timeout: options.queryTimeoutMs } : {}),
   });
   // An idle client the server terminates (restart, failover, admin kill) is emitted as 'error' on
   // the pool; unhandled, that would crash the process. The pool has already discarded the client
@@ -25,19 +44,36 @@ export function createPool(databaseUrl: string, max = 10, applicationName = 'fla
   return pool;
 }
 
-/** Runs `fn` in a transaction; rolls back on any error. */
+/**
+ * pg's error for a query past query_timeout: the query is still the connection's active one, so
+ * anything sent after it (a ROLLBACK included) waits behind it.
+ */
+function isQueryReadTimeout(err: unknown): boolean {
+  return (err as Error | null)?.message === 'Query read timeout';
+}
+
+/**
+ * Runs `fn` in a transaction; rolls back on any error. A connection whose rollback cannot run (a
+ * query timed out on it, or the ROLLBACK failed) is destroyed rather than returned to the pool:
+ * the server rolls back a transaction whose connection closes, and the next caller gets a fresh one.
+ */
 export async function inTransaction<T>(pool: pg.Pool, fn: (c: pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();
+  let broken: Error | undefined;
   try {
     await client.query('BEGIN');
     const result = await fn(client);
     await client.query('COMMIT');
     return result;
   } catch (err) {
-    await client.query('ROLLBACK').catch(() => undefined);
+    if (isQueryReadTimeout(err)) broken = err as Error;
+    else
+      await client.query('ROLLBACK').catch((rollbackErr: unknown) => {
+        broken = rollbackErr instanceof Error ? rollbackErr : new Error(String(rollbackErr));
+      });
     throw err;
   } finally {
-    client.release();
+    client.release(broken);
   }
 }
 

@@ -1,6 +1,7 @@
 // Smoke: transactions through pg on a fresh database cloned from a migrated template.
 import pg from 'pg';
 import { migrate } from '../../../core/db/migrate.js';
+import { createPool, inTransaction } from '../../../core/db/pool.js';
 import { migrations } from '../../../core/db/migrations.js';
 import { freshDatabase, testEnv, uniqueId, type FreshDatabase } from '../../../dev/servers.js';
 
@@ -108,6 +109,32 @@ describe('postgres smoke', () => {
       }
       const rows = await pool.query('SELECT 1 FROM smoke_orders WHERE id = $1', [id]);
       expect(rows.rowCount).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'drops a connection whose query outlived query_timeout, so the next transaction gets a working one',
+    async () => {
+      // One connection: the second transaction gets whatever the first one left in the pool.
+      const timed = createPool(db.url, 1, 'smoke-query-timeout', { queryTimeoutMs: 300 });
+      const id = uniqueId('order');
+      try {
+        await expect(
+          inTransaction(timed, async (c) => {
+            await c.query('INSERT INTO smoke_orders (id, qty) VALUES ($1, 1)', [id]);
+            await c.query('SELECT pg_sleep(3)'); // a server that does not answer, as the client sees it
+          }),
+        ).rejects.toThrow('Query read timeout');
+        // Had the connection gone back to the pool, its BEGIN would wait behind the sleep and time out.
+        await expect(
+          inTransaction(timed, async (c) => (await c.query('SELECT 1 AS one')).rows),
+        ).resolves.toEqual([{ one: 1 }]);
+        const rows = await pool.query('SELECT 1 FROM smoke_orders WHERE id = $1', [id]);
+        expect(rows.rowCount).toBe(0); // the first transaction's row went with its connection
+      } finally {
+        await timed.end();
+      }
     },
     TIMEOUT_MS,
   );
