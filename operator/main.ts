@@ -2,9 +2,9 @@
  * The operator's entry point: `node dist/operator/main.js`. Configured by environment variables
  * (operator/config.ts, docs/operator.md). Serves /healthz, /readyz and /metrics on HTTP_PORT at
  * once; reconciles only while it holds the leader Lease; on SIGTERM/SIGINT it stops the workers,
- * releases the Lease (so a standby takes over at once) and closes its connections.
+ * releases the Lease (so a standby takes over at once) and closes its connections, each waited for
+ * a bounded time (controller/shutdown.ts) so that a server that does not answer cannot hold it.
  */
-import { setTimeout as sleep } from 'node:timers/promises';
 import {
   AppsV1Api,
   PolicyV1Api,
@@ -14,17 +14,24 @@ import {
   KubeConfig,
 } from '@kubernetes/client-node';
 import { createRedis, describeRedis } from '../core/redis.js';
-import { createPool } from '../core/db/pool.js';
+import { STATEMENT_TIMEOUT_MS, createPool } from '../core/db/pool.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import { createOperatorMetrics } from '../core/metrics.js';
 import { loadOperatorConfig } from './config.js';
 import { Controller } from './controller/controller.js';
 import { startHealthServer } from './controller/health-server.js';
 import { LeaderElector } from './controller/leader-election.js';
+import { SHUTDOWN_TIMEOUT_MS, stopOperator } from './controller/shutdown.js';
 import { ActivityClient } from './kube/activities.js';
 import { EventRecorder } from './kube/events.js';
 import { KafkaAdminAccess } from './reconcile/kafka-access.js';
 import { Reconciler } from './reconcile/reconciler.js';
+
+/**
+ * The longest the operator waits for one Redis reply. Its longest commands are warm-up pipelines
+ * (100,000 SKUs in about a second here) and WAITs of at most a second.
+ */
+const REDIS_COMMAND_TIMEOUT_MS = 10_000;
 
 async function main(): Promise<void> {
   const config = loadOperatorConfig();
@@ -50,9 +57,17 @@ async function main(): Promise<void> {
   const policy = kc.makeApiClient(PolicyV1Api);
   const core = kc.makeApiClient(CoreV1Api);
   const metrics = createOperatorMetrics();
-  const redis = createRedis(config.redis, { maxRetriesPerRequest: 3, lazyConnect: false });
+  // A server that does not answer (frozen, partitioned) fails the pass instead of holding it until
+  // TCP gives up: counted in flashsale_reconcile_errors_total and retried with backoff.
+  const redis = createRedis(config.redis, {
+    maxRetriesPerRequest: 3,
+    lazyConnect: false,
+    commandTimeout: REDIS_COMMAND_TIMEOUT_MS,
+  });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
-  const pool = createPool(config.databaseUrl, 4, 'flashsale-operator');
+  const pool = createPool(config.databaseUrl, 4, 'flashsale-operator', {
+    queryTimeoutMs: STATEMENT_TIMEOUT_MS + 5_000,
+  });
   pool.on('error', (err: Error) => log.warn({ err: err.message }, 'postgres pool error'));
   const kafka = new KafkaAdminAccess({
     brokers: config.kafkaBrokers,
@@ -141,13 +156,24 @@ async function main(): Promise<void> {
     if (stopping) return;
     stopping = true;
     log.info({ signal }, 'shutting down');
+    const force = setTimeout(() => {
+      log.error('shutdown timed out; exiting');
+      process.exit(1);
+    }, SHUTDOWN_TIMEOUT_MS);
+    force.unref();
     elector?.stop();
-    // Let the passes in flight finish (bounded), then give the Lease away.
-    await Promise.race([ctl.stop().catch(() => undefined), sleep(15_000, undefined, { ref: false })]);
-    await elector?.release();
+    await stopOperator({
+      stopPasses: () => ctl.stop(),
+      releaseLease: async () => elector?.release(),
+      connections: [
+        { name: 'kafka', close: () => kafka.close() },
+        { name: 'postgres', close: () => pool.end() },
+        { name: 'redis', close: () => redis.quit(), abandon: () => redis.disconnect() },
+      ],
+      log,
+    });
     metrics.leader.set(0);
     server.close();
-    await Promise.allSettled([kafka.close(), pool.end(), redis.quit()]);
     log.info('stopped');
     process.exit(0);
   };

@@ -1,0 +1,170 @@
+// The operator stopped (SIGTERM: a rollout, a node drain) while its PostgreSQL, Redis and Kafka do
+// not answer (private servers frozen with SIGSTOP: a network partition or a stalled host looks the
+// same from the client). Before, its stop waited for the passes in flight (bounded, 15 s), gave the
+// Lease away, then waited without bound for `kafka.close()`, `pool.end()` and `redis.quit()`:
+// each waits on an answer from a server that sends none, so the process never exited and the
+// kubelet SIGKILLed it at terminationGracePeriodSeconds, on every rollout during an outage. The
+// stop now bounds each wait and exits 0 with the Lease released, and a new operator leads at once.
+// Before it stops, the passes themselves: they waited on the frozen servers without bound too, so
+// the outage never showed as a failed pass; now a Redis command and a query have a deadline.
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { CoordinationV1Api } from '@kubernetes/client-node';
+import { migrate } from '../../../core/db/migrate.js';
+import { Phase } from '../../../operator/api/v1alpha1/types.js';
+import { uniqueId } from '../../../dev/servers.js';
+import {
+  activityBody,
+  admin,
+  createActivity,
+  forceRemoveFinalizers,
+  prepareNamespace,
+  startOperator,
+  waitFor,
+  waitForPhase,
+  installCrd,
+} from '../../../dev/operator-harness.js';
+import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
+import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
+import type { PrivateServers } from '../../faults/harness/servers.js';
+
+const TIMEOUT_MS = 300_000;
+const FROZEN = ['postgres', 'redis', 'kafka'] as const;
+
+function childrenOf(pid: number): number[] {
+  try {
+    return readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').split(' ').filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+async function reconcileErrors(op: OperatorProcess): Promise<number> {
+  const text = await (await fetch(`http://127.0.0.1:${op.port}/metrics`)).text();
+  const line = text.split('\n').find((l) => l.startsWith('flashsale_reconcile_errors_total'));
+  return line ? Number(line.split(' ').pop()) : 0;
+}
+
+describe('operator: stopped while PostgreSQL, Redis and Kafka do not answer', () => {
+  const a = admin();
+  let priv: PrivateServers | undefined;
+  let ns: OperatorNamespace;
+  const operators: OperatorProcess[] = [];
+  let pids: number[] = [];
+
+  /**
+   * SIGSTOP/SIGCONT to the servers; to PostgreSQL's backends too (the postmaster's children),
+   * which otherwise go on serving the connections already open.
+   */
+  const signal = (sig: NodeJS.Signals, servers: readonly string[] = FROZEN): void => {
+    for (const pid of pids.filter((_, i) => servers.includes(FROZEN[i]!))) {
+      for (const p of [pid, ...childrenOf(pid)]) {
+        try {
+          process.kill(p, sig);
+        } catch {
+          // gone
+        }
+      }
+    }
+  };
+
+  beforeAll(async () => {
+    await installCrd(a);
+    priv = await startPrivateServers([...FROZEN]);
+    await migrate(priv.env.DATABASE_URL!);
+    pids = FROZEN.map((n) => Number(readFileSync(join(priv!.state, `${n}.pid`), 'utf8').split('\n')[0]));
+    ns = await prepareNamespace(uniqueId('op-frozen'), a);
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    signal('SIGCONT');
+    await Promise.all(operators.map((o) => o.kill('SIGKILL')));
+    if (ns) await forceRemoveFinalizers(a, ns.namespace).catch(() => undefined);
+    if (priv) await stopPrivateServers(priv);
+  }, TIMEOUT_MS);
+
+  it(
+    'exits 0 with the Lease released, and the next operator leads at once',
+    async () => {
+      const env = {
+        REDIS_URL: priv!.env.REDIS_URL!,
+        KAFKA_BROKERS: priv!.env.KAFKA_BROKERS!,
+      };
+      const databaseUrl = priv!.env.DATABASE_URL!;
+      const first = await startOperator({ ns, databaseUrl, identity: 'operator-a', env });
+      operators.push(first);
+      const t0 = Date.now();
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'sale', {
+          warmUpAt: new Date(t0),
+          startAt: new Date(t0 + 5_000),
+          endAt: new Date(t0 + 3_600_000),
+          items: [{ skuId: 'tea', name: '茶', price: '5.00', stock: 3 }],
+        }),
+      );
+      // Active: every status refresh reads Redis, PostgreSQL and the consumer lag from Kafka.
+      await waitForPhase(a, ns.namespace, 'sale', Phase.Active, 120_000);
+
+      // A pass waiting on a server that sends nothing fails instead of hanging until TCP gives up:
+      // the outage shows in the reconcile errors that FlashSaleReconcileErrors watches.
+      for (const [server, error] of [
+        ['redis', /^Command timed out$/], // ioredis' commandTimeout, 10 s
+        ['postgres', /^Query read timeout$|timeout exceeded when trying to connect/], // 35 s; 5 s to connect
+      ] as const) {
+        const seen = first.records().length;
+        const errorsBefore = await reconcileErrors(first);
+        signal('SIGSTOP', [server]);
+        const failed = await waitFor(
+          `a reconcile pass failed on the frozen ${server}`,
+          async () =>
+            first
+              .records()
+              .slice(seen)
+              .find((r) => r.msg === 'reconcile failed; retrying'),
+          90_000,
+          500,
+        );
+        signal('SIGCONT', [server]);
+        expect(String(failed.err)).toMatch(error);
+        expect(await reconcileErrors(first)).toBeGreaterThan(errorsBefore);
+      }
+
+      // All three frozen, passes in flight: the stop.
+      signal('SIGSTOP');
+      await new Promise((resolve) => setTimeout(resolve, 3_000));
+      const stopAt = Date.now();
+      let timer: NodeJS.Timeout | undefined;
+      const exit = await Promise.race([
+        first.kill('SIGTERM'),
+        new Promise<'still running'>((resolve) => {
+          timer = setTimeout(() => resolve('still running'), 60_000);
+        }),
+      ]);
+      clearTimeout(timer);
+      const stopMs = Date.now() - stopAt;
+      process.stdout.write(
+        `operator stop with its servers frozen: ${JSON.stringify(exit)} after ${stopMs} ms\n`,
+      );
+      expect(exit).toEqual({ code: 0, signal: null });
+      const records = first.records();
+      expect(records.some((r) => r.msg === 'lease released')).toBe(true);
+      expect(records.some((r) => r.msg === 'stopped')).toBe(true);
+
+      // The Lease is free: a new operator leads without waiting for it to expire.
+      const lease = await a.kc
+        .makeApiClient(CoordinationV1Api)
+        .readNamespacedLease({ name: 'flashsale-operator', namespace: ns.namespace });
+      expect(lease.spec?.holderIdentity ?? '').toBe('');
+      signal('SIGCONT');
+      const second = await startOperator({ ns, databaseUrl, identity: 'operator-b', env });
+      operators.push(second);
+      await waitFor(
+        'operator-b leads',
+        async () => second.records().some((r) => r.msg === 'became leader'),
+        30_000,
+      );
+    },
+    TIMEOUT_MS,
+  );
+});
