@@ -27,3 +27,22 @@ export async function settlesWithin(work: Promise<unknown>, ms: number): Promise
     clearTimeout(timer);
   }
 }
+
+/** `work`'s outcome, or a rejection once `ms` pass first (`work` itself runs on). */
+export async function within<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      work,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new DeadlineExceededError(`${what}: no answer in ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+export class DeadlineExceededError extends Error {
+  override name = 'DeadlineExceededError';
+}

@@ -3,6 +3,7 @@
  * and re-created after a failure so a broker restart does not leave a dead client behind.
  */
 import type { Admin } from 'kafkajs';
+import { within } from '../../core/deadline.js';
 import {
   consumerLag,
   createKafka,
@@ -37,10 +38,22 @@ export interface KafkaAccessOptions {
   minInsyncReplicas?: number;
   /** Where kafkajs' own lines go (repeats held back, core/kafka-log.ts); the console without. */
   logger?: Logger;
+  /** How long a figure read (lag, DLQ depth) may take; KAFKA_READ_DEADLINE_MS without. */
+  readDeadlineMs?: number;
 }
+
+/**
+ * How long a pass waits for a figure from Kafka. kafkajs retries a request a broker does not
+ * answer for 30 s and more; every caller has an answer for "unknown" (the drain holds, the status
+ * leaves the figure out), so a pass goes on without it rather than holding its worker, and the
+ * schedule's instants (the gate closing at endAt) stay on time during a Kafka outage.
+ */
+export const KAFKA_READ_DEADLINE_MS = 5_000;
 
 export class KafkaAdminAccess implements KafkaAccess {
   private admin: Promise<Admin> | undefined;
+  /** The read in flight per figure and activity: a pass after one that gave up joins it. */
+  private readonly reads = new Map<string, Promise<number>>();
 
   constructor(private readonly options: KafkaAccessOptions) {}
 
@@ -62,21 +75,37 @@ export class KafkaAdminAccess implements KafkaAccess {
 
   async lag(activityId: string): Promise<number> {
     const t = this.topics(activityId);
-    return this.use((a) => consumerLag(a, t.consumerGroup, t.orders));
+    return this.read(`lag ${activityId}`, (a) => consumerLag(a, t.consumerGroup, t.orders));
   }
 
   async dlqDepth(activityId: string): Promise<number> {
-    return this.use((a) => topicDepth(a, this.topics(activityId).dlq));
+    return this.read(`dlq depth ${activityId}`, (a) => topicDepth(a, this.topics(activityId).dlq));
   }
 
   async dlqUnhandled(activityId: string): Promise<number> {
-    return this.use((a) => dlqUnhandled(a, this.topics(activityId)));
+    return this.read(`dlq unhandled ${activityId}`, (a) => dlqUnhandled(a, this.topics(activityId)));
   }
 
   async close(): Promise<void> {
     const admin = this.admin;
     this.admin = undefined;
     if (admin) await (await admin.catch(() => undefined))?.disconnect().catch(() => undefined);
+  }
+
+  /**
+   * One read per key at a time, waited for at most the read deadline: the ones left behind by
+   * passes that gave up do not pile up on a broker that does not answer.
+   */
+  private read(key: string, fn: (admin: Admin) => Promise<number>): Promise<number> {
+    let pending = this.reads.get(key);
+    if (!pending) {
+      const started: Promise<number> = this.use(fn).finally(() => {
+        if (this.reads.get(key) === started) this.reads.delete(key);
+      });
+      this.reads.set(key, started);
+      pending = started;
+    }
+    return within(pending, this.options.readDeadlineMs ?? KAFKA_READ_DEADLINE_MS, `Kafka ${key}`);
   }
 
   private async use<T>(fn: (admin: Admin) => Promise<T>): Promise<T> {
