@@ -12,6 +12,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { CoordinationV1Api, V1Lease } from '@kubernetes/client-node';
+import { within } from '../../core/deadline.js';
 import type { Logger } from '../../core/logger.js';
 
 export interface LeaderElectionOptions {
@@ -100,9 +101,17 @@ export class LeaderElector {
   /** Runs until stop(): acquire, then renew; calls the callbacks on changes. */
   async run(): Promise<void> {
     while (!this.stopped) {
+      // A Lease write took effect at the latest when the attempt ended, at the earliest when it
+      // began: the deadline counts from the beginning, so however late the answer came the leader
+      // steps down before any candidate can see the Lease expire.
+      const attemptAt = this.now();
       if (!this.leading) {
         let failed = false;
-        const won = await this.tryAcquireOrRenew().catch((err: unknown) => {
+        const won = await within(
+          this.tryAcquireOrRenew(),
+          this.options.renewDeadlineMs,
+          'lease acquire attempt',
+        ).catch((err: unknown) => {
           failed = true;
           const reason = blockingReason(err, this.options.namespace, this.options.name);
           // A blocking reason is logged once as an error (setBlocked), not as a warning per retry.
@@ -113,7 +122,7 @@ export class LeaderElector {
         if (!failed) this.setBlocked(undefined);
         if (won && !this.stopped) {
           this.leading = true;
-          this.lastRenewAt = this.now();
+          this.lastRenewAt = attemptAt;
           this.options.log.info(
             { lease: `${this.options.namespace}/${this.options.name}`, identity: this.options.identity },
             'became leader',
@@ -121,11 +130,16 @@ export class LeaderElector {
           this.options.onStartedLeading();
         }
       } else {
-        const renewed = await this.tryAcquireOrRenew().catch((err: unknown) => {
-          this.options.log.warn({ err: String(err) }, 'lease renewal failed');
-          return false;
-        });
-        if (renewed) this.lastRenewAt = this.now();
+        // An API server that does not answer must not hold the leader past its renew deadline:
+        // a candidate takes the Lease once it expires, and this process must have stopped by then.
+        const left = Math.max(0, this.options.renewDeadlineMs - (attemptAt - this.lastRenewAt));
+        const renewed = await within(this.tryAcquireOrRenew(), left, 'lease renewal').catch(
+          (err: unknown) => {
+            this.options.log.warn({ err: String(err) }, 'lease renewal failed');
+            return false;
+          },
+        );
+        if (renewed) this.lastRenewAt = attemptAt;
         else if (this.takenOver || this.now() - this.lastRenewAt >= this.options.renewDeadlineMs) {
           this.leading = false;
           this.options.log.error(

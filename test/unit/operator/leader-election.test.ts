@@ -14,12 +14,15 @@ class FakeLeases {
   version = 0;
   reads = new Map<string, number>();
   failWritesOf = new Set<string>();
+  /** Callers whose reads the server never answers (a partition: the request is sent, no reply). */
+  unansweredReadsOf = new Set<string>();
   writes: string[] = [];
 
   api(caller: string): CoordinationV1Api {
     const api = {
       readNamespacedLease: async () => {
         this.reads.set(caller, (this.reads.get(caller) ?? 0) + 1);
+        if (this.unansweredReadsOf.has(caller)) return new Promise<V1Lease>(() => undefined);
         if (!this.lease) throw new ApiError(404);
         return structuredClone(this.lease);
       },
@@ -68,7 +71,12 @@ interface Candidate {
   clock: { now: number };
 }
 
-function candidate(fake: FakeLeases, identity: string, clock = { now: 1_000_000 }): Candidate {
+function candidate(
+  fake: FakeLeases,
+  identity: string,
+  clock = { now: 1_000_000 },
+  renewDeadlineMs = 10_000,
+): Candidate {
   const c: Candidate = { elector: undefined as unknown as LeaderElector, started: 0, stopped: 0, clock };
   c.elector = new LeaderElector({
     api: fake.api(identity),
@@ -76,7 +84,7 @@ function candidate(fake: FakeLeases, identity: string, clock = { now: 1_000_000 
     name: 'flashsale-operator',
     identity,
     leaseDurationMs: 15_000,
-    renewDeadlineMs: 10_000,
+    renewDeadlineMs,
     retryPeriodMs: 1,
     log,
     onStartedLeading: () => {
@@ -163,6 +171,27 @@ describe('LeaderElector', () => {
     await run;
     expect(a.stopped).toBe(1);
     expect(a.elector.isLeader).toBe(false);
+  });
+
+  it('steps down within the renew deadline when the API server does not answer at all', async () => {
+    const fake = new FakeLeases();
+    // A real clock: nothing but the elector's own deadline can end an unanswered request.
+    const clock = {
+      get now(): number {
+        return Date.now();
+      },
+    };
+    const a = candidate(fake, 'a', clock, 200);
+    const run = a.elector.run();
+    await until('a leads', () => a.started === 1);
+    fake.unansweredReadsOf.add('a');
+    const cut = Date.now();
+    await run;
+    expect(a.stopped).toBe(1);
+    expect(a.elector.isLeader).toBe(false);
+    // Before the Lease could expire for anyone else (15 s): within the 200 ms deadline, give or take
+    // the timer's lateness.
+    expect(Date.now() - cut).toBeLessThan(5_000);
   });
 
   it('steps down at once when someone else holds the Lease', async () => {
