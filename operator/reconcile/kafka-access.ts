@@ -40,6 +40,8 @@ export interface KafkaAccessOptions {
   logger?: Logger;
   /** How long a figure read (lag, DLQ depth) may take; KAFKA_READ_DEADLINE_MS without. */
   readDeadlineMs?: number;
+  /** How long creating or checking an activity's topics may take; KAFKA_TOPICS_DEADLINE_MS without. */
+  topicsDeadlineMs?: number;
 }
 
 /**
@@ -50,10 +52,18 @@ export interface KafkaAccessOptions {
  */
 export const KAFKA_READ_DEADLINE_MS = 5_000;
 
+/**
+ * How long a warm-up pass waits for its topics (created in about a second by a healthy cluster):
+ * then the pass fails and is retried with backoff, and the next one joins the call still running,
+ * so a warm-up during a Kafka outage holds a worker for seconds, not for kafkajs' retries
+ * (minutes), while other activities' instants come due.
+ */
+export const KAFKA_TOPICS_DEADLINE_MS = 10_000;
+
 export class KafkaAdminAccess implements KafkaAccess {
   private admin: Promise<Admin> | undefined;
-  /** The read in flight per figure and activity: a pass after one that gave up joins it. */
-  private readonly reads = new Map<string, Promise<number>>();
+  /** The call in flight per kind and activity: a pass after one that gave up joins it. */
+  private readonly inFlight = new Map<string, Promise<unknown>>();
 
   constructor(private readonly options: KafkaAccessOptions) {}
 
@@ -62,28 +72,43 @@ export class KafkaAdminAccess implements KafkaAccess {
   }
 
   async ensureTopics(activityId: string): Promise<string[]> {
-    return this.use((a) =>
-      ensureTopics(
-        a,
-        this.topics(activityId),
-        this.options.partitions,
-        this.options.replicationFactor,
-        this.options.minInsyncReplicas,
-      ),
+    return this.once(
+      `ensure topics ${activityId}`,
+      (a) =>
+        ensureTopics(
+          a,
+          this.topics(activityId),
+          this.options.partitions,
+          this.options.replicationFactor,
+          this.options.minInsyncReplicas,
+        ),
+      this.options.topicsDeadlineMs ?? KAFKA_TOPICS_DEADLINE_MS,
     );
   }
 
   async lag(activityId: string): Promise<number> {
     const t = this.topics(activityId);
-    return this.read(`lag ${activityId}`, (a) => consumerLag(a, t.consumerGroup, t.orders));
+    return this.once(
+      `lag ${activityId}`,
+      (a) => consumerLag(a, t.consumerGroup, t.orders),
+      this.readDeadlineMs,
+    );
   }
 
   async dlqDepth(activityId: string): Promise<number> {
-    return this.read(`dlq depth ${activityId}`, (a) => topicDepth(a, this.topics(activityId).dlq));
+    return this.once(
+      `dlq depth ${activityId}`,
+      (a) => topicDepth(a, this.topics(activityId).dlq),
+      this.readDeadlineMs,
+    );
   }
 
   async dlqUnhandled(activityId: string): Promise<number> {
-    return this.read(`dlq unhandled ${activityId}`, (a) => dlqUnhandled(a, this.topics(activityId)));
+    return this.once(
+      `dlq unhandled ${activityId}`,
+      (a) => dlqUnhandled(a, this.topics(activityId)),
+      this.readDeadlineMs,
+    );
   }
 
   async close(): Promise<void> {
@@ -92,20 +117,24 @@ export class KafkaAdminAccess implements KafkaAccess {
     if (admin) await (await admin.catch(() => undefined))?.disconnect().catch(() => undefined);
   }
 
+  private get readDeadlineMs(): number {
+    return this.options.readDeadlineMs ?? KAFKA_READ_DEADLINE_MS;
+  }
+
   /**
-   * One read per key at a time, waited for at most the read deadline: the ones left behind by
-   * passes that gave up do not pile up on a broker that does not answer.
+   * One call per key at a time, waited for at most `deadlineMs`: the calls left behind by passes
+   * that gave up are joined by the next pass rather than piled up on a broker that does not answer.
    */
-  private read(key: string, fn: (admin: Admin) => Promise<number>): Promise<number> {
-    let pending = this.reads.get(key);
+  private once<T>(key: string, fn: (admin: Admin) => Promise<T>, deadlineMs: number): Promise<T> {
+    let pending = this.inFlight.get(key) as Promise<T> | undefined;
     if (!pending) {
-      const started: Promise<number> = this.use(fn).finally(() => {
-        if (this.reads.get(key) === started) this.reads.delete(key);
+      const started: Promise<T> = this.use(fn).finally(() => {
+        if (this.inFlight.get(key) === started) this.inFlight.delete(key);
       });
-      this.reads.set(key, started);
+      this.inFlight.set(key, started);
       pending = started;
     }
-    return within(pending, this.options.readDeadlineMs ?? KAFKA_READ_DEADLINE_MS, `Kafka ${key}`);
+    return within(pending, deadlineMs, `Kafka ${key}`);
   }
 
   private async use<T>(fn: (admin: Admin) => Promise<T>): Promise<T> {

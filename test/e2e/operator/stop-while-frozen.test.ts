@@ -94,7 +94,8 @@ describe('operator: stopped while PostgreSQL, Redis and Kafka do not answer', ()
       const first = await startOperator({ ns, databaseUrl, identity: 'operator-a', env });
       operators.push(first);
       const t0 = Date.now();
-      // 'ends' closes while Kafka is frozen; 'sale' stays Active for the rest.
+      // 'ends' closes while Kafka is frozen; 'sale' stays Active for the rest; 'late' (below) warms
+      // up while Kafka is frozen.
       const endsAt = t0 + 40_000;
       for (const [name, endAt] of [
         ['ends', endsAt],
@@ -119,6 +120,30 @@ describe('operator: stopped while PostgreSQL, Redis and Kafka do not answer', ()
       // closed that late. A figure read now gives up after 5 s (the status leaves it out, the
       // drain waits for it): the sale ends on time.
       signal('SIGSTOP', ['kafka']);
+      // A warm-up starting now cannot create its topics: its pass gives up after 10 s and is
+      // retried (before, it held a worker for kafkajs' retries, minutes); once Kafka is back the
+      // next pass joins or repeats the creation and the warm-up completes.
+      const seen = first.records().length;
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'late', {
+          warmUpAt: new Date(Date.now()),
+          startAt: new Date(t0 + 3_600_000),
+          endAt: new Date(t0 + 7_200_000),
+          items: [{ skuId: 'tea', name: '茶', price: '5.00', stock: 3 }],
+        }),
+      );
+      const gaveUp = await waitFor(
+        "'late' gave up on its topics",
+        async () =>
+          first
+            .records()
+            .slice(seen)
+            .find((r) => r.key === `${ns.namespace}/late` && r.msg === 'reconcile failed; retrying'),
+        90_000,
+        500,
+      );
+      expect(String(gaveUp.err)).toMatch(/^Kafka ensure topics .*: no answer in 10000 ms$/);
       const drained = await waitFor(
         "'ends' draining",
         async () =>
@@ -131,6 +156,7 @@ describe('operator: stopped while PostgreSQL, Redis and Kafka do not answer', ()
       process.stdout.write(`gate of 'ends' closed ${lateMs} ms after endAt with Kafka frozen\n`);
       // The pass in flight at endAt gives up its Kafka reads within 5 s; the next one closes.
       expect(lateMs).toBeLessThan(10_000);
+      await waitForPhase(a, ns.namespace, 'late', Phase.Ready, 120_000);
 
       // A pass waiting on a server that sends nothing fails instead of hanging until TCP gives up:
       // the outage shows in the reconcile errors that FlashSaleReconcileErrors watches.
