@@ -42,6 +42,8 @@ export interface KafkaAccessOptions {
   readDeadlineMs?: number;
   /** How long creating or checking an activity's topics may take; KAFKA_TOPICS_DEADLINE_MS without. */
   topicsDeadlineMs?: number;
+  /** Makes the admin client (a kafkajs admin on `brokers` without). */
+  createAdmin?: () => Admin;
 }
 
 /**
@@ -139,12 +141,9 @@ export class KafkaAdminAccess implements KafkaAccess {
 
   private async use<T>(fn: (admin: Admin) => Promise<T>): Promise<T> {
     if (!this.admin) {
-      const admin = createKafka(
-        this.options.brokers,
-        this.options.clientId,
-        undefined,
-        this.options.logger,
-      ).admin();
+      const admin =
+        this.options.createAdmin?.() ??
+        createKafka(this.options.brokers, this.options.clientId, undefined, this.options.logger).admin();
       this.admin = admin.connect().then(() => admin);
     }
     const pending = this.admin;
