@@ -154,8 +154,10 @@ describe('operator: stopped while PostgreSQL, Redis and Kafka do not answer', ()
       signal('SIGCONT', ['kafka']);
       const lateMs = Number(drained.time) - endsAt;
       process.stdout.write(`gate of 'ends' closed ${lateMs} ms after endAt with Kafka frozen\n`);
-      // The pass in flight at endAt gives up its Kafka reads within 5 s; the next one closes.
-      expect(lateMs).toBeLessThan(10_000);
+      // Before: 55.8 s late. Now at worst a worker is free after a pass in flight (its Kafka reads
+      // given up after 5 s, 'late''s topics after 10 s) and the next pass of 'ends' closes the gate
+      // before any Kafka read; 20 s leaves room for a slow machine.
+      expect(lateMs).toBeLessThan(20_000);
       await waitForPhase(a, ns.namespace, 'late', Phase.Ready, 120_000);
 
       // A pass waiting on a server that sends nothing fails instead of hanging until TCP gives up:
