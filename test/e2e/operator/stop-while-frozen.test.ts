@@ -8,7 +8,6 @@
 // Before it stops, the passes themselves: they waited on the frozen servers without bound too, so
 // the outage never showed as a failed pass; now a Redis command and a query have a deadline.
 import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { CoordinationV1Api } from '@kubernetes/client-node';
 import { migrate } from '../../../core/db/migrate.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
@@ -25,7 +24,7 @@ import {
   installCrd,
 } from '../../../dev/operator-harness.js';
 import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
-import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
+import { pidOf, startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
 
 const TIMEOUT_MS = 300_000;
@@ -72,7 +71,7 @@ describe('operator: stopped while PostgreSQL, Redis and Kafka do not answer', ()
     await installCrd(a);
     priv = await startPrivateServers([...FROZEN]);
     await migrate(priv.env.DATABASE_URL!);
-    pids = FROZEN.map((n) => Number(readFileSync(join(priv!.state, `${n}.pid`), 'utf8').split('\n')[0]));
+    pids = FROZEN.map((n) => pidOf(priv!, n));
     ns = await prepareNamespace(uniqueId('op-frozen'), a);
   }, TIMEOUT_MS);
 

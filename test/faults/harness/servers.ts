@@ -52,7 +52,8 @@ export async function stopPrivateServers(s: PrivateServers): Promise<void> {
   await run('bash', [join(ROOT, 'test', 'env', 'env-down.sh'), s.state], { cwd: ROOT, timeout: 120_000 });
 }
 
-function pidOf(s: PrivateServers, name: ServerName): number {
+/** The server's pid (its start script's pid file in the private state dir). */
+export function pidOf(s: PrivateServers, name: ServerName): number {
   return Number(readFileSync(join(s.state, `${name}.pid`), 'utf8').split('\n')[0]);
 }
 

@@ -7,14 +7,12 @@
 // consumer's unique keys absorb a repeat). The consumer: its group leave and offset commit wait on
 // the broker likewise; what it had written to PostgreSQL stays, and an offset not committed only
 // means a message read again.
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import type { OrderMessage } from '../../../core/order-message.js';
 import { readTopic } from '../../../runtime/dlq.js';
 import { startRole } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
-import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
+import { pidOf, startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
 import {
   TIMEOUT_MS,
@@ -43,7 +41,7 @@ describe('the order path stopped while Kafka does not answer', () => {
   beforeAll(async () => {
     f = await setUp();
     priv = await startPrivateServers(['kafka']);
-    kafkaPid = Number(readFileSync(join(priv.state, 'kafka.pid'), 'utf8').split('\n')[0]);
+    kafkaPid = pidOf(priv, 'kafka');
   }, TIMEOUT_MS);
 
   afterAll(async () => {
