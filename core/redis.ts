@@ -177,6 +177,14 @@ export function createNodeRedis(conn: RedisConnection, options: RedisOptions = {
   return new Redis(conn.url, options);
 }
 
+/**
+ * How often a cluster client reads the slot map again, so that it leaves a primary that stalls
+ * once the cluster has promoted its replica (the stall a buyer sees is the cluster's failure
+ * detection, `cluster-node-timeout`, plus at most this, plus ioredis' 2 s `disconnectTimeout`).
+ * One CLUSTER SLOTS per client per interval.
+ */
+export const CLUSTER_TOPOLOGY_REFRESH_MS = 2000;
+
 function createCluster(conn: RedisConnection, options: RedisOptions): Cluster {
   const u = conn.url ? new URL(conn.url) : undefined;
   const { enableAutoPipelining, lazyConnect, ...nodeOptions } = options;
@@ -192,6 +200,12 @@ function createCluster(conn: RedisConnection, options: RedisOptions): Cluster {
     retryDelayOnFailover: 200,
     retryDelayOnTryAgain: 100,
     slotsRefreshTimeout: 2000,
+    // A primary that stalls (a paused VM, a hung disk, a partition) answers nothing and closes
+    // nothing: no MOVED and no closed connection ever tells the client that its replica was
+    // promoted, and commands sent to it wait forever. The slot map is read again periodically:
+    // a node that no longer serves any slot is dropped, and the commands it held are sent again
+    // where their slots now live.
+    slotsRefreshInterval: CLUSTER_TOPOLOGY_REFRESH_MS,
     redisOptions: {
       ...(u?.username ? { username: decodeURIComponent(u.username) } : {}),
       ...(u?.password ? { password: decodeURIComponent(u.password) } : {}),
