@@ -226,7 +226,14 @@ export async function buyers(
   sale: Sale,
   activityId: string,
   ids: string[],
-  o: { skuId: string; quantity?: number; concurrency?: number; maxAttempts?: number },
+  o: {
+    skuId: string;
+    quantity?: number;
+    concurrency?: number;
+    maxAttempts?: number;
+    /** Once aborted, no buyer tries again (a failed test stops its load with the sale). */
+    signal?: AbortSignal;
+  },
 ): Promise<BuyerAnswer[]> {
   const http = httpClient(o.concurrency ?? 8);
   const tokens = new Map<string, string>();
@@ -257,7 +264,7 @@ export async function buyers(
         } catch {
           // the connection died with the process, or the api is restarting
         }
-        if (answer.status >= 200 && answer.status < 500) break;
+        if ((answer.status >= 200 && answer.status < 500) || o.signal?.aborted) break;
         await sleep(Math.min(1000, 50 * a));
       }
       out[i] = answer;

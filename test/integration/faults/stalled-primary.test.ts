@@ -79,6 +79,7 @@ async function stalledPrimarySale(o: {
   o.onSale(sale);
   await sale.start();
   const sql = new pg.Pool({ connectionString: o.db.url, max: 1 });
+  const load = new AbortController();
   const v: Violation[] = [];
   let figures: Record<string, number | string> = {};
   let pid = 0;
@@ -100,7 +101,7 @@ async function stalledPrimarySale(o: {
               sale,
               activityId,
               Array.from({ length: i.waves[n]! }, (_, k) => `${activityId}-${i.skuId}-w${n}-${k}`),
-              { skuId: i.skuId, concurrency: 3, maxAttempts: 400 },
+              { skuId: i.skuId, concurrency: 3, maxAttempts: 400, signal: load.signal },
             ),
           ),
         )
@@ -198,6 +199,7 @@ async function stalledPrimarySale(o: {
     };
   } finally {
     if (pid) process.kill(pid, 'SIGCONT');
+    load.abort();
     await sql.end();
     await sale.stop();
     const text = formatViolations(v);
