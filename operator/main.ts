@@ -14,7 +14,7 @@ import {
   KubeConfig,
 } from '@kubernetes/client-node';
 import { createRedis, describeRedis } from '../core/redis.js';
-import { STATEMENT_TIMEOUT_MS, createPool } from '../core/db/pool.js';
+import { QUERY_TIMEOUT_MS, createPool } from '../core/db/pool.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import { createOperatorMetrics } from '../core/metrics.js';
 import { loadOperatorConfig } from './config.js';
@@ -66,7 +66,7 @@ async function main(): Promise<void> {
   });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
   const pool = createPool(config.databaseUrl, 4, 'flashsale-operator', {
-    queryTimeoutMs: STATEMENT_TIMEOUT_MS + 5_000,
+    queryTimeoutMs: QUERY_TIMEOUT_MS,
   });
   pool.on('error', (err: Error) => log.warn({ err: err.message }, 'postgres pool error'));
   const kafka = new KafkaAdminAccess({

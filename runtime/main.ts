@@ -9,7 +9,7 @@
  */
 import { AckDecidedOnFirstUse, defaultAckMode, reservationAckOf } from '../core/durable-ack.js';
 import { migrate } from '../core/db/migrate.js';
-import { createPool } from '../core/db/pool.js';
+import { QUERY_TIMEOUT_MS, createPool } from '../core/db/pool.js';
 import { createKafka } from '../core/kafka.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import type { Logger } from '../core/logger.js';
@@ -38,7 +38,9 @@ function connect<R extends Role>(
   const clients: Partial<DatabaseClient & KafkaClient> = {};
   const closers: Closer[] = [];
   if (ROLE_NEEDS[role].database && c.DATABASE_URL) {
-    const pool = createPool(c.DATABASE_URL, c.DB_POOL_SIZE, `flashsale-${role}`);
+    const pool = createPool(c.DATABASE_URL, c.DB_POOL_SIZE, `flashsale-${role}`, {
+      queryTimeoutMs: QUERY_TIMEOUT_MS,
+    });
     clients.pool = pool;
     closers.push({ stage: 'clients', name: 'postgres pool', close: () => pool.end() });
   }

@@ -10,6 +10,14 @@ export type Queryable = pg.Pool | pg.PoolClient;
 /** The server ends any statement after this (statement_timeout). */
 export const STATEMENT_TIMEOUT_MS = 30_000;
 
+/**
+ * The client gives up on a query after this (pg's query_timeout): 5 s above the server's own
+ * limit, so it fires only when the server cannot answer at all (frozen, partitioned, a primary
+ * gone behind a Service that now routes new connections elsewhere), where TCP alone would hold
+ * the query for minutes or, with the peer's kernel still acknowledging, for ever.
+ */
+export const QUERY_TIMEOUT_MS = STATEMENT_TIMEOUT_MS + 5_000;
+
 export interface PoolOptions {
   /**
    * Fail a query the server has not answered after this many ms (pg's client-side query_timeout;

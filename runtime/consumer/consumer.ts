@@ -36,7 +36,7 @@ import { readActivityItems } from '../../core/db/activity-items-store.js';
 import type { ActivityItem } from '../../core/db/activity-items-store.js';
 import { insertOrders } from '../../core/db/orders-store.js';
 import type { InsertOutcome } from '../../core/db/orders-store.js';
-import { isTransientDbError } from '../../core/db/pool.js';
+import { inTransaction, isTransientDbError } from '../../core/db/pool.js';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
@@ -434,9 +434,9 @@ export class OrderConsumer {
 
   private async insert(orders: OrderMessage[]): Promise<GuardedOutcome> {
     await this.guard.prepare(orders);
-    const client = await this.options.pool.connect();
-    try {
-      await client.query('BEGIN');
+    // inTransaction drops a connection whose query timed out (a server that stopped answering)
+    // instead of handing it to the next batch, which would wait on it again.
+    const result = await inTransaction(this.options.pool, async (client) => {
       // Each inserted order's ORDER_CREATED journal row is written by the same statement.
       const outcome = await insertOrders(client, orders, this.options.paymentTimeoutSeconds, ORDER_CREATED);
       const guarded = [
@@ -444,15 +444,10 @@ export class OrderConsumer {
         ...(await this.guard.closeSlotConflicts(client, orders, outcome.rejected)),
       ];
       crashPoint('consumer-before-db-commit');
-      await client.query('COMMIT');
-      crashPoint('consumer-after-db-commit');
       return { ...outcome, guarded };
-    } catch (err) {
-      await client.query('ROLLBACK').catch(() => undefined);
-      throw err;
-    } finally {
-      client.release();
-    }
+    });
+    crashPoint('consumer-after-db-commit');
+    return result;
   }
 
   private async afterCommit(orders: OrderMessage[], outcome: GuardedOutcome): Promise<void> {
