@@ -237,6 +237,16 @@ export function createKafka(
 }
 
 /**
+ * How old the partition metadata of a producer or consumer may get before it is read again
+ * (kafkajs' `metadataMaxAge`, 5 minutes by default). kafkajs reads it again after a "not leader"
+ * answer, which a broker that stalls (frozen, cut off) never gives: its requests only time out and
+ * are retried against it. With the default the relay's sends and the consumer's fetches went on
+ * to the frozen leader for minutes after the cluster had moved its partitions; now each retry
+ * after 5 s finds the new leader. One Metadata request per client every 5 s while it works.
+ */
+export const KAFKA_METADATA_MAX_AGE_MS = 5_000;
+
+/**
  * An idempotent producer (acks from all in-sync replicas, one request in flight). Retries are
  * unbounded as kafkajs requires for its idempotence guarantee: during a broker outage a send
  * waits instead of failing, and the half messages simply stay in the outbox.
@@ -250,6 +260,7 @@ export function idempotentProducer(kafka: Kafka): PartitionedProducer {
     maxInFlightRequests: 1,
     allowAutoTopicCreation: false,
     createPartitioner: Partitioners.DefaultPartitioner,
+    metadataMaxAge: KAFKA_METADATA_MAX_AGE_MS,
     retry: { retries: Number.MAX_SAFE_INTEGER, initialRetryTime: 200, maxRetryTime: 5_000 },
   });
   return onePartitionPerRequest(producer, kafka);

@@ -1,0 +1,173 @@
+// Window 18 (Kafka part) with a broker that stalls instead of dying: the leader of an orders
+// partition is frozen (SIGSTOP) mid-sale on a three-broker KRaft cluster (replication factor 3,
+// min.insync.replicas 2). Its connections stay open and take in every request, and nothing is
+// answered: the cluster moves its partitions' leadership once its session expires, but a client
+// learns of it only when a request to the frozen broker times out. Expected, with the broker still
+// frozen: every 202 exactly one order, no duplicate, no gap, the wave drained into PostgreSQL.
+// The suite's PostgreSQL and Redis are used.
+import type { PartitionMetadata } from 'kafkajs';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import pg from 'pg';
+import { createKafka, topicsFor } from '../../../core/kafka.js';
+import { formatViolations } from '../../faults/harness/invariants.js';
+import type { Violation } from '../../faults/harness/invariants.js';
+import { recordRun } from '../../faults/harness/results.js';
+import { Sale, buyers, prepareActivity, recoverAndCheck } from '../../faults/harness/sale.js';
+import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
+import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
+import type { PrivateServers } from '../../faults/harness/servers.js';
+import { waitFor } from '../../../dev/roles.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+
+const STOCK = 40;
+const PARTITIONS = 3;
+
+describe('window 18 (Kafka): the leader of a partition stalls mid-sale (SIGSTOP)', () => {
+  let priv: PrivateServers | undefined;
+  let db: FreshDatabase;
+  let servers: Servers;
+  let sale: Sale | undefined;
+  let frozenPid = 0;
+
+  beforeAll(async () => {
+    priv = await startPrivateServers(['kafka-cluster']);
+    db = await freshDatabase();
+    servers = {
+      databaseUrl: db.url,
+      redisUrl: testEnv().redisUrl,
+      kafkaBrokers: priv.env.KAFKA_CLUSTER_BROKERS!.split(','),
+    };
+  }, 240_000);
+
+  afterAll(async () => {
+    if (frozenPid) process.kill(frozenPid, 'SIGCONT');
+    await sale?.stop();
+    await db?.drop();
+    if (priv) await stopPrivateServers(priv);
+  }, 180_000);
+
+  test('every 202 is exactly one order with the broker still frozen', async () => {
+    const t0 = Date.now();
+    const p = priv!;
+    const activityId = uniqueId('f-kstall');
+    await prepareActivity(
+      servers,
+      activityId,
+      [{ skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: STOCK, limitPerUser: 1 }],
+      { partitions: PARTITIONS, replicationFactor: 3 },
+    );
+    const topics = topicsFor(activityId);
+    const admin = createKafka(servers.kafkaBrokers, `faults-${activityId}-admin`).admin();
+    await admin.connect();
+    const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    const v: Violation[] = [];
+    let figures: Record<string, number> = {};
+    try {
+      const leaderOf0 = async (): Promise<number> => {
+        let leader = -1;
+        await waitFor(
+          'the leader of partition 0 of the orders topic',
+          async () => {
+            const parts = await admin
+              .fetchTopicMetadata({ topics: [topics.orders] })
+              .then((m) => m.topics[0]?.partitions ?? [])
+              .catch((): PartitionMetadata[] => []);
+            leader = parts.find((x) => x.partitionId === 0)?.leader ?? -1;
+            return parts.length === PARTITIONS && leader > 0;
+          },
+          60_000,
+          200,
+        );
+        return leader;
+      };
+      const countOrders = async (): Promise<number> =>
+        Number(
+          (
+            await sql.query<{ n: string }>('SELECT count(*)::text AS n FROM orders WHERE activity_id = $1', [
+              activityId,
+            ])
+          ).rows[0]!.n,
+        );
+      const wave = (name: string, size: number): Promise<BuyerAnswer[]> =>
+        buyers(
+          sale!,
+          activityId,
+          Array.from({ length: size }, (_, i) => `${activityId}-${name}${i}`),
+          { skuId: 'rice', concurrency: 6, maxAttempts: 400 },
+        );
+
+      sale = new Sale({ servers, activityId });
+      await sale.start();
+      // Half the stock ordered through every partition, so the consumer group is running and
+      // fetching from every leader when one of them stalls.
+      const first = await wave('a', STOCK / 2);
+      await waitFor(
+        'the first wave in PostgreSQL',
+        async () => (await countOrders()) === STOCK / 2,
+        120_000,
+        100,
+      );
+      const leader = await leaderOf0();
+      // The admin's connection to it would be the next to hang: it is done.
+      await admin.disconnect();
+      frozenPid = Number(readFileSync(join(p.state, `kafka-cluster-${leader}.pid`), 'utf8').split('\n')[0]);
+      process.kill(frozenPid, 'SIGSTOP');
+      const frozenAt = Date.now();
+      // The second wave's orders are produced and consumed with the broker frozen.
+      const second = await wave('b', 3 * (STOCK / 2));
+      const answeredAt = Date.now();
+      const rec = await recoverAndCheck(servers, activityId, 240_000);
+      const drainedAt = Date.now();
+      v.push(...rec.violations.map((x) => ({ ...x, detail: `broker ${leader} frozen: ${x.detail}` })));
+      const answers = [...first, ...second];
+
+      const accepted = answers.filter((a) => a.status === 202);
+      const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
+      const perRsv = await sql.query<{ reservation_id: string; n: string }>(
+        `SELECT reservation_id, count(*)::text AS n FROM orders WHERE activity_id = $1 GROUP BY reservation_id`,
+        [activityId],
+      );
+      const n = new Map(perRsv.rows.map((r) => [r.reservation_id, Number(r.n)]));
+      const lost = accepted.filter((a) => n.get(a.reservationId!) === undefined);
+      const duplicated = [...n.values()].filter((x) => x > 1).length;
+      if (lost.length > 0)
+        v.push({ rule: 'missing-order', detail: `${lost.length} 202(s) without an order` });
+      if (duplicated > 0)
+        v.push({ rule: 'duplicate-order', detail: `${duplicated} reservation(s) with 2+ orders` });
+      if (undecided.length > 0)
+        v.push({
+          rule: 'missing-order',
+          detail: `${undecided.length} buyer(s) never got a definitive answer`,
+        });
+      figures = {
+        '202': accepted.length,
+        orders: [...n.values()].reduce((a, b) => a + b, 0),
+        lost: lost.length,
+        duplicated,
+        'freeze to last answer s': Math.round((answeredAt - frozenAt) / 100) / 10,
+        'freeze to drained s': Math.round((drainedAt - frozenAt) / 100) / 10,
+        'role restarts': sale.deaths.length,
+      };
+      expect(accepted).toHaveLength(STOCK);
+    } finally {
+      await admin.disconnect().catch(() => undefined);
+      await sql.end();
+      await sale?.stop();
+      sale = undefined;
+      if (frozenPid) process.kill(frozenPid, 'SIGCONT');
+      frozenPid = 0;
+      const text = formatViolations(v);
+      console.log(`window 18 (Kafka broker stalled) figures: ${JSON.stringify(figures)}`);
+      recordRun({
+        scenario: 'window 18 (Kafka broker stalled)',
+        outcome: text === '' && Object.keys(figures).length > 0 ? 'pass' : 'fail',
+        ms: Date.now() - t0,
+        figures,
+        ...(text ? { detail: text } : {}),
+      });
+      expect(text).toBe('');
+    }
+  }, 600_000);
+});
