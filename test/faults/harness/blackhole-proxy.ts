@@ -11,18 +11,13 @@ export interface BlackholeProxy {
   port: number;
   /** Stops forwarding on every open connection, both ways, without closing any; returns how many. */
   blackhole: () => number;
-  /** Connections proxied so far, and how many of them are black-holed. */
-  counts: () => { opened: number; blackholed: number };
   close: () => Promise<void>;
 }
 
 export async function startBlackholeProxy(target: { host: string; port: number }): Promise<BlackholeProxy> {
   const open = new Set<{ client: Socket; upstream: Socket }>();
   const held: Socket[] = [];
-  let opened = 0;
-  let blackholed = 0;
   const server: Server = createServer((client) => {
-    opened += 1;
     const upstream = createConnection(target);
     const pair = { client, upstream };
     open.add(pair);
@@ -57,12 +52,10 @@ export async function startBlackholeProxy(target: { host: string; port: number }
         pair.upstream.on('error', () => undefined);
         pair.upstream.destroy();
         held.push(pair.client);
-        blackholed += 1;
       }
       open.clear();
       return n;
     },
-    counts: () => ({ opened, blackholed }),
     close: async () => {
       for (const pair of open) {
         pair.client.destroy();
