@@ -237,12 +237,12 @@ export function createKafka(
 }
 
 /**
- * How old the partition metadata of a producer or consumer may get before it is read again
- * (kafkajs' `metadataMaxAge`, 5 minutes by default). kafkajs reads it again after a "not leader"
- * answer, which a broker that stalls (frozen, cut off) never gives: its requests only time out and
- * are retried against it. With the default the relay's sends and the consumer's fetches went on
- * to the frozen leader for minutes after the cluster had moved its partitions; now each retry
- * after 5 s finds the new leader. One Metadata request per client every 5 s while it works.
+ * How old a producer's partition metadata may get before it is read again (kafkajs'
+ * `metadataMaxAge`, 5 minutes by default). kafkajs reads it again after a "not leader" answer,
+ * which a broker that stalls (frozen, cut off) never gives: its requests only time out and are
+ * retried against it. With the default the relay's sends went on to the frozen leader for minutes
+ * after the cluster had moved its partitions; now a retry after 5 s finds the new leader. One
+ * Metadata request per producer every 5 s while it sends.
  */
 export const KAFKA_METADATA_MAX_AGE_MS = 5_000;
 

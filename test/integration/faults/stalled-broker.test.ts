@@ -13,8 +13,7 @@ import { createKafka, topicsFor } from '../../../core/kafka.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf } from '../../faults/harness/sale.js';
-import { readOutbox } from '../../../core/activity-cache.js';
+import { Sale, buyers, prepareActivity, recoverAndCheck } from '../../faults/harness/sale.js';
 import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
@@ -63,7 +62,6 @@ describe('window 18 (Kafka): the leader of a partition stalls mid-sale (SIGSTOP)
     const admin = createKafka(servers.kafkaBrokers, `faults-${activityId}-admin`).admin();
     await admin.connect();
     const sql = new pg.Pool({ connectionString: db.url, max: 2 });
-    const watcher = redisOf(servers, { maxRetriesPerRequest: 3 });
     const v: Violation[] = [];
     let figures: Record<string, number> = {};
     try {
@@ -114,33 +112,19 @@ describe('window 18 (Kafka): the leader of a partition stalls mid-sale (SIGSTOP)
       const leader = await leaderOf0();
       // The admin's connection to it would be the next to hang: it is done.
       await admin.disconnect();
-      // A quarter of the stock reaches Kafka (partition 0 on the leader about to stall) while the
-      // consumer is paused, for a few seconds, below its session timeout: the consumer must then
-      // fetch what is already in Kafka from partition 0's next leader.
-      const consumerPid = sale.current.get('consumer')!.proc.pid!;
-      process.kill(consumerPid, 'SIGSTOP');
-      let second: BuyerAnswer[];
-      try {
-        second = await wave('b', STOCK / 4);
-        await waitFor(
-          'the second wave in Kafka (outbox empty)',
-          async () => (await readOutbox(watcher, activityId)).halfMessages === 0,
-          30_000,
-          100,
-        );
-        frozenPid = Number(readFileSync(join(p.state, `kafka-cluster-${leader}.pid`), 'utf8').split('\n')[0]);
-        process.kill(frozenPid, 'SIGSTOP');
-      } finally {
-        process.kill(consumerPid, 'SIGCONT');
-      }
+      frozenPid = Number(readFileSync(join(p.state, `kafka-cluster-${leader}.pid`), 'utf8').split('\n')[0]);
+      process.kill(frozenPid, 'SIGSTOP');
       const frozenAt = Date.now();
-      // The last wave's orders are produced and consumed with the broker frozen.
-      const third = await wave('c', 3 * (STOCK / 4));
+      // The second wave's orders are produced and consumed with the broker frozen.
+      const second = await wave('b', 3 * (STOCK / 2));
       const answeredAt = Date.now();
-      const rec = await recoverAndCheck(servers, activityId, 240_000);
+      // The producers leave the frozen leader within about a minute (KAFKA_METADATA_MAX_AGE_MS); a
+      // consumer caught in a fetch to it recovers only once kafkajs has given up on it (5 retries of
+      // its 30 s request timeout) and the consumer restarted, about 3.5 minutes (docs/faults.md).
+      const rec = await recoverAndCheck(servers, activityId, 360_000);
       const drainedAt = Date.now();
       v.push(...rec.violations.map((x) => ({ ...x, detail: `broker ${leader} frozen: ${x.detail}` })));
-      const answers = [...first, ...second, ...third];
+      const answers = [...first, ...second];
 
       const accepted = answers.filter((a) => a.status === 202);
       const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
@@ -172,7 +156,6 @@ describe('window 18 (Kafka): the leader of a partition stalls mid-sale (SIGSTOP)
       expect(accepted).toHaveLength(STOCK);
     } finally {
       await admin.disconnect().catch(() => undefined);
-      watcher.disconnect();
       await sql.end();
       await sale?.stop();
       sale = undefined;
