@@ -10,7 +10,7 @@ import { countUnconfirmed, loadActivity, readOutbox, setGate } from '../../../co
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import type { CatalogItem } from '../../../core/model.js';
-import { createRedis } from '../../../core/redis.js';
+import { createRedis, parseSentinels } from '../../../core/redis.js';
 import type { RedisConnection, SentinelAddress } from '../../../core/redis.js';
 import { registerScripts } from '../../../core/scripts.js';
 import type { RedisClient } from '../../../core/scripts.js';
@@ -31,6 +31,37 @@ export interface Servers {
   sentinel?: Required<Pick<RedisConnection, 'sentinels' | 'sentinelMaster'>>;
   /** A Redis Cluster's seed nodes: used instead of redisUrl by the roles and the checks. */
   cluster?: SentinelAddress[];
+}
+
+/** The servers of a private Sentinel set (test/env/start-redis-sentinel.sh's variables). */
+export function sentinelServers(
+  env: Record<string, string>,
+  databaseUrl: string,
+  kafkaBrokers: string[],
+): Servers {
+  return {
+    databaseUrl,
+    redisUrl: `redis://127.0.0.1:${env.REDIS_SENTINEL_PRIMARY_PORT!}`,
+    kafkaBrokers,
+    sentinel: {
+      sentinels: parseSentinels(env.REDIS_SENTINELS!.split(',')),
+      sentinelMaster: env.REDIS_SENTINEL_MASTER!,
+    },
+  };
+}
+
+/** The servers of a Redis Cluster given by its seed nodes (the first one also as REDIS_URL). */
+export function clusterServers(
+  nodes: SentinelAddress[],
+  databaseUrl: string,
+  kafkaBrokers: string[],
+): Servers {
+  return {
+    databaseUrl,
+    redisUrl: `redis://${nodes[0]!.host}:${nodes[0]!.port}`,
+    kafkaBrokers,
+    cluster: nodes,
+  };
 }
 
 /** A client of the servers' Redis (through Sentinel when there is one). */

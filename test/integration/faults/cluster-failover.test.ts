@@ -12,7 +12,15 @@ import pg from 'pg';
 import { readStock } from '../../../core/activity-cache.js';
 import { parseSentinels } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
-import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf, sleep } from '../../faults/harness/sale.js';
+import {
+  Sale,
+  buyers,
+  clusterServers,
+  prepareActivity,
+  recoverAndCheck,
+  redisOf,
+  sleep,
+} from '../../faults/harness/sale.js';
 import type { Servers } from '../../faults/harness/sale.js';
 import {
   restartRedisAsReplica,
@@ -39,12 +47,7 @@ const PLAIN = 16;
     priv = await startPrivateServers(['redis-cluster']);
     db = await freshDatabase();
     const nodes = parseSentinels(priv.env.REDIS_CLUSTER_NODES!.split(','));
-    servers = {
-      databaseUrl: db.url,
-      redisUrl: `redis://${nodes[0]!.host}:${nodes[0]!.port}`,
-      kafkaBrokers: testEnv().kafkaBrokers,
-      cluster: nodes,
-    };
+    servers = clusterServers(nodes, db.url, testEnv().kafkaBrokers);
   }, 180_000);
 
   afterAll(async () => {

@@ -12,10 +12,17 @@ import { promisify } from 'node:util';
 import pg from 'pg';
 import { readStock } from '../../../core/activity-cache.js';
 import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
-import { parseSentinels } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf, sleep } from '../../faults/harness/sale.js';
+import {
+  Sale,
+  buyers,
+  prepareActivity,
+  recoverAndCheck,
+  redisOf,
+  sentinelServers,
+  sleep,
+} from '../../faults/harness/sale.js';
 import type { Servers } from '../../faults/harness/sale.js';
 import {
   restartRedisAsReplica,
@@ -45,15 +52,7 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
   beforeAll(async () => {
     priv = await startPrivateServers(['redis-sentinel']);
     db = await freshDatabase();
-    servers = {
-      databaseUrl: db.url,
-      redisUrl: `redis://127.0.0.1:${priv.env.REDIS_SENTINEL_PRIMARY_PORT!}`,
-      kafkaBrokers: testEnv().kafkaBrokers,
-      sentinel: {
-        sentinels: parseSentinels(priv.env.REDIS_SENTINELS!.split(',')),
-        sentinelMaster: priv.env.REDIS_SENTINEL_MASTER!,
-      },
-    };
+    servers = sentinelServers(priv.env, db.url, testEnv().kafkaBrokers);
   }, 180_000);
 
   afterAll(async () => {
@@ -198,15 +197,7 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
     beforeAll(async () => {
       priv = await startPrivateServers(['redis-sentinel']);
       db = await freshDatabase();
-      servers = {
-        databaseUrl: db.url,
-        redisUrl: `redis://127.0.0.1:${priv.env.REDIS_SENTINEL_PRIMARY_PORT!}`,
-        kafkaBrokers: testEnv().kafkaBrokers,
-        sentinel: {
-          sentinels: parseSentinels(priv.env.REDIS_SENTINELS!.split(',')),
-          sentinelMaster: priv.env.REDIS_SENTINEL_MASTER!,
-        },
-      };
+      servers = sentinelServers(priv.env, db.url, testEnv().kafkaBrokers);
     }, 180_000);
 
     afterAll(async () => {

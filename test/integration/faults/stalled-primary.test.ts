@@ -20,7 +20,14 @@ import pg from 'pg';
 import { parseSentinels } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import { Sale, buyers, prepareActivity, recoverAndCheck } from '../../faults/harness/sale.js';
+import {
+  Sale,
+  buyers,
+  clusterServers,
+  prepareActivity,
+  recoverAndCheck,
+  sentinelServers,
+} from '../../faults/harness/sale.js';
 import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
@@ -224,15 +231,7 @@ describe('a stalled Redis primary (SIGSTOP) under Sentinel', () => {
   beforeAll(async () => {
     priv = await startPrivateServers(['redis-sentinel']);
     db = await freshDatabase();
-    servers = {
-      databaseUrl: db.url,
-      redisUrl: `redis://127.0.0.1:${priv.env.REDIS_SENTINEL_PRIMARY_PORT!}`,
-      kafkaBrokers: testEnv().kafkaBrokers,
-      sentinel: {
-        sentinels: parseSentinels(priv.env.REDIS_SENTINELS!.split(',')),
-        sentinelMaster: priv.env.REDIS_SENTINEL_MASTER!,
-      },
-    };
+    servers = sentinelServers(priv.env, db.url, testEnv().kafkaBrokers);
   }, 180_000);
 
   afterAll(async () => {
@@ -283,12 +282,7 @@ describe('a stalled Redis Cluster primary (SIGSTOP)', () => {
     priv = await startPrivateServers(['redis-cluster']);
     db = await freshDatabase();
     const nodes = parseSentinels(priv.env.REDIS_CLUSTER_NODES!.split(','));
-    servers = {
-      databaseUrl: db.url,
-      redisUrl: `redis://${nodes[0]!.host}:${nodes[0]!.port}`,
-      kafkaBrokers: testEnv().kafkaBrokers,
-      cluster: nodes,
-    };
+    servers = clusterServers(nodes, db.url, testEnv().kafkaBrokers);
   }, 180_000);
 
   afterAll(async () => {

@@ -24,7 +24,13 @@ import { isCluster, parseSentinels, primariesOf } from '../../../core/redis.js';
 import { ClusterReplicaAck } from '../../../core/durable-ack.js';
 import type { SentinelAddress } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
-import { Sale, prepareActivity, recoverAndCheck, redisOf } from '../../faults/harness/sale.js';
+import {
+  Sale,
+  clusterServers,
+  prepareActivity,
+  recoverAndCheck,
+  redisOf,
+} from '../../faults/harness/sale.js';
 import type { Servers } from '../../faults/harness/sale.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
@@ -62,12 +68,7 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
       nodes = parseSentinels(priv.env.REDIS_CLUSTER_NODES!.split(','));
     }
     db = await freshDatabase();
-    servers = {
-      databaseUrl: db.url,
-      redisUrl: `redis://${nodes[0]!.host}:${nodes[0]!.port}`,
-      kafkaBrokers: testEnv().kafkaBrokers,
-      cluster: nodes,
-    };
+    servers = clusterServers(nodes, db.url, testEnv().kafkaBrokers);
   }, 180_000);
 
   afterAll(async () => {
