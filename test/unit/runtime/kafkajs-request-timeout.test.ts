@@ -1,0 +1,225 @@
+// kafkajs 2.2.4 as patched (patches/kafkajs+2.2.4.patch) against upstream, on what a broker that
+// stalls does to a client: its TCP connection stays open and nothing is answered. Upstream, the
+// connection outlived a timed-out request, so every later request on it waited out its own
+// timeout, and a consumer's fetch that timed out was retried against the same broker. Patched, the
+// connection closes (the requests still on it fail at once), callers that reconnect it at the
+// same time share one socket, and the consumer drops the broker (closing its connections), so the
+// next metadata read comes from another. The end-to-end proof with a frozen broker of a real
+// cluster is test/integration/faults/stalled-broker.test.ts; the "broker" here is a socket that
+// takes in every byte and answers none, the one behaviour under test.
+import net from 'node:net';
+import type { AddressInfo } from 'node:net';
+import { kafkajsModule } from '../../../bench/lib/kafkajs-upstream.js';
+
+type Which = 'installed' | 'upstream';
+
+interface KafkaRequest {
+  apiKey: number;
+}
+interface Connection {
+  connect(): Promise<boolean>;
+  send(protocol: { request: KafkaRequest; response: unknown }): Promise<unknown>;
+  isConnected(): boolean;
+  disconnect(): Promise<boolean>;
+}
+type ConnectionClass = new (options: Record<string, unknown>) => Connection;
+interface Loggers {
+  LEVELS: { NOTHING: number };
+  createLogger(options: { level: number; logCreator: () => () => void }): unknown;
+}
+type ApiVersions = { protocol(v: { version: number }): () => { request: KafkaRequest; response: unknown } };
+
+const REQUEST_TIMEOUT_MS = 300;
+
+describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
+  let server: net.Server;
+  let port: number;
+  const accepted: net.Socket[] = [];
+
+  beforeAll(async () => {
+    // Reads and ignores every request: a stalled broker as a client sees one.
+    server = net.createServer((socket) => {
+      accepted.push(socket);
+      socket.on('data', () => undefined);
+      socket.on('error', () => undefined);
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    port = (server.address() as AddressInfo).port;
+  });
+
+  afterAll(async () => {
+    for (const s of accepted) s.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+
+  const open = (which: Which): Connection => {
+    const Connection = kafkajsModule<ConnectionClass>(which, 'src/network/connection.js');
+    const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
+    const socketFactory = kafkajsModule<() => unknown>(which, 'src/network/socketFactory.js');
+    return new Connection({
+      host: '127.0.0.1',
+      port,
+      logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
+      socketFactory: socketFactory(),
+      requestTimeout: REQUEST_TIMEOUT_MS,
+      connectionTimeout: 1_000,
+    });
+  };
+  const apiVersions = (which: Which): { request: KafkaRequest; response: unknown } =>
+    kafkajsModule<ApiVersions>(which, 'src/protocol/requests/apiVersions/index.js').protocol({
+      version: 0,
+    })();
+  /** How a request failed: its error's name and message. */
+  const outcome = (p: Promise<unknown>): Promise<string> =>
+    p.then(
+      () => 'answered',
+      (e: Error) => `${e.name}: ${e.message}`,
+    );
+  const ON_CLOSE =
+    /^KafkaJSRequestTimeoutError: Request not answered: another request on its connection timed out/;
+  const OWN_TIMEOUT = /^KafkaJSRequestTimeoutError: Request ApiVersions\(key: 18, version: 0\) timed out$/;
+
+  /** Two requests, the second sent half a timeout after the first. */
+  const twoRequests = async (which: Which) => {
+    const connection = open(which);
+    await connection.connect();
+    const first = outcome(connection.send(apiVersions(which)));
+    await new Promise((r) => setTimeout(r, REQUEST_TIMEOUT_MS / 2));
+    const second = outcome(connection.send(apiVersions(which)));
+    const [a, b] = await Promise.all([first, second]);
+    const connectedAfter = connection.isConnected();
+    await connection.disconnect();
+    return { first: a, second: b, connectedAfter };
+  };
+
+  // The second request's message says why it failed: the connection closed under it when the
+  // first timed out (patched) or its own timeout ran out (upstream). Either way the error is the
+  // one callers already retry a timed-out request on.
+  it('patched: the first timeout closes the connection and fails the request still on it at once', async () => {
+    const r = await twoRequests('installed');
+    expect(r.first).toMatch(OWN_TIMEOUT);
+    expect(r.second).toMatch(ON_CLOSE);
+    expect(r.connectedAfter).toBe(false);
+  });
+
+  it('upstream: the connection stays open and each request waits out its own timeout', async () => {
+    const r = await twoRequests('upstream');
+    expect(r.first).toMatch(OWN_TIMEOUT);
+    expect(r.second).toMatch(OWN_TIMEOUT);
+    expect(r.connectedAfter).toBe(true);
+  });
+
+  it('a new request after the close opens a new connection', async () => {
+    const connection = open('installed');
+    await connection.connect();
+    const before = accepted.length;
+    expect(await outcome(connection.send(apiVersions('installed')))).toMatch(OWN_TIMEOUT);
+    expect(connection.isConnected()).toBe(false);
+    await connection.connect();
+    expect(connection.isConnected()).toBe(true);
+    expect(accepted.length).toBe(before + 1);
+    await connection.disconnect();
+  });
+
+  /** Sockets the server accepted while `connect()` was called twice at once on a closed connection. */
+  const concurrentConnects = async (which: Which) => {
+    const connection = open(which);
+    const before = accepted.length;
+    await Promise.all([connection.connect(), connection.connect()]);
+    // Let the server side see every socket that was opened.
+    await new Promise((r) => setTimeout(r, 100));
+    const opened = accepted.length - before;
+    await connection.disconnect();
+    return opened;
+  };
+
+  // A send retried through ConnectionPool.getConnection while a Broker.connect reconnects: both
+  // find the connection closed. Upstream each opens a socket and the first is left open, out of
+  // reach of disconnect(); the close on a timeout made that race common.
+  it('patched: callers connecting at once share one socket', async () => {
+    expect(await concurrentConnects('installed')).toBe(1);
+  });
+
+  it('upstream: each opens its own, one of them left behind', async () => {
+    expect(await concurrentConnects('upstream')).toBe(2);
+  });
+
+  describe('the broker pool, dropping a broker', () => {
+    interface BrokerPoolProto {
+      removeBroker(this: unknown, address: { host: string; port: number }): void;
+    }
+    const drop = (which: Which) => {
+      const proto = kafkajsModule<{ prototype: BrokerPoolProto }>(
+        which,
+        'src/cluster/brokerPool.js',
+      ).prototype;
+      let disconnects = 0;
+      const frozen = {
+        nodeId: 1,
+        connectionPool: { host: '127.0.0.1', port: 39092 },
+        disconnect: async () => {
+          disconnects += 1;
+        },
+      };
+      const pool = {
+        brokers: { 1: frozen, 2: { nodeId: 2, connectionPool: { host: '127.0.0.1', port: 39093 } } },
+        seedBroker: { nodeId: 2 },
+        metadataExpireAt: Date.now() + 60_000,
+      };
+      proto.removeBroker.call(pool, { host: '127.0.0.1', port: 39092 });
+      return { left: Object.keys(pool.brokers), metadataExpireAt: pool.metadataExpireAt, disconnects };
+    };
+
+    it('patched: closes its connections (nothing else would once it is out of the pool)', () => {
+      expect(drop('installed')).toEqual({ left: ['2'], metadataExpireAt: null, disconnects: 1 });
+    });
+
+    it('upstream: leaves them open', () => {
+      expect(drop('upstream')).toEqual({ left: ['2'], metadataExpireAt: null, disconnects: 0 });
+    });
+  });
+
+  describe('the consumer, on a fetch that timed out', () => {
+    interface ConsumerGroupProto {
+      recoverFromFetch(this: unknown, e: Error): Promise<void>;
+    }
+    const timedOut = (which: Which): Error => {
+      const { KafkaJSRequestTimeoutError } = kafkajsModule<{
+        KafkaJSRequestTimeoutError: new (m: string, o: { broker: string }) => Error;
+      }>(which, 'src/errors.js');
+      return new KafkaJSRequestTimeoutError('Request Fetch(key: 1, version: 11) timed out', {
+        broker: '127.0.0.1:39092',
+      });
+    };
+    const recover = async (which: Which) => {
+      const proto = kafkajsModule<{ prototype: ConsumerGroupProto }>(
+        which,
+        'src/consumer/consumerGroup.js',
+      ).prototype;
+      const removed: unknown[] = [];
+      const group = {
+        cluster: { removeBroker: (b: unknown) => removed.push(b) },
+        logger: { debug: () => undefined, warn: () => undefined, error: () => undefined },
+      };
+      const error = await proto.recoverFromFetch.call(group, timedOut(which)).then(
+        () => undefined,
+        (e: Error) => e.name,
+      );
+      return { error, removed };
+    };
+
+    it('patched: drops the broker (metadata is read afresh from another) and goes on', async () => {
+      expect(await recover('installed')).toEqual({
+        error: undefined,
+        removed: [{ host: '127.0.0.1', port: 39092 }],
+      });
+    });
+
+    it('upstream: rethrows, and the retry fetches from the same broker', async () => {
+      expect(await recover('upstream')).toEqual({
+        error: 'KafkaJSRequestTimeoutError',
+        removed: [],
+      });
+    });
+  });
+});
