@@ -231,6 +231,8 @@ const schema = z
     ORDER_GAP_MAX_REPUBLISH: env.int(5, 1),
     /** node-cron expression (with seconds) of the Redis/ledger/PostgreSQL reconciliation. */
     RECONCILIATION_CRON: z.string().default('0 */5 * * * *'),
+    /** Reconciliation reports older than this many days are deleted (an activity's newest is kept); 0 = keep all. */
+    RECONCILIATION_REPORT_RETENTION_DAYS: env.int(30, 0),
     // --- Refunds and order events (docs/after-sale.md "Refunds", docs/order-events.md) ---
     /** The built-in provider's refund endpoint (signed POST); unset = refunds wait PENDING (alerted). */
     PAYMENT_HMAC_REFUND_URL: z.string().url().optional(),

@@ -44,3 +44,26 @@ export async function latestReports(
   );
   return res.rows;
 }
+
+/**
+ * Deletes the activity's reports created more than `olderThanSeconds` ago, never its newest one (a
+ * finished sale keeps its last verdict), at most `limit` a call; returns how many went. The
+ * (activity_id, created_at) index serves it, so a call costs what it deletes.
+ */
+export async function purgeOldReports(
+  db: Queryable,
+  activityId: string,
+  olderThanSeconds: number,
+  limit = 1000,
+): Promise<number> {
+  const res = await db.query(
+    `DELETE FROM reconciliation_reports WHERE id IN (
+       SELECT id FROM reconciliation_reports
+        WHERE activity_id = $1 AND created_at < now() - make_interval(secs => $2)
+          AND id < (SELECT max(id) FROM reconciliation_reports WHERE activity_id = $1)
+        ORDER BY created_at
+        LIMIT $3)`,
+    [activityId, olderThanSeconds, limit],
+  );
+  return res.rowCount ?? 0;
+}

@@ -30,6 +30,7 @@ export interface AfterSaleJobsConfig {
   ORDER_GAP_MAX_REPUBLISH: number;
   JOBS_GAUGE_CRON: string;
   RECONCILIATION_CRON: string;
+  RECONCILIATION_REPORT_RETENTION_DAYS: number;
 }
 
 export interface AfterSaleJobsDeps {
@@ -82,7 +83,9 @@ export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promi
     cron.schedule(
       cfg.RECONCILIATION_CRON,
       // The job label stays `reconciliation`: it is a series of flashsale_job_runs_total.
-      job('reconciliation', () => auditStock({ ...base, activityId })),
+      job('reconciliation', () =>
+        auditStock({ ...base, activityId, reportRetentionDays: cfg.RECONCILIATION_REPORT_RETENTION_DAYS }),
+      ),
       { name: `reconciliation-${activityId}`, noOverlap: true },
     ),
   ];

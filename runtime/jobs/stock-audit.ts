@@ -28,7 +28,7 @@ import { paymentFigures } from '../../core/db/payments-store.js';
 import { refundConsistency, refundCounts } from '../../core/db/refunds-store.js';
 import type { Pool } from '../../core/db/pool.js';
 import { restoresOf } from '../../core/db/cache-restores-store.js';
-import { insertReport } from '../../core/db/reconciliation-store.js';
+import { insertReport, purgeOldReports } from '../../core/db/reconciliation-store.js';
 import type { Mismatch, ReconciliationBasis } from '../../core/db/reconciliation-store.js';
 import { readStockRows, readWriteBack } from '../../core/db/stock-store.js';
 import type { Logger } from '../../core/logger.js';
@@ -46,6 +46,11 @@ export interface StockAuditDeps {
   maxLedger?: number;
   /** Pause before re-measuring a mismatch. */
   remeasureDelayMs?: number;
+  /**
+   * The activity's reports older than this many days are deleted after each run (its newest is
+   * always kept); 0 or undefined keeps every report (RECONCILIATION_REPORT_RETENTION_DAYS).
+   */
+  reportRetentionDays?: number | undefined;
 }
 
 export interface StockAuditResult {
@@ -209,6 +214,16 @@ export async function auditStock(d: StockAuditDeps): Promise<StockAuditResult> {
     mismatches: m.mismatches,
     figures: m.figures,
   });
+  if (d.reportRetentionDays) {
+    // A run every RECONCILIATION_CRON tick for as long as the jobs run: without this the table
+    // grows by one row per activity every 5 minutes, for ever. A failed purge is retried next run.
+    await purgeOldReports(d.pool, a, d.reportRetentionDays * 86_400).catch((err: Error) =>
+      d.logger.warn(
+        { activity: a, err: err.message },
+        'reconciliation report purge failed; retried next run',
+      ),
+    );
+  }
   d.metrics?.reconciliationRuns.inc({
     activity: a,
     result: m.basis === 'skipped' ? 'skipped' : ok ? 'ok' : 'mismatch',

@@ -5,7 +5,7 @@
 import type { Admin, Kafka, Producer } from 'kafkajs';
 import { readStock, setGate } from '../../../core/activity-cache.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
-import { latestReports } from '../../../core/db/reconciliation-store.js';
+import { latestReports, purgeOldReports } from '../../../core/db/reconciliation-store.js';
 import { writeBack } from '../../../core/db/stock-store.js';
 import { gapRepairOf } from '../../../core/db/gap-repairs-store.js';
 import { journalFor } from '../../../core/db/journal-store.js';
@@ -137,6 +137,48 @@ describe('reconciliation', () => {
       ]);
       const bad = await reconcile(activityId);
       expect(bad.mismatches.map((m) => [m.check, m.expected, m.actual])).toEqual([['stock-held', 2, 3]]);
+    },
+    TIMEOUT_MS,
+  );
+  it(
+    "reports older than the retention are deleted after a run: never an activity's newest, never another activity's",
+    async () => {
+      const { activityId } = await openActivity(f.redis, { stock: 5 });
+      const other = uniqueId('rec-other');
+      const finished = uniqueId('rec-finished');
+      const aged = async (activity: string, daysAgo: number): Promise<string> =>
+        (
+          await f.pool.query<{ id: string }>(
+            `INSERT INTO reconciliation_reports (activity_id, basis, ok, created_at)
+             VALUES ($1, 'skipped', true, now() - make_interval(days => $2)) RETURNING id`,
+            [activity, daysAgo],
+          )
+        ).rows[0]!.id;
+      const ids = async (activity: string): Promise<string[]> =>
+        (
+          await f.pool.query<{ id: string }>(
+            'SELECT id FROM reconciliation_reports WHERE activity_id = $1 ORDER BY id',
+            [activity],
+          )
+        ).rows.map((r) => r.id);
+      await aged(activityId, 45);
+      await aged(activityId, 31);
+      const recent = await aged(activityId, 29);
+      const otherOld = await aged(other, 45);
+
+      // Retention 0 keeps every report.
+      const kept = await auditStock({ ...f.deps, activityId, remeasureDelayMs: 20, reportRetentionDays: 0 });
+      expect(await ids(activityId)).toHaveLength(4);
+      const run = await auditStock({ ...f.deps, activityId, remeasureDelayMs: 20, reportRetentionDays: 30 });
+      expect(await ids(activityId)).toEqual([recent, kept.reportId, run.reportId]);
+      expect(await ids(other)).toEqual([otherOld]);
+
+      // An activity whose reports are all old (its jobs stopped long ago) keeps its last verdict.
+      await aged(finished, 60);
+      const last = await aged(finished, 50);
+      expect(await purgeOldReports(f.pool, finished, 30 * 86_400)).toBe(1);
+      expect(await ids(finished)).toEqual([last]);
+      expect(await purgeOldReports(f.pool, finished, 30 * 86_400)).toBe(0);
     },
     TIMEOUT_MS,
   );
