@@ -63,6 +63,9 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
   // coordinator (the leader of the one __consumer_offsets partition, start-kafka.sh) takes the
   // group's heartbeats and offset commits with it: the consumer must find the new coordinator
   // and re-join, and keep its members from being evicted again and again.
+  // kafkajs 2.2.4 as published looks the coordinator up again only on a "not coordinator" or
+  // rebalance answer, which a frozen broker never gives: it went on sending heartbeats and commits
+  // to it (patches/kafkajs+2.2.4.patch re-joins on such a timeout).
   const cases: { frozen: string; scenario: string; coordinator: boolean }[] = [
     {
       frozen: 'a partition leader that is not the group coordinator',

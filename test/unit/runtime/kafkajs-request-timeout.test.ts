@@ -144,6 +144,87 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
     expect(await concurrentConnects('upstream')).toBe(2);
   });
 
+  describe("the consumer, on a timeout from the group's coordinator (a heartbeat, a commit)", () => {
+    interface RunnerInstance {
+      running: boolean;
+      fetchManager: { start(): Promise<void>; stop(): Promise<void> };
+      scheduleFetchManager(): void;
+    }
+    type RunnerClass = new (options: Record<string, unknown>) => RunnerInstance;
+    const timedOut = (which: Which): Error => {
+      const { KafkaJSRequestTimeoutError } = kafkajsModule<{
+        KafkaJSRequestTimeoutError: new (m: string, o: { broker: string }) => Error;
+      }>(which, 'src/errors.js');
+      return new KafkaJSRequestTimeoutError('Request Heartbeat(key: 12, version: 3) timed out', {
+        broker: '127.0.0.1:39092',
+      });
+    };
+    /** One round of the runner whose fetch manager fails with a coordinator's timeout, then stops. */
+    const round = async (which: Which) => {
+      const Runner = kafkajsModule<RunnerClass>(which, 'src/consumer/runner.js');
+      const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
+      const removed: unknown[] = [];
+      let joins = 0;
+      let crashed: string | undefined;
+      const runner = new Runner({
+        logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
+        consumerGroup: {
+          groupId: 'g',
+          memberId: 'm',
+          cluster: { removeBroker: (b: unknown) => removed.push(b) },
+          joinAndSync: async () => {
+            joins += 1;
+          },
+          getNodeIds: () => [],
+        },
+        eachBatch: async () => undefined,
+        heartbeatInterval: 1_000,
+        onCrash: (e: Error) => {
+          crashed = e.name;
+        },
+        retry: { retries: 0 },
+      });
+      let starts = 0;
+      let stopped = (): void => undefined;
+      const done = new Promise<void>((resolve) => {
+        stopped = resolve;
+      });
+      runner.fetchManager = {
+        start: async () => {
+          starts += 1;
+          if (starts === 1) throw timedOut(which);
+          runner.running = false;
+          stopped();
+        },
+        stop: async () => undefined,
+      };
+      const crash = setInterval(() => {
+        if (crashed !== undefined) stopped();
+      }, 10);
+      runner.running = true;
+      runner.scheduleFetchManager();
+      await done;
+      clearInterval(crash);
+      return { removed, joins, crashed };
+    };
+
+    it('patched: drops the broker, finds the coordinator again and re-joins', async () => {
+      expect(await round('installed')).toEqual({
+        removed: [{ host: '127.0.0.1', port: 39092 }],
+        joins: 1,
+        crashed: undefined,
+      });
+    });
+
+    it('upstream: keeps the coordinator it had (here, with no retries left, the consumer gives up)', async () => {
+      expect(await round('upstream')).toEqual({
+        removed: [],
+        joins: 0,
+        crashed: 'KafkaJSNumberOfRetriesExceeded',
+      });
+    });
+  });
+
   describe('the broker pool, dropping a broker', () => {
     interface BrokerPoolProto {
       removeBroker(this: unknown, address: { host: string; port: number }): void;
