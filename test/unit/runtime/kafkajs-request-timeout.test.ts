@@ -31,6 +31,14 @@ type ApiVersions = { protocol(v: { version: number }): () => { request: KafkaReq
 
 const REQUEST_TIMEOUT_MS = 300;
 
+/** The error kafkajs (`which`) raises when `request` to the broker at 127.0.0.1:39092 times out. */
+const timedOut = (which: Which, request: string): Error => {
+  const { KafkaJSRequestTimeoutError } = kafkajsModule<{
+    KafkaJSRequestTimeoutError: new (m: string, o: { broker: string }) => Error;
+  }>(which, 'src/errors.js');
+  return new KafkaJSRequestTimeoutError(`Request ${request} timed out`, { broker: '127.0.0.1:39092' });
+};
+
 describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
   let server: net.Server;
   let port: number;
@@ -151,14 +159,6 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
       scheduleFetchManager(): void;
     }
     type RunnerClass = new (options: Record<string, unknown>) => RunnerInstance;
-    const timedOut = (which: Which): Error => {
-      const { KafkaJSRequestTimeoutError } = kafkajsModule<{
-        KafkaJSRequestTimeoutError: new (m: string, o: { broker: string }) => Error;
-      }>(which, 'src/errors.js');
-      return new KafkaJSRequestTimeoutError('Request Heartbeat(key: 12, version: 3) timed out', {
-        broker: '127.0.0.1:39092',
-      });
-    };
     /** One round of the runner whose fetch manager fails with a coordinator's timeout, then stops. */
     const round = async (which: Which) => {
       const Runner = kafkajsModule<RunnerClass>(which, 'src/consumer/runner.js');
@@ -192,7 +192,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
       runner.fetchManager = {
         start: async () => {
           starts += 1;
-          if (starts === 1) throw timedOut(which);
+          if (starts === 1) throw timedOut(which, 'Heartbeat(key: 12, version: 3)');
           runner.running = false;
           stopped();
         },
@@ -264,14 +264,6 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
     interface ConsumerGroupProto {
       recoverFromFetch(this: unknown, e: Error): Promise<void>;
     }
-    const timedOut = (which: Which): Error => {
-      const { KafkaJSRequestTimeoutError } = kafkajsModule<{
-        KafkaJSRequestTimeoutError: new (m: string, o: { broker: string }) => Error;
-      }>(which, 'src/errors.js');
-      return new KafkaJSRequestTimeoutError('Request Fetch(key: 1, version: 11) timed out', {
-        broker: '127.0.0.1:39092',
-      });
-    };
     const recover = async (which: Which) => {
       const proto = kafkajsModule<{ prototype: ConsumerGroupProto }>(
         which,
@@ -282,10 +274,12 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         cluster: { removeBroker: (b: unknown) => removed.push(b) },
         logger: { debug: () => undefined, warn: () => undefined, error: () => undefined },
       };
-      const error = await proto.recoverFromFetch.call(group, timedOut(which)).then(
-        () => undefined,
-        (e: Error) => e.name,
-      );
+      const error = await proto.recoverFromFetch
+        .call(group, timedOut(which, 'Fetch(key: 1, version: 11)'))
+        .then(
+          () => undefined,
+          (e: Error) => e.name,
+        );
       return { error, removed };
     };
 
