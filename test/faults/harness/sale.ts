@@ -309,6 +309,52 @@ export async function buyers(
   return out;
 }
 
+/** Every buyer's answer against the orders in PostgreSQL (a Kafka fault's yardstick). */
+export interface AnswersToOrders {
+  /** Answers 202. */
+  accepted: number;
+  /** Orders of the activity. */
+  orders: number;
+  /** 202s without an order. */
+  lost: number;
+  /** Reservations with two or more orders. */
+  duplicated: number;
+  /** `missing-order` (a lost 202, a buyer never answered for good) and `duplicate-order`. */
+  violations: Violation[];
+}
+
+export async function answersToOrders(
+  sql: pg.Pool,
+  activityId: string,
+  answers: readonly BuyerAnswer[],
+): Promise<AnswersToOrders> {
+  const accepted = answers.filter((a) => a.status === 202);
+  const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
+  const perRsv = await sql.query<{ reservation_id: string; n: string }>(
+    `SELECT reservation_id, count(*)::text AS n FROM orders WHERE activity_id = $1 GROUP BY reservation_id`,
+    [activityId],
+  );
+  const n = new Map(perRsv.rows.map((r) => [r.reservation_id, Number(r.n)]));
+  const lost = accepted.filter((a) => n.get(a.reservationId!) === undefined).length;
+  const duplicated = [...n.values()].filter((x) => x > 1).length;
+  const violations: Violation[] = [];
+  if (lost > 0) violations.push({ rule: 'missing-order', detail: `${lost} 202(s) without an order` });
+  if (duplicated > 0)
+    violations.push({ rule: 'duplicate-order', detail: `${duplicated} reservation(s) with 2+ orders` });
+  if (undecided.length > 0)
+    violations.push({
+      rule: 'missing-order',
+      detail: `${undecided.length} buyer(s) never got a definitive answer`,
+    });
+  return {
+    accepted: accepted.length,
+    orders: [...n.values()].reduce((a, b) => a + b, 0),
+    lost,
+    duplicated,
+    violations,
+  };
+}
+
 export interface Recovery {
   violations: Violation[];
   /** True when the outbox and the unconfirmed ledger drained before the deadline. */

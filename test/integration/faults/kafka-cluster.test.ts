@@ -16,7 +16,13 @@ import { createKafka, topicsFor } from '../../../core/kafka.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import { Sale, buyers, prepareActivity, recoverAndCheck } from '../../faults/harness/sale.js';
+import {
+  Sale,
+  answersToOrders,
+  buyers,
+  prepareActivity,
+  recoverAndCheck,
+} from '../../faults/harness/sale.js';
 import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
 import {
   kafkaClusterNodes,
@@ -169,36 +175,20 @@ describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3
       sale = undefined;
       v.push(...rec.violations);
 
-      const accepted = answers.filter((a) => a.status === 202);
-      const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
-      const perRsv = await sql.query<{ reservation_id: string; n: string }>(
-        `SELECT reservation_id, count(*)::text AS n FROM orders WHERE activity_id = $1 GROUP BY reservation_id`,
-        [activityId],
-      );
-      const n = new Map(perRsv.rows.map((r) => [r.reservation_id, Number(r.n)]));
-      const lost = accepted.filter((a) => n.get(a.reservationId!) === undefined);
-      const duplicated = [...n.values()].filter((x) => x > 1).length;
-      if (lost.length > 0)
-        v.push({ rule: 'missing-order', detail: `${lost.length} 202(s) without an order` });
-      if (duplicated > 0)
-        v.push({ rule: 'duplicate-order', detail: `${duplicated} reservation(s) with 2+ orders` });
-      if (undecided.length > 0)
-        v.push({
-          rule: 'missing-order',
-          detail: `${undecided.length} buyer(s) never got a definitive answer`,
-        });
+      const got = await answersToOrders(sql, activityId, answers);
+      v.push(...got.violations);
       figures = {
         brokers: 3,
         'brokers killed': killed.length,
         buyers: answers.length,
-        '202': accepted.length,
+        '202': got.accepted,
         stock: STOCK,
-        orders: [...n.values()].reduce((a, b) => a + b, 0),
-        lost: lost.length,
-        duplicated,
+        orders: got.orders,
+        lost: got.lost,
+        duplicated: got.duplicated,
         'role restarts': s.deaths.length,
       };
-      acceptedCount = accepted.length;
+      acceptedCount = got.accepted;
     } finally {
       await admin.disconnect();
       await sql.end();

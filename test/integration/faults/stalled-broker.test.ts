@@ -15,7 +15,13 @@ import { createKafka, topicsFor } from '../../../core/kafka.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import { Sale, buyers, prepareActivity, recoverAndCheck } from '../../faults/harness/sale.js';
+import {
+  Sale,
+  answersToOrders,
+  buyers,
+  prepareActivity,
+  recoverAndCheck,
+} from '../../faults/harness/sale.js';
 import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
@@ -177,36 +183,20 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
         v.push(...last.violations.map((x) => ({ ...x, detail: `broker ${leader} frozen: ${x.detail}` })));
         const answers = [...first, ...second, ...third];
 
-        const accepted = answers.filter((a) => a.status === 202);
-        const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
-        const perRsv = await sql.query<{ reservation_id: string; n: string }>(
-          `SELECT reservation_id, count(*)::text AS n FROM orders WHERE activity_id = $1 GROUP BY reservation_id`,
-          [activityId],
-        );
-        const n = new Map(perRsv.rows.map((r) => [r.reservation_id, Number(r.n)]));
-        const lost = accepted.filter((a) => n.get(a.reservationId!) === undefined);
-        const duplicated = [...n.values()].filter((x) => x > 1).length;
-        if (lost.length > 0)
-          v.push({ rule: 'missing-order', detail: `${lost.length} 202(s) without an order` });
-        if (duplicated > 0)
-          v.push({ rule: 'duplicate-order', detail: `${duplicated} reservation(s) with 2+ orders` });
-        if (undecided.length > 0)
-          v.push({
-            rule: 'missing-order',
-            detail: `${undecided.length} buyer(s) never got a definitive answer`,
-          });
+        const got = await answersToOrders(sql, activityId, answers);
+        v.push(...got.violations);
         figures = {
-          '202': accepted.length,
-          orders: [...n.values()].reduce((a, b) => a + b, 0),
-          lost: lost.length,
-          duplicated,
+          '202': got.accepted,
+          orders: got.orders,
+          lost: got.lost,
+          duplicated: got.duplicated,
           'freeze to last answer s': Math.round((answeredAt - frozenAt) / 100) / 10,
           'freeze to drained s': Math.round((drainedAt - frozenAt) / 100) / 10,
           'last wave answered to drained s': Math.round((thirdDrainedAt - thirdAnsweredAt) / 100) / 10,
           'role restarts': sale.deaths.length,
           'frozen broker leads orders partitions': orderLeaders.filter((l) => l === leader).length,
         };
-        expect(accepted).toHaveLength(STOCK);
+        expect(got.accepted).toBe(STOCK);
       } finally {
         await admin.disconnect().catch(() => undefined);
         await sql.end();
