@@ -81,6 +81,13 @@ const numeric = (field: LedgerField): boolean => orderMessageSchema.shape[field]
  */
 export const CLAIM_STATE = 'ELSEWHERE';
 
+/**
+ * The state of a cancel marker (lua/cancelBeforeReserve-3.lua): a buyer's cancellation of a
+ * submission that had not reserved when it arrived. No script gives a reservation this state (a
+ * cancelled reservation is RELEASED with reason CANCELLED).
+ */
+export const CANCEL_MARKER_STATE = 'CANCELLED' satisfies ReservationState;
+
 export function reservationRecordOf(
   reservationId: string,
   hash: Record<string, string>,

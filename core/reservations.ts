@@ -7,7 +7,7 @@ import { bucketLayout, completeTransfers, knownBucketLayout, refillBucket, units
 import { FlashSaleError } from './errors.js';
 import { activityKeys, BucketKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
-import { CLAIM_STATE, reservationRecordOf } from './order-message.js';
+import { CANCEL_MARKER_STATE, CLAIM_STATE, reservationRecordOf } from './order-message.js';
 import type { ReservationRecord, ReservationState } from './order-message.js';
 import type { RedisClient, ScriptReply } from './scripts.js';
 import { runScript } from './scripts.js';
@@ -542,11 +542,30 @@ export async function readReservation(
   owner?: ReservationOwner | ScopeKeys,
 ): Promise<ReservationRecord | undefined> {
   const scopes = owner && 'prefix' in owner ? [owner] : await scopesOf(redis, activityId, owner);
-  for (const k of scopes) {
-    const record = reservationRecordOf(reservationId, await redis.hgetall(k.reservation(reservationId)));
-    if (record) return record;
+  return (await firstRecord(redis, reservationId, scopes))?.record;
+}
+
+/**
+ * The reservation under this id in the first of the scopes that holds one; a cancel marker
+ * (cancelBeforeReserve-3.lua, state CANCELLED) only when no scope holds a reservation. Both can be
+ * there under one id: a cancellation by requestId marks the buyer's scopes one after the other,
+ * and a bucketed submission whose claim met the marker in the activity's scope (claimRequest-2.lua
+ * answers 2) reserves in its bucket if the cancellation has not marked that one yet. Read first,
+ * the marker would hide that reservation from the cancellation's next round (which must close it),
+ * the buyer's status and the order-gap repair.
+ */
+async function firstRecord(
+  redis: RedisClient,
+  reservationId: string,
+  scopes: readonly ScopeKeys[],
+): Promise<{ record: ReservationRecord; scope: ScopeKeys } | undefined> {
+  let marker: { record: ReservationRecord; scope: ScopeKeys } | undefined;
+  for (const scope of scopes) {
+    const record = reservationRecordOf(reservationId, await redis.hgetall(scope.reservation(reservationId)));
+    if (record?.state === CANCEL_MARKER_STATE) marker ??= { record, scope };
+    else if (record) return { record, scope };
   }
-  return undefined;
+  return marker;
 }
 
 /**
@@ -558,9 +577,5 @@ export async function locateReservation(
   activityId: string,
   reservationId: string,
 ): Promise<{ record: ReservationRecord; scope: ScopeKeys } | undefined> {
-  for (const scope of (await bucketLayout(redis, activityId)).allScopes()) {
-    const record = reservationRecordOf(reservationId, await redis.hgetall(scope.reservation(reservationId)));
-    if (record) return { record, scope };
-  }
-  return undefined;
+  return firstRecord(redis, reservationId, (await bucketLayout(redis, activityId)).allScopes());
 }

@@ -4,7 +4,10 @@
 // consumer's insert), cancel after payment (ALREADY_PAID), somebody else's reservation (404).
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
 import { journalFor } from '../../../core/db/journal-store.js';
-import { readReservation } from '../../../core/reservations.js';
+import { readStock } from '../../../core/activity-cache.js';
+import { activityKeys } from '../../../core/keys.js';
+import { readReservation, reservationIdFor } from '../../../core/reservations.js';
+import { runScript } from '../../../core/scripts.js';
 import {
   TIMEOUT_MS,
   buyerCall,
@@ -156,6 +159,50 @@ describe('buyer cancellation', () => {
         [rids],
       );
       expect(live.rowCount).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'cancel by requestId crossing a bucketed submission: the reservation it let through is cancelled, never left live',
+    async () => {
+      const hot = await openActivity(f.redis, { stock: 8, buckets: 4, skuId: 'hot' });
+      const rid = reservationIdFor(hot.activityId, 'crosser', 'crosser-1');
+      // The cancellation's first step (core/reservations.ts cancelBeforeReserve marks the buyer's
+      // scopes in turn): the activity's scope is marked, the buyer's bucket not yet.
+      const own = activityKeys(hot.activityId);
+      await runScript(
+        f.redis,
+        'cancelBeforeReserve',
+        [own.meta, own.reservation(rid), own.buyer('crosser')],
+        ['crosser', 'CANCELLED', 60, 16],
+      );
+      // The submission's claim meets the marker; its bucket has none yet, so it reserves there.
+      const r = await buyerCall(api, 'POST', `/v1/activities/${hot.activityId}/orders`, 'crosser', {
+        skuId: 'hot',
+        quantity: 1,
+        requestId: 'crosser-1',
+      });
+      expect([r.status, r.body.reservationId]).toEqual([202, rid]);
+      const poll = await buyerCall(api, 'GET', `/v1/activities/${hot.activityId}/orders/${rid}`, 'crosser');
+      expect(poll.body.status).toBe('QUEUED');
+      const c = await buyerCall(
+        api,
+        'DELETE',
+        `/v1/activities/${hot.activityId}/orders?requestId=crosser-1`,
+        'crosser',
+      );
+      expect([c.status, c.body.outcome, c.body.reservationId]).toEqual([200, 'cancelled', rid]);
+      // The consumer delivers the reservation afterwards: PostgreSQL has it closed already.
+      expect((await materialize(f.pool, f.redis, hot.activityId, [rid])).size).toBe(0);
+      const order = await findLifecycleByReservationId(f.pool, rid);
+      expect([order?.status, order?.closeReason, order?.stockReturned]).toEqual([
+        'CLOSED',
+        'CANCELLED',
+        true,
+      ]);
+      const { skus } = await readStock(f.redis, hot.activityId);
+      expect(skus.map((x) => [x.skuId, x.remaining])).toEqual([['hot', 8]]);
     },
     TIMEOUT_MS,
   );

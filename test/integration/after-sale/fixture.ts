@@ -20,7 +20,7 @@ import type { Logger } from '../../../core/logger.js';
 import { createMetrics } from '../../../core/metrics.js';
 import type { Metrics } from '../../../core/metrics.js';
 import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
-import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
+import { locateReservation, orderMessageOf, reserve } from '../../../core/reservations.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { createApiApp } from '../../../runtime/api/app.js';
 import { OrderConsumer } from '../../../runtime/consumer/consumer.js';
@@ -102,6 +102,8 @@ export interface ActivitySpec {
   skuId?: string;
   /** Whether a released unit frees the buyer's slot (default false). */
   reopenOnRelease?: boolean;
+  /** Stock buckets of the SKU (ARCHITECTURE.md "Stock buckets"); none by default. */
+  buckets?: number;
 }
 
 /**
@@ -123,6 +125,7 @@ export async function openActivity(
       price: spec.price ?? '19.90',
       stock: spec.stock,
       limitPerUser: spec.limitPerUser ?? 1,
+      ...(spec.buckets ? { buckets: spec.buckets } : {}),
     },
   ];
   if (pool) await recordActivityItems(pool, activityId, 1, items);
@@ -196,7 +199,10 @@ export async function materialize(
   activityId: string,
   reservationIds: string[],
 ): Promise<Map<string, string>> {
-  const records = await Promise.all(reservationIds.map((rid) => readReservation(redis, activityId, rid)));
+  // In whichever scope holds it (the activity's, or a stock bucket's), as the order-gap repair finds it.
+  const records = await Promise.all(
+    reservationIds.map(async (rid) => (await locateReservation(redis, activityId, rid))?.record),
+  );
   const messages = records.map((r, i) => {
     if (!r) throw new Error(`no reservation ${reservationIds[i]}`);
     return orderMessageOf(activityId, r);

@@ -12,6 +12,7 @@ import type { CatalogItem, GateState } from '../../../core/model.js';
 import {
   cancelBeforeReserve,
   confirmPaid,
+  locateReservation,
   rateLimitedMs,
   readReservation,
   release,
@@ -20,6 +21,7 @@ import {
   soldOutCheck,
 } from '../../../core/reservations.js';
 import type { BuyerWindow } from '../../../core/reservations.js';
+import { runScript } from '../../../core/scripts.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 
 const TIMEOUT_MS = 60_000;
@@ -430,6 +432,56 @@ describe('script guards at their boundaries (real Redis)', () => {
         expect(await buy('u5', 'r5', 'warm', 1)).toBe('SOLD_OUT');
         expect(await buy('u5', 'r5', 'tea', 1)).toBe('ok:reserved');
         expect(await a.stock('tea')).toBe(3);
+      },
+      TIMEOUT_MS,
+    );
+  });
+
+  describe('a cancellation crossing a bucketed submission', () => {
+    test(
+      'the reservation in the bucket, not the marker in the activity scope, is what every reader finds',
+      async () => {
+        const a = await activity([{ ...item('hot', 8, 3), buckets: 4 }]);
+        const window: BuyerWindow = { requests: 100, perSeconds: 60 };
+        // The cancellation (by requestId) has marked the activity's scope and not yet the buyer's
+        // bucket when the submission arrives: its claim meets the marker and it reserves in the
+        // bucket, which the cancellation then finds (exists) and must close in its next round.
+        const own = activityKeys(a.id);
+        const rid = a.rid('u1', 'r1');
+        expect(
+          await runScript(
+            redis,
+            'cancelBeforeReserve',
+            [own.meta, own.reservation(rid), own.buyer('u1')],
+            ['u1', 'CANCELLED', 60, 16],
+          ),
+        ).toEqual([1, expect.any(Number)]);
+        expect(
+          await outcome(() =>
+            reserve(redis, {
+              activityId: a.id,
+              userId: 'u1',
+              skuId: 'hot',
+              quantity: 1,
+              requestId: 'r1',
+              traceId: 't',
+              window,
+            }),
+          ),
+        ).toBe('ok:reserved');
+        expect(await a.cancel('u1', 'r1')).toBe('ok:exists');
+        expect((await readReservation(redis, a.id, rid, { userId: 'u1' }))?.state).toBe('RESERVED');
+        const found = await locateReservation(redis, a.id, rid);
+        expect([found?.record.state, found?.record.skuId, found?.scope.prefix === own.prefix]).toEqual([
+          'RESERVED',
+          'hot',
+          false,
+        ]);
+        // Without a reservation anywhere the marker is still what is found.
+        const lone = a.rid('u2', 'r2');
+        expect(await a.cancel('u2', 'r2')).toBe('ok:marked');
+        expect((await readReservation(redis, a.id, lone, { userId: 'u2' }))?.state).toBe('CANCELLED');
+        expect((await locateReservation(redis, a.id, lone))?.record.state).toBe('CANCELLED');
       },
       TIMEOUT_MS,
     );
