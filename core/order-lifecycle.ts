@@ -69,6 +69,7 @@ import type {
   ReservationRecord,
 } from './reservations.js';
 import { groupByScope } from './keys.js';
+import { CANCEL_MARKER_STATE } from './order-message.js';
 import type { RedisClient } from './scripts.js';
 
 export interface LifecycleDeps {
@@ -738,8 +739,11 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
         return { reservationId, outcome: 'cancelled', orderId: order.id, inFlight: false };
       continue; // paid or closed meanwhile: the next round reports it
     }
-    if (rsv) {
-      if (rsv.state === 'RELEASED' || rsv.state === 'CANCELLED')
+    // This buyer's cancel marker, and the cancellation named the requestId: marked again below,
+    // since the cancellation that left it may have stopped before the buyer's other scopes.
+    const markerToComplete = rsv?.state === CANCEL_MARKER_STATE && 'requestId' in input.target;
+    if (rsv && !markerToComplete) {
+      if (rsv.state === 'RELEASED' || rsv.state === CANCEL_MARKER_STATE)
         return { reservationId, outcome: 'already-cancelled', orderId: undefined, state: rsv.state };
       if (rsv.state === 'PAID') throw new FlashSaleError('ALREADY_PAID');
       const r = await closeInFlight(deps, activityId, rsv, 'CANCELLED', traceId, { cancelledBy: 'buyer' });
@@ -747,9 +751,16 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
         return { reservationId, outcome: 'cancelled', orderId: r.order.id, inFlight: true };
       continue; // the consumer wrote the order meanwhile
     }
-    // Neither a reservation nor an order. Only a submission named by this buyer's own requestId
-    // can still arrive and be refused by a marker; any other id is unknown and writes nothing.
+    // Neither a reservation nor an order (at most this buyer's marker). Only a submission named by
+    // this buyer's own requestId can still arrive and be refused by a marker; any other id is
+    // unknown and writes nothing.
     if (!('requestId' in input.target)) throw new FlashSaleError('UNKNOWN_RESERVATION');
+    const alreadyCancelled: CancelOutcome = {
+      reservationId,
+      outcome: 'already-cancelled',
+      orderId: undefined,
+      state: CANCEL_MARKER_STATE,
+    };
     let r: CancelMarkerOutcome;
     try {
       r = await cancelBeforeReserve(
@@ -758,10 +769,15 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
         input.markers,
       );
     } catch (err) {
+      // Written back, or the sale over: nothing can arrive any more, and a marker says so already.
+      if (markerToComplete && isCode(err, 'FROZEN')) return alreadyCancelled;
       if (isCode(err, 'FROZEN', 'MISMATCH')) throw new FlashSaleError('UNKNOWN_RESERVATION');
       throw err;
     }
-    if (r.kind === 'sale-over') throw new FlashSaleError('UNKNOWN_RESERVATION');
+    if (r.kind === 'sale-over') {
+      if (markerToComplete) return alreadyCancelled;
+      throw new FlashSaleError('UNKNOWN_RESERVATION');
+    }
     if (r.kind === 'marked') {
       await appendJournal(deps.pool, [
         {
@@ -775,7 +791,9 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
       ]);
       return { reservationId, outcome: 'tombstoned' };
     }
-    // 'exists': the reservation (or a concurrent marker) arrived meanwhile; the next round reports it.
+    // Every scope holds this buyer's marker already: an earlier cancellation of the submission.
+    if (r.state === CANCEL_MARKER_STATE) return alreadyCancelled;
+    // 'exists': the reservation arrived meanwhile; the next round reports it.
   }
   throw new FlashSaleError('UNAVAILABLE', 'the reservation kept changing; retry the cancellation');
 }

@@ -160,6 +160,8 @@ async function reserveClaimed(
   const shaped = window !== undefined;
   let counted: WindowCount | undefined;
   let claimChecked = false;
+  // The claim met this buyer's cancel marker: the bucket only replays (reserve-9.lua ARGV[11]).
+  let cancelled = false;
   for (let attempt = 0; ; attempt += 1) {
     const scope = layout.scopeFor(input.skuId, input.userId);
     // Counted already by a BUCKETED answer (a layout this process had not seen): the claim alone.
@@ -177,11 +179,12 @@ async function reserveClaimed(
       );
       if (window) counted = countOf(reply[1], reply[2]);
       if (reply[0] === 1) claimed({ key, attempt: Number(reply[3]) });
+      cancelled = reply[0] === 2;
       window = undefined;
       claimChecked = true;
     }
     try {
-      const outcome = await reserveIn(redis, scope, input, window);
+      const outcome = await reserveIn(redis, scope, input, window, cancelled);
       return outcome.counted || !counted ? outcome : { ...outcome, counted };
     } catch (err) {
       if (!(err instanceof FlashSaleError) || attempt >= 200) throw err;
@@ -224,6 +227,7 @@ async function reserveIn(
   k: ScopeKeys,
   input: ReserveInput,
   window: BuyerWindow | undefined,
+  cancelled = false,
 ): Promise<ReserveOutcome> {
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
   // Only an activity scope is passed a window (reserve() counts a bucket's apart): its counter
@@ -254,6 +258,7 @@ async function reserveIn(
       input.activityId,
       window?.requests ?? 0,
       window?.perSeconds ?? 0,
+      cancelled ? '1' : '',
     ],
   );
   if (reply[0] === 1)
@@ -422,10 +427,19 @@ export async function cancelBeforeReserve(
     );
     // A claim (claimRequest-2.lua) says the reservation is in a bucket: look there.
     if (reply[0] === 2 && reply[1] === CLAIM_STATE) continue;
+    // This buyer's marker from an earlier cancellation, perhaps one that stopped before the
+    // buyer's other scopes (a crash, a lost connection): the rest are marked now.
+    if (reply[0] === 2 && reply[1] === CANCEL_MARKER_STATE) {
+      outcomes.push({ kind: 'exists', state: CANCEL_MARKER_STATE });
+      continue;
+    }
     if (reply[0] === 2) return { kind: 'exists', state: String(reply[1]) as ReservationState };
     outcomes.push(reply[0] === 1 ? { kind: 'marked', ttlSeconds: Number(reply[1]) } : { kind: 'sale-over' });
   }
-  return outcomes.find((o) => o.kind === 'marked') ?? { kind: 'sale-over' };
+  return (
+    outcomes.find((o) => o.kind === 'marked') ??
+    outcomes.find((o) => o.kind === 'exists') ?? { kind: 'sale-over' }
+  );
 }
 
 /** Where a reservation is (buyer and SKU): which scope holds it. */

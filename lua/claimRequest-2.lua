@@ -24,8 +24,10 @@
 
   Output:
     {1, consumed, ttlMs, attempt}   claimed (consumed = 0 when not counted); attempt: for unclaim
-    {2, consumed, ttlMs}            a cancel marker holds the id: nothing claimed (the bucket's own
-                                    marker answers CANCELLED)
+    {2, consumed, ttlMs}            this buyer's cancel marker holds the id: nothing claimed; the
+                                    caller's reservation in the bucket replays an earlier one or
+                                    answers CANCELLED (reserve-9.lua ARGV[11]), whether or not the
+                                    cancellation reached the bucket too
     -10 IDEMPOTENCY_CONFLICT        the id holds a reservation or claim of another SKU or quantity
     {-43, ttlMs}                    RATE_LIMITED: the window was used up
 ]]

@@ -29,6 +29,11 @@
     ARGV[9] the buyer's requests per rate-limit window (0: not counted here: shaping off, no
             per-buyer limit, or a bucket scope, whose caller counts in countWindow-1.lua)
     ARGV[10] the window's seconds
+    ARGV[11] '1' when this buyer's cancel marker holds the id in the activity's scope (a bucket
+             reservation whose claim, claimRequest-2.lua, answered 2): an earlier reservation
+             under the id is still replayed, nothing new is reserved (-8 CANCELLED), so the
+             marker cancels the submission in every scope however many of them the
+             cancellation reached ('' or absent otherwise)
 
   Output:
      {1, reservationId, stockLeft, consumed, ttlMs}
@@ -87,6 +92,7 @@ if prior[1] then
   if prior[2] ~= sku or tonumber(prior[3]) ~= qty then return {-10, rid} end
   return {2, rid, prior[1]}
 end
+if ARGV[11] == '1' then return {-8, rid} end
 
 -- Rate limit (docs/operator.md "Traffic shaping and eligibility").
 local requests, consumed, windowMs = tonumber(ARGV[9]), 0, 0

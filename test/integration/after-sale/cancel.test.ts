@@ -6,7 +6,7 @@ import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
 import { journalFor } from '../../../core/db/journal-store.js';
 import { readStock } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
-import { readReservation, reservationIdFor } from '../../../core/reservations.js';
+import { readReservation, reservationIdFor, reserve } from '../../../core/reservations.js';
 import { runScript } from '../../../core/scripts.js';
 import {
   TIMEOUT_MS,
@@ -163,46 +163,80 @@ describe('buyer cancellation', () => {
     TIMEOUT_MS,
   );
 
+  /**
+   * A bucketed activity, and the first step of a cancellation by requestId that went no further
+   * (core/reservations.ts cancelBeforeReserve marks the buyer's scopes in turn; the process died
+   * or lost its connection before the buyer's bucket): the activity's scope holds the marker.
+   */
+  async function halfCancelled(user: string, requestId: string) {
+    const hot = await openActivity(f.redis, { stock: 8, buckets: 4, skuId: 'hot' });
+    const rid = reservationIdFor(hot.activityId, user, requestId);
+    const own = activityKeys(hot.activityId);
+    await runScript(
+      f.redis,
+      'cancelBeforeReserve',
+      [own.meta, own.reservation(rid), own.buyer(user)],
+      [user, 'CANCELLED', 60, 16],
+    );
+    const remaining = async () =>
+      (await readStock(f.redis, hot.activityId)).skus.map((x) => [x.skuId, x.remaining]);
+    const cancelByRequest = () =>
+      buyerCall(api, 'DELETE', `/v1/activities/${hot.activityId}/orders?requestId=${requestId}`, user);
+    return { activityId: hot.activityId, rid, remaining, cancelByRequest };
+  }
+
   it(
-    'cancel by requestId crossing a bucketed submission: the reservation it let through is cancelled, never left live',
+    'a cancellation by requestId that marked only the activity scope: the late bucketed submission is refused, a retry marks the rest',
     async () => {
-      const hot = await openActivity(f.redis, { stock: 8, buckets: 4, skuId: 'hot' });
-      const rid = reservationIdFor(hot.activityId, 'crosser', 'crosser-1');
-      // The cancellation's first step (core/reservations.ts cancelBeforeReserve marks the buyer's
-      // scopes in turn): the activity's scope is marked, the buyer's bucket not yet.
-      const own = activityKeys(hot.activityId);
-      await runScript(
-        f.redis,
-        'cancelBeforeReserve',
-        [own.meta, own.reservation(rid), own.buyer('crosser')],
-        ['crosser', 'CANCELLED', 60, 16],
-      );
-      // The submission's claim meets the marker; its bucket has none yet, so it reserves there.
-      const r = await buyerCall(api, 'POST', `/v1/activities/${hot.activityId}/orders`, 'crosser', {
+      const h = await halfCancelled('halfway', 'halfway-1');
+      // The submission's claim meets the marker: its bucket, not marked, reserves nothing.
+      const late = await buyerCall(api, 'POST', `/v1/activities/${h.activityId}/orders`, 'halfway', {
+        skuId: 'hot',
+        quantity: 1,
+        requestId: 'halfway-1',
+      });
+      expect([late.status, late.body.code]).toEqual([409, 'CANCELLED']);
+      expect(await h.remaining()).toEqual([['hot', 8]]);
+      // The buyer retries the cancellation (its first answer was lost): the bucket is marked now.
+      const retried = await h.cancelByRequest();
+      expect([retried.status, retried.body.outcome]).toEqual([200, 'tombstoned']);
+      const again = await h.cancelByRequest();
+      expect([again.status, again.body.outcome]).toEqual([200, 'already-cancelled']);
+      const poll = await buyerCall(api, 'GET', `/v1/activities/${h.activityId}/orders/${h.rid}`, 'halfway');
+      expect(poll.body).toMatchObject({ status: 'FAILED', reason: 'CANCELLED' });
+      expect(await findLifecycleByReservationId(f.pool, h.rid)).toBeUndefined();
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'per-buyer limit off (no claim): a bucketed submission crossing the cancellation is cancelled in flight, never left live',
+    async () => {
+      const h = await halfCancelled('crosser', 'crosser-1');
+      // Without the buyer's window a bucket reservation makes no call in the activity's scope, so
+      // nothing there stops it: it reserves in the bucket the cancellation has not reached.
+      const r = await reserve(f.redis, {
+        activityId: h.activityId,
+        userId: 'crosser',
         skuId: 'hot',
         quantity: 1,
         requestId: 'crosser-1',
+        traceId: 'crossing',
       });
-      expect([r.status, r.body.reservationId]).toEqual([202, rid]);
-      const poll = await buyerCall(api, 'GET', `/v1/activities/${hot.activityId}/orders/${rid}`, 'crosser');
+      expect([r.kind, r.reservationId]).toEqual(['reserved', h.rid]);
+      const poll = await buyerCall(api, 'GET', `/v1/activities/${h.activityId}/orders/${h.rid}`, 'crosser');
       expect(poll.body.status).toBe('QUEUED');
-      const c = await buyerCall(
-        api,
-        'DELETE',
-        `/v1/activities/${hot.activityId}/orders?requestId=crosser-1`,
-        'crosser',
-      );
-      expect([c.status, c.body.outcome, c.body.reservationId]).toEqual([200, 'cancelled', rid]);
+      const c = await h.cancelByRequest();
+      expect([c.status, c.body.outcome, c.body.reservationId]).toEqual([200, 'cancelled', h.rid]);
       // The consumer delivers the reservation afterwards: PostgreSQL has it closed already.
-      expect((await materialize(f.pool, f.redis, hot.activityId, [rid])).size).toBe(0);
-      const order = await findLifecycleByReservationId(f.pool, rid);
+      expect((await materialize(f.pool, f.redis, h.activityId, [h.rid])).size).toBe(0);
+      const order = await findLifecycleByReservationId(f.pool, h.rid);
       expect([order?.status, order?.closeReason, order?.stockReturned]).toEqual([
         'CLOSED',
         'CANCELLED',
         true,
       ]);
-      const { skus } = await readStock(f.redis, hot.activityId);
-      expect(skus.map((x) => [x.skuId, x.remaining])).toEqual([['hot', 8]]);
+      expect(await h.remaining()).toEqual([['hot', 8]]);
     },
     TIMEOUT_MS,
   );

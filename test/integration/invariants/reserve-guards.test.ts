@@ -438,45 +438,66 @@ describe('script guards at their boundaries (real Redis)', () => {
   });
 
   describe('a cancellation crossing a bucketed submission', () => {
+    /** The first step of a cancellation by requestId: only the activity's scope is marked. */
+    const markActivityScope = (activityId: string, userId: string, rid: string) => {
+      const own = activityKeys(activityId);
+      return runScript(
+        redis,
+        'cancelBeforeReserve',
+        [own.meta, own.reservation(rid), own.buyer(userId)],
+        [userId, 'CANCELLED', 60, 16],
+      );
+    };
+    const reserveHot = (activityId: string, userId: string, requestId: string, window?: BuyerWindow) =>
+      outcome(() =>
+        reserve(redis, { activityId, userId, skuId: 'hot', quantity: 1, requestId, traceId: 't', window }),
+      );
+
     test(
-      'the reservation in the bucket, not the marker in the activity scope, is what every reader finds',
+      'the marker in the activity scope refuses the submission in an unmarked bucket when its claim meets it',
       async () => {
         const a = await activity([{ ...item('hot', 8, 3), buckets: 4 }]);
-        const window: BuyerWindow = { requests: 100, perSeconds: 60 };
-        // The cancellation (by requestId) has marked the activity's scope and not yet the buyer's
-        // bucket when the submission arrives: its claim meets the marker and it reserves in the
-        // bucket, which the cancellation then finds (exists) and must close in its next round.
-        const own = activityKeys(a.id);
+        expect(await markActivityScope(a.id, 'u1', a.rid('u1', 'r1'))).toEqual([1, expect.any(Number)]);
+        expect(await reserveHot(a.id, 'u1', 'r1', { requests: 100, perSeconds: 60 })).toBe('CANCELLED');
+        expect((await readStock(redis, a.id)).skus.map((x) => x.remaining)).toEqual([8]);
+        // A reservation made before the marker (uncounted, so unclaimed) is still replayed.
+        expect(await reserveHot(a.id, 'u2', 'r2')).toBe('ok:reserved');
+        expect(await markActivityScope(a.id, 'u2', a.rid('u2', 'r2'))).toEqual([1, expect.any(Number)]);
+        expect(await reserveHot(a.id, 'u2', 'r2', { requests: 100, perSeconds: 60 })).toBe('ok:replayed');
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'a cancellation that stopped after the activity scope is completed by its retry: every scope marked',
+      async () => {
+        const a = await activity([{ ...item('hot', 8, 3), buckets: 4 }]);
+        await markActivityScope(a.id, 'u1', a.rid('u1', 'r1'));
+        expect(await a.cancel('u1', 'r1')).toBe('ok:marked');
+        // Without the buyer's window (no claim) the bucket's own marker is what refuses.
+        expect(await reserveHot(a.id, 'u1', 'r1')).toBe('CANCELLED');
+        expect(await a.cancel('u1', 'r1')).toBe('ok:exists');
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'per-buyer limit off: the reservation in the bucket, not the marker in the activity scope, is what every reader finds',
+      async () => {
+        const a = await activity([{ ...item('hot', 8, 3), buckets: 4 }]);
+        // No window, so no claim: the submission reserves in the bucket the cancellation has not
+        // reached yet, which the cancellation then finds (exists) and closes in its next round.
         const rid = a.rid('u1', 'r1');
-        expect(
-          await runScript(
-            redis,
-            'cancelBeforeReserve',
-            [own.meta, own.reservation(rid), own.buyer('u1')],
-            ['u1', 'CANCELLED', 60, 16],
-          ),
-        ).toEqual([1, expect.any(Number)]);
-        expect(
-          await outcome(() =>
-            reserve(redis, {
-              activityId: a.id,
-              userId: 'u1',
-              skuId: 'hot',
-              quantity: 1,
-              requestId: 'r1',
-              traceId: 't',
-              window,
-            }),
-          ),
-        ).toBe('ok:reserved');
+        await markActivityScope(a.id, 'u1', rid);
+        expect(await reserveHot(a.id, 'u1', 'r1')).toBe('ok:reserved');
         expect(await a.cancel('u1', 'r1')).toBe('ok:exists');
         expect((await readReservation(redis, a.id, rid, { userId: 'u1' }))?.state).toBe('RESERVED');
         const found = await locateReservation(redis, a.id, rid);
-        expect([found?.record.state, found?.record.skuId, found?.scope.prefix === own.prefix]).toEqual([
-          'RESERVED',
-          'hot',
-          false,
-        ]);
+        expect([
+          found?.record.state,
+          found?.record.skuId,
+          found?.scope.prefix === activityKeys(a.id).prefix,
+        ]).toEqual(['RESERVED', 'hot', false]);
         // Without a reservation anywhere the marker is still what is found.
         const lone = a.rid('u2', 'r2');
         expect(await a.cancel('u2', 'r2')).toBe('ok:marked');
