@@ -567,7 +567,16 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
           summary.unresolved += await settle(deps, [o], 'unresolved', 'reservation is PAID in Redis');
         } else if (!rsv) {
           const row = await findLifecycleByReservationId(deps.pool, o.reservationId);
-          if (row?.stockReleaseAttemptedAt) {
+          if (row?.stockReleaseAttemptedAt && !meta && !(await readWriteBack(deps.pool, activityId))) {
+            // No cache and no write-back: Redis lost the sale's data mid-sale (cleanup comes only
+            // after the write-back), and the cache restore has not opened yet. It rebuilds this
+            // closed order's reservation RELEASED with its unit free, and the release finds that.
+            deps.logger.warn(
+              { activity: activityId, orderId: o.id },
+              'stock return deferred: the sale cache is gone before its write-back (a cache restore is due)',
+            );
+            summary.deferred += 1;
+          } else if (row?.stockReleaseAttemptedAt) {
             summary.unresolved += await settle(
               deps,
               [o],

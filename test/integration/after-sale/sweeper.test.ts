@@ -180,6 +180,62 @@ describe('payment-timeout sweeper', () => {
   );
 
   it(
+    'a release attempted just before Redis lost the sale (no restore opened yet) is deferred, not flagged; settled once after the restore',
+    async () => {
+      const item = { skuId: 'sku-1', name: '秒杀商品 flash item', price: '19.90', stock: 3, limitPerUser: 1 };
+      const { activityId, skuId } = await openActivity(f.redis, { stock: item.stock }, f.pool);
+      await recordActivitySkus(f.pool, activityId, [item], 'spec');
+      const [lost, keeper] = await reserveFor(f.redis, activityId, skuId, ['lost', 'keeper']);
+      const ids = await materialize(f.pool, f.redis, activityId, [lost!, keeper!]);
+      // The order timed out and its release was attempted; Redis went away before it answered,
+      // and came back empty. The operator has not noticed yet: no restore is open.
+      await f.pool.query(
+        `UPDATE orders SET status = 'CLOSED', closed_at = now(), close_reason = 'PAYMENT_TIMEOUT',
+                stock_release_attempted_at = now() WHERE id = $1`,
+        [ids.get(lost!)],
+      );
+      const k = activityKeys(activityId);
+      await f.redis.del(...(await f.redis.keys(k.scanPattern)));
+
+      const before = await sweep(activityId, f.pool);
+      expect(before.resettled).toBe(1);
+      expect(before.settled).toEqual({ redis: 0, postgres: 0, unresolved: 0, withheld: 0, deferred: 1 });
+      expect(await findLifecycleByReservationId(f.pool, lost!)).toMatchObject({
+        status: 'CLOSED',
+        stockReturnVia: null,
+      });
+
+      // The restore rebuilds the cache from PostgreSQL (the closed order's unit free) and resumes.
+      const check = await checkCache(f.redis, f.pool, activityId, 0);
+      const row = await beginRestore(f.pool, activityId, 'CacheEmpty', check.divergence);
+      const now = Date.now();
+      const target = {
+        activityId,
+        epoch: row.epoch,
+        generation: 1,
+        startMs: now - 60_000,
+        endMs: now + 3_600_000,
+        requireOrderCode: false,
+        reopenOnRelease: false,
+        ownerUid: activityId,
+      };
+      await holdForRestore(f.redis, target);
+      await advanceRestore(f.pool, activityId, row.epoch, 'detected');
+      await advanceRestore(f.pool, activityId, row.epoch, 'paused');
+      const reload = await reloadFromPostgres(f.redis, f.pool, target);
+      await advanceRestore(f.pool, activityId, row.epoch, 'drained', reload);
+      await advanceRestore(f.pool, activityId, row.epoch, 'reloaded');
+      await setGate(f.redis, activityId, 'open');
+
+      const after = await sweep(activityId, f.pool);
+      expect(after.settled).toMatchObject({ redis: 1, unresolved: 0, deferred: 0 });
+      expect(await findLifecycleByReservationId(f.pool, lost!)).toMatchObject({ stockReturnVia: 'redis' });
+      expect(await skuStock(f.redis, activityId, skuId)).toBe(2);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'a stock return the replicas do not confirm is not recorded; the next sweep settles it, the unit back once',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 5 });
