@@ -563,10 +563,10 @@ export async function readReservation(
  * The reservation under this id in the first of the scopes that holds one; a cancel marker
  * (cancelBeforeReserve-3.lua, state CANCELLED) only when no scope holds a reservation. Both can be
  * there under one id: a cancellation by requestId marks the buyer's scopes one after the other,
- * and a bucketed submission whose claim met the marker in the activity's scope (claimRequest-2.lua
- * answers 2) reserves in its bucket if the cancellation has not marked that one yet. Read first,
- * the marker would hide that reservation from the cancellation's next round (which must close it),
- * the buyer's status and the order-gap repair.
+ * and a bucketed submission that makes no claim (per-buyer limit off) reserves in its bucket if
+ * the cancellation has not marked that one yet. Read first, the marker would hide that reservation
+ * from the cancellation's next round (which must close it), the buyer's status and the order-gap
+ * repair.
  */
 async function firstRecord(
   redis: RedisClient,
