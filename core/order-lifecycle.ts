@@ -211,7 +211,8 @@ type ForgottenOutcome = 'redis' | 'unresolved' | 'deferred' | 'settled-elsewhere
  *
  * - the buyer's own stand-in: Redis gave the buyer a new reservation, which the guard closed for
  *   the buyer's limit (this order held the slot). It holds exactly what this order held, unit and
- *   slot, so it is given back whatever else is measured;
+ *   slot, so it is given back whatever else is measured; never more stand-ins than this order's
+ *   quantity, the others standing in for the buyer's other forgotten orders (`buyerStandIns`);
  * - otherwise one of the SKU's `OVERSELL_PREVENTED` closures, when measured under the SKU's row
  *   lock: units Redis holds beyond what PostgreSQL holds live or unsettled and what is in flight
  *   (`surplusStandIn`).
@@ -223,20 +224,8 @@ type ForgottenOutcome = 'redis' | 'unresolved' | 'deferred' | 'settled-elsewhere
  */
 async function settleForgotten(deps: LifecycleDeps, o: SettleableOrder): Promise<ForgottenOutcome> {
   try {
-    const standIns: LifecycleOrderRow[] = [];
-    for (const w of await findWithheldForBuyer(deps.pool, o)) {
-      if (w.stockReturnVia === null) {
-        // Its own release (unit withheld) has not run yet: settle this order after it.
-        deps.logger.warn(
-          { orderId: o.id, standIn: w.id },
-          'stock return deferred until its stand-in is settled',
-        );
-        return 'deferred';
-      }
-      if (await givenBack(deps, o, w)) standIns.push(w);
-    }
-    if (standIns.length > 0)
-      return await inTransaction(deps.pool, (c) => recordGivenBack(c, deps, o, standIns));
+    const own = await buyerStandIns(deps, o);
+    if (own !== 'none') return own;
     const surplus = await surplusStandIn(deps, o);
     if (surplus !== 'none') return surplus;
   } catch (err) {
@@ -246,6 +235,49 @@ async function settleForgotten(deps: LifecycleDeps, o: SettleableOrder): Promise
   return (await settle(deps, [o], 'unresolved', 'redis release: UNKNOWN_RESERVATION')) > 0
     ? 'unresolved'
     : 'settled-elsewhere';
+}
+
+/**
+ * The buyer's own stand-ins whose units go back for `o`: no more units than `o` holds, since each
+ * stand-in took the unit of one forgotten order, and the buyer's other forgotten orders, still
+ * live, hold the rest in PostgreSQL (each gets its own when it closes). Under `o`'s row lock, so
+ * that a second settler of `o` finds it settled instead of giving back the next stand-in. Units
+ * given back for `o` before a crash (returnWithheld-6.lua remembers the order) are counted first,
+ * so a repeat records them and gives back none besides.
+ */
+async function buyerStandIns(
+  deps: LifecycleDeps,
+  o: SettleableOrder,
+): Promise<Exclude<ForgottenOutcome, 'unresolved'> | 'none'> {
+  return inTransaction(deps.pool, async (c) => {
+    const unsettled = await lockUnsettledClosed(c, o.id);
+    if (!unsettled) return 'settled-elsewhere';
+    const candidates = await findWithheldForBuyer(c, o);
+    const givenFor = await mapLimit(candidates, RELEASE_CONCURRENCY, (w) =>
+      withheldReturnedFor(deps.redis, w),
+    );
+    const standIns = candidates.filter((_, i) => givenFor[i] === o.id);
+    let owed = o.quantity - standIns.reduce((n, w) => n + w.quantity, 0);
+    for (const [i, w] of candidates.entries()) {
+      // Never more than `o` holds: the rest stand in for the buyer's other forgotten orders.
+      if (w.quantity > owed) continue;
+      // Given back already, for this order (counted above) or another one.
+      if (givenFor[i] !== undefined) continue;
+      if (w.stockReturnVia === null) {
+        // Its own release (unit withheld) has not run yet: settle this order after it.
+        deps.logger.warn(
+          { orderId: o.id, standIn: w.id },
+          'stock return deferred until its stand-in is settled',
+        );
+        return 'deferred';
+      }
+      if (await givenBack(deps, o, w)) {
+        standIns.push(w);
+        owed -= w.quantity;
+      }
+    }
+    return standIns.length > 0 ? recordGivenBack(c, deps, o, standIns) : 'none';
+  });
 }
 
 /** Gives the stand-in's unit back for `o` (or finds it given back for `o` already). */

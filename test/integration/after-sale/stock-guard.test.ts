@@ -426,13 +426,36 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     await f.redis.hincrby(k.counters, 'reserved', -1);
   };
 
+  /** One reservation of a unit per buyer named, one after another, under the request ids given. */
+  const reserveEach = async (
+    activityId: string,
+    skuId: string,
+    buyers: string[],
+    requestId: (buyer: string, i: number) => string,
+  ): Promise<string[]> => {
+    const ids: string[] = [];
+    for (const [i, buyer] of buyers.entries()) {
+      const r = await reserve(f.redis, {
+        activityId,
+        userId: buyer,
+        skuId,
+        quantity: 1,
+        requestId: requestId(buyer, i),
+        traceId: `trace-${requestId(buyer, i)}`,
+      });
+      ids.push(r.reservationId);
+    }
+    return ids;
+  };
+
   /**
    * A sale whose first buyers' orders reach PostgreSQL before Redis forgets their reservations;
-   * then the second buyers reserve (a first buyer again under a new requestId). Returns both
-   * waves' orders once the second wave's are in PostgreSQL and the guard's closures settled.
+   * then the second buyers reserve (a first buyer again under a new requestId). A buyer named
+   * twice in a wave reserves twice (within `limitPerUser`). Returns both waves' orders once the
+   * second wave's are in PostgreSQL and the guard's closures settled.
    */
   const forgottenSale = async (
-    spec: { stock: number; reopenOnRelease?: boolean },
+    spec: { stock: number; reopenOnRelease?: boolean; limitPerUser?: number },
     first: string[],
     second: string[],
   ): Promise<{
@@ -442,26 +465,27 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     secondWave: LifecycleOrderRow[];
   }> => {
     const { activityId, skuId } = await openActivity(f.redis, spec, f.pool);
-    await recordStock(activityId, skuId, spec.stock);
+    await recordStock(activityId, skuId, spec.stock, spec.limitPerUser);
     const topics = topicsFor(activityId, prefix);
     await ensureTopics(admin, topics, 1, 1);
     await startConsumer(activityId, topics);
-    const firstIds = await reserveFor(f.redis, activityId, skuId, first);
+    /** A buyer's second reservation of a wave and later ones: `-2`, `-3`…, the first none. */
+    const nth = (buyers: string[], i: number): string => {
+      const n = buyers.slice(0, i).filter((b) => b === buyers[i]).length;
+      return n === 0 ? '' : `-${n + 1}`;
+    };
+    const firstIds = first.some((b, i) => nth(first, i) !== '')
+      ? await reserveEach(activityId, skuId, first, (buyer, i) => `req-${buyer}${nth(first, i)}`)
+      : await reserveFor(f.redis, activityId, skuId, first);
     await send(topics, await messagesOf(activityId, firstIds));
     await ordersOf(activityId, first.length);
     for (const [i, buyer] of first.entries()) await forget(activityId, skuId, buyer, firstIds[i]!);
-    const secondIds: string[] = [];
-    for (const buyer of second) {
-      const r = await reserve(f.redis, {
-        activityId,
-        userId: buyer,
-        skuId,
-        quantity: 1,
-        requestId: `${buyer}-again`,
-        traceId: `trace-${buyer}-again`,
-      });
-      secondIds.push(r.reservationId);
-    }
+    const secondIds = await reserveEach(
+      activityId,
+      skuId,
+      second,
+      (buyer, i) => `${buyer}-again${nth(second, i)}`,
+    );
     await send(topics, await messagesOf(activityId, secondIds));
     const rowsOf = (ids: string[]): Promise<(LifecycleOrderRow | undefined)[]> =>
       Promise.all(ids.map((rid) => findLifecycleByReservationId(f.pool, rid)));
@@ -582,6 +606,11 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       expect(unsettled?.id).toBe(forgotten.id);
 
       expect(await settleStock(f.deps, [unsettled!])).toMatchObject({ redis: 1, unresolved: 0 });
+      // The settlement found the script's record; asking the script again changes nothing either.
+      await expect(returnWithheld(f.redis, { ...standIn, forOrderId: forgotten.id })).resolves.toEqual({
+        kind: 'returned-earlier',
+        forOrderId: forgotten.id,
+      });
       expect(await redisStock(activityId, skuId)).toBe('4');
       // This sale does not reopen on release: the slot stays taken, as the order's own release
       // would have left it.
@@ -635,6 +664,44 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       expect(await redisStock(activityId, skuId)).toBe('4');
       expect(await withheldReturnedFor(standIn.id)).toBe(forgotten.id);
       expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    "two of a buyer's orders forgotten, two stand-ins: each forgotten order gives back one stand-in's unit, not both",
+    async () => {
+      // 4 units, limit 2: m's two orders reach PostgreSQL (slots 1 and 2), then Redis forgets
+      // both; m buys twice again and both are closed BUYER_LIMIT_EXCEEDED (the forgotten orders
+      // hold m's limit in PostgreSQL), their units withheld: each stands in for one of them.
+      const sale = await forgottenSale({ stock: 4, limitPerUser: 2 }, ['m', 'm'], ['m', 'm']);
+      const { activityId, skuId } = sale;
+      const [f1, f2] = sale.firstWave;
+      const [s1, s2] = [...sale.secondWave].sort((x, y) => Number(BigInt(x.id) - BigInt(y.id)));
+      for (const w of [s1, s2])
+        expect(w).toMatchObject({ closeReason: 'BUYER_LIMIT_EXCEEDED', stockReturnVia: 'withheld' });
+      expect(await redisStock(activityId, skuId)).toBe('2');
+      expect(await liveUnits(activityId)).toBe(2);
+
+      // f1 times out: one unit goes back for it; the other stand-in's stays withheld for f2,
+      // still live in PostgreSQL (3 free in Redis as in PostgreSQL, not 4).
+      const first = await closeOrder(f.deps, f1!.id, 'PAYMENT_TIMEOUT', 'trace-m1');
+      expect(await redisStock(activityId, skuId)).toBe('3');
+      expect(first.settle).toEqual({ redis: 1, postgres: 0, unresolved: 0, withheld: 0, deferred: 0 });
+      expect([await withheldReturnedFor(s1!.id), await withheldReturnedFor(s2!.id)]).toEqual([f1!.id, null]);
+      expect(await audit(activityId)).toMatchObject({ ok: true, mismatches: [] });
+      // Settling f1 again gives nothing more.
+      expect(await settleStock(f.deps, [f1!])).toMatchObject({ redis: 0, unresolved: 0 });
+      expect(await redisStock(activityId, skuId)).toBe('3');
+
+      // f2 is cancelled: the second stand-in's unit goes back for it, nothing flagged.
+      const second = await closeOrder(f.deps, f2!.id, 'CANCELLED', 'trace-m2');
+      expect(second.settle).toEqual({ redis: 1, postgres: 0, unresolved: 0, withheld: 0, deferred: 0 });
+      expect(await redisStock(activityId, skuId)).toBe('4');
+      expect(await withheldReturnedFor(s2!.id)).toBe(f2!.id);
+      const report = await audit(activityId);
+      expect(report).toMatchObject({ ok: true, mismatches: [] });
+      expect(report.figures).toMatchObject({ held: 0, accounted: 0, closedUnresolved: 0 });
     },
     TIMEOUT_MS,
   );
