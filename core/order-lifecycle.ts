@@ -960,6 +960,10 @@ export async function reclaimClosedOrder(
     c,
     'late_payment',
     async () => {
+      // The SKU's activity_skus row first, then activity_stock: the order returnStock locks them in
+      // (the reopening below locks the former through its trigger). Taken the other way round, a
+      // late payment and a stock return of the same SKU could wait on each other (a deadlock).
+      await lockActivitySkus(c, order.activityId, [order.skuId]);
       if (returned && !(await takeBackStock(c, order.activityId, order.skuId, order.quantity))) {
         return { keep: false, value: { reclaimed: false, why: 'the returned unit was sold again' } };
       }

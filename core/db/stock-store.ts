@@ -110,9 +110,9 @@ export async function readStockRows(db: Queryable, activityId: string): Promise<
  * orders' quantity, this closed one no longer among them): a unit Redis had forgotten and sold
  * again was not written back, and the units of closed orders come back on top of what was, so
  * without the bound they would take `remaining` above what PostgreSQL has left to sell. The SKU's
- * `activity_skus` row is locked first, as an order's reopening locks it (through the sold trigger)
- * before it takes a unit out of `activity_stock`, so the bound is read as of this return and the
- * two never wait on each other in opposite orders. The units left out are added to the write-back's
+ * `activity_skus` row is locked first, as a late payment's reopening locks it
+ * (`reclaimClosedOrder`) before it takes a unit out of `activity_stock`, so the bound is read as of
+ * this return and the two never wait on each other in opposite orders. The units left out are added to the write-back's
  * `trimmed_total` and returned; a SKU without its `activity_skus` row gets the whole quantity back.
  * Call in the transaction that marks the order settled.
  */

@@ -5,6 +5,7 @@
 // cache is gone gets its order back and a new submission the answer of the sale window.
 import { cleanupActivity } from '../../../core/activity-cache.js';
 import { registerActivity } from '../../../core/db/activity-registry-store.js';
+import { lockActivitySkus, recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { closeExpiredOrders, findOrderById } from '../../../core/db/orders-store.js';
 import { paymentsForOrder } from '../../../core/db/payments-store.js';
 import { readStockRows } from '../../../core/db/stock-store.js';
@@ -209,6 +210,63 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       expect(await findOrderById(f.pool, id)).toMatchObject({ status: 'PAID', stockReturnVia: null });
       expect((await readReservation(f.redis, other.activityId, r2!))?.state).toBe('PAID');
       expect(await skuStock(f.redis, other.activityId, other.skuId)).toBe(2);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'after write-back a late payment locks the SKU row before activity_stock, in the order a stock return does (they never deadlock)',
+    async () => {
+      const item = { skuId: 'sku-lock', name: 'lock order', price: '19.90', stock: 3, limitPerUser: 1 };
+      const a = await openActivity(f.redis, { stock: 3, price: '19.90', skuId: item.skuId }, f.pool);
+      await recordActivitySkus(f.pool, a.activityId, [item], 'spec');
+      const [r1] = await reserveFor(f.redis, a.activityId, a.skuId, ['lock-order']);
+      const id = (await materialize(f.pool, f.redis, a.activityId, [r1!])).get(r1!)!;
+      await freezeAndWriteBack(f, a.activityId, 1);
+      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = $1`, [id]);
+      const swept = await sweepExpiredOrders({
+        ...f.deps,
+        activityId: a.activityId,
+        batchSize: 10,
+        maxBatches: 1,
+        settleGraceSeconds: 0,
+      });
+      expect(swept.settled.postgres).toBe(1);
+
+      // A stock return of the same SKU holds its activity_skus row (returnStock's first lock).
+      const returning = await f.pool.connect();
+      const probe = await f.pool.connect();
+      try {
+        await returning.query('BEGIN');
+        await lockActivitySkus(returning, a.activityId, [a.skuId]);
+        const paying = notify(api, paidBody(id, 'lock-1', new Date((await deadline(id)).getTime() - 1_000)));
+        // The payment waits for that row...
+        for (let i = 0; ; i += 1) {
+          const waiting = await f.pool.query<{ n: number }>(
+            `SELECT count(*)::int AS n FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'`,
+          );
+          if (waiting.rows[0]!.n > 0) break;
+          if (i > 200) throw new Error('the payment never waited for the SKU row');
+          await new Promise((r) => setTimeout(r, 25));
+        }
+        // ...without holding activity_stock's, which the return takes next.
+        await probe.query('BEGIN');
+        const free = await probe.query(
+          `SELECT remaining FROM activity_stock WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE NOWAIT`,
+          [a.activityId, a.skuId],
+        );
+        expect(free.rows).toEqual([{ remaining: 3 }]);
+        await probe.query('ROLLBACK');
+        await returning.query('COMMIT');
+        expect((await paying).body.outcome).toBe('PAID');
+      } finally {
+        await probe.query('ROLLBACK').catch(() => undefined);
+        await returning.query('ROLLBACK').catch(() => undefined);
+        probe.release();
+        returning.release();
+      }
+      expect((await readStockRows(f.pool, a.activityId)).map((r) => r.remaining)).toEqual([2]);
     },
     TIMEOUT_MS,
   );
