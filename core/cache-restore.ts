@@ -18,7 +18,8 @@ import type { ActivitySkuRow } from './db/activity-skus-store.js';
 import type { RestoreDivergence, RestoreReason, RestoreReload } from './db/cache-restores-store.js';
 import { findByReservationIds, ordersForRestore } from './db/orders-store.js';
 import type { OrderStatus } from './db/orders-store.js';
-import type { Pool } from './db/pool.js';
+import { inTransaction } from './db/pool.js';
+import type { Pool, Queryable } from './db/pool.js';
 import { registeredBuyers } from './db/registrations-store.js';
 import { BucketKeys, activityKeys, groupByScope } from './keys.js';
 import type { ScopeKeys } from './keys.js';
@@ -239,7 +240,9 @@ interface BuyerHold {
  * Every order's reservation (so a buyer's retry is a replay and a later close returns its unit
  * exactly once), every buyer's held quantity and slots, then each SKU's stock = initial − live
  * orders − reservations still in flight (in a ledger, `RESERVED`, no order: only a cache that
- * came back behind has any), and last the epoch mark. Nothing opens the gate here.
+ * came back behind has any), and last the epoch mark. Nothing opens the gate here. Everything it
+ * reads from PostgreSQL comes from one snapshot (a REPEATABLE READ, READ ONLY transaction on one
+ * pooled connection; the pool's statement and query timeouts apply to each read).
  *
  * A bucketed SKU is rebuilt as the warm-up laid it out (ARCHITECTURE.md "Stock buckets"): each
  * reservation and buyer slot in the buyer's home bucket, each bucket's share of the remaining
@@ -257,8 +260,27 @@ export async function reloadFromPostgres(
   t: RestoreTarget,
   maxLedger = 100_000,
 ): Promise<RestoreReload> {
+  // Every PostgreSQL read of the reload sees one snapshot: the sweeper, cancellations and payments
+  // go on while it reads, and each SKU's live count must be the one its orders' pages add up to.
+  // Read at different moments, an order closed in between would be rebuilt RELEASED while its unit
+  // is counted held (its release after the resume finds it released: the unit lost), or one
+  // reopened in between counted free while its reservation is PAID. An order that changes after
+  // the snapshot is rebuilt as it was before; its settlement or payment follows the resume as on a
+  // live cache. Read only: nothing to undo when the reload dies midway (a repeat reads anew).
+  return inTransaction(pool, async (c) => {
+    await c.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY');
+    return reloadFromSnapshot(redis, c, t, maxLedger);
+  });
+}
+
+async function reloadFromSnapshot(
+  redis: RedisClient,
+  db: Queryable,
+  t: RestoreTarget,
+  maxLedger: number,
+): Promise<RestoreReload> {
   const k = activityKeys(t.activityId);
-  const skus = await readActivitySkus(pool, t.activityId);
+  const skus = await readActivitySkus(db, t.activityId);
   if (skus.length === 0)
     throw new Error(`activity ${t.activityId} has no activity_skus rows to restore from`);
   const limits = new Map(skus.map((s) => [s.skuId, s.limitPerUser]));
@@ -274,7 +296,7 @@ export async function reloadFromPostgres(
   const ordered = new Set(
     (
       await findByReservationIds(
-        pool,
+        db,
         ledgers.flatMap((l) => l.ids),
       )
     ).map((o) => o.reservationId),
@@ -326,7 +348,7 @@ export async function reloadFromPostgres(
 
   let orders = 0;
   for (let after = '0'; ;) {
-    const page = await ordersForRestore(pool, t.activityId, after, PAGE);
+    const page = await ordersForRestore(db, t.activityId, after, PAGE);
     if (page.length === 0) break;
     after = page.at(-1)!.id;
     // One pipeline per scope: a cluster runs a pipeline within one slot's node only.
@@ -430,7 +452,7 @@ export async function reloadFromPostgres(
     await redis.hset(k.sku(r.skuId), 'buckets', String(buckets.length));
   }
 
-  await reflagRegistrations(redis, pool, layout);
+  await reflagRegistrations(redis, db, layout);
 
   // The activity's own scope: a bucketed SKU's hash holds no units (as loaded), and its counters
   // only the figures of the SKUs that are not bucketed.
@@ -482,10 +504,10 @@ export async function reloadFromPostgres(
  * SKU (BucketLayout.scopesForUser), and the `registered` set a later load's buckets read; page by
  * page from PostgreSQL. Absolute (a flag and a set member), so a repeat writes the same.
  */
-async function reflagRegistrations(redis: RedisClient, pool: Pool, layout: BucketLayout): Promise<void> {
+async function reflagRegistrations(redis: RedisClient, db: Queryable, layout: BucketLayout): Promise<void> {
   const k = layout.keys;
   for (let after = ''; ;) {
-    const users = await registeredBuyers(pool, layout.activityId, after, PAGE);
+    const users = await registeredBuyers(db, layout.activityId, after, PAGE);
     if (users.length === 0) break;
     after = users.at(-1)!;
     await redis.sadd(k.registered, ...users);

@@ -501,9 +501,10 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
   for (const [activityId, list] of byActivity) {
     if (await restoreInProgress(deps, activityId)) {
       // The cache is being rebuilt from PostgreSQL: a release now would find no reservation (an
-      // empty cache) or be overwritten by the reload's absolute stock. The reload counts a closed
-      // order's unit as free and rebuilds its reservation RELEASED, so once it has resumed the
-      // release finds the reservation it needs. Left for the next attempt.
+      // empty cache) or be overwritten by the reload's absolute stock. The reload reads one
+      // snapshot: it counts the unit of an order closed before it as free and rebuilds its
+      // reservation RELEASED, that of one closed after it as held, its reservation RESERVED, so
+      // once it has resumed the release finds the reservation it needs. Left for the next attempt.
       deps.logger.warn(
         { activity: activityId, orders: list.map((o) => o.id) },
         'stock return deferred until the cache restore has resumed',

@@ -26,9 +26,12 @@ import {
   lastReloadedEpoch,
   openRestore,
 } from '../../../core/db/cache-restores-store.js';
-import { insertOrders } from '../../../core/db/orders-store.js';
+import { findLifecycleByReservationId, insertOrders } from '../../../core/db/orders-store.js';
+import type { Pool } from '../../../core/db/pool.js';
 import { activityKeys, homeBucket } from '../../../core/keys.js';
 import type { CatalogItem, OrderMessage } from '../../../core/model.js';
+import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
+import { closeOrder, settleStock } from '../../../core/order-lifecycle.js';
 import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
 import { registerScripts, runScript } from '../../../core/scripts.js';
 import { createLogger } from '../../../core/logger.js';
@@ -643,5 +646,111 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect(ctx.status.conditions?.find((c) => c.type === 'CacheConsistent')?.message).toMatch(
       /waiting for 3 half message\(s\) not yet in Kafka/,
     );
+  });
+  /** The lifecycle's dependencies as the sweeper and the api give them. */
+  const lifecycle = (): LifecycleDeps => ({
+    pool: sql,
+    redis,
+    logger: createLogger('cache-restore-test', 'silent'),
+    paymentTimeoutSeconds: 900,
+  });
+
+  /**
+   * `pool` whose first query reading `activity_skus` runs `after` once it has answered, whether it
+   * is asked of the pool itself or of a client taken from it: the reload's first PostgreSQL read.
+   */
+  const afterSkusRead = (pool: pg.Pool, after: () => Promise<void>): Pool => {
+    let fired = false;
+    const hooked =
+      (target: object, query: (...args: unknown[]) => Promise<unknown>) =>
+      async (...args: unknown[]): Promise<unknown> => {
+        const result = await query.apply(target, args);
+        if (!fired && /FROM activity_skus/.test(String(args[0]))) {
+          fired = true;
+          await after();
+        }
+        return result;
+      };
+    const wrap = <T extends object>(target: T, extra: Record<string | symbol, unknown> = {}): T =>
+      new Proxy(target, {
+        get(t, prop) {
+          if (prop in extra) return extra[prop];
+          const v: unknown = Reflect.get(t, prop);
+          if (prop === 'query') return hooked(t, v as (...args: unknown[]) => Promise<unknown>);
+          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+        },
+      });
+    return wrap(pool, { connect: async () => wrap(await pool.connect()) });
+  };
+
+  /** Empties the activity's cache and opens a restore, holding the cache, up to the reload. */
+  const loseAndHold = async (
+    id: string,
+    start: Date,
+    end: Date,
+  ): Promise<{ t: RestoreTarget; epoch: number }> => {
+    await redis.del(...(await redis.keys(activityKeys(id).scanPattern)));
+    const check = await checkCache(redis, sql, id, 0, 10);
+    expect(check.kind).toBe('CacheEmpty');
+    const row = await beginRestore(sql, id, 'CacheEmpty', check.divergence);
+    const t: RestoreTarget = {
+      activityId: id,
+      epoch: row.epoch,
+      generation: 1,
+      startMs: start.getTime(),
+      endMs: end.getTime(),
+      requireOrderCode: false,
+      reopenOnRelease: true,
+      ownerUid: 'uid-1',
+    };
+    await holdForRestore(redis, t);
+    expect(await advanceRestore(sql, id, row.epoch, 'detected')).toBe(true);
+    expect(await advanceRestore(sql, id, row.epoch, 'paused')).toBe(true);
+    return { t, epoch: row.epoch };
+  };
+
+  test('an order the sweeper closes while the reload reads gets its unit back after the resume (one snapshot)', async () => {
+    const id = uniqueId('rss');
+    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 10, limitPerUser: 2 }];
+    const { start, end } = await openSale(id, items);
+    const r = await reserve(redis, {
+      activityId: id,
+      userId: 'u1',
+      skuId: 'a',
+      quantity: 1,
+      requestId: 'q1',
+      traceId: 't',
+    });
+    await insertOrders(sql, [orderMessageOf(id, (await readReservation(redis, id, r.reservationId))!)], 900);
+    const order = (await findLifecycleByReservationId(sql, r.reservationId))!;
+    expect(order.status).toBe('UNPAID');
+
+    const { t, epoch } = await loseAndHold(id, start, end);
+    // The reload has read each SKU's live count (the order UNPAID, counted) when the payment
+    // timeout closes the order; its stock return waits for the resume (a restore is open).
+    const deps = lifecycle();
+    let closed: Awaited<ReturnType<typeof closeOrder>> | undefined;
+    const reload = await reloadFromPostgres(
+      redis,
+      afterSkusRead(sql, async () => {
+        closed = await closeOrder(deps, order.id, 'PAYMENT_TIMEOUT', 't-sweep');
+      }),
+      t,
+    );
+    expect(closed?.transition.applied).toBe(true);
+    expect(closed?.settle).toMatchObject({ redis: 0, deferred: 1 });
+    expect(await advanceRestore(sql, id, epoch, 'drained', reload)).toBe(true);
+    expect(await advanceRestore(sql, id, epoch, 'reloaded')).toBe(true);
+    await setGate(redis, id, 'open');
+
+    // The sweeper's next pass after the resume returns the unit: the sale has all 10 again.
+    const row = (await findLifecycleByReservationId(sql, r.reservationId))!;
+    expect([row.status, row.stockReturnVia]).toEqual(['CLOSED', null]);
+    expect(await settleStock(deps, [row])).toMatchObject({ redis: 1, deferred: 0 });
+    const stock = await readStock(redis, id);
+    expect(stock.skus.map((s) => [s.skuId, s.initial, s.remaining])).toEqual([['a', 10, 10]]);
+    expect([stock.reserved, stock.released]).toEqual([1, 1]);
+    expect(await redis.hget(activityKeys(id).buyer('u1'), 'a:qty')).toBe('0');
+    expect((await checkCache(redis, sql, id, epoch, 10)).kind).toBe('consistent');
   });
 });
