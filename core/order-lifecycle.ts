@@ -44,7 +44,7 @@ import {
 } from './db/orders-store.js';
 import type { LifecycleOrderRow, StockReturnVia, TransitionResult } from './db/orders-store.js';
 import { inSavepoint, inTransaction, isUniqueViolation } from './db/pool.js';
-import type { Pool, PoolClient } from './db/pool.js';
+import type { Pool, PoolClient, Queryable } from './db/pool.js';
 import { readWriteBack, returnStock, takeBackStock } from './db/stock-store.js';
 import { localAck } from './durable-ack.js';
 import type { ReservationAck } from './durable-ack.js';
@@ -321,7 +321,7 @@ async function surplusStandIn(
   const givenFor = await mapLimit(candidates, RELEASE_CONCURRENCY, (w) => withheldReturnedFor(deps.redis, w));
   const earlier = candidates.find((_, i) => givenFor[i] === o.id);
   if (earlier) return inTransaction(deps.pool, (c) => recordGivenBack(c, deps, o, [earlier]));
-  if (await restoreInProgress(deps, o.activityId)) return 'deferred';
+  if (await restoreInProgress(deps.pool, o.activityId)) return 'deferred';
   return inTransaction(deps.pool, async (c) => {
     // Another settler of this order may have given a unit back meanwhile: measured without this
     // order's unit, a second one would be found.
@@ -481,8 +481,8 @@ async function durablyReleased(
 }
 
 /** A cache restore of the activity has begun and not resumed yet (core/cache-restore.ts). */
-async function restoreInProgress(deps: LifecycleDeps, activityId: string): Promise<boolean> {
-  const [restore] = await restoresOf(deps.pool, activityId, 1);
+async function restoreInProgress(db: Queryable, activityId: string): Promise<boolean> {
+  const [restore] = await restoresOf(db, activityId, 1);
   return restore !== undefined && restore.step !== 'resumed';
 }
 
@@ -499,7 +499,7 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
   const byActivity = new Map<string, SettleableOrder[]>();
   for (const o of orders) byActivity.set(o.activityId, [...(byActivity.get(o.activityId) ?? []), o]);
   for (const [activityId, list] of byActivity) {
-    if (await restoreInProgress(deps, activityId)) {
+    if (await restoreInProgress(deps.pool, activityId)) {
       // The cache is being rebuilt from PostgreSQL: a release now would find no reservation (an
       // empty cache) or be overwritten by the reload's absolute stock. The reload reads one
       // snapshot: it counts the unit of an order closed before it as free and rebuilds its
@@ -867,6 +867,14 @@ async function beyondGuard(c: PoolClient, row: LifecycleOrderRow): Promise<strin
   return undefined;
 }
 
+/** A late payment's answer while a cache restore holds the cache: 503, the provider retries. */
+function restoring(): FlashSaleError {
+  return new FlashSaleError(
+    'UNAVAILABLE',
+    'the sale cache is being restored from PostgreSQL; retry the notification',
+  );
+}
+
 /**
  * A payment made within the payment window reached an order the timeout closed meanwhile (source
  * 004: "按支付发生时间裁决", decide by payment time, not by which job ran first). The order is paid
@@ -876,7 +884,11 @@ async function beyondGuard(c: PoolClient, row: LifecycleOrderRow): Promise<strin
  * - cache live (not written back): reclaimPaid-5.lua takes a released unit back from Redis (or
  *   marks a reservation never released PAID) and marks it PAID, atomically, or changes nothing
  *   (sold again, the buyer's slot taken). A frozen cache not yet written back answers
- *   NOT_WRITTEN_BACK (503): the provider retries and the PostgreSQL path decides.
+ *   NOT_WRITTEN_BACK (503): the provider retries and the PostgreSQL path decides. While a cache
+ *   restore is in progress (a `cache_restores` row not `resumed`; in Redis the hold's `restoring`
+ *   mark) nothing is taken back: UNAVAILABLE (503), the provider retries after the resume. A unit
+ *   taken back from the lost cache would be overwritten by the reload's absolute stock (sold
+ *   twice), and an emptied cache has no reservation to take back (refunded though paid in time).
  * - written back (PostgreSQL is the truth): a unit already returned (via redis before the
  *   freeze, or postgres after it) is taken out of `activity_stock` by a conditional UPDATE
  *   (`remaining >= quantity`); a unit not returned yet and never offered to Redis is still held in
@@ -911,6 +923,7 @@ export async function reclaimClosedOrder(
 
   if (!(await readWriteBack(c, order.activityId))) {
     if (!redis) return { reclaimed: false, why: 'the sale cache is live and no Redis client was given' };
+    if (await restoreInProgress(c, order.activityId)) throw restoring();
     let outcome: ReclaimOutcome;
     try {
       outcome = await reclaimPaid(redis, {
@@ -926,6 +939,8 @@ export async function reclaimClosedOrder(
           'the stock is being written back; retry the notification',
         );
       }
+      // The restore's hold began after the check above (reclaimPaid-5.lua reads its mark).
+      if (isCode(err, 'PAUSED')) throw restoring();
       if (err instanceof FlashSaleError) return { reclaimed: false, why: `Redis: ${err.code}` };
       throw err;
     }

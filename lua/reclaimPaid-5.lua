@@ -19,6 +19,9 @@
      {1, stockAfter}   the released unit was taken back and the reservation is PAID
      {2}               already PAID (nothing changed)
      {3}               it was still RESERVED (never released): now PAID, no stock change
+    -3  PAUSED         a cache restore holds the cache (the meta's `restoring` mark, set by
+                       holdForRestore-1.lua until the reload's restoreStock/restoreBucket): the
+                       reload rewrites stock absolutely, so nothing is taken back before it
     -4  SOLD_OUT       the released unit was sold again (second element: stock left)
     -5  LIMIT_REACHED  the buyer holds the slot (or the limit) with another reservation now
     -8  CANCELLED      a cancellation tombstone, not a reservation
@@ -26,6 +29,7 @@
     -12 UNKNOWN_RESERVATION
     -14 MISMATCH       buyer or sku differ from the reservation
 ]]
+if redis.call('HEXISTS', KEYS[1], 'restoring') == 1 then return {-3} end
 --- @include "includes/settledReservation"
 if state == 'CANCELLED' then return {-8} end
 if r[2] ~= user or r[3] ~= sku then return {-14} end

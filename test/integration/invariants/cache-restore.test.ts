@@ -27,12 +27,13 @@ import {
   openRestore,
 } from '../../../core/db/cache-restores-store.js';
 import { findLifecycleByReservationId, insertOrders } from '../../../core/db/orders-store.js';
+import type { LifecycleOrderRow } from '../../../core/db/orders-store.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { activityKeys, homeBucket } from '../../../core/keys.js';
 import type { CatalogItem, OrderMessage } from '../../../core/model.js';
 import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
 import { closeOrder, settleStock } from '../../../core/order-lifecycle.js';
-import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
+import { orderMessageOf, readReservation, reclaimPaid, reserve } from '../../../core/reservations.js';
 import { registerScripts, runScript } from '../../../core/scripts.js';
 import { createLogger } from '../../../core/logger.js';
 import { createOperatorMetrics } from '../../../core/metrics.js';
@@ -44,6 +45,7 @@ import type { OperatorConfig } from '../../../operator/config.js';
 import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { restoreCache } from '../../../operator/reconcile/restore-cache.js';
+import { acceptPayment } from '../../../runtime/payments/apply.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 
@@ -751,6 +753,74 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect(stock.skus.map((s) => [s.skuId, s.initial, s.remaining])).toEqual([['a', 10, 10]]);
     expect([stock.reserved, stock.released]).toEqual([1, 1]);
     expect(await redis.hget(activityKeys(id).buyer('u1'), 'a:qty')).toBe('0');
+    expect((await checkCache(redis, sql, id, epoch, 10)).kind).toBe('consistent');
+  });
+
+  test('a late in-time payment during a restore is refused with 503 and changes nothing; after the resume it pays', async () => {
+    const id = uniqueId('rsp');
+    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 10, limitPerUser: 1 }];
+    const { start, end } = await openSale(id, items);
+    const r = await reserve(redis, {
+      activityId: id,
+      userId: 'u1',
+      skuId: 'a',
+      quantity: 1,
+      requestId: 'q1',
+      traceId: 't',
+    });
+    await insertOrders(sql, [orderMessageOf(id, (await readReservation(redis, id, r.reservationId))!)], 900);
+    const deps = lifecycle();
+    const unpaid = (await findLifecycleByReservationId(sql, r.reservationId))!;
+    // The payment timeout closed the order (its unit back in Redis) though the buyer paid in time.
+    expect((await closeOrder(deps, unpaid.id, 'PAYMENT_TIMEOUT', 't-sweep')).settle).toMatchObject({
+      redis: 1,
+    });
+    const order = (await findLifecycleByReservationId(sql, r.reservationId))!;
+    const pay = (o: LifecycleOrderRow): ReturnType<typeof acceptPayment> =>
+      acceptPayment(
+        { pool: sql, redis, logger: deps.logger },
+        'hmac',
+        {
+          orderId: o.id,
+          tradeNo: `t-${o.id}`,
+          amount: o.amount,
+          status: 'success',
+          providerStatus: 'TRADE_SUCCESS',
+          paidAt: new Date(),
+          fields: {},
+        },
+        'trace-late',
+      );
+    const untouched = async (): Promise<void> => {
+      expect((await findLifecycleByReservationId(sql, r.reservationId))?.status).toBe('CLOSED');
+      const payments = await sql.query(`SELECT 1 FROM payments WHERE order_id = $1`, [order.id]);
+      expect(payments.rowCount).toBe(0);
+    };
+
+    // The cache came back empty; the restore holds it.
+    const { t, epoch } = await loseAndHold(id, start, end);
+    await expect(pay(order)).rejects.toMatchObject({ code: 'UNAVAILABLE', status: 503 });
+    await untouched();
+    // Redis itself refuses to take a unit back while a restore holds the cache.
+    await expect(
+      reclaimPaid(redis, { activityId: id, reservationId: r.reservationId, userId: 'u1', skuId: 'a' }),
+    ).rejects.toMatchObject({ code: 'PAUSED' });
+
+    // Reloaded (the hold's mark gone from Redis), not resumed yet: still refused.
+    const reload = await reloadFromPostgres(redis, sql, t);
+    expect(reload.skus).toEqual([{ skuId: 'a', initial: 10, live: 0, inFlight: 0, remaining: 10 }]);
+    expect(await advanceRestore(sql, id, epoch, 'drained', reload)).toBe(true);
+    await expect(pay(order)).rejects.toMatchObject({ code: 'UNAVAILABLE', status: 503 });
+    await untouched();
+    expect(await redis.hget(activityKeys(id).reservation(r.reservationId), 'state')).toBe('RELEASED');
+
+    // Resumed: the provider's retry pays the order, its unit taken back from the restored cache.
+    expect(await advanceRestore(sql, id, epoch, 'reloaded')).toBe(true);
+    await setGate(redis, id, 'open');
+    const paid = await pay(order);
+    expect([paid.outcome, paid.late, paid.order.status]).toEqual(['PAID', true, 'PAID']);
+    expect((await readStock(redis, id)).skus.map((s) => s.remaining)).toEqual([9]);
+    expect(await redis.hget(activityKeys(id).reservation(r.reservationId), 'state')).toBe('PAID');
     expect((await checkCache(redis, sql, id, epoch, 10)).kind).toBe('consistent');
   });
 });
