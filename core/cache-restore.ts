@@ -539,7 +539,8 @@ async function writeClaims(
       sku: r.skuId,
       qty: r.quantity,
       user: r.userId,
-      attempts: 1,
+      // The reservation exists: no refused attempt may take this claim back (unclaimRequest-1.lua).
+      held: 1,
     });
   await p.exec();
 }

@@ -138,12 +138,12 @@ const NOTHING_RESERVED = new Set<string>([
  * (ARCHITECTURE.md "Stock buckets").
  */
 export async function reserve(redis: RedisClient, input: ReserveInput): Promise<ReserveOutcome> {
-  let claim: { key: string; attempt: number } | undefined;
+  let claim: string | undefined;
   try {
     return await reserveClaimed(redis, input, (c) => (claim = c));
   } catch (err) {
     if (claim && err instanceof FlashSaleError && NOTHING_RESERVED.has(err.code)) {
-      await runScript(redis, 'unclaimRequest', [claim.key], [claim.attempt]);
+      await runScript(redis, 'unclaimRequest', [claim], []);
     }
     throw err;
   }
@@ -152,7 +152,7 @@ export async function reserve(redis: RedisClient, input: ReserveInput): Promise<
 async function reserveClaimed(
   redis: RedisClient,
   input: ReserveInput,
-  claimed: (claim: { key: string; attempt: number }) => void,
+  claimed: (claimKey: string) => void,
 ): Promise<ReserveOutcome> {
   let layout = knownBucketLayout(input.activityId) ?? (await bucketLayout(redis, input.activityId));
   // The submission counts once in the buyer's window, however many attempts it takes.
@@ -178,7 +178,7 @@ async function reserveClaimed(
         [input.userId, input.skuId, input.quantity, window?.requests ?? 0, window?.perSeconds ?? 0],
       );
       if (window) counted = countOf(reply[1], reply[2]);
-      if (reply[0] === 1) claimed({ key, attempt: Number(reply[3]) });
+      if (reply[0] === 1) claimed(key);
       cancelled = reply[0] === 2;
       window = undefined;
       claimChecked = true;

@@ -9,8 +9,9 @@
   refuses it as IDEMPOTENCY_CONFLICT as it refuses any reservation of another SKU; readers of
   reservations skip it (core/order-message.ts reservationRecordOf).
 
-  Every claim attempt counts in `attempts`; a refused reservation takes back its claim only if no
-  later attempt claimed since (unclaimRequest-1.lua), so a retry that succeeded meanwhile keeps it.
+  Every claim attempt counts in `attempts`; a refused reservation takes its attempt back
+  (unclaimRequest-1.lua) and the claim goes only when no attempt is left under it, so an attempt
+  that reserved keeps it whatever the attempts beside it (a retry racing it) do.
 
   Input:
     KEYS[1] reservation hash of the activity's scope, under the submission's reservation id
@@ -23,7 +24,8 @@
     ARGV[5] window seconds
 
   Output:
-    {1, consumed, ttlMs, attempt}   claimed (consumed = 0 when not counted); attempt: for unclaim
+    {1, consumed, ttlMs, attempts}  claimed (consumed = 0 when not counted); attempts: the claim's
+                                    attempts not refused yet, this one included
     {2, consumed, ttlMs}            this buyer's cancel marker holds the id: nothing claimed; the
                                     caller's reservation in the bucket replays an earlier one or
                                     answers CANCELLED (reserve-9.lua ARGV[11]), whether or not the

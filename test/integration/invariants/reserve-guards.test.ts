@@ -437,6 +437,76 @@ describe('script guards at their boundaries (real Redis)', () => {
     );
   });
 
+  describe('a claim under racing attempts of one requestId', () => {
+    test(
+      'a refused attempt never takes back the claim of one that reserved, whichever ends first',
+      async () => {
+        const a = await activity([item('tea', 5, 3), { ...item('hot', 8, 3), buckets: 4 }]);
+        const own = activityKeys(a.id);
+        const window: BuyerWindow = { requests: 100, perSeconds: 60 };
+        const claim = (userId: string, requestId: string) =>
+          runScript(
+            redis,
+            'claimRequest',
+            [own.reservation(a.rid(userId, requestId)), own.rateLimitKey('buyer', userId)],
+            [userId, 'hot', 1, 100, 60],
+          );
+        const unclaim = (userId: string, requestId: string) =>
+          runScript(redis, 'unclaimRequest', [own.reservation(a.rid(userId, requestId))], []);
+        // Attempts A and B of one submission claim in turn; B is refused in the bucket (a paused
+        // gate, a full limit) before A reserves there, then B gives its attempt back.
+        expect((await claim('u1', 'r1'))[0]).toBe(1);
+        expect((await claim('u1', 'r1'))[0]).toBe(1);
+        expect(await unclaim('u1', 'r1')).toEqual([0]);
+        expect(
+          await outcome(() =>
+            reserve(redis, {
+              activityId: a.id,
+              userId: 'u1',
+              skuId: 'hot',
+              quantity: 1,
+              requestId: 'r1',
+              traceId: 't',
+              window,
+            }),
+          ),
+        ).toBe('ok:reserved');
+        // The claim held: the id reused for another SKU is refused, not reserved a second time.
+        expect(
+          await outcome(() =>
+            reserve(redis, {
+              activityId: a.id,
+              userId: 'u1',
+              skuId: 'tea',
+              quantity: 1,
+              requestId: 'r1',
+              traceId: 't',
+              window,
+            }),
+          ),
+        ).toBe('IDEMPOTENCY_CONFLICT');
+        expect(await a.stock('tea')).toBe(5);
+        // Both attempts refused: the claim goes with the last, and the id is free again.
+        await claim('u2', 'r2');
+        await claim('u2', 'r2');
+        expect(await unclaim('u2', 'r2')).toEqual([0]);
+        expect(await unclaim('u2', 'r2')).toEqual([1]);
+        expect(await redis.exists(own.reservation(a.rid('u2', 'r2')))).toBe(0);
+        // A claim the cache restore wrote for a rebuilt reservation is never taken back.
+        await redis.hset(own.reservation(a.rid('u3', 'r3')), {
+          state: 'ELSEWHERE',
+          user: 'u3',
+          sku: 'hot',
+          qty: 1,
+          held: 1,
+        });
+        expect(await unclaim('u3', 'r3')).toEqual([0]);
+        expect(await redis.hget(own.reservation(a.rid('u3', 'r3')), 'state')).toBe('ELSEWHERE');
+      },
+      TIMEOUT_MS,
+    );
+  });
+
   describe('a cancellation crossing a bucketed submission', () => {
     /** The first step of a cancellation by requestId: only the activity's scope is marked. */
     const markActivityScope = (activityId: string, userId: string, rid: string) => {
