@@ -72,6 +72,38 @@ describe('payment-timeout sweeper', () => {
       )
     ).rows.map((r) => [Number(r.closed), Number(r.returned), Number(r.n)]);
 
+  /**
+   * What the operator does when Redis came back without the activity (operator/reconcile/
+   * restore-cache.ts): finds the cache empty, opens a restore and holds the cache. `resume` then
+   * reloads it from PostgreSQL and opens the gate.
+   */
+  async function holdEmptyCache(activityId: string) {
+    const check = await checkCache(f.redis, f.pool, activityId, 0);
+    expect(check.kind).toBe('CacheEmpty');
+    const row = await beginRestore(f.pool, activityId, 'CacheEmpty', check.divergence);
+    const now = Date.now();
+    const target = {
+      activityId,
+      epoch: row.epoch,
+      generation: 1,
+      startMs: now - 60_000,
+      endMs: now + 3_600_000,
+      requireOrderCode: false,
+      reopenOnRelease: false,
+      ownerUid: activityId,
+    };
+    await holdForRestore(f.redis, target);
+    const resume = async () => {
+      await advanceRestore(f.pool, activityId, row.epoch, 'detected');
+      await advanceRestore(f.pool, activityId, row.epoch, 'paused');
+      const reload = await reloadFromPostgres(f.redis, f.pool, target);
+      await advanceRestore(f.pool, activityId, row.epoch, 'drained', reload);
+      await advanceRestore(f.pool, activityId, row.epoch, 'reloaded');
+      await setGate(f.redis, activityId, 'open');
+    };
+    return { resume };
+  }
+
   it(
     'two sweepers at once over 5,000 expired orders: each closed once, stock returned once',
     async () => {
@@ -130,21 +162,7 @@ describe('payment-timeout sweeper', () => {
       // Redis loses the activity mid-sale; the operator opens a restore and holds the cache.
       const k = activityKeys(activityId);
       await f.redis.del(...(await f.redis.keys(k.scanPattern)));
-      const check = await checkCache(f.redis, f.pool, activityId, 0);
-      expect(check.kind).toBe('CacheEmpty');
-      const row = await beginRestore(f.pool, activityId, 'CacheEmpty', check.divergence);
-      const now = Date.now();
-      const target = {
-        activityId,
-        epoch: row.epoch,
-        generation: 1,
-        startMs: now - 60_000,
-        endMs: now + 3_600_000,
-        requireOrderCode: false,
-        reopenOnRelease: false,
-        ownerUid: activityId,
-      };
-      await holdForRestore(f.redis, target);
+      const restore = await holdEmptyCache(activityId);
 
       // One order times out meanwhile: closed, its unit's return waits for the restore.
       await f.pool.query(
@@ -161,12 +179,7 @@ describe('payment-timeout sweeper', () => {
       });
 
       // The restore reloads (the closed order's unit is free, its reservation RELEASED) and resumes.
-      await advanceRestore(f.pool, activityId, row.epoch, 'detected');
-      await advanceRestore(f.pool, activityId, row.epoch, 'paused');
-      const reload = await reloadFromPostgres(f.redis, f.pool, target);
-      await advanceRestore(f.pool, activityId, row.epoch, 'drained', reload);
-      await advanceRestore(f.pool, activityId, row.epoch, 'reloaded');
-      await setGate(f.redis, activityId, 'open');
+      await restore.resume();
       expect(await skuStock(f.redis, activityId, skuId)).toBe(2);
 
       const after = await sweep(activityId, f.pool);
@@ -206,26 +219,7 @@ describe('payment-timeout sweeper', () => {
       });
 
       // The restore rebuilds the cache from PostgreSQL (the closed order's unit free) and resumes.
-      const check = await checkCache(f.redis, f.pool, activityId, 0);
-      const row = await beginRestore(f.pool, activityId, 'CacheEmpty', check.divergence);
-      const now = Date.now();
-      const target = {
-        activityId,
-        epoch: row.epoch,
-        generation: 1,
-        startMs: now - 60_000,
-        endMs: now + 3_600_000,
-        requireOrderCode: false,
-        reopenOnRelease: false,
-        ownerUid: activityId,
-      };
-      await holdForRestore(f.redis, target);
-      await advanceRestore(f.pool, activityId, row.epoch, 'detected');
-      await advanceRestore(f.pool, activityId, row.epoch, 'paused');
-      const reload = await reloadFromPostgres(f.redis, f.pool, target);
-      await advanceRestore(f.pool, activityId, row.epoch, 'drained', reload);
-      await advanceRestore(f.pool, activityId, row.epoch, 'reloaded');
-      await setGate(f.redis, activityId, 'open');
+      await (await holdEmptyCache(activityId)).resume();
 
       const after = await sweep(activityId, f.pool);
       expect(after.settled).toMatchObject({ redis: 1, unresolved: 0, deferred: 0 });
