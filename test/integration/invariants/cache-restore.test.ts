@@ -711,9 +711,13 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     return { t, epoch: row.epoch };
   };
 
-  test('an order the sweeper closes while the reload reads gets its unit back after the resume (one snapshot)', async () => {
-    const id = uniqueId('rss');
-    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 10, limitPerUser: 2 }];
+  /** An open sale of one SKU (10 units) where u1's reservation of one unit is an UNPAID order. */
+  const saleWithOneOrder = async (
+    prefix: string,
+    limitPerUser: number,
+  ): Promise<{ id: string; start: Date; end: Date; r: Awaited<ReturnType<typeof reserve>> }> => {
+    const id = uniqueId(prefix);
+    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 10, limitPerUser }];
     const { start, end } = await openSale(id, items);
     const r = await reserve(redis, {
       activityId: id,
@@ -724,6 +728,11 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       traceId: 't',
     });
     await insertOrders(sql, [orderMessageOf(id, (await readReservation(redis, id, r.reservationId))!)], 900);
+    return { id, start, end, r };
+  };
+
+  test('an order the sweeper closes while the reload reads gets its unit back after the resume (one snapshot)', async () => {
+    const { id, start, end, r } = await saleWithOneOrder('rss', 2);
     const order = (await findLifecycleByReservationId(sql, r.reservationId))!;
     expect(order.status).toBe('UNPAID');
 
@@ -757,18 +766,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
   });
 
   test('a late in-time payment during a restore is refused with 503 and changes nothing; after the resume it pays', async () => {
-    const id = uniqueId('rsp');
-    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 10, limitPerUser: 1 }];
-    const { start, end } = await openSale(id, items);
-    const r = await reserve(redis, {
-      activityId: id,
-      userId: 'u1',
-      skuId: 'a',
-      quantity: 1,
-      requestId: 'q1',
-      traceId: 't',
-    });
-    await insertOrders(sql, [orderMessageOf(id, (await readReservation(redis, id, r.reservationId))!)], 900);
+    const { id, start, end, r } = await saleWithOneOrder('rsp', 1);
     const deps = lifecycle();
     const unpaid = (await findLifecycleByReservationId(sql, r.reservationId))!;
     // The payment timeout closed the order (its unit back in Redis) though the buyer paid in time.
