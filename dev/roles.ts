@@ -59,8 +59,14 @@ export interface RoleProcess {
   metricsUrl: string;
   proc: ChildProcess;
   output: () => string;
-  /** SIGTERM and wait for the exit code. */
-  stop: () => Promise<number | null>;
+  /**
+   * SIGTERM and wait for the exit code. A process still running `graceMs` later (default
+   * stopGraceMs: its SHUTDOWN_TIMEOUT_MS plus a margin, as a kubelet's grace period) is SIGKILLed
+   * and the promise rejects with IgnoredSigterm: a role that outlives its own shutdown deadline
+   * is a defect (its forced exit never ran: a loop that never yields), and a test waiting for it
+   * would otherwise wait for ever.
+   */
+  stop: (graceMs?: number) => Promise<number | null>;
   /** SIGKILL and wait. */
   kill: () => Promise<void>;
   exited: Promise<number | null>;
@@ -75,6 +81,34 @@ export interface RoleOptions {
   waitReady?: boolean;
   /** Also append the whole output to this file (kept for post-mortems of fault runs). */
   logFile?: string;
+}
+
+/** runtime/config.ts's default SHUTDOWN_TIMEOUT_MS. */
+const ROLE_SHUTDOWN_TIMEOUT_MS = 20_000;
+/** What stop() adds to a role's SHUTDOWN_TIMEOUT_MS before it gives up on SIGTERM. */
+const STOP_GRACE_MARGIN_MS = 10_000;
+
+/** How long stop() waits for a role started with `env` to exit after SIGTERM. */
+export function stopGraceMs(env: Record<string, string | undefined> = {}): number {
+  const own = Number(env.SHUTDOWN_TIMEOUT_MS);
+  return (Number.isFinite(own) && own > 0 ? own : ROLE_SHUTDOWN_TIMEOUT_MS) + STOP_GRACE_MARGIN_MS;
+}
+
+/** A role that was still running `graceMs` after SIGTERM, SIGKILLed by stop(). */
+export class IgnoredSigterm extends Error {
+  constructor(
+    readonly role: string,
+    readonly pid: number | undefined,
+    readonly graceMs: number,
+    output: string,
+  ) {
+    super(
+      `${role} (pid ${pid ?? '?'}) was still running ${graceMs} ms after SIGTERM and was SIGKILLed: ` +
+        `a role must exit within its SHUTDOWN_TIMEOUT_MS (runtime/main.ts forces the exit; a process ` +
+        `past it is stuck in a loop that never yields). Its last output:\n${output.slice(-3000)}`,
+    );
+    this.name = 'IgnoredSigterm';
+  }
 }
 
 /** A start that ended with the process gone before it was ready: what it printed, and the error to report. */
@@ -192,9 +226,19 @@ function spawnRole(
     proc,
     output: () => out,
     exited,
-    stop: async () => {
-      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
-      return exited;
+    stop: async (graceMs = stopGraceMs(o.env)) => {
+      if (proc.exitCode !== null || proc.signalCode !== null) return exited;
+      proc.kill('SIGTERM');
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<'late'>((resolve) => {
+        timer = setTimeout(() => resolve('late'), graceMs);
+      });
+      const first = await Promise.race([exited, late]);
+      clearTimeout(timer);
+      if (first !== 'late') return first;
+      proc.kill('SIGKILL');
+      await exited;
+      throw new IgnoredSigterm(role, proc.pid, graceMs, out);
     },
     kill: async () => {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');

@@ -14,7 +14,7 @@ import { createRedis, parseSentinels } from '../../../core/redis.js';
 import type { RedisConnection, SentinelAddress } from '../../../core/redis.js';
 import { registerScripts } from '../../../core/scripts.js';
 import type { RedisClient } from '../../../core/scripts.js';
-import { httpClient, startRole, tokenFor } from '../../../dev/roles.js';
+import { httpClient, IgnoredSigterm, startRole, tokenFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 import { checkActivity } from './invariants.js';
 import type { Violation } from './invariants.js';
@@ -228,11 +228,21 @@ export class Sale {
     return false;
   }
 
+  /**
+   * Stops every role (SIGTERM; a role still running past its grace is SIGKILLed) and rejects with
+   * the first IgnoredSigterm once all are gone, so a role that does not stop fails its test by name
+   * instead of holding it until the test's timeout.
+   */
   async stop(): Promise<void> {
     this.stopping = true;
-    await Promise.all([...this.current.values()].map((p) => p.stop()));
-    // Watchers still restarting a role stop what they started (see launch).
-    await Promise.allSettled(this.watchers);
+    const stopped = await Promise.allSettled([...this.current.values()].map((p) => p.stop()));
+    // Watchers still restarting a role stop what they started (see launch); a start cut short by
+    // the stop is no failure, a replacement that ignored SIGTERM is.
+    const restarts = await Promise.allSettled(this.watchers);
+    const failed = [...stopped, ...restarts].find(
+      (s): s is PromiseRejectedResult => s.status === 'rejected' && s.reason instanceof IgnoredSigterm,
+    );
+    if (failed) throw failed.reason;
   }
 
   output(): string {

@@ -4,6 +4,8 @@
 // reservation becomes exactly one order once the roles run again, and a relay stopped this way
 // leaves no entry pending in its stream (its batch in flight was acknowledged by Kafka and deleted).
 // The SIGKILL counterpart is crash-windows.test.ts.
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { readOutbox } from '../../../core/activity-cache.js';
@@ -11,7 +13,16 @@ import { activityKeys } from '../../../core/keys.js';
 import { SHUTDOWN_STAGES } from '../../../runtime/roles/process.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { httpClient, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import {
+  httpClient,
+  IgnoredSigterm,
+  pool,
+  ROOT,
+  setUpActivity,
+  startRole,
+  tokenFor,
+  waitFor,
+} from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 
 const BUYERS = 600;
@@ -153,5 +164,40 @@ describe('graceful shutdown of the role processes', () => {
     expect(new Set(written).size).toBe(written.length);
     expect(accepted.filter((rid) => !written.includes(rid))).toEqual([]);
     expect((await readOutbox(redis, activityId)).halfMessages).toBe(0);
+  });
+  test('a role that does not exit on SIGTERM is SIGKILLed after its grace, and stop() says which', async () => {
+    const activityId = uniqueId('spin');
+    await setUpActivity(
+      activityId,
+      [{ skuId: 'tea', name: '安吉白茶 明前 250g', price: '128.00', stock: 1, limitPerUser: 1 }],
+      { databaseUrl: db.url },
+    );
+    const spinner = pathToFileURL(join(ROOT, 'test', 'fixtures', 'spin-on-sigterm.mjs')).href;
+    const api = await startRole('api', {
+      activityId,
+      databaseUrl: db.url,
+      env: { NODE_OPTIONS: `--import=${spinner}`, SHUTDOWN_TIMEOUT_MS: '1000' },
+    });
+    const began = Date.now();
+    const err = await api.stop().then(
+      (code) => new Error(`stop() resolved with exit code ${code}`),
+      (e: unknown) => e,
+    );
+    expect(err).toBeInstanceOf(IgnoredSigterm);
+    // The grace is the role's own SHUTDOWN_TIMEOUT_MS plus the margin, and then it is gone.
+    expect((err as IgnoredSigterm).graceMs).toBe(11_000);
+    expect(Date.now() - began).toBeGreaterThanOrEqual(11_000);
+    expect((err as IgnoredSigterm).message).toMatch(
+      /^api \(pid \d+\) was still running 11000 ms after SIGTERM and was SIGKILLed/,
+    );
+    expect(api.proc.signalCode).toBe('SIGKILL');
+
+    // The same role without the spinner exits 0 within that grace.
+    const plain = await startRole('api', {
+      activityId,
+      databaseUrl: db.url,
+      env: { SHUTDOWN_TIMEOUT_MS: '1000' },
+    });
+    expect(await plain.stop()).toBe(0);
   });
 });
