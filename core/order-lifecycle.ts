@@ -20,7 +20,7 @@
  */
 import { readMeta, readStock, unconfirmedReservations } from './activity-cache.js';
 import { bucketLayout } from './buckets.js';
-import { restoresOf } from './db/cache-restores-store.js';
+import { holdOffRestores, restoresOf } from './db/cache-restores-store.js';
 import { appendJournal } from './db/journal-store.js';
 import type { JournalEntry } from './db/journal-store.js';
 import { lockActivitySkus } from './db/activity-skus-store.js';
@@ -923,6 +923,9 @@ export async function reclaimClosedOrder(
 
   if (!(await readWriteBack(c, order.activityId))) {
     if (!redis) return { reclaimed: false, why: 'the sale cache is live and no Redis client was given' };
+    // Held to the commit: a restore opens before this check (503) or after the commit (its reload
+    // counts the order PAID), never in between.
+    await holdOffRestores(c, order.activityId);
     if (await restoreInProgress(c, order.activityId)) throw restoring();
     let outcome: ReclaimOutcome;
     try {

@@ -4,7 +4,8 @@
  * durable state: its step moves forward only by a conditional UPDATE on the expected step, so an
  * operator killed at any line finds the restore where the last committed step left it.
  */
-import type { Queryable } from './pool.js';
+import { inTransaction } from './pool.js';
+import type { Pool, PoolClient, Queryable } from './pool.js';
 
 export type RestoreReason = 'CacheEmpty' | 'CacheBehind';
 export type RestoreStep = 'detected' | 'paused' | 'drained' | 'reloaded' | 'resumed';
@@ -69,23 +70,43 @@ export async function lastReloadedEpoch(db: Queryable, activityId: string): Prom
   return res.rows[0]?.epoch ?? 0;
 }
 
+/** The advisory lock of an activity's restores' opening (a 64-bit hash of its id; a clash only waits). */
+const RESTORE_FENCE = `hashtextextended('cache_restores:' || $1, 0)`;
+
+/**
+ * Holds off the opening of a restore of the activity until the caller's transaction ends (a shared
+ * lock; beginRestore takes it exclusively). A late payment that takes its unit back in Redis holds
+ * it from before it checks for an open restore until it commits: either it sees the restore and
+ * takes nothing, or the restore opens only after its commit, so the reload's snapshot (taken
+ * after the opening) counts the order PAID. Without it a payment whose Redis step ran just before
+ * the cache was lost, committed after the reload read PostgreSQL: the unit sold in PostgreSQL
+ * and on sale again in the restored cache.
+ */
+export async function holdOffRestores(c: PoolClient, activityId: string): Promise<void> {
+  await c.query(`SELECT pg_advisory_xact_lock_shared(${RESTORE_FENCE})`, [activityId]);
+}
+
 /**
  * Opens the next restore (epoch = the highest so far + 1) unless one is open already, and returns
- * the open one either way: two operators racing here end up with the same row.
+ * the open one either way: two operators racing here end up with the same row. The opening waits
+ * for every transaction that holds off restores (holdOffRestores) to end.
  */
 export async function beginRestore(
-  db: Queryable,
+  pool: Pool,
   activityId: string,
   reason: RestoreReason,
   divergence: RestoreDivergence,
 ): Promise<CacheRestoreRow> {
-  await db.query(
-    `INSERT INTO cache_restores (activity_id, epoch, reason, divergence)
-     SELECT $1, coalesce(max(epoch), 0) + 1, $2, $3::jsonb FROM cache_restores WHERE activity_id = $1
-     ON CONFLICT DO NOTHING`,
-    [activityId, reason, JSON.stringify(divergence)],
-  );
-  const open = await openRestore(db, activityId);
+  await inTransaction(pool, async (c) => {
+    await c.query(`SELECT pg_advisory_xact_lock(${RESTORE_FENCE})`, [activityId]);
+    await c.query(
+      `INSERT INTO cache_restores (activity_id, epoch, reason, divergence)
+       SELECT $1, coalesce(max(epoch), 0) + 1, $2, $3::jsonb FROM cache_restores WHERE activity_id = $1
+       ON CONFLICT DO NOTHING`,
+      [activityId, reason, JSON.stringify(divergence)],
+    );
+  });
+  const open = await openRestore(pool, activityId);
   if (!open) throw new Error(`no open cache restore for ${activityId} after opening one`);
   return open;
 }

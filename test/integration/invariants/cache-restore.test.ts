@@ -26,6 +26,7 @@ import {
   lastReloadedEpoch,
   openRestore,
 } from '../../../core/db/cache-restores-store.js';
+import type { CacheRestoreRow } from '../../../core/db/cache-restores-store.js';
 import { findLifecycleByReservationId, insertOrders } from '../../../core/db/orders-store.js';
 import type { LifecycleOrderRow } from '../../../core/db/orders-store.js';
 import type { Pool } from '../../../core/db/pool.js';
@@ -46,6 +47,7 @@ import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { restoreCache } from '../../../operator/reconcile/restore-cache.js';
 import { acceptPayment } from '../../../runtime/payments/apply.js';
+import { waitFor } from '../../../dev/roles.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 
@@ -685,16 +687,20 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     return wrap(pool, { connect: async () => wrap(await pool.connect()) });
   };
 
-  /** Empties the activity's cache and opens a restore, holding the cache, up to the reload. */
+  /**
+   * Empties the activity's cache and opens a restore, holding the cache, up to the reload. `open`
+   * is given the restore's opening to run (the test's own moves around it).
+   */
   const loseAndHold = async (
     id: string,
     start: Date,
     end: Date,
+    open: (begin: () => Promise<CacheRestoreRow>) => Promise<CacheRestoreRow> = (begin) => begin(),
   ): Promise<{ t: RestoreTarget; epoch: number }> => {
     await redis.del(...(await redis.keys(activityKeys(id).scanPattern)));
     const check = await checkCache(redis, sql, id, 0, 10);
     expect(check.kind).toBe('CacheEmpty');
-    const row = await beginRestore(sql, id, 'CacheEmpty', check.divergence);
+    const row = await open(() => beginRestore(sql, id, 'CacheEmpty', check.divergence));
     const t: RestoreTarget = {
       activityId: id,
       epoch: row.epoch,
@@ -819,6 +825,90 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect([paid.outcome, paid.late, paid.order.status]).toEqual(['PAID', true, 'PAID']);
     expect((await readStock(redis, id)).skus.map((s) => s.remaining)).toEqual([9]);
     expect(await redis.hget(activityKeys(id).reservation(r.reservationId), 'state')).toBe('PAID');
+    expect((await checkCache(redis, sql, id, epoch, 10)).kind).toBe('consistent');
+  });
+  test('a late payment whose unit Redis gave back before the cache was lost commits before the restore opens; the reload counts it PAID', async () => {
+    const { id, start, end, r } = await saleWithOneOrder('rsf', 1);
+    const deps = lifecycle();
+    const unpaid = (await findLifecycleByReservationId(sql, r.reservationId))!;
+    expect((await closeOrder(deps, unpaid.id, 'PAYMENT_TIMEOUT', 't-sweep')).settle).toMatchObject({
+      redis: 1,
+    });
+    const order = (await findLifecycleByReservationId(sql, r.reservationId))!;
+    // The payment's transaction stops right after reclaimPaid-5.lua took the unit back in Redis.
+    let tookBack!: () => void;
+    const reclaimed = new Promise<void>((resolve) => (tookBack = resolve));
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const stalling = new Proxy(redis, {
+      get(target, prop) {
+        const v: unknown = Reflect.get(target, prop);
+        if (typeof v !== 'function') return v;
+        const f = (v as (...a: unknown[]) => unknown).bind(target);
+        if (prop !== 'fs_reclaimPaid') return f;
+        return async (...args: unknown[]): Promise<unknown> => {
+          const reply = await f(...args);
+          tookBack();
+          await released;
+          return reply;
+        };
+      },
+    });
+    const payment = acceptPayment(
+      { pool: sql, redis: stalling, logger: deps.logger },
+      'hmac',
+      {
+        orderId: order.id,
+        tradeNo: `t-${order.id}`,
+        amount: order.amount,
+        status: 'success',
+        providerStatus: 'TRADE_SUCCESS',
+        paidAt: new Date(),
+        fields: {},
+      },
+      'trace-late',
+    );
+    await reclaimed;
+    expect(await redis.hget(activityKeys(id).reservation(r.reservationId), 'state')).toBe('PAID');
+
+    // Now Redis loses the sale and the operator opens a restore: the opening waits for the
+    // payment's transaction (held off), which then commits; unfenced, it would open at once and
+    // the reload would read PostgreSQL before the payment's commit.
+    // Its own connection: the payment and the opening hold both of the pool's.
+    const observer = new pg.Client({ connectionString: db.url });
+    await observer.connect();
+    const advisoryWaiters = async (): Promise<number> =>
+      Number(
+        (
+          await observer.query<{ n: string }>(
+            `SELECT count(*) AS n FROM pg_locks
+              WHERE locktype = 'advisory' AND NOT granted
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+          )
+        ).rows[0]!.n,
+      );
+    const { t, epoch } = await loseAndHold(id, start, end, async (begin) => {
+      let opened = false;
+      const opening = begin();
+      opening.then(
+        () => (opened = true),
+        () => (opened = true),
+      );
+      const first = await waitFor('the restore to open or to wait for a lock', async () =>
+        opened ? 'opened' : (await advisoryWaiters()) > 0 ? 'waits' : undefined,
+      );
+      if (first === 'waits') release();
+      return opening;
+    }).finally(() => observer.end());
+    const reload = await reloadFromPostgres(redis, sql, t);
+    release();
+    const paid = await payment;
+    expect([paid.outcome, paid.late, paid.order.status]).toEqual(['PAID', true, 'PAID']);
+    expect(reload.skus).toEqual([{ skuId: 'a', initial: 10, live: 1, inFlight: 0, remaining: 9 }]);
+    expect(await advanceRestore(sql, id, epoch, 'drained', reload)).toBe(true);
+    expect(await advanceRestore(sql, id, epoch, 'reloaded')).toBe(true);
+    await setGate(redis, id, 'open');
+    expect((await readStock(redis, id)).skus.map((s) => s.remaining)).toEqual([9]);
     expect((await checkCache(redis, sql, id, epoch, 10)).kind).toBe('consistent');
   });
 });
