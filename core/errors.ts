@@ -123,3 +123,15 @@ export function scriptError(script: string, code: number, data: (string | number
   if (!mapped) return new FlashSaleError('INTERNAL', `script ${script} returned unknown code ${code}`);
   return new FlashSaleError(mapped, undefined, data.length > 0 ? { script, data } : { script });
 }
+
+/**
+ * An error from a dependency that did not answer (refused, reset or closed connection, retries
+ * used up, a command or query that timed out: ioredis says `Command timed out`, pg `Query read
+ * timeout`): worth a retry, so the HTTP layer answers 503 UNAVAILABLE rather than 500.
+ */
+export function isUnansweredDependency(err: unknown): boolean {
+  if (err instanceof FlashSaleError) return false;
+  return /ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout|timed out/i.test(
+    (err as Error | null)?.message ?? '',
+  );
+}

@@ -27,6 +27,9 @@ export const ROLE_NEEDS = {
   'after-sale': { database: true, kafka: true },
 } as const satisfies Readonly<Record<Role, { database: boolean; kafka: boolean }>>;
 
+/** The longest wait a role asks Redis for besides RESERVE_ACK (relay.ts BLOCK, buckets.ts WAIT). */
+const LONGEST_FIXED_REDIS_WAIT_MS = 1000;
+
 const schema = z
   .object({
     /** PostgreSQL connection URL (every role but the relay; ROLE_NEEDS). */
@@ -45,6 +48,15 @@ const schema = z
     RESERVE_ACK_REPLICAS: env.int(1, 1),
     /** How long the api waits for the replicas before answering 503 NOT_REPLICATED (retry with the same requestId). */
     RESERVE_ACK_TIMEOUT_MS: env.int(500, 1),
+    /**
+     * How long any Redis command of a role may go unanswered before it fails (ioredis
+     * `commandTimeout`): a Redis that stalls (a paused VM, a hung disk, a partition) answers nothing
+     * and closes nothing, and without it every buyer's request waited as long as the stall. The
+     * api answers 503 UNAVAILABLE (retry with the same requestId: a reservation the stalled Redis
+     * made after all is replayed). At least a second more than the longest wait a role asks Redis
+     * for (RESERVE_ACK_TIMEOUT_MS, the relay's 1 s blocking read, a stock transfer's 1 s WAIT).
+     */
+    REDIS_COMMAND_TIMEOUT_MS: env.int(5_000, 1),
     /** Kafka bootstrap brokers, comma separated host:port (every role but the api; ROLE_NEEDS). */
     KAFKA_BROKERS: env.list(),
     /** The activity this process serves (required for relay, consumer and jobs). */
@@ -273,6 +285,13 @@ const schema = z
     message: 'CONSUMER_HEARTBEAT_INTERVAL_MS must be at most a third of CONSUMER_SESSION_TIMEOUT_MS',
     path: ['CONSUMER_HEARTBEAT_INTERVAL_MS'],
   })
+  .refine(
+    (c) => c.REDIS_COMMAND_TIMEOUT_MS >= Math.max(c.RESERVE_ACK_TIMEOUT_MS, LONGEST_FIXED_REDIS_WAIT_MS) + 1000,
+    {
+      message: `must be at least 1000 more than RESERVE_ACK_TIMEOUT_MS and than ${LONGEST_FIXED_REDIS_WAIT_MS} (the relay's blocking read): a wait Redis is asked for must not time out`,
+      path: ['REDIS_COMMAND_TIMEOUT_MS'],
+    },
+  )
   .superRefine((c, ctx) => {
     const issue = redisEnvIssue(c);
     if (issue) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [issue.path], message: issue.message });

@@ -1,6 +1,6 @@
 /** The one catch point that turns errors into `application/problem+json`. */
 import type { ErrorRequestHandler, Response } from 'express';
-import { ErrorCodes, FlashSaleError } from '../../core/errors.js';
+import { ErrorCodes, FlashSaleError, isUnansweredDependency } from '../../core/errors.js';
 import type { ErrorCode } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 
@@ -120,9 +120,7 @@ export function problemHandler(logger: Logger): ErrorRequestHandler {
       sendProblem(res, framework.code, framework.detail);
       return;
     }
-    const transient = /ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout/i.test(
-      (err as Error)?.message ?? '',
-    );
+    const transient = isUnansweredDependency(err);
     logger.error({ err, traceId: res.locals.traceId, path: req.path }, 'unhandled error');
     sendProblem(
       res,

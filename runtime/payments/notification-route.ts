@@ -12,7 +12,7 @@
 import express, { Router } from 'express';
 import type { Request, Response } from 'express';
 import { isTransientDbError } from '../../core/db/pool.js';
-import { FlashSaleError } from '../../core/errors.js';
+import { FlashSaleError, isUnansweredDependency } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 import type { Acknowledgement, NotificationRequest } from '../../core/payment-provider.js';
 
@@ -42,12 +42,7 @@ export interface NotificationRoute<P extends SigningProvider, N> {
 
 function transient(err: unknown): boolean {
   if (err instanceof FlashSaleError) return false;
-  return (
-    isTransientDbError(err) ||
-    /ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout/i.test(
-      (err as Error)?.message ?? '',
-    )
-  );
+  return isTransientDbError(err) || isUnansweredDependency(err);
 }
 
 const rejected = (err: unknown): string =>

@@ -127,14 +127,17 @@ function logRedisErrors(client: RedisClient, connection: string, logger: Logger)
 
 /** The process's Redis connection settings, and how its roles open further connections. */
 export function redisFactory(
-  cfg: Parameters<typeof redisConnectionOf>[0],
+  cfg: Parameters<typeof redisConnectionOf>[0] & { REDIS_COMMAND_TIMEOUT_MS: number },
   logger: Logger,
 ): { redisConnection: RedisConnection; connectRedis: RoleContext['connectRedis'] } {
   const redisConnection = redisConnectionOf(cfg);
   return {
     redisConnection,
     connectRedis: (name, options) => {
-      const client = createRedis(redisConnection, options);
+      const client = createRedis(redisConnection, {
+        commandTimeout: cfg.REDIS_COMMAND_TIMEOUT_MS,
+        ...options,
+      });
       logRedisErrors(client, name, logger);
       return client;
     },

@@ -56,6 +56,23 @@ describe('runtime configuration', () => {
     ).toThrow(/CONSUMER_FETCH_MAX_BYTES_PER_PARTITION/);
   });
 
+  test('a Redis command timeout shorter than a wait the roles ask Redis for is refused', () => {
+    expect(loadRuntimeConfig('api', base).REDIS_COMMAND_TIMEOUT_MS).toBe(5000);
+    expect(() => loadRuntimeConfig('api', { ...base, REDIS_COMMAND_TIMEOUT_MS: '1500' })).toThrow(
+      /REDIS_COMMAND_TIMEOUT_MS: must be at least 1000 more than RESERVE_ACK_TIMEOUT_MS and than 1000/,
+    );
+    expect(() =>
+      loadRuntimeConfig('api', { ...base, RESERVE_ACK_TIMEOUT_MS: '8000', REDIS_COMMAND_TIMEOUT_MS: '8500' }),
+    ).toThrow(/REDIS_COMMAND_TIMEOUT_MS/);
+    expect(
+      loadRuntimeConfig('api', { ...base, RESERVE_ACK_TIMEOUT_MS: '8000', REDIS_COMMAND_TIMEOUT_MS: '9000' })
+        .REDIS_COMMAND_TIMEOUT_MS,
+    ).toBe(9000);
+    expect(
+      loadRuntimeConfig('api', { ...base, REDIS_COMMAND_TIMEOUT_MS: '2000' }).REDIS_COMMAND_TIMEOUT_MS,
+    ).toBe(2000);
+  });
+
   test('each role requires exactly the connections it uses (ROLE_NEEDS)', () => {
     const { DATABASE_URL: _d, ...noDatabase } = { ...base, ACTIVITY_ID: 'a1' };
     const { KAFKA_BROKERS: _b, ...noKafka } = { ...base, ACTIVITY_ID: 'a1' };

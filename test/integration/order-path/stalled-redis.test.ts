@@ -1,0 +1,132 @@
+// A single Redis (no Sentinel, no replica to promote) that stalls: SIGSTOP freezes the process, its
+// kernel still accepts connections and takes in every command, nothing is answered: a paused VM,
+// a hung disk or a partition as a client sees it (a private Redis from test/env/start-redis.sh,
+// never the shared one). The api must answer its buyers 503 UNAVAILABLE once a command has waited
+// REDIS_COMMAND_TIMEOUT_MS, not hold them for as long as the stall; and once Redis runs again, a
+// buyer's retry with the same requestId gets its reservation exactly once (the frozen Redis may
+// have made it when it woke: then the retry replays it).
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { Redis } from 'ioredis';
+import { request } from 'undici';
+import { loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { activityKeys } from '../../../core/keys.js';
+import { freshDatabase, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+import { ROOT, startRole, tokenFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
+
+const TIMEOUT_MS = 180_000;
+/** Longer than the command timeout the api is given, far shorter than a stall may last. */
+const NO_ANSWER_MS = 15_000;
+
+describe('the api with its Redis stalled', () => {
+  const activityId = uniqueId('stall');
+  let state = '';
+  let redisPid = 0;
+  let redisUrl = '';
+  let db: FreshDatabase;
+  let api: RoleProcess | undefined;
+
+  beforeAll(async () => {
+    state = mkdtempSync(path.join(tmpdir(), 'flashsale-stalled-redis-'));
+    const started = spawnSync('bash', [path.join(ROOT, 'test', 'env', 'start-redis.sh'), state], {
+      encoding: 'utf8',
+    });
+    if (started.status !== 0) throw new Error(`start-redis.sh failed:\n${started.stderr}`);
+    const env = Object.fromEntries(
+      readFileSync(path.join(state, 'redis.env'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => l.replace(/^export /, '').split('=', 2) as [string, string]),
+    );
+    redisUrl = (env.REDIS_URL ?? '').replace(/^'|'$/g, '');
+    redisPid = Number(readFileSync(path.join(state, 'redis.pid'), 'utf8').trim());
+    db = await freshDatabase();
+    const redis = new Redis(redisUrl);
+    try {
+      const now = Date.now();
+      await loadActivity(redis, {
+        id: activityId,
+        generation: 1,
+        startAt: new Date(now - 1000),
+        endAt: new Date(now + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: true,
+        items: [{ skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 5, limitPerUser: 1 }],
+      });
+      await setGate(redis, activityId, 'open');
+    } finally {
+      redis.disconnect();
+    }
+    api = await startRole('api', {
+      activityId,
+      databaseUrl: db.url,
+      env: { REDIS_URL: redisUrl, REDIS_COMMAND_TIMEOUT_MS: '2000' },
+    });
+  }, TIMEOUT_MS);
+
+  afterAll(async () => {
+    if (redisPid) process.kill(redisPid, 'SIGCONT');
+    await api?.stop();
+    await db?.drop();
+    if (state) {
+      spawnSync('bash', [path.join(ROOT, 'test', 'env', 'env-down.sh'), state]);
+      rmSync(state, { recursive: true, force: true });
+    }
+  }, TIMEOUT_MS);
+
+  /** One submission; a request with no answer within NO_ANSWER_MS fails the test by saying so. */
+  const submit = async (
+    buyer: string,
+  ): Promise<{ status: number; contentType: string; json: Record<string, unknown> }> => {
+    const r = await request(`${api!.url}/v1/activities/${activityId}/orders`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${await tokenFor(buyer)}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ skuId: 'rice', quantity: 1, requestId: `req-${buyer}` }),
+      headersTimeout: NO_ANSWER_MS,
+    }).catch((err: unknown) => {
+      throw new Error(`no answer to ${buyer}'s submission within ${NO_ANSWER_MS} ms: ${String(err)}`);
+    });
+    return {
+      status: r.statusCode,
+      contentType: String(r.headers['content-type'] ?? ''),
+      json: (await r.body.json()) as Record<string, unknown>,
+    };
+  };
+
+  test(
+    'a stalled Redis gets buyers 503 UNAVAILABLE, not a hang; after it wakes a retry reserves once',
+    async () => {
+      expect((await submit('b1')).status).toBe(202);
+
+      process.kill(redisPid, 'SIGSTOP');
+      let stalled: Awaited<ReturnType<typeof submit>>;
+      try {
+        stalled = await submit('b2');
+      } finally {
+        process.kill(redisPid, 'SIGCONT');
+      }
+      expect(stalled.status).toBe(503);
+      expect(stalled.contentType).toMatch(/^application\/problem\+json/);
+      expect(stalled.json).toMatchObject({ code: 'UNAVAILABLE', status: 503 });
+
+      // Redis runs again: the same submission is answered 202, reserved once.
+      const retried = await submit('b2');
+      expect(retried.status).toBe(202);
+      const again = await submit('b2');
+      expect([again.status, again.json.reservationId]).toEqual([202, retried.json.reservationId]);
+      const redis = new Redis(redisUrl);
+      try {
+        const stock = await readStock(redis, activityId);
+        expect(stock.skus.map((s) => [s.skuId, s.remaining])).toEqual([['rice', 3]]);
+        expect(await redis.hget(activityKeys(activityId).buyer('b2'), 'rice:qty')).toBe('1');
+      } finally {
+        redis.disconnect();
+      }
+    },
+    TIMEOUT_MS,
+  );
+});
