@@ -286,7 +286,8 @@ const schema = z
     path: ['CONSUMER_HEARTBEAT_INTERVAL_MS'],
   })
   .refine(
-    (c) => c.REDIS_COMMAND_TIMEOUT_MS >= Math.max(c.RESERVE_ACK_TIMEOUT_MS, LONGEST_FIXED_REDIS_WAIT_MS) + 1000,
+    (c) =>
+      c.REDIS_COMMAND_TIMEOUT_MS >= Math.max(c.RESERVE_ACK_TIMEOUT_MS, LONGEST_FIXED_REDIS_WAIT_MS) + 1000,
     {
       message: `must be at least 1000 more than RESERVE_ACK_TIMEOUT_MS and than ${LONGEST_FIXED_REDIS_WAIT_MS} (the relay's blocking read): a wait Redis is asked for must not time out`,
       path: ['REDIS_COMMAND_TIMEOUT_MS'],
