@@ -245,6 +245,11 @@ const schema = z
     RECONCILIATION_CRON: z.string().default('0 */5 * * * *'),
     /** Reconciliation reports older than this many days are deleted (an activity's newest is kept); 0 = keep all. */
     RECONCILIATION_REPORT_RETENTION_DAYS: env.int(30, 0),
+    /**
+     * Buyers' pre-registrations of a sale that ended more than this many days ago are deleted by
+     * the after-sale role (on RECONCILIATION_CRON); 0 = keep all.
+     */
+    REGISTRATION_RETENTION_DAYS: env.int(30, 0),
     // --- Refunds and order events (docs/after-sale.md "Refunds", docs/order-events.md) ---
     /** The built-in provider's refund endpoint (signed POST); unset = refunds wait PENDING (alerted). */
     PAYMENT_HMAC_REFUND_URL: z.string().url().optional(),

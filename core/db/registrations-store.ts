@@ -32,3 +32,26 @@ export async function registeredBuyers(
   );
   return res.rows.map((r) => r.userId);
 }
+
+/**
+ * Deletes up to `limit` registrations of activities whose sale ended (`activity_registry.end_at`)
+ * more than `olderThanSeconds` ago; returns how many went. A registration serves its sale only (the
+ * api's eligibility check, and a cache restore re-flags registered buyers while the cache lives);
+ * after the end it is a buyer's id kept for nothing but an audit, for as long as the operator of
+ * the platform chooses (REGISTRATION_RETENTION_DAYS). The primary key serves the delete.
+ */
+export async function purgeEndedRegistrations(
+  db: Queryable,
+  olderThanSeconds: number,
+  limit = 5000,
+): Promise<number> {
+  const res = await db.query(
+    `DELETE FROM activity_registrations WHERE (activity_id, user_id) IN (
+       SELECT r.activity_id, r.user_id
+         FROM activity_registrations r JOIN activity_registry a ON a.activity_id = r.activity_id
+        WHERE a.end_at < now() - make_interval(secs => $1)
+        LIMIT $2)`,
+    [olderThanSeconds, limit],
+  );
+  return res.rowCount ?? 0;
+}

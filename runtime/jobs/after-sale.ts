@@ -13,6 +13,7 @@ import type { Metrics } from '../../core/metrics.js';
 import type { ReservationAck } from '../../core/durable-ack.js';
 import type { RedisClient } from '../../core/scripts.js';
 import { activitiesWithAfterSaleWork } from '../../core/db/orders-store.js';
+import { purgeEndedRegistrations } from '../../core/db/registrations-store.js';
 import { checkOrderGap } from './gauges.js';
 import { repairOrderGap } from './gap-repair.js';
 import { sweepExpiredOrders } from './payment-timeout.js';
@@ -176,6 +177,58 @@ export function scheduleSettlementSweeper(d: SettlementSweeperDeps): { stop: () 
       }
     },
     { name: 'settlement-sweep', noOverlap: true },
+  );
+  return { stop: async () => void (await task.stop()) };
+}
+
+/** Most registrations one purge run deletes (REGISTRATION_PURGE_BATCH at a time): the rest next run. */
+const REGISTRATION_PURGE_BATCHES = 20;
+const REGISTRATION_PURGE_BATCH = 5000;
+
+/**
+ * Deletes the registrations of sales that ended more than `retentionDays` ago (0 keeps all), a
+ * bounded number of batches a call; returns how many went. Safe on every replica at once (a row
+ * deleted twice is deleted once).
+ */
+export async function purgeRegistrations(pool: Pool, retentionDays: number): Promise<number> {
+  if (retentionDays <= 0) return 0;
+  let purged = 0;
+  for (let batch = 0; batch < REGISTRATION_PURGE_BATCHES; batch += 1) {
+    const n = await purgeEndedRegistrations(pool, retentionDays * 86_400, REGISTRATION_PURGE_BATCH);
+    purged += n;
+    if (n < REGISTRATION_PURGE_BATCH) break;
+  }
+  return purged;
+}
+
+/**
+ * The platform-level after-sale role's registration purge, on RECONCILIATION_CRON: the
+ * registrations of every sale that ended more than REGISTRATION_RETENTION_DAYS ago.
+ */
+export function scheduleRegistrationPurge(d: {
+  cfg: { RECONCILIATION_CRON: string; REGISTRATION_RETENTION_DAYS: number };
+  pool: Pool;
+  logger: Logger;
+  metrics: Metrics;
+}): { stop: () => Promise<void> } {
+  const task = cron.schedule(
+    d.cfg.RECONCILIATION_CRON,
+    async () => {
+      try {
+        const purged = await purgeRegistrations(d.pool, d.cfg.REGISTRATION_RETENTION_DAYS);
+        if (purged > 0) {
+          d.logger.info(
+            { job: 'registration-purge', purged, retentionDays: d.cfg.REGISTRATION_RETENTION_DAYS },
+            'deleted the registrations of ended sales',
+          );
+        }
+        d.metrics.jobRuns.inc({ job: 'registration-purge', result: 'ok' });
+      } catch (err) {
+        d.metrics.jobRuns.inc({ job: 'registration-purge', result: 'error' });
+        d.logger.warn({ job: 'registration-purge', err: (err as Error).message }, 'job failed');
+      }
+    },
+    { name: 'registration-purge', noOverlap: true },
   );
   return { stop: async () => void (await task.stop()) };
 }

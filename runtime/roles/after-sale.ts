@@ -5,7 +5,7 @@
  * zero at Completed (docs/after-sale.md "The after-sale tier").
  */
 import type { AfterSaleConfig } from '../config.js';
-import { scheduleSettlementSweeper } from '../jobs/after-sale.js';
+import { scheduleRegistrationPurge, scheduleSettlementSweeper } from '../jobs/after-sale.js';
 import { startMoneyJobsOf } from './jobs.js';
 import type { Closer, DatabaseClient, KafkaClient, RoleContext } from './process.js';
 
@@ -23,8 +23,10 @@ export async function startAfterSaleWork(
     metrics,
     stockAck: ctx.reservationAck,
   });
+  const purge = scheduleRegistrationPurge({ cfg, pool, logger, metrics });
   return [
     await startMoneyJobsOf(ctx, cfg, { pool, kafka }, undefined),
     { stage: 'jobs', name: 'settlement sweeper', close: () => sweeper.stop() },
+    { stage: 'jobs', name: 'registration purge', close: () => purge.stop() },
   ];
 }
