@@ -65,7 +65,8 @@
   Order of the checks (ARCHITECTURE.md "One Redis call per submission"): a replay first, answered
   without counting (it is a read of the buyer's own reservation, like a poll, and a retry after a
   lost answer must not cost the buyer their window); then the rate limit, before every other
-  refusal, so that every new submission counts whatever it is answered (not started, sold out,
+  refusal (a submission under an id that was cancelled, or reserved another SKU or quantity, is
+  no replay: it counts, then is refused), so that every new submission counts whatever it is answered (not started, sold out,
   limit reached) as it did when the limiter was a call of its own: a bot hammering a closed gate or
   a sold-out SKU spends its window and cannot keep a budget for the opening or a restock. The
   counter and the reservation are one atomic step: no point is counted for a reservation that
@@ -87,12 +88,14 @@ if prior[1] and prior[4] ~= user then
   redis.call('DEL', KEYS[4])
   prior = {false}
 end
+-- Only a true replay is free; a submission the id's record refuses (cancelled before it arrived,
+-- or the id used for another SKU or quantity) counts like any other refusal, after the window.
+local refusedById = nil
 if prior[1] then
-  if prior[1] == 'CANCELLED' then return {-8, rid} end
-  if prior[2] ~= sku or tonumber(prior[3]) ~= qty then return {-10, rid} end
-  return {2, rid, prior[1]}
-end
-if ARGV[11] == '1' then return {-8, rid} end
+  if prior[1] == 'CANCELLED' then refusedById = -8
+  elseif prior[2] ~= sku or tonumber(prior[3]) ~= qty then refusedById = -10
+  else return {2, rid, prior[1]} end
+elseif ARGV[11] == '1' then refusedById = -8 end
 
 -- Rate limit (docs/operator.md "Traffic shaping and eligibility").
 local requests, consumed, windowMs = tonumber(ARGV[9]), 0, 0
@@ -101,6 +104,7 @@ if requests > 0 then
   if consumed > requests then return {-43, windowMs} end
 end
 -- End of rate limit.
+if refusedById then return {refusedById, rid} end
 
 local now = nowMs()
 local meta = redis.call('HMGET', KEYS[1], 'gate', 'startMs', 'endMs', 'requireCode')

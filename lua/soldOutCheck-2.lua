@@ -14,7 +14,9 @@
 
   Output:
     {2}                    a reservation or marker exists: the caller goes on to reserve-9.lua,
-                           which replays it (no point counted here nor there)
+                           which replays it (no point counted here nor there) or, for a marker
+                           or an id reserved for another SKU or quantity, counts the point there
+                           and refuses
     {1, consumed, ttlMs}   not a replay: answer SOLD_OUT (consumed = 0 when no limit)
     {-43, ttlMs}           RATE_LIMITED: the window was used up
 ]]

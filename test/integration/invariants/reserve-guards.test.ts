@@ -213,6 +213,28 @@ describe('script guards at their boundaries (real Redis)', () => {
     );
 
     test(
+      'a resubmission refused as CANCELLED or IDEMPOTENCY_CONFLICT counts like any refusal; a replay still counts nothing',
+      async () => {
+        const a = await activity([item('s', 10, 2), item('t', 10, 2)]);
+        // A cancellation that arrived before its submission: the submission, sent again and again
+        // under the cancelled id, spends the window as a sold-out SKU would.
+        expect(await a.cancel('bot', 'x')).toBe('ok:marked');
+        for (let i = 0; i < 3; i += 1) expect(await submit(a.id, 'bot', 'x', 's')).toBe('CANCELLED');
+        expect(await submit(a.id, 'bot', 'x', 's')).toBe('RATE_LIMITED');
+        expect(await redis.get(counter(a.id, 'bot'))).toBe('4');
+        // An id reused for another SKU or quantity.
+        expect(await submit(a.id, 'k', 'y', 's')).toBe('ok:reserved');
+        expect(await submit(a.id, 'k', 'y', 't')).toBe('IDEMPOTENCY_CONFLICT');
+        expect(await submit(a.id, 'k', 'y', 's', 2)).toBe('IDEMPOTENCY_CONFLICT');
+        expect(await submit(a.id, 'k', 'y', 't')).toBe('RATE_LIMITED');
+        expect(await submit(a.id, 'k', 'y', 's')).toBe('ok:replayed');
+        expect(await redis.get(counter(a.id, 'k'))).toBe('4');
+        expect(await a.stock('s')).toBe(9);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
       'the reserved outcome carries the window; the last point of the window says so',
       async () => {
         const a = await activity([item('s', 10, 3)]);

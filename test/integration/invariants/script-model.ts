@@ -180,19 +180,22 @@ export class ScriptModel {
       this.s.reservations.delete(rid);
       prior = undefined;
     }
+    let refusedById: 'CANCELLED' | 'IDEMPOTENCY_CONFLICT' | undefined;
     if (prior?.has('state')) {
       // SEMANTICS: a cancel marker (cancelBeforeReserve-3.lua) or a cancelled reservation.
-      if (prior.get('state') === 'CANCELLED') return err('CANCELLED', rid);
-      if (prior.get('sku') !== sku || Number(prior.get('qty')) !== qty)
-        return err('IDEMPOTENCY_CONFLICT', rid);
-      return `replayed ${prior.get('state')}`;
+      if (prior.get('state') === 'CANCELLED') refusedById = 'CANCELLED';
+      else if (prior.get('sku') !== sku || Number(prior.get('qty')) !== qty)
+        refusedById = 'IDEMPOTENCY_CONFLICT';
+      else return `replayed ${prior.get('state')}`;
     }
-    // SEMANTICS: the rate limit comes after the replay (free) and before every other refusal.
+    // SEMANTICS: the rate limit comes after the replay (free) and before every other refusal,
+    // those of the id's own record (cancelled, another SKU or quantity) included.
     if (this.cfg.window > 0) {
       const points = (this.s.windows.get(user) ?? 0) + 1;
       this.s.windows.set(user, points);
       if (points > this.cfg.window) return err('RATE_LIMITED');
     }
+    if (refusedById) return err(refusedById, rid);
     const refusal = this.gateRefusal();
     if (refusal) return err(refusal);
     const item = this.s.skus.get(sku);
