@@ -264,15 +264,23 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
     interface ConsumerGroupProto {
       recoverFromFetch(this: unknown, e: Error): Promise<void>;
     }
-    const recover = async (which: Which) => {
+    /** The fetch from 127.0.0.1:39092 timed out; the group's coordinator is at `coordinator`. */
+    const recover = async (which: Which, coordinator = '127.0.0.1:39093') => {
       const proto = kafkajsModule<{ prototype: ConsumerGroupProto }>(
         which,
         'src/consumer/consumerGroup.js',
       ).prototype;
       const removed: unknown[] = [];
+      let joins = 0;
       const group = {
+        groupId: 'g',
+        memberId: 'm',
+        coordinator: { brokerAddress: coordinator },
         cluster: { removeBroker: (b: unknown) => removed.push(b) },
         logger: { debug: () => undefined, warn: () => undefined, error: () => undefined },
+        joinAndSync: async () => {
+          joins += 1;
+        },
       };
       const error = await proto.recoverFromFetch
         .call(group, timedOut(which, 'Fetch(key: 1, version: 11)'))
@@ -280,20 +288,35 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
           () => undefined,
           (e: Error) => e.name,
         );
-      return { error, removed };
+      return { error, removed, joins };
     };
 
     it('patched: drops the broker (metadata is read afresh from another) and goes on', async () => {
       expect(await recover('installed')).toEqual({
         error: undefined,
         removed: [{ host: '127.0.0.1', port: 39092 }],
+        joins: 0,
       });
     });
 
-    it('upstream: rethrows, and the retry fetches from the same broker', async () => {
+    it('patched: a broker that is also the coordinator is left at once (the group re-joined)', async () => {
+      expect(await recover('installed', '127.0.0.1:39092')).toEqual({
+        error: undefined,
+        removed: [{ host: '127.0.0.1', port: 39092 }],
+        joins: 1,
+      });
+    });
+
+    it('upstream: rethrows, and the retry fetches from the same broker (the coordinator too)', async () => {
       expect(await recover('upstream')).toEqual({
         error: 'KafkaJSRequestTimeoutError',
         removed: [],
+        joins: 0,
+      });
+      expect(await recover('upstream', '127.0.0.1:39092')).toEqual({
+        error: 'KafkaJSRequestTimeoutError',
+        removed: [],
+        joins: 0,
       });
     });
   });
