@@ -7,6 +7,7 @@
 // wave drained into PostgreSQL within DRAIN_BOUND_MS of the freeze, and a last wave after it
 // drained at once (no client goes back to the frozen broker). The suite's PostgreSQL and Redis
 // are used.
+import { Partitioners } from 'kafkajs';
 import type { PartitionMetadata } from 'kafkajs';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -104,6 +105,7 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
       const v: Violation[] = [];
       let figures: Record<string, number> = {};
       try {
+        let orderPartitions: PartitionMetadata[] = [];
         const leaders = async (topic: string, partitions: number): Promise<Map<number, number>> => {
           let found = new Map<number, number>();
           await waitFor(
@@ -114,6 +116,7 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
                 .then((m) => m.topics[0]?.partitions ?? [])
                 .catch((): PartitionMetadata[] => []);
               found = new Map(parts.map((x) => [x.partitionId, x.leader]));
+              if (topic === topics.orders) orderPartitions = parts;
               return parts.length === partitions && [...found.values()].every((l) => l > 0);
             },
             60_000,
@@ -130,13 +133,37 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
               )
             ).rows[0]!.n,
           );
-        const wave = (name: string, size: number): Promise<BuyerAnswer[]> =>
-          buyers(
-            sale!,
-            activityId,
-            Array.from({ length: size }, (_, i) => `${activityId}-${name}${i}`),
-            { skuId: 'rice', concurrency: 6, maxAttempts: 400 },
-          );
+        const wave = (
+          name: string,
+          size: number,
+          ids = Array.from({ length: size }, (_, i) => `${activityId}-${name}${i}`),
+        ): Promise<BuyerAnswer[]> =>
+          buyers(sale!, activityId, ids, { skuId: 'rice', concurrency: 6, maxAttempts: 400 });
+        /**
+         * `size` buyers of whom `onLeader` have their orders (keyed by buyer) in a partition that
+         * `leader` leads, by the relay's own partitioner, when it leads one: so that the wave
+         * meets the frozen broker (ten buyers picked blindly missed its partition now and then,
+         * drained before any request to it timed out, and left the timeout to the last wave).
+         */
+        const idsMeeting = (name: string, size: number, leader: number, onLeader: number): string[] => {
+          const partitionOf = Partitioners.DefaultPartitioner();
+          const led = new Set(orderPartitions.filter((x) => x.leader === leader).map((x) => x.partitionId));
+          const want = led.size > 0 ? Math.min(onLeader, size) : 0;
+          const meet: string[] = [];
+          const rest: string[] = [];
+          for (let i = 0; meet.length < want || rest.length < size - want; i += 1) {
+            if (i > 10_000) throw new Error(`no ${want} buyer keys on the partitions of broker ${leader}`);
+            const id = `${activityId}-${name}${i}`;
+            const partition = partitionOf({
+              topic: topics.orders,
+              partitionMetadata: orderPartitions,
+              message: { key: id, value: null },
+            });
+            if (led.has(partition) && meet.length < want) meet.push(id);
+            else if (rest.length < size - want) rest.push(id);
+          }
+          return [...meet, ...rest];
+        };
 
         sale = new Sale({ servers, activityId });
         await sale.start();
@@ -160,7 +187,7 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
         process.kill(frozenPid, 'SIGSTOP');
         const frozenAt = Date.now();
         // The second wave's orders are produced and consumed with the broker frozen.
-        const second = await wave('b', STOCK / 4);
+        const second = await wave('b', STOCK / 4, idsMeeting('b', STOCK / 4, leader, 3));
         const answeredAt = Date.now();
         // Each client learns of the stall when a request to the frozen broker times out (kafkajs'
         // 30 s): the request's connection closes, and the relay's next send and the consumer's next
