@@ -2,10 +2,6 @@
 // test/env/start-redis.sh, never the shared one), the jobs role (a real process) keeps updating the
 // PostgreSQL-based gauges, while the Redis sampler's last-success timestamp stops advancing: the
 // stale-metrics alert has something to see, and the other gauges do not freeze with it.
-import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
 import pg from 'pg';
 import { Redis } from 'ioredis';
 import { loadActivity, setGate } from '../../../core/activity-cache.js';
@@ -13,34 +9,26 @@ import { insertOrders } from '../../../core/db/orders-store.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { ROOT, startRole, waitFor } from '../../../dev/roles.js';
+import { startRole, waitFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 import { sample } from '../../fixtures/metrics-text.js';
+import { startPrivateRedis } from '../../fixtures/private-redis.js';
+import type { PrivateRedis } from '../../fixtures/private-redis.js';
 
 const TIMEOUT_MS = 180_000;
 
 describe('gauge samplers with Redis stopped', () => {
   const activityId = uniqueId('gauges');
-  let state = '';
+  let privateRedis: PrivateRedis | undefined;
   let redisPid = 0;
   let db: FreshDatabase;
   let sql: pg.Pool;
   let jobs: RoleProcess | undefined;
 
   beforeAll(async () => {
-    state = mkdtempSync(path.join(tmpdir(), 'flashsale-gauges-redis-'));
-    const started = spawnSync('bash', [path.join(ROOT, 'test', 'env', 'start-redis.sh'), state], {
-      encoding: 'utf8',
-    });
-    if (started.status !== 0) throw new Error(`start-redis.sh failed:\n${started.stderr}`);
-    const env = Object.fromEntries(
-      readFileSync(path.join(state, 'redis.env'), 'utf8')
-        .trim()
-        .split('\n')
-        .map((l) => l.replace(/^export /, '').split('=', 2) as [string, string]),
-    );
-    const redisUrl = (env.REDIS_URL ?? '').replace(/^'|'$/g, '');
-    redisPid = Number(readFileSync(path.join(state, 'redis.pid'), 'utf8').trim());
+    privateRedis = startPrivateRedis('gauges-redis');
+    const redisUrl = privateRedis.url;
+    redisPid = privateRedis.pid;
 
     db = await freshDatabase();
     sql = new pg.Pool({ connectionString: db.url, max: 2 });
@@ -75,10 +63,7 @@ describe('gauge samplers with Redis stopped', () => {
     await jobs?.stop();
     await sql?.end();
     await db?.drop();
-    if (state) {
-      spawnSync('bash', [path.join(ROOT, 'test', 'env', 'env-down.sh'), state]);
-      rmSync(state, { recursive: true, force: true });
-    }
+    privateRedis?.stop();
   }, TIMEOUT_MS);
 
   const metrics = async (): Promise<string> => (await fetch(`${jobs!.metricsUrl}/metrics`)).text();

@@ -5,18 +5,16 @@
 // REDIS_COMMAND_TIMEOUT_MS, not hold them for as long as the stall; and once Redis runs again, a
 // buyer's retry with the same requestId gets its reservation exactly once (the frozen Redis may
 // have made it when it woke: then the retry replays it).
-import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
 import { Redis } from 'ioredis';
 import { request } from 'undici';
 import { loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { ROOT, startRole, tokenFor } from '../../../dev/roles.js';
+import { startRole, tokenFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
+import { startPrivateRedis } from '../../fixtures/private-redis.js';
+import type { PrivateRedis } from '../../fixtures/private-redis.js';
 
 const TIMEOUT_MS = 180_000;
 /** Longer than the command timeout the api is given, far shorter than a stall may last. */
@@ -24,26 +22,16 @@ const NO_ANSWER_MS = 15_000;
 
 describe('the api with its Redis stalled', () => {
   const activityId = uniqueId('stall');
-  let state = '';
+  let privateRedis: PrivateRedis | undefined;
   let redisPid = 0;
   let redisUrl = '';
   let db: FreshDatabase;
   let api: RoleProcess | undefined;
 
   beforeAll(async () => {
-    state = mkdtempSync(path.join(tmpdir(), 'flashsale-stalled-redis-'));
-    const started = spawnSync('bash', [path.join(ROOT, 'test', 'env', 'start-redis.sh'), state], {
-      encoding: 'utf8',
-    });
-    if (started.status !== 0) throw new Error(`start-redis.sh failed:\n${started.stderr}`);
-    const env = Object.fromEntries(
-      readFileSync(path.join(state, 'redis.env'), 'utf8')
-        .trim()
-        .split('\n')
-        .map((l) => l.replace(/^export /, '').split('=', 2) as [string, string]),
-    );
-    redisUrl = (env.REDIS_URL ?? '').replace(/^'|'$/g, '');
-    redisPid = Number(readFileSync(path.join(state, 'redis.pid'), 'utf8').trim());
+    privateRedis = startPrivateRedis('stalled-redis');
+    redisUrl = privateRedis.url;
+    redisPid = privateRedis.pid;
     db = await freshDatabase();
     const redis = new Redis(redisUrl);
     try {
@@ -72,10 +60,7 @@ describe('the api with its Redis stalled', () => {
     if (redisPid) process.kill(redisPid, 'SIGCONT');
     await api?.stop();
     await db?.drop();
-    if (state) {
-      spawnSync('bash', [path.join(ROOT, 'test', 'env', 'env-down.sh'), state]);
-      rmSync(state, { recursive: true, force: true });
-    }
+    privateRedis?.stop();
   }, TIMEOUT_MS);
 
   /** One submission; a request with no answer within NO_ANSWER_MS fails the test by saying so. */
