@@ -48,6 +48,26 @@ export interface AfterSaleJobsDeps {
   stockAck?: ReservationAck | undefined;
 }
 
+/**
+ * A cron task's body: runs `fn` and counts the run in flashsale_job_runs_total{job, result}; a
+ * failure is logged and the task goes on at its next tick.
+ */
+function countedRun(
+  d: { logger: Logger; metrics: Metrics },
+  name: string,
+  fn: () => Promise<unknown>,
+): () => Promise<void> {
+  return async () => {
+    try {
+      await fn();
+      d.metrics.jobRuns.inc({ job: name, result: 'ok' });
+    } catch (err) {
+      d.metrics.jobRuns.inc({ job: name, result: 'error' });
+      d.logger.warn({ job: name, err: (err as Error).message }, 'job failed');
+    }
+  };
+}
+
 export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promise<void> } {
   const { cfg, activityId } = d;
   const base = {
@@ -58,15 +78,7 @@ export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promi
     paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
     stockAck: d.stockAck,
   };
-  const job = (name: string, fn: () => Promise<unknown>) => async () => {
-    try {
-      await fn();
-      d.metrics.jobRuns.inc({ job: name, result: 'ok' });
-    } catch (err) {
-      d.metrics.jobRuns.inc({ job: name, result: 'error' });
-      d.logger.warn({ job: name, err: (err as Error).message }, 'job failed');
-    }
-  };
+  const job = (name: string, fn: () => Promise<unknown>) => countedRun(d, name, fn);
   const tasks = [
     cron.schedule(
       cfg.PAYMENT_SWEEP_CRON,
@@ -153,29 +165,23 @@ export function scheduleSettlementSweeper(d: SettlementSweeperDeps): { stop: () 
   const { cfg } = d;
   const task = cron.schedule(
     cfg.PAYMENT_SWEEP_CRON,
-    async () => {
-      try {
-        const activities = await activitiesWithAfterSaleWork(d.pool, cfg.STOCK_SETTLE_GRACE_SECONDS);
-        for (const activityId of activities) {
-          await sweepExpiredOrders({
-            pool: d.pool,
-            redis: d.redis,
-            logger: d.logger,
-            metrics: d.metrics,
-            paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
-            stockAck: d.stockAck,
-            activityId,
-            batchSize: cfg.PAYMENT_SWEEP_BATCH_SIZE,
-            maxBatches: cfg.PAYMENT_SWEEP_MAX_BATCHES,
-            settleGraceSeconds: cfg.STOCK_SETTLE_GRACE_SECONDS,
-          });
-        }
-        d.metrics.jobRuns.inc({ job: 'settlement-sweep', result: 'ok' });
-      } catch (err) {
-        d.metrics.jobRuns.inc({ job: 'settlement-sweep', result: 'error' });
-        d.logger.warn({ job: 'settlement-sweep', err: (err as Error).message }, 'job failed');
+    countedRun(d, 'settlement-sweep', async () => {
+      const activities = await activitiesWithAfterSaleWork(d.pool, cfg.STOCK_SETTLE_GRACE_SECONDS);
+      for (const activityId of activities) {
+        await sweepExpiredOrders({
+          pool: d.pool,
+          redis: d.redis,
+          logger: d.logger,
+          metrics: d.metrics,
+          paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+          stockAck: d.stockAck,
+          activityId,
+          batchSize: cfg.PAYMENT_SWEEP_BATCH_SIZE,
+          maxBatches: cfg.PAYMENT_SWEEP_MAX_BATCHES,
+          settleGraceSeconds: cfg.STOCK_SETTLE_GRACE_SECONDS,
+        });
       }
-    },
+    }),
     { name: 'settlement-sweep', noOverlap: true },
   );
   return { stop: async () => void (await task.stop()) };
@@ -213,21 +219,15 @@ export function scheduleRegistrationPurge(d: {
 }): { stop: () => Promise<void> } {
   const task = cron.schedule(
     d.cfg.RECONCILIATION_CRON,
-    async () => {
-      try {
-        const purged = await purgeRegistrations(d.pool, d.cfg.REGISTRATION_RETENTION_DAYS);
-        if (purged > 0) {
-          d.logger.info(
-            { job: 'registration-purge', purged, retentionDays: d.cfg.REGISTRATION_RETENTION_DAYS },
-            'deleted the registrations of ended sales',
-          );
-        }
-        d.metrics.jobRuns.inc({ job: 'registration-purge', result: 'ok' });
-      } catch (err) {
-        d.metrics.jobRuns.inc({ job: 'registration-purge', result: 'error' });
-        d.logger.warn({ job: 'registration-purge', err: (err as Error).message }, 'job failed');
+    countedRun(d, 'registration-purge', async () => {
+      const purged = await purgeRegistrations(d.pool, d.cfg.REGISTRATION_RETENTION_DAYS);
+      if (purged > 0) {
+        d.logger.info(
+          { job: 'registration-purge', purged, retentionDays: d.cfg.REGISTRATION_RETENTION_DAYS },
+          'deleted the registrations of ended sales',
+        );
       }
-    },
+    }),
     { name: 'registration-purge', noOverlap: true },
   );
   return { stop: async () => void (await task.stop()) };
