@@ -297,11 +297,8 @@ async function main(): Promise<void> {
     // --- 1/2. Submit and sold-out on one api process --------------------------------------------
     const sale = `bsale-${runId}`;
     const refActivity = `bref-${runId}`;
-    const buyers = new Buyers(
-      c.secret,
-      `b${runId}-`,
-      Math.round((cfg.cpuRounds * secs + cfg.warmupS) * 12_000),
-    );
+    // Every order load signs its buyers' tokens ahead of its run (orderLoad).
+    const buyers = new Buyers(c.secret, `b${runId}-`, 0);
     let api: RoleProcess | undefined;
     if (has('submit') || has('soldout') || has('profile') || has('floors')) {
       await openActivity(c, sale, [benchItem('hot', 1_000_000_000), benchItem('gone', 1)]);
