@@ -104,6 +104,11 @@ export const operatorConfigSchema = z
     DATABASE_URL: z.string().min(1),
     /** REDIS_URL, or REDIS_SENTINELS + REDIS_SENTINEL_MASTER (core/redis.ts). */
     ...redisEnvShape,
+    /**
+     * The longest the operator waits for one Redis reply: its longest commands are warm-up
+     * pipelines (100,000 SKUs in about a second here) and WAITs of at most a second.
+     */
+    REDIS_COMMAND_TIMEOUT_MS: env.int(10_000, 2_000),
     KAFKA_BROKERS: env.list().refine((l) => l.length > 0, 'at least one broker'),
     KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
     KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
@@ -250,6 +255,8 @@ export const operatorConfigSchema = z
 export interface OperatorConfig {
   databaseUrl: string;
   redis: RedisConnection;
+  /** A Redis command unanswered this long fails the pass (retried with backoff). */
+  redisCommandTimeoutMs: number;
   kafkaBrokers: string[];
   kafka: { topicPrefix: string; partitions: number; replicationFactor: number; minInsyncReplicas: number };
   /** The namespaces watched; empty = every namespace. */
@@ -304,6 +311,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
   return {
     databaseUrl: c.DATABASE_URL,
     redis: redisConnectionOf(c),
+    redisCommandTimeoutMs: c.REDIS_COMMAND_TIMEOUT_MS,
     kafkaBrokers: c.KAFKA_BROKERS,
     kafka: {
       topicPrefix: c.KAFKA_TOPIC_PREFIX,

@@ -27,12 +27,6 @@ import { EventRecorder } from './kube/events.js';
 import { KafkaAdminAccess } from './reconcile/kafka-access.js';
 import { Reconciler } from './reconcile/reconciler.js';
 
-/**
- * The longest the operator waits for one Redis reply. Its longest commands are warm-up pipelines
- * (100,000 SKUs in about a second here) and WAITs of at most a second.
- */
-const REDIS_COMMAND_TIMEOUT_MS = 10_000;
-
 async function main(): Promise<void> {
   const config = loadOperatorConfig();
   const log = createLogger('operator', config.logLevel);
@@ -62,7 +56,7 @@ async function main(): Promise<void> {
   const redis = createRedis(config.redis, {
     maxRetriesPerRequest: 3,
     lazyConnect: false,
-    commandTimeout: REDIS_COMMAND_TIMEOUT_MS,
+    commandTimeout: config.redisCommandTimeoutMs,
   });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
   const pool = createPool(config.databaseUrl, 4, 'flashsale-operator', {

@@ -331,3 +331,53 @@ it('gives the topics the operator and the after-sale role create the same replic
   expect(defaultEnv.map((e) => e.name)).toContain('KAFKA_REPLICATION_FACTOR');
   expect(defaultEnv.map((e) => e.name)).not.toContain('KAFKA_MIN_INSYNC_REPLICAS');
 });
+
+it('carries the Redis command timeouts and the registration retention to the programs that read them', () => {
+  const namespace = 'flashsale-system';
+  const programs = (sets: string[]) => {
+    const objects = parseManifests(renderChart(helm, [], [...connection, ...sets], namespace));
+    const envOf = (suffix: string): Record<string, string> =>
+      resolveEnv(
+        at(findObject(objects, 'Deployment', suffix), 'spec.template.spec.containers.0.env') as EnvVar[],
+        objects,
+        namespace,
+      );
+    const operator = loadOperatorConfig(envOf('-operator'));
+    const role = (r: 'api' | 'relay' | 'consumer') =>
+      loadRuntimeConfig(r, { ...roleSecretData(objects, operator.runtime.secretName, r), ACTIVITY_ID: 'a1' });
+    const afterSale = loadRuntimeConfig('after-sale', {
+      ...roleSecretData(objects, operator.runtime.secretName, 'after-sale'),
+      ...envOf('-after-sale'),
+    });
+    return { operator, roles: [role('api'), role('relay'), role('consumer'), afterSale] };
+  };
+
+  // The defaults: the operator's 10 s, the runtime's own default, 30 days.
+  const defaults = programs([]);
+  expect(defaults.operator.redisCommandTimeoutMs).toBe(10_000);
+  for (const cfg of defaults.roles) expect(cfg.REDIS_COMMAND_TIMEOUT_MS).toBe(5_000);
+  expect(defaults.roles[3]!.REGISTRATION_RETENTION_DAYS).toBe(30);
+
+  const set = programs([
+    'operator.redisCommandTimeoutMs=20000',
+    'runtime.redis.commandTimeoutMs=8000',
+    'afterSale.registrationRetentionDays=0',
+  ]);
+  expect(set.operator.redisCommandTimeoutMs).toBe(20_000);
+  for (const cfg of set.roles) expect(cfg.REDIS_COMMAND_TIMEOUT_MS).toBe(8_000);
+  expect(set.roles[3]!.REGISTRATION_RETENTION_DAYS).toBe(0);
+
+  // A timeout a wait the programs ask Redis for would run into is refused by the values schema.
+  for (const bad of ['runtime.redis.commandTimeoutMs=1500', 'operator.redisCommandTimeoutMs=500']) {
+    const refused = run(helm, [
+      'template',
+      'flashsale',
+      chartDir,
+      '--kube-version',
+      kubeVersion,
+      ...valuesArgs([], [...connection, bad]),
+    ]);
+    expect(refused.status).not.toBe(0);
+    expect(refused.stderr).toContain(bad.split('=')[0]!.split('.').at(-1));
+  }
+});

@@ -11,6 +11,7 @@ describe('operator configuration', () => {
   it('has the documented defaults', () => {
     const c = loadOperatorConfig({ ...required, POD_NAME: 'op-7d9f' });
     expect(c).toMatchObject({
+      redisCommandTimeoutMs: 10_000,
       kafkaBrokers: ['k1:9092', 'k2:9092'],
       kafka: { topicPrefix: 'flashsale', partitions: 3, replicationFactor: 1, minInsyncReplicas: 1 },
       watchNamespaces: [],
@@ -76,8 +77,17 @@ describe('operator configuration', () => {
     ).toEqual({ stockThreshold: 0, buckets: 64 });
   });
 
+  it('bounds each Redis command by REDIS_COMMAND_TIMEOUT_MS', () => {
+    expect(loadOperatorConfig({ ...required, REDIS_COMMAND_TIMEOUT_MS: '30000' }).redisCommandTimeoutMs).toBe(
+      30_000,
+    );
+  });
+
   it.each([
     [{ DATABASE_URL: undefined }, /DATABASE_URL/],
+    // Below the operator's one-second WAITs plus a margin: a wait it asks for would time out.
+    [{ REDIS_COMMAND_TIMEOUT_MS: '1999' }, /REDIS_COMMAND_TIMEOUT_MS/],
+    [{ REDIS_COMMAND_TIMEOUT_MS: 'soon' }, /REDIS_COMMAND_TIMEOUT_MS/],
     [
       { KAFKA_REPLICATION_FACTOR: '3', KAFKA_MIN_INSYNC_REPLICAS: '4' },
       /KAFKA_MIN_INSYNC_REPLICAS must be at most KAFKA_REPLICATION_FACTOR/,
