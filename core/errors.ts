@@ -125,13 +125,28 @@ export function scriptError(script: string, code: number, data: (string | number
 }
 
 /**
- * An error from a dependency that did not answer (refused, reset or closed connection, retries
- * used up, a command or query that timed out: ioredis says `Command timed out`, pg `Query read
- * timeout`): worth a retry, so the HTTP layer answers 503 UNAVAILABLE rather than 500.
+ * Redis error replies that refuse a command before it runs: out of memory under `noeviction`
+ * (OOM), writes stopped after a failed save (MISCONF), a replica or a demoted primary (READONLY),
+ * a node still loading its data (LOADING), a replica whose primary is gone (MASTERDOWN), a cluster
+ * that cannot serve the slot (CLUSTERDOWN, TRYAGAIN), fewer replicas than min-replicas-to-write
+ * (NOREPLICAS), a script running past its time (BUSY). A script is refused only at its first write
+ * (Redis lets a script that has written go on whatever the server's state, to keep it atomic), so
+ * a refused script wrote nothing.
  */
-export function isUnansweredDependency(err: unknown): boolean {
-  if (err instanceof FlashSaleError) return false;
-  return /ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout|timed out/i.test(
-    (err as Error | null)?.message ?? '',
-  );
+const REDIS_REFUSAL = /^(?:OOM|MISCONF|READONLY|LOADING|MASTERDOWN|CLUSTERDOWN|TRYAGAIN|NOREPLICAS|BUSY) /;
+
+/**
+ * Why a dependency could not serve a request, when a retry may succeed: `unanswered` (refused,
+ * reset or closed connection, retries used up, a command or query that timed out: ioredis says
+ * `Command timed out`, pg `Query read timeout`) or `refused` (a Redis refusal above: nothing was
+ * written). The HTTP layer answers 503 UNAVAILABLE for both rather than 500. Undefined for any
+ * other error, a FlashSaleError included.
+ */
+export function dependencyOutage(err: unknown): 'unanswered' | 'refused' | undefined {
+  if (err instanceof FlashSaleError) return undefined;
+  const message = (err as Error | null)?.message ?? '';
+  if (REDIS_REFUSAL.test(message)) return 'refused';
+  if (/ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout|timed out/i.test(message))
+    return 'unanswered';
+  return undefined;
 }

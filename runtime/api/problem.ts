@@ -1,6 +1,6 @@
 /** The one catch point that turns errors into `application/problem+json`. */
 import type { ErrorRequestHandler, Response } from 'express';
-import { ErrorCodes, FlashSaleError, isUnansweredDependency } from '../../core/errors.js';
+import { dependencyOutage, ErrorCodes, FlashSaleError } from '../../core/errors.js';
 import type { ErrorCode } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 
@@ -105,7 +105,29 @@ function frameworkProblem(err: unknown): { code: ErrorCode; detail: string } | u
   return { code: 'VALIDATION_ERROR', detail: 'the request body could not be read' };
 }
 
+/**
+ * Logs a dependency outage's failed requests at most once per `intervalMs`, each line counting the
+ * ones left out since the last: a Redis that refuses every write (out of memory, a failed save)
+ * fails thousands of requests a second, and a line with a stack for each would cost more CPU than
+ * the requests and bury everything else in the log.
+ */
+export function outageLog(logger: Logger, intervalMs = 1000): (fields: Record<string, unknown>) => void {
+  let lastMs = -Infinity;
+  let unlogged = 0;
+  return (fields) => {
+    const now = Date.now();
+    if (now - lastMs < intervalMs) {
+      unlogged += 1;
+      return;
+    }
+    logger.error({ ...fields, unloggedSinceLast: unlogged }, 'a dependency is unavailable');
+    lastMs = now;
+    unlogged = 0;
+  };
+}
+
 export function problemHandler(logger: Logger): ErrorRequestHandler {
+  const logOutage = outageLog(logger);
   return (err: unknown, req, res, _next) => {
     if (res.headersSent) return;
     if (err instanceof FlashSaleError) {
@@ -120,12 +142,13 @@ export function problemHandler(logger: Logger): ErrorRequestHandler {
       sendProblem(res, framework.code, framework.detail);
       return;
     }
-    const transient = isUnansweredDependency(err);
+    const outage = dependencyOutage(err);
+    if (outage) {
+      logOutage({ err, outage, traceId: res.locals.traceId, path: req.path });
+      sendProblem(res, 'UNAVAILABLE', 'a dependency is unavailable; retry');
+      return;
+    }
     logger.error({ err, traceId: res.locals.traceId, path: req.path }, 'unhandled error');
-    sendProblem(
-      res,
-      transient ? 'UNAVAILABLE' : 'INTERNAL',
-      transient ? 'a dependency is unavailable; retry' : 'internal error',
-    );
+    sendProblem(res, 'INTERNAL', 'internal error');
   };
 }

@@ -12,7 +12,7 @@
 import express, { Router } from 'express';
 import type { Request, Response } from 'express';
 import { isTransientDbError } from '../../core/db/pool.js';
-import { FlashSaleError, isUnansweredDependency } from '../../core/errors.js';
+import { dependencyOutage, FlashSaleError } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 import type { Acknowledgement, NotificationRequest } from '../../core/payment-provider.js';
 
@@ -42,7 +42,7 @@ export interface NotificationRoute<P extends SigningProvider, N> {
 
 function transient(err: unknown): boolean {
   if (err instanceof FlashSaleError) return false;
-  return isTransientDbError(err) || isUnansweredDependency(err);
+  return isTransientDbError(err) || dependencyOutage(err) !== undefined;
 }
 
 const rejected = (err: unknown): string =>

@@ -1,0 +1,86 @@
+// What a failed dependency answers (core/errors.ts dependencyOutage): a retry may succeed after a
+// connection failure, a timeout or a Redis refusal (nothing written), so 503 UNAVAILABLE; any
+// other error stays a 500. And the api's log of such failures (runtime/api/problem.ts outageLog):
+// one line per interval, counting the ones left out, whatever the rate of failures.
+import { jest } from '@jest/globals';
+import { ReplyError } from 'ioredis';
+import { dependencyOutage, FlashSaleError } from '../../../core/errors.js';
+import type { Logger } from '../../../core/logger.js';
+import { outageLog } from '../../../runtime/api/problem.js';
+
+describe('dependencyOutage', () => {
+  test.each([
+    "OOM command not allowed when used memory > 'maxmemory'. script: 5ef6d3ba, on @user_script:1.",
+    "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+    "READONLY You can't write against a read only replica.",
+    'LOADING Redis is loading the dataset in memory',
+    'MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to no.',
+    'CLUSTERDOWN The cluster is down',
+    'TRYAGAIN Multiple keys request during rehashing of slot',
+    'NOREPLICAS Not enough good replicas to write.',
+    'BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.',
+  ])('a Redis refusal is an outage, nothing written: %s', (message) => {
+    expect(dependencyOutage(new ReplyError(message))).toBe('refused');
+  });
+
+  test.each([
+    'connect ECONNREFUSED 127.0.0.1:6379',
+    'read ECONNRESET',
+    'Connection is closed.',
+    'Reached the max retries per request limit (which is 20). Refer to "maxRetriesPerRequest" option for details.',
+    'Command timed out',
+    'Query read timeout',
+  ])('a dependency that does not answer is an outage: %s', (message) => {
+    expect(dependencyOutage(new Error(message))).toBe('unanswered');
+  });
+
+  test.each([
+    'ERR Error running script (call to f_1234): @user_script:12: user_script:12: attempt to compare nil with number',
+    'WRONGTYPE Operation against a key holding the wrong kind of value',
+    'NOSCRIPT No matching script. Please use EVAL.',
+    // A word that only begins like a refusal is not one.
+    'OOMPH something else',
+    'syntax error at or near "SELECT"',
+  ])('any other error is not: %s', (message) => {
+    expect(dependencyOutage(new ReplyError(message))).toBeUndefined();
+  });
+
+  test('a FlashSaleError is an answer of ours, never an outage', () => {
+    expect(dependencyOutage(new FlashSaleError('UNAVAILABLE', 'Command timed out'))).toBeUndefined();
+    expect(dependencyOutage(undefined)).toBeUndefined();
+  });
+});
+
+describe('outageLog', () => {
+  const recorder = () => {
+    const lines: { fields: Record<string, unknown>; msg: string }[] = [];
+    const logger = {
+      error: (fields: Record<string, unknown>, msg: string) => lines.push({ fields, msg }),
+    } as unknown as Logger;
+    return { lines, logger };
+  };
+
+  afterEach(() => {
+    jest.useRealTimers();
+  });
+
+  test('logs the first failure of an interval and counts the others in the next line', () => {
+    jest.useFakeTimers({ now: 1_000_000 });
+    const { lines, logger } = recorder();
+    const log = outageLog(logger, 1000);
+    for (let i = 0; i < 5000; i += 1) log({ path: '/v1/activities/a/orders', n: i });
+    expect(lines).toEqual([
+      {
+        fields: { path: '/v1/activities/a/orders', n: 0, unloggedSinceLast: 0 },
+        msg: 'a dependency is unavailable',
+      },
+    ]);
+    jest.advanceTimersByTime(999);
+    log({ n: 5000 });
+    expect(lines).toHaveLength(1);
+    jest.advanceTimersByTime(1);
+    log({ n: 5001 });
+    expect(lines).toHaveLength(2);
+    expect(lines[1]!.fields).toEqual({ n: 5001, unloggedSinceLast: 5000 });
+  });
+});
