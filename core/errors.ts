@@ -1,3 +1,5 @@
+import { isTransientDbError } from './db/pool.js';
+
 /**
  * Stable error codes of the platform. The HTTP layer turns a FlashSaleError into
  * `application/problem+json` with `code` as the machine-readable field; clients and dashboards
@@ -138,15 +140,20 @@ const REDIS_REFUSAL = /^(?:OOM|MISCONF|READONLY|LOADING|MASTERDOWN|CLUSTERDOWN|T
 /**
  * Why a dependency could not serve a request, when a retry may succeed: `unanswered` (refused,
  * reset or closed connection, retries used up, a command or query that timed out: ioredis says
- * `Command timed out`, pg `Query read timeout`) or `refused` (a Redis refusal above: nothing was
- * written). The HTTP layer answers 503 UNAVAILABLE for both rather than 500. Undefined for any
- * other error, a FlashSaleError included.
+ * `Command timed out`, pg `Query read timeout`; and every PostgreSQL failure `isTransientDbError`
+ * retries: a connection ended by a restart or a failover, a server starting up or shutting down,
+ * too many connections, a serialization failure or deadlock, whose transaction was rolled back) or
+ * `refused` (a Redis refusal above: nothing was written). The HTTP layer answers 503 UNAVAILABLE
+ * for both rather than 500. Undefined for any other error, a FlashSaleError included.
  */
 export function dependencyOutage(err: unknown): 'unanswered' | 'refused' | undefined {
   if (err instanceof FlashSaleError) return undefined;
   const message = (err as Error | null)?.message ?? '';
   if (REDIS_REFUSAL.test(message)) return 'refused';
-  if (/ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout|timed out/i.test(message))
+  if (
+    isTransientDbError(err) ||
+    /ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout|timed out/i.test(message)
+  )
     return 'unanswered';
   return undefined;
 }

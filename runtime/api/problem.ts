@@ -48,7 +48,8 @@ const plainBody = (code: ErrorCode, detail: string): string => {
  * Answers with a problem+json body. Written with writeHead-level calls, not res.status().type()
  * .json(): the same status, headers and body (`application/problem+json; charset=utf-8`) without
  * express' content-type lookup and send() machinery, on the path most requests of a sale take
- * (SOLD_OUT). Headers set before (retry-after, x-request-id) are kept.
+ * (SOLD_OUT). Headers set before (retry-after, x-request-id) are kept; a 503 without one gets
+ * `retry-after: 1`.
  */
 export function sendProblem(
   res: Response,
@@ -61,6 +62,8 @@ export function sendProblem(
     const giveBack = res.locals[GIVE_BACK] as (() => void) | undefined;
     res.locals[GIVE_BACK] = undefined;
     giveBack?.();
+    // A client told nothing retries at once, every one of them, into the outage (RFC 9110 §10.2.3).
+    if (status === 503 && !res.hasHeader('retry-after')) res.setHeader('retry-after', '1');
   }
   const body =
     extra === NO_EXTRA ? plainBody(code, detail ?? title) : problemJson(code, detail ?? title, extra);

@@ -11,7 +11,6 @@
  */
 import express, { Router } from 'express';
 import type { Request, Response } from 'express';
-import { isTransientDbError } from '../../core/db/pool.js';
 import { dependencyOutage, FlashSaleError } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 import type { Acknowledgement, NotificationRequest } from '../../core/payment-provider.js';
@@ -41,8 +40,7 @@ export interface NotificationRoute<P extends SigningProvider, N> {
 }
 
 function transient(err: unknown): boolean {
-  if (err instanceof FlashSaleError) return false;
-  return isTransientDbError(err) || dependencyOutage(err) !== undefined;
+  return dependencyOutage(err) !== undefined;
 }
 
 const rejected = (err: unknown): string =>

@@ -115,13 +115,19 @@ describe('the api with a Redis that refuses writes', () => {
     rmSync(logDir, { recursive: true, force: true });
   }, TIMEOUT_MS);
 
-  const submit = async (buyer: string): Promise<{ status: number; json: Record<string, unknown> }> => {
+  const submit = async (
+    buyer: string,
+  ): Promise<{ status: number; retryAfter: unknown; json: Record<string, unknown> }> => {
     const r = await request(`${api!.url}/v1/activities/${activityId}/orders`, {
       method: 'POST',
       headers: { authorization: `Bearer ${await tokenFor(buyer)}`, 'content-type': 'application/json' },
       body: JSON.stringify({ skuId: 'rice', quantity: 1, requestId: `req-${buyer}` }),
     });
-    return { status: r.statusCode, json: (await r.body.json()) as Record<string, unknown> };
+    return {
+      status: r.statusCode,
+      retryAfter: r.headers['retry-after'],
+      json: (await r.body.json()) as Record<string, unknown>,
+    };
   };
   const remaining = async (): Promise<number | undefined> =>
     (await readStock(admin, activityId)).skus.find((s) => s.skuId === 'rice')?.remaining;
@@ -156,6 +162,8 @@ describe('the api with a Redis that refuses writes', () => {
           statuses: [503],
         });
         expect(answers[0]!.json).toMatchObject({ code: 'UNAVAILABLE', status: 503 });
+        // Told when to come back, so the buyers' clients do not all retry at once into the outage.
+        expect(answers[0]!.retryAfter).toBe('1');
         // Nothing written: the stock and the buyers' slots as before.
         expect(await remaining()).toBe(expected);
         expect(await admin.exists(...buyers.map((b) => activityKeys(activityId).buyer(b)))).toBe(0);

@@ -66,7 +66,7 @@ describe('the api with its Redis stalled', () => {
   /** One submission; a request with no answer within NO_ANSWER_MS fails the test by saying so. */
   const submit = async (
     buyer: string,
-  ): Promise<{ status: number; contentType: string; json: Record<string, unknown> }> => {
+  ): Promise<{ status: number; contentType: string; retryAfter: unknown; json: Record<string, unknown> }> => {
     const r = await request(`${api!.url}/v1/activities/${activityId}/orders`, {
       method: 'POST',
       headers: { authorization: `Bearer ${await tokenFor(buyer)}`, 'content-type': 'application/json' },
@@ -78,6 +78,7 @@ describe('the api with its Redis stalled', () => {
     return {
       status: r.statusCode,
       contentType: String(r.headers['content-type'] ?? ''),
+      retryAfter: r.headers['retry-after'],
       json: (await r.body.json()) as Record<string, unknown>,
     };
   };
@@ -97,6 +98,7 @@ describe('the api with its Redis stalled', () => {
       expect(stalled.status).toBe(503);
       expect(stalled.contentType).toMatch(/^application\/problem\+json/);
       expect(stalled.json).toMatchObject({ code: 'UNAVAILABLE', status: 503 });
+      expect(stalled.retryAfter).toBe('1');
 
       // Redis runs again: the same submission is answered 202, reserved once.
       const retried = await submit('b2');

@@ -35,6 +35,25 @@ describe('dependencyOutage', () => {
   });
 
   test.each([
+    ['57P01', 'terminating connection due to administrator command'],
+    ['57P03', 'the database system is starting up'],
+    ['08006', 'connection failure'],
+    ['53300', 'sorry, too many clients already'],
+    ['40001', 'could not serialize access due to concurrent update'],
+    ['40P01', 'deadlock detected'],
+  ])('a PostgreSQL failure whose transaction a retry may redo is an outage: %s %s', (code, message) => {
+    expect(dependencyOutage(Object.assign(new Error(message), { code }))).toBe('unanswered');
+    expect(dependencyOutage(new Error('Connection terminated unexpectedly'))).toBe('unanswered');
+  });
+
+  test('a PostgreSQL error of the statement is not', () => {
+    const unique = Object.assign(new Error('duplicate key value violates unique constraint "orders_pkey"'), {
+      code: '23505',
+    });
+    expect(dependencyOutage(unique)).toBeUndefined();
+  });
+
+  test.each([
     'ERR Error running script (call to f_1234): @user_script:12: user_script:12: attempt to compare nil with number',
     'WRONGTYPE Operation against a key holding the wrong kind of value',
     'NOSCRIPT No matching script. Please use EVAL.',
