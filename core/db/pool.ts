@@ -126,15 +126,29 @@ const NETWORK_CODES = new Set([
 ]);
 
 /**
+ * SQLSTATEs of a server that cannot write for now, whatever it is asked: insufficient resources
+ * (53000, disk full 53100, out of memory 53200, too many connections 53300; not 53400, a limit a
+ * statement exceeds every time), system and I/O errors (class 58), and a read-only transaction
+ * (25006): a standby, or a demoted primary the pool still reaches after a failover.
+ */
+const SERVER_REFUSALS = new Set(['53000', '53100', '53200', '53300', '25006']);
+
+/**
  * Errors worth retrying: connection loss or refusal (Node codes), SQLSTATE classes 08 (connection),
- * 57P (shutdown/starting up), serialization failures, deadlocks, too many connections, and pg's
- * own connection messages. Anything else is the message's fault and is not retried forever.
+ * 57P (shutdown/starting up) and 58 (system, I/O), a server refusing every write (SERVER_REFUSALS),
+ * serialization failures, deadlocks, and pg's own connection messages. Anything else is the
+ * message's fault and is not retried forever.
  */
 export function isTransientDbError(err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code;
   if (typeof code === 'string') {
-    if (NETWORK_CODES.has(code)) return true;
-    if (code.startsWith('08') || code.startsWith('57P') || ['40001', '40P01', '53300'].includes(code))
+    if (NETWORK_CODES.has(code) || SERVER_REFUSALS.has(code)) return true;
+    if (
+      code.startsWith('08') ||
+      code.startsWith('57P') ||
+      code.startsWith('58') ||
+      ['40001', '40P01'].includes(code)
+    )
       return true;
   }
   const msg = (err as Error | null)?.message ?? '';

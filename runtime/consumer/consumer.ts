@@ -16,9 +16,10 @@
  * ORDER_BATCH_HEADER). Each order of a batch is checked, retried and sent to the DLQ on its own;
  * a message's offset is committed once all its orders are written, so a chunk never splits one.
  *
- * Failures: transient ones (database or network) are retried with backoff for as long as it
- * takes; a message that fails for any other reason is retried CONSUMER_MAX_ATTEMPTS times and
- * then sent to the DLQ with the error in its headers.
+ * Failures: transient ones (database or network: a connection lost, a server that cannot write
+ * for now, disk full or read-only included; core/db/pool.ts isTransientDbError) are retried with
+ * backoff for as long as it takes; a message that fails for any other reason is retried
+ * CONSUMER_MAX_ATTEMPTS times and then sent to the DLQ with the error in its headers.
  *
  * kafkajs restarts its consumer only after a retriable crash. Some crashes during a broker
  * restart are classed non-retriable (KafkaJSGroupCoordinatorNotFound while the coordinator is

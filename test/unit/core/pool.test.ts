@@ -14,6 +14,15 @@ describe('transient database errors', () => {
     expect(isTransientDbError(Object.assign(new Error('x'), { code: '40001' }))).toBe(true);
   });
 
+  test('a server that refuses every write for now is retried: disk full, a standby, an I/O error', () => {
+    for (const code of ['53000', '53100', '53200', '53300', '25006', '58000', '58030', '58P01'])
+      expect([code, isTransientDbError(Object.assign(new Error('refused'), { code }))]).toEqual([code, true]);
+    // A limit a statement exceeds every time (max_locks_per_transaction) is the statement's.
+    expect(isTransientDbError(Object.assign(new Error('out of shared memory'), { code: '53400' }))).toBe(
+      false,
+    );
+  });
+
   test('errors caused by the data itself are not retried forever', () => {
     const check = Object.assign(new Error('new row violates check constraint'), { code: '23514' });
     const invalid = Object.assign(new Error('invalid input syntax for type numeric'), { code: '22P02' });
