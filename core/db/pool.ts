@@ -128,8 +128,9 @@ const NETWORK_CODES = new Set([
 /**
  * SQLSTATEs of a server that cannot write for now, whatever it is asked: insufficient resources
  * (53000, disk full 53100, out of memory 53200, too many connections 53300; not 53400, a limit a
- * statement exceeds every time), system and I/O errors (class 58), and a read-only transaction
- * (25006): a standby, or a demoted primary the pool still reaches after a failover.
+ * statement exceeds every time) and a read-only transaction (25006: a standby, or a demoted
+ * primary the pool still reaches after a failover). System and I/O errors, class 58, are matched
+ * by their prefix in isTransientDbError.
  */
 const SERVER_REFUSALS = new Set(['53000', '53100', '53200', '53300', '25006']);
 
