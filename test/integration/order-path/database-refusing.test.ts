@@ -10,6 +10,7 @@ import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { httpClient, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
+import { total } from '../../fixtures/metrics-text.js';
 
 const TIMEOUT_MS = 180_000;
 
@@ -60,13 +61,10 @@ describe('the consumer while PostgreSQL refuses its writes', () => {
     await db?.drop();
   }, TIMEOUT_MS);
 
-  /** The sum over every series of `name` carrying all of `labels`. */
-  const metric = async (name: string, labels: string[]): Promise<number> => {
+  /** A metric of the role, summed over its series that carry `labels` (this activity's). */
+  const metric = async (name: string, labels: Record<string, string> = {}): Promise<number> => {
     const r = await http.raw(`${all.metricsUrl}/metrics`, { method: 'GET' });
-    return String(r.json.raw ?? '')
-      .split('\n')
-      .filter((l) => l.startsWith(`${name}{`) && labels.every((p) => l.includes(p)))
-      .reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
+    return total(String(r.json.raw ?? ''), name, { activity: activityId, ...labels });
   };
   const ordersOf = async (buyer: string): Promise<number> =>
     (await sql.query('SELECT 1 FROM orders WHERE user_id = $1', [buyer])).rowCount ?? 0;
@@ -74,11 +72,10 @@ describe('the consumer while PostgreSQL refuses its writes', () => {
   test(
     'each refusal is retried until PostgreSQL writes again: no order dead-lettered, each order once',
     async () => {
-      const forActivity = `activity="${activityId}"`;
       for (const [code, message] of refusals) {
         await sql.query('INSERT INTO test_fault (code, message) VALUES ($1, $2)', [code, message]);
         const buyer = `buyer-${code}`;
-        const before = await metric('flashsale_consumer_retries_total', [forActivity]);
+        const before = await metric('flashsale_consumer_retries_total');
         const ok = await http.post(
           `${all.url}/v1/activities/${activityId}/orders`,
           { skuId: 'duck', quantity: 1, requestId: `r-${code}` },
@@ -89,12 +86,12 @@ describe('the consumer while PostgreSQL refuses its writes', () => {
         await waitFor(
           `the consumer's attempts at ${buyer}'s order (${code})`,
           async () =>
-            (await metric('flashsale_consumer_retries_total', [forActivity])) - before > 3 ||
-            (await metric('flashsale_dlq_messages_total', [forActivity])) > 0,
+            (await metric('flashsale_consumer_retries_total')) - before > 3 ||
+            (await metric('flashsale_dlq_messages_total')) > 0,
           60_000,
           250,
         );
-        expect({ code, deadLetters: await metric('flashsale_dlq_messages_total', [forActivity]) }).toEqual({
+        expect({ code, deadLetters: await metric('flashsale_dlq_messages_total') }).toEqual({
           code,
           deadLetters: 0,
         });
@@ -106,8 +103,8 @@ describe('the consumer while PostgreSQL refuses its writes', () => {
           async () => (await ordersOf(buyer)) === 1,
         );
       }
-      expect(await metric('flashsale_consumer_retries_total', [forActivity, 'reason="poison"'])).toBe(0);
-      expect(await metric('flashsale_dlq_messages_total', [forActivity])).toBe(0);
+      expect(await metric('flashsale_consumer_retries_total', { reason: 'poison' })).toBe(0);
+      expect(await metric('flashsale_dlq_messages_total')).toBe(0);
       const orders = await sql.query<{ n: string }>(
         'SELECT count(*) AS n FROM orders WHERE activity_id = $1',
         [activityId],
