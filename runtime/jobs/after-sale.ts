@@ -82,15 +82,7 @@ export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promi
   const tasks = [
     cron.schedule(
       cfg.PAYMENT_SWEEP_CRON,
-      job('payment-timeout', () =>
-        sweepExpiredOrders({
-          ...base,
-          activityId,
-          batchSize: cfg.PAYMENT_SWEEP_BATCH_SIZE,
-          maxBatches: cfg.PAYMENT_SWEEP_MAX_BATCHES,
-          settleGraceSeconds: cfg.STOCK_SETTLE_GRACE_SECONDS,
-        }),
-      ),
+      job('payment-timeout', () => sweepActivity(d, activityId)),
       { name: `payment-timeout-${activityId}`, noOverlap: true },
     ),
     cron.schedule(
@@ -155,6 +147,26 @@ export interface SettlementSweeperDeps {
 }
 
 /**
+ * One activity's payment-timeout sweep with the role's figures: the per-activity job and the
+ * platform-level sweeper run the same sweep.
+ */
+function sweepActivity(d: SettlementSweeperDeps, activityId: string): ReturnType<typeof sweepExpiredOrders> {
+  const { cfg } = d;
+  return sweepExpiredOrders({
+    pool: d.pool,
+    redis: d.redis,
+    logger: d.logger,
+    metrics: d.metrics,
+    paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
+    stockAck: d.stockAck,
+    activityId,
+    batchSize: cfg.PAYMENT_SWEEP_BATCH_SIZE,
+    maxBatches: cfg.PAYMENT_SWEEP_MAX_BATCHES,
+    settleGraceSeconds: cfg.STOCK_SETTLE_GRACE_SECONDS,
+  });
+}
+
+/**
  * The platform-level after-sale role's sweeper: on PAYMENT_SWEEP_CRON, every activity that has
  * UNPAID orders past their deadline or closed orders whose stock is not settled (one indexed
  * query) is swept like the per-activity sweeper does. It outlives the activity's own Deployments,
@@ -167,20 +179,7 @@ export function scheduleSettlementSweeper(d: SettlementSweeperDeps): { stop: () 
     cfg.PAYMENT_SWEEP_CRON,
     countedRun(d, 'settlement-sweep', async () => {
       const activities = await activitiesWithAfterSaleWork(d.pool, cfg.STOCK_SETTLE_GRACE_SECONDS);
-      for (const activityId of activities) {
-        await sweepExpiredOrders({
-          pool: d.pool,
-          redis: d.redis,
-          logger: d.logger,
-          metrics: d.metrics,
-          paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
-          stockAck: d.stockAck,
-          activityId,
-          batchSize: cfg.PAYMENT_SWEEP_BATCH_SIZE,
-          maxBatches: cfg.PAYMENT_SWEEP_MAX_BATCHES,
-          settleGraceSeconds: cfg.STOCK_SETTLE_GRACE_SECONDS,
-        });
-      }
+      for (const activityId of activities) await sweepActivity(d, activityId);
     }),
     { name: 'settlement-sweep', noOverlap: true },
   );
