@@ -281,6 +281,8 @@ export async function setUpActivity(
     partitions?: number;
     /** Also record the items in this database, as the operator does (the consumer checks orders against them). */
     databaseUrl?: string;
+    /** The Redis to load the activity into (a test's private one); default the suite's. */
+    redisUrl?: string;
   } = {},
 ): Promise<TestActivity> {
   const env = testEnv();
@@ -308,7 +310,7 @@ export async function setUpActivity(
       await sql.end();
     }
   }
-  const redis = new Redis(env.redisUrl);
+  const redis = new Redis(opts.redisUrl ?? env.redisUrl);
   try {
     await loadActivity(redis, definition);
     if (opts.open !== false) await setGate(redis, id, 'open');

@@ -3,13 +3,10 @@
 // PostgreSQL-based gauges, while the Redis sampler's last-success timestamp stops advancing: the
 // stale-metrics alert has something to see, and the other gauges do not freeze with it.
 import pg from 'pg';
-import { Redis } from 'ioredis';
-import { loadActivity, setGate } from '../../../core/activity-cache.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
-import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { startRole, waitFor } from '../../../dev/roles.js';
+import { setUpActivity, startRole, waitFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 import { sample } from '../../fixtures/metrics-text.js';
 import { startPrivateRedis } from '../../fixtures/private-redis.js';
@@ -32,26 +29,11 @@ describe('gauge samplers with Redis stopped', () => {
 
     db = await freshDatabase();
     sql = new pg.Pool({ connectionString: db.url, max: 2 });
-    const admin = createKafka(testEnv().kafkaBrokers, activityId).admin();
-    await admin.connect();
-    await ensureTopics(admin, topicsFor(activityId), 1, 1);
-    await admin.disconnect();
-    const redis = new Redis(redisUrl);
-    try {
-      const now = Date.now();
-      await loadActivity(redis, {
-        id: activityId,
-        generation: 1,
-        startAt: new Date(now - 1000),
-        endAt: new Date(now + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: true,
-        items: [{ skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 7, limitPerUser: 1 }],
-      });
-      await setGate(redis, activityId, 'open');
-    } finally {
-      redis.disconnect();
-    }
+    await setUpActivity(
+      activityId,
+      [{ skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 7, limitPerUser: 1 }],
+      { partitions: 1, redisUrl },
+    );
     jobs = await startRole('jobs', {
       activityId,
       databaseUrl: db.url,

@@ -10,11 +10,11 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { request } from 'undici';
-import { loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { readStock } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { startRole, tokenFor } from '../../../dev/roles.js';
+import { setUpActivity, startRole, tokenFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 import { startPrivateRedis } from '../../fixtures/private-redis.js';
 import type { PrivateRedis } from '../../fixtures/private-redis.js';
@@ -88,17 +88,11 @@ describe('the api with a Redis that refuses writes', () => {
     privateRedis = startPrivateRedis('refusing-redis');
     db = await freshDatabase();
     admin = new Redis(privateRedis.url);
-    const now = Date.now();
-    await loadActivity(admin, {
-      id: activityId,
-      generation: 1,
-      startAt: new Date(now - 1000),
-      endAt: new Date(now + 3_600_000),
-      requireOrderCode: false,
-      reopenOnRelease: true,
-      items: [{ skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 50, limitPerUser: 1 }],
-    });
-    await setGate(admin, activityId, 'open');
+    await setUpActivity(
+      activityId,
+      [{ skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 50, limitPerUser: 1 }],
+      { redisUrl: privateRedis.url },
+    );
     api = await startRole('api', {
       activityId,
       databaseUrl: db.url,

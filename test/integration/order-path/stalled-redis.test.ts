@@ -7,11 +7,11 @@
 // have made it when it woke: then the retry replays it).
 import { Redis } from 'ioredis';
 import { request } from 'undici';
-import { loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { readStock } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { startRole, tokenFor } from '../../../dev/roles.js';
+import { setUpActivity, startRole, tokenFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 import { startPrivateRedis } from '../../fixtures/private-redis.js';
 import type { PrivateRedis } from '../../fixtures/private-redis.js';
@@ -33,22 +33,11 @@ describe('the api with its Redis stalled', () => {
     redisUrl = privateRedis.url;
     redisPid = privateRedis.pid;
     db = await freshDatabase();
-    const redis = new Redis(redisUrl);
-    try {
-      const now = Date.now();
-      await loadActivity(redis, {
-        id: activityId,
-        generation: 1,
-        startAt: new Date(now - 1000),
-        endAt: new Date(now + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: true,
-        items: [{ skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 5, limitPerUser: 1 }],
-      });
-      await setGate(redis, activityId, 'open');
-    } finally {
-      redis.disconnect();
-    }
+    await setUpActivity(
+      activityId,
+      [{ skuId: 'rice', name: '五常大米 5kg', price: '59.90', stock: 5, limitPerUser: 1 }],
+      { redisUrl },
+    );
     api = await startRole('api', {
       activityId,
       databaseUrl: db.url,
