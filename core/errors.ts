@@ -131,11 +131,22 @@ export function scriptError(script: string, code: number, data: (string | number
  * (OOM), writes stopped after a failed save (MISCONF), a replica or a demoted primary (READONLY),
  * a node still loading its data (LOADING), a replica whose primary is gone (MASTERDOWN), a cluster
  * that cannot serve the slot (CLUSTERDOWN, TRYAGAIN), fewer replicas than min-replicas-to-write
- * (NOREPLICAS), a script running past its time (BUSY). A script is refused only at its first write
- * (Redis lets a script that has written go on whatever the server's state, to keep it atomic), so
- * a refused script wrote nothing.
+ * (NOREPLICAS), a script running past its time (BUSY), and a cluster's redirections (MOVED, ASK)
+ * that reached the caller unfollowed. A script is refused only at its first write (Redis lets a
+ * script that has written go on whatever the server's state, to keep it atomic), so a refused
+ * script wrote nothing.
  */
-const REDIS_REFUSAL = /^(?:OOM|MISCONF|READONLY|LOADING|MASTERDOWN|CLUSTERDOWN|TRYAGAIN|NOREPLICAS|BUSY) /;
+const REDIS_REFUSAL =
+  /^(?:OOM|MISCONF|READONLY|LOADING|MASTERDOWN|CLUSTERDOWN|TRYAGAIN|NOREPLICAS|BUSY|MOVED|ASK) /;
+
+/**
+ * ioredis' Cluster gives up on a command after `maxRedirections` (16) MOVED, ASK, TRYAGAIN or
+ * CLUSTERDOWN answers or closed connections, and names the last one: while a slot migrates
+ * (resharding), every script whose keys are split between the two nodes, or are partly new, is
+ * answered TRYAGAIN for as long as the migration takes, far longer than the 16 × 100 ms ioredis
+ * retries.
+ */
+const CLUSTER_GAVE_UP = /^Too many Cluster redirections\. Last error: (?:ReplyError: )?/;
 
 /**
  * Why a dependency could not serve a request, when a retry may succeed: `unanswered` (refused,
@@ -149,7 +160,7 @@ const REDIS_REFUSAL = /^(?:OOM|MISCONF|READONLY|LOADING|MASTERDOWN|CLUSTERDOWN|T
 export function dependencyOutage(err: unknown): 'unanswered' | 'refused' | undefined {
   if (err instanceof FlashSaleError) return undefined;
   const message = (err as Error | null)?.message ?? '';
-  if (REDIS_REFUSAL.test(message)) return 'refused';
+  if (REDIS_REFUSAL.test(message.replace(CLUSTER_GAVE_UP, ''))) return 'refused';
   if (
     isTransientDbError(err) ||
     /ECONNREFUSED|ECONNRESET|Connection is closed|MaxRetriesPerRequest|timeout|timed out/i.test(message)

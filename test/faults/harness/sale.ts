@@ -274,6 +274,10 @@ export async function buyers(
     maxAttempts?: number;
     /** Once aborted, no buyer tries again (a failed test stops its load with the sale). */
     signal?: AbortSignal;
+    /** Every answer, retried ones included (the returned answers are each buyer's last). */
+    onAttempt?: (answer: BuyerAnswer) => void;
+    /** A worker's pause before its next buyer, to spread the load over time. */
+    pauseMs?: number;
   },
 ): Promise<BuyerAnswer[]> {
   const http = httpClient(o.concurrency ?? 8);
@@ -305,10 +309,12 @@ export async function buyers(
         } catch {
           // the connection died with the process, or the api is restarting
         }
+        o.onAttempt?.(answer);
         if ((answer.status >= 200 && answer.status < 500) || o.signal?.aborted) break;
         await sleep(Math.min(1000, 50 * a));
       }
       out[i] = answer;
+      if (o.pauseMs) await sleep(o.pauseMs);
     }
   };
   try {

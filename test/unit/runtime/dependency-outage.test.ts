@@ -19,8 +19,25 @@ describe('dependencyOutage', () => {
     'TRYAGAIN Multiple keys request during rehashing of slot',
     'NOREPLICAS Not enough good replicas to write.',
     'BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.',
+    'MOVED 9555 127.0.0.1:17990',
+    'ASK 9555 127.0.0.1:12296',
   ])('a Redis refusal is an outage, nothing written: %s', (message) => {
     expect(dependencyOutage(new ReplyError(message))).toBe('refused');
+  });
+
+  // ioredis' Cluster gives up after 16 redirections and names the last one (a slot migrating).
+  test.each([
+    'Too many Cluster redirections. Last error: ReplyError: TRYAGAIN Multiple keys request during rehashing of slot',
+    'Too many Cluster redirections. Last error: ReplyError: MOVED 9555 127.0.0.1:17990',
+    'Too many Cluster redirections. Last error: ReplyError: CLUSTERDOWN The cluster is down',
+  ])('a cluster that kept redirecting is a refusal, nothing written: %s', (message) => {
+    expect(dependencyOutage(new Error(message))).toBe('refused');
+  });
+
+  test('a cluster that gave up on a closed connection is unanswered', () => {
+    expect(
+      dependencyOutage(new Error('Too many Cluster redirections. Last error: Error: Connection is closed.')),
+    ).toBe('unanswered');
   });
 
   test.each([
@@ -59,6 +76,7 @@ describe('dependencyOutage', () => {
     'NOSCRIPT No matching script. Please use EVAL.',
     // A word that only begins like a refusal is not one.
     'OOMPH something else',
+    'Too many Cluster redirections. Last error: ReplyError: ERR unknown command',
     'syntax error at or near "SELECT"',
   ])('any other error is not: %s', (message) => {
     expect(dependencyOutage(new ReplyError(message))).toBeUndefined();
