@@ -73,7 +73,9 @@ export interface Violation {
     | 'buyer-limit'
     | 'half-messages'
     | 'order-gap'
-    | 'reported-counters';
+    | 'reported-counters'
+    /** A buyer was answered 500 along the way (test/faults/harness/sale.ts answerLog). */
+    | 'internal-error';
   detail: string;
 }
 

@@ -325,6 +325,29 @@ export async function buyers(
   return out;
 }
 
+/**
+ * Every answer of a load, retried ones included (`buyers`' `onAttempt`): a buyer who retried a
+ * 5xx until a definitive answer shows only that answer, so a 500 along the way (an error the api
+ * did not know as a dependency outage) is seen here only.
+ */
+export function answerLog(): { onAttempt: (a: BuyerAnswer) => void; violations: () => Violation[] } {
+  const internal: string[] = [];
+  return {
+    onAttempt: (a) => {
+      if (a.status === 500) internal.push(`${a.buyer} (attempt ${a.attempts}): 500 ${a.code ?? ''}`.trim());
+    },
+    violations: () =>
+      internal.length === 0
+        ? []
+        : [
+            {
+              rule: 'internal-error',
+              detail: `${internal.length} answer(s) 500, e.g. ${internal.slice(0, 3).join('; ')} (the api's log names the error)`,
+            },
+          ],
+  };
+}
+
 /** Every buyer's answer against the orders in PostgreSQL (a Kafka fault's yardstick). */
 export interface AnswersToOrders {
   /** Answers 202. */

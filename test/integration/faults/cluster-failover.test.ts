@@ -14,6 +14,7 @@ import { parseSentinels } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import {
   Sale,
+  answerLog,
   buyers,
   clusterServers,
   prepareActivity,
@@ -72,17 +73,18 @@ const PLAIN = 16;
     sale = new Sale({ servers, activityId, env: { RESERVE_ACK: 'replica', RESERVE_ACK_TIMEOUT_MS: '500' } });
     const s = sale;
     await s.start();
+    const seen = answerLog();
     const hotLoad = buyers(
       s,
       activityId,
       Array.from({ length: 160 }, (_, i) => `${activityId}-h${i}`),
-      { skuId: 'hot', concurrency: 6, maxAttempts: 400 },
+      { skuId: 'hot', concurrency: 6, maxAttempts: 400, onAttempt: seen.onAttempt },
     );
     const plainLoad = buyers(
       s,
       activityId,
       Array.from({ length: 40 }, (_, i) => `${activityId}-p${i}`),
-      { skuId: 'plain', concurrency: 2, maxAttempts: 400 },
+      { skuId: 'plain', concurrency: 2, maxAttempts: 400, onAttempt: seen.onAttempt },
     );
 
     const watcher = redisOf(servers, { maxRetriesPerRequest: 3 });
@@ -140,6 +142,8 @@ const PLAIN = 16;
     sale = undefined;
     expect(rec.drained).toBe(true);
     expect(formatViolations(rec.violations)).toBe('');
+    // While the slots were unserved (CLUSTERDOWN) and moved to the promoted replica, 503s only.
+    expect(formatViolations(seen.violations())).toBe('');
 
     const accepted = answers.filter((a) => a.status === 202);
     const sql = new pg.Pool({ connectionString: db.url, max: 1 });

@@ -13,9 +13,11 @@ import pg from 'pg';
 import { readStock } from '../../../core/activity-cache.js';
 import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
+import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
 import {
   Sale,
+  answerLog,
   buyers,
   prepareActivity,
   recoverAndCheck,
@@ -76,7 +78,13 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
     await s.start();
     step('roles started');
     const ids = Array.from({ length: BUYERS }, (_, i) => `${activityId}-b${i}`);
-    const load = buyers(s, activityId, ids, { skuId: 'rice', concurrency: 6, maxAttempts: 400 });
+    const seen = answerLog();
+    const load = buyers(s, activityId, ids, {
+      skuId: 'rice',
+      concurrency: 6,
+      maxAttempts: 400,
+      onAttempt: seen.onAttempt,
+    });
 
     // Mid-sale: once a fifth of the stock is reserved, the primary dies without a word.
     const watcher = redisOf(servers, { maxRetriesPerRequest: 3 });
@@ -118,7 +126,8 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
     const accepted = answers.filter((a) => a.status === 202);
     const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
     const sql = new pg.Pool({ connectionString: db.url, max: 1 });
-    const v = [...rec.violations];
+    // While the primary was gone and Sentinel promoted its replica, 503s only.
+    const v = [...rec.violations, ...seen.violations()];
     let figures: Record<string, number | string> = {};
     try {
       const perRsv = await sql.query<{ reservation_id: string; n: string; live: string }>(
@@ -219,7 +228,7 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
       };
       await prepareActivity(servers, activityId, [rice]);
       const sql = new pg.Pool({ connectionString: db.url, max: 2 });
-      const v: { rule: 'stock-conservation' | 'missing-order'; detail: string }[] = [];
+      const v: Violation[] = [];
       let figures: Record<string, number | string> = {};
       let reached = false;
       try {
@@ -278,11 +287,12 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
           100,
         );
 
+        const seen = answerLog();
         const wave2 = await buyers(
           s,
           activityId,
           Array.from({ length: 30 }, (_, i) => `${activityId}-b${i}`),
-          { skuId: 'rice', maxAttempts: 400 },
+          { skuId: 'rice', maxAttempts: 400, onAttempt: seen.onAttempt },
         );
         const sold2 = wave2.filter((a) => a.status === 202).length;
         await waitFor(
@@ -307,6 +317,7 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
         const undecided = wave2.filter((a) => a.status === 0 || a.status >= 500);
         if (undecided.length > 0)
           v.push({ rule: 'missing-order', detail: `${undecided.length} buyer(s) never answered` });
+        v.push(...seen.violations());
         figures = {
           'first wave 202': 10,
           'second wave 202': sold2,

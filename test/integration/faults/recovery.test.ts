@@ -11,7 +11,14 @@ import { Redis } from 'ioredis';
 import pg from 'pg';
 import { recordRun } from '../../faults/harness/results.js';
 import { checkActivity, formatViolations } from '../../faults/harness/invariants.js';
-import { Sale, buyers, prepareActivity, recoverAndCheck, sleep } from '../../faults/harness/sale.js';
+import {
+  Sale,
+  answerLog,
+  buyers,
+  prepareActivity,
+  recoverAndCheck,
+  sleep,
+} from '../../faults/harness/sale.js';
 import type { BuyerAnswer, RoleName, Servers } from '../../faults/harness/sale.js';
 import { waitFor } from '../../../dev/roles.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
@@ -70,12 +77,15 @@ const BEFORE: Record<string, string> = {
 
     // A steady stream of buyers, 20 every 200 ms, until the kills are done.
     const answers: BuyerAnswer[] = [];
+    const seen = answerLog();
     let loading = true;
     let n = 0;
     const load = (async () => {
       while (loading) {
         const ids = Array.from({ length: 20 }, () => `${activityId}-b${n++}`);
-        answers.push(...(await buyers(s, activityId, ids, { skuId: 'rice', concurrency: 4 })));
+        answers.push(
+          ...(await buyers(s, activityId, ids, { skuId: 'rice', concurrency: 4, onAttempt: seen.onAttempt })),
+        );
         await sleep(200);
       }
     })();
@@ -130,7 +140,7 @@ const BEFORE: Record<string, string> = {
     }
     console.log(`window 17 (recovery) figures: ${JSON.stringify(figures)}`);
 
-    const v = [...rec.violations];
+    const v = [...rec.violations, ...seen.violations()];
     const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
     if (undecided.length > 0) {
       v.push({ rule: 'missing-order', detail: `${undecided.length} buyer(s) never got a definitive answer` });

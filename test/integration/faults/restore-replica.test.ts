@@ -42,7 +42,7 @@ import { restoreCache } from '../../../operator/reconcile/restore-cache.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import { Sale, buyers, prepareActivity, redisOf, sleep } from '../../faults/harness/sale.js';
+import { Sale, answerLog, buyers, prepareActivity, redisOf, sleep } from '../../faults/harness/sale.js';
 import type { Servers } from '../../faults/harness/sale.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
@@ -229,7 +229,13 @@ function sentinelLogTails(state: string, nodeDir: string): string {
       const relay = s.current.get('relay')!.proc;
       relay.kill('SIGSTOP');
       const ids = Array.from({ length: BUYERS }, (_, i) => `${activityId}-b${i}`);
-      const load = buyers(s, activityId, ids, { skuId: 'rice', concurrency: 6, maxAttempts: 400 });
+      const seen = answerLog();
+      const load = buyers(s, activityId, ids, {
+        skuId: 'rice',
+        concurrency: 6,
+        maxAttempts: 400,
+        onAttempt: seen.onAttempt,
+      });
       const primaryPort = e.REDIS_SENTINEL_PRIMARY_PORT!;
       const sentinelPort = String(servers.sentinel!.sentinels[0]!.port);
       const masterPort = async (): Promise<string> =>
@@ -335,6 +341,7 @@ function sentinelLogTails(state: string, nodeDir: string): string {
       const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
       if (undecided.length > 0)
         violations.push({ rule: 'missing-order', detail: `${undecided.length} buyer(s) never answered` });
+      violations.push(...seen.violations());
       const perRsv = await p.query<{ reservation_id: string; n: string; live: string }>(
         `SELECT reservation_id, count(*)::text AS n, count(*) FILTER (WHERE status <> 'CLOSED')::text AS live
          FROM orders WHERE activity_id = $1 GROUP BY reservation_id`,

@@ -22,6 +22,7 @@ import { formatViolations } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
 import {
   Sale,
+  answerLog,
   buyers,
   clusterServers,
   prepareActivity,
@@ -88,6 +89,7 @@ async function stalledPrimarySale(o: {
   const sql = new pg.Pool({ connectionString: o.db.url, max: 1 });
   const load = new AbortController();
   const v: Violation[] = [];
+  const seen = answerLog();
   let figures: Record<string, number | string> = {};
   let pid = 0;
   try {
@@ -108,7 +110,13 @@ async function stalledPrimarySale(o: {
               sale,
               activityId,
               Array.from({ length: i.waves[n]! }, (_, k) => `${activityId}-${i.skuId}-w${n}-${k}`),
-              { skuId: i.skuId, concurrency: 3, maxAttempts: 400, signal: load.signal },
+              {
+                skuId: i.skuId,
+                concurrency: 3,
+                maxAttempts: 400,
+                signal: load.signal,
+                onAttempt: seen.onAttempt,
+              },
             ),
           ),
         )
@@ -187,6 +195,8 @@ async function stalledPrimarySale(o: {
     const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
     if (undecided.length > 0)
       v.push({ rule: 'missing-order', detail: `${undecided.length} buyer(s) never got a definitive answer` });
+    // While the primary stalls a buyer gets 503 (a dependency outage), never 500.
+    v.push(...seen.violations());
     for (const i of o.items) {
       const sold = live.rows.filter((r) => r.sku_id === i.skuId).length;
       if (sold !== i.stock)
