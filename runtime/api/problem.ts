@@ -112,20 +112,34 @@ function frameworkProblem(err: unknown): { code: ErrorCode; detail: string } | u
  * Logs a dependency outage's failed requests at most once per `intervalMs`, each line counting the
  * ones left out since the last: a Redis that refuses every write (out of memory, a failed save)
  * fails thousands of requests a second, and a line with a stack for each would cost more CPU than
- * the requests and bury everything else in the log.
+ * the requests and bury everything else in the log. The first failure after a quiet interval is
+ * logged at once; the others of the interval are written as one line (the last of them, with the
+ * count) when it ends, so a burst that ends within its second is counted in full right away.
  */
 export function outageLog(logger: Logger, intervalMs = 1000): (fields: Record<string, unknown>) => void {
   let lastMs = -Infinity;
-  let unlogged = 0;
+  let leftOut: { fields: Record<string, unknown>; count: number } | undefined;
+  let timer: NodeJS.Timeout | undefined;
+  const write = (fields: Record<string, unknown>, unloggedSinceLast: number): void => {
+    logger.error({ ...fields, unloggedSinceLast }, 'a dependency is unavailable');
+    lastMs = Date.now();
+  };
+  const flush = (): void => {
+    timer = undefined;
+    if (!leftOut) return;
+    const { fields, count } = leftOut;
+    leftOut = undefined;
+    write(fields, count - 1);
+  };
   return (fields) => {
     const now = Date.now();
-    if (now - lastMs < intervalMs) {
-      unlogged += 1;
+    if (now - lastMs >= intervalMs && !leftOut) {
+      write(fields, 0);
       return;
     }
-    logger.error({ ...fields, unloggedSinceLast: unlogged }, 'a dependency is unavailable');
-    lastMs = now;
-    unlogged = 0;
+    leftOut = { fields, count: (leftOut?.count ?? 0) + 1 };
+    // Never keeps the process alive: a stopping api loses at most one interval's count.
+    timer ??= setTimeout(flush, Math.max(0, lastMs + intervalMs - now)).unref();
   };
 }
 

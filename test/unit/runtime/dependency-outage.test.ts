@@ -101,7 +101,7 @@ describe('outageLog', () => {
     jest.useRealTimers();
   });
 
-  test('logs the first failure of an interval and counts the others in the next line', () => {
+  test('logs the first failure at once and the rest of its interval as one line when it ends', () => {
     jest.useFakeTimers({ now: 1_000_000 });
     const { lines, logger } = recorder();
     const log = outageLog(logger, 1000);
@@ -115,9 +115,33 @@ describe('outageLog', () => {
     jest.advanceTimersByTime(999);
     log({ n: 5000 });
     expect(lines).toHaveLength(1);
+    // The interval ends: its last failure, counting the 4,999 before it (n 1 … 4999).
     jest.advanceTimersByTime(1);
-    log({ n: 5001 });
     expect(lines).toHaveLength(2);
-    expect(lines[1]!.fields).toEqual({ n: 5001, unloggedSinceLast: 5000 });
+    expect(lines[1]!.fields).toEqual({ n: 5000, unloggedSinceLast: 4999 });
+    // Still failing: at most one line a second.
+    log({ n: 5001 });
+    log({ n: 5002 });
+    expect(lines).toHaveLength(2);
+    jest.advanceTimersByTime(1000);
+    expect(lines).toHaveLength(3);
+    expect(lines[2]!.fields).toEqual({ n: 5002, unloggedSinceLast: 1 });
+  });
+
+  test('a burst that ends within its second is counted in full without a next failure', () => {
+    jest.useFakeTimers({ now: 2_000_000 });
+    const { lines, logger } = recorder();
+    const log = outageLog(logger, 1000);
+    for (let i = 0; i < 200; i += 1) log({ n: i });
+    jest.advanceTimersByTime(60_000);
+    expect(lines.map((l) => l.fields)).toEqual([
+      { n: 0, unloggedSinceLast: 0 },
+      { n: 199, unloggedSinceLast: 198 },
+    ]);
+    // After a quiet interval the next failure is logged at once.
+    log({ n: 200 });
+    expect(lines).toHaveLength(3);
+    expect(lines[2]!.fields).toEqual({ n: 200, unloggedSinceLast: 0 });
+    expect(jest.getTimerCount()).toBe(0);
   });
 });
