@@ -10,28 +10,20 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { readStock } from '../../../core/activity-cache.js';
-import { parseSentinels } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import {
   Sale,
   answerLog,
   buyers,
-  clusterServers,
   prepareActivity,
   recoverAndCheck,
   redisOf,
   sleep,
 } from '../../faults/harness/sale.js';
-import type { Servers } from '../../faults/harness/sale.js';
-import {
-  restartRedisAsReplica,
-  startPrivateServers,
-  stopPrivateServers,
-} from '../../faults/harness/servers.js';
-import type { PrivateServers } from '../../faults/harness/servers.js';
+import { privateRedisSale } from '../../faults/harness/private-redis.js';
+import { restartRedisAsReplica } from '../../faults/harness/servers.js';
 import { waitFor } from '../../../dev/roles.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
-import type { FreshDatabase } from '../../../dev/servers.js';
+import { uniqueId } from '../../../dev/servers.js';
 
 const run = promisify(execFile);
 const heavy = process.env.FAULT_HEAVY === '1';
@@ -39,27 +31,11 @@ const HOT = 64;
 const PLAIN = 16;
 
 (heavy ? describe : describe.skip)('window 18 (Redis part): a cluster primary SIGKILLed mid-sale', () => {
-  let priv: PrivateServers;
-  let db: FreshDatabase;
-  let servers: Servers;
-  let sale: Sale | undefined;
-
-  beforeAll(async () => {
-    priv = await startPrivateServers(['redis-cluster']);
-    db = await freshDatabase();
-    const nodes = parseSentinels(priv.env.REDIS_CLUSTER_NODES!.split(','));
-    servers = clusterServers(nodes, db.url, testEnv().kafkaBrokers);
-  }, 180_000);
-
-  afterAll(async () => {
-    await sale?.stop();
-    await db?.drop();
-    if (priv) await stopPrivateServers(priv);
-  }, 180_000);
+  const f = privateRedisSale('redis-cluster');
 
   test('0 oversold, every unit sold, every 202 exactly one order (RESERVE_ACK=replica)', async () => {
     const activityId = uniqueId('f-clfail');
-    await prepareActivity(servers, activityId, [
+    await prepareActivity(f.servers, activityId, [
       {
         skuId: 'hot',
         name: '茅台 飞天 53度 500ml',
@@ -70,8 +46,12 @@ const PLAIN = 16;
       },
       { skuId: 'plain', name: '五常大米 5kg', price: '89.90', stock: PLAIN, limitPerUser: 1 },
     ]);
-    sale = new Sale({ servers, activityId, env: { RESERVE_ACK: 'replica', RESERVE_ACK_TIMEOUT_MS: '500' } });
-    const s = sale;
+    f.sale = new Sale({
+      servers: f.servers,
+      activityId,
+      env: { RESERVE_ACK: 'replica', RESERVE_ACK_TIMEOUT_MS: '500' },
+    });
+    const s = f.sale;
     await s.start();
     const seen = answerLog();
     const hotLoad = buyers(
@@ -87,7 +67,7 @@ const PLAIN = 16;
       { skuId: 'plain', concurrency: 2, maxAttempts: 400, onAttempt: seen.onAttempt },
     );
 
-    const watcher = redisOf(servers, { maxRetriesPerRequest: 3 });
+    const watcher = redisOf(f.servers, { maxRetriesPerRequest: 3 });
     try {
       await waitFor('a fifth of the hot stock reserved', async () => {
         const st = await readStock(watcher, activityId);
@@ -97,8 +77,8 @@ const PLAIN = 16;
       watcher.disconnect();
     }
     // The first primary (slots 0-5460: the first buckets of the hot SKU) dies without a word.
-    const ports = priv.env.REDIS_CLUSTER_PORTS!.split(',');
-    process.kill(Number(readFileSync(join(priv.state, 'redis-cluster-1.pid'), 'utf8').trim()), 'SIGKILL');
+    const ports = f.priv.env.REDIS_CLUSTER_PORTS!.split(',');
+    process.kill(Number(readFileSync(join(f.priv.state, 'redis-cluster-1.pid'), 'utf8').trim()), 'SIGKILL');
     const cli = async (port: string, ...args: string[]): Promise<string> =>
       (await run('redis-cli', ['-p', port, ...args], { timeout: 5_000 })).stdout;
     // CLUSTER NODES flags of the killed node: 'fail' once the majority agrees, not 'fail?' (PFAIL,
@@ -134,19 +114,19 @@ const PLAIN = 16;
     );
     await sleep(500);
     // The killed node restarts (as its pod would) and rejoins as a replica of its successor.
-    await restartRedisAsReplica(priv.env.REDIS_CLUSTER_CONF_1!, ports[0]!);
+    await restartRedisAsReplica(f.priv.env.REDIS_CLUSTER_CONF_1!, ports[0]!);
 
     const answers = [...(await hotLoad), ...(await plainLoad)];
-    const rec = await recoverAndCheck(servers, activityId, 180_000);
+    const rec = await recoverAndCheck(f.servers, activityId, 180_000);
     await s.stop();
-    sale = undefined;
+    f.sale = undefined;
     expect(rec.drained).toBe(true);
     expect(formatViolations(rec.violations)).toBe('');
     // While the slots were unserved (CLUSTERDOWN) and moved to the promoted replica, 503s only.
     expect(formatViolations(seen.violations())).toBe('');
 
     const accepted = answers.filter((a) => a.status === 202);
-    const sql = new pg.Pool({ connectionString: db.url, max: 1 });
+    const sql = new pg.Pool({ connectionString: f.db.url, max: 1 });
     try {
       const rows = (
         await sql.query<{ reservation_id: string; sku_id: string }>(

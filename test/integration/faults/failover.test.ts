@@ -22,19 +22,12 @@ import {
   prepareActivity,
   recoverAndCheck,
   redisOf,
-  sentinelServers,
   sleep,
 } from '../../faults/harness/sale.js';
-import type { Servers } from '../../faults/harness/sale.js';
-import {
-  restartRedisAsReplica,
-  startPrivateServers,
-  stopPrivateServers,
-} from '../../faults/harness/servers.js';
-import type { PrivateServers } from '../../faults/harness/servers.js';
+import { privateRedisSale } from '../../faults/harness/private-redis.js';
+import { restartRedisAsReplica } from '../../faults/harness/servers.js';
 import { waitFor } from '../../../dev/roles.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
-import type { FreshDatabase } from '../../../dev/servers.js';
+import { uniqueId } from '../../../dev/servers.js';
 
 const run = promisify(execFile);
 const heavy = process.env.FAULT_HEAVY === '1';
@@ -46,35 +39,24 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
 }
 
 (heavy ? describe : describe.skip)('window 12: Redis primary SIGKILLed mid-sale, Sentinel failover', () => {
-  let priv: PrivateServers;
-  let db: FreshDatabase;
-  let servers: Servers;
-  let sale: Sale | undefined;
-
-  beforeAll(async () => {
-    priv = await startPrivateServers(['redis-sentinel']);
-    db = await freshDatabase();
-    servers = sentinelServers(priv.env, db.url, testEnv().kafkaBrokers);
-  }, 180_000);
-
-  afterAll(async () => {
-    await sale?.stop();
-    await db?.drop();
-    if (priv) await stopPrivateServers(priv);
-  }, 180_000);
+  const f = privateRedisSale('redis-sentinel');
 
   test('0 oversold, every 202 is exactly one order, nothing acknowledged lost (RESERVE_ACK=replica)', async () => {
     const t0 = Date.now();
     // Each step's time, printed as it ends: a run that overruns says where it stood.
     const step = (what: string): void =>
       console.log(`window 12 (Redis failover): ${what} at ${((Date.now() - t0) / 1000).toFixed(1)} s`);
-    const e = priv.env;
+    const e = f.priv.env;
     const activityId = uniqueId('f-failover');
-    await prepareActivity(servers, activityId, [
+    await prepareActivity(f.servers, activityId, [
       { skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: STOCK, limitPerUser: 1 },
     ]);
-    sale = new Sale({ servers, activityId, env: { RESERVE_ACK: 'replica', RESERVE_ACK_TIMEOUT_MS: '500' } });
-    const s = sale;
+    f.sale = new Sale({
+      servers: f.servers,
+      activityId,
+      env: { RESERVE_ACK: 'replica', RESERVE_ACK_TIMEOUT_MS: '500' },
+    });
+    const s = f.sale;
     await s.start();
     step('roles started');
     const ids = Array.from({ length: BUYERS }, (_, i) => `${activityId}-b${i}`);
@@ -87,7 +69,7 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
     });
 
     // Mid-sale: once a fifth of the stock is reserved, the primary dies without a word.
-    const watcher = redisOf(servers, { maxRetriesPerRequest: 3 });
+    const watcher = redisOf(f.servers, { maxRetriesPerRequest: 3 });
     try {
       await waitFor('a fifth of the stock reserved', async () => {
         const st = await readStock(watcher, activityId);
@@ -98,9 +80,9 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
     }
     step('a fifth reserved, primary SIGKILLed');
     const oldPort = e.REDIS_SENTINEL_PRIMARY_PORT!;
-    const pidFile = join(priv.state, 'redis-sentinel-primary.pid');
+    const pidFile = join(f.priv.state, 'redis-sentinel-primary.pid');
     process.kill(Number(readFileSync(pidFile, 'utf8').trim()), 'SIGKILL');
-    const sentinelPort = String(servers.sentinel!.sentinels[0]!.port);
+    const sentinelPort = String(f.servers.sentinel!.sentinels[0]!.port);
     await waitFor(
       'Sentinel to promote the replica',
       async () =>
@@ -118,14 +100,14 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
 
     const answers = await load;
     step('every buyer answered');
-    const rec = await recoverAndCheck(servers, activityId, 180_000);
+    const rec = await recoverAndCheck(f.servers, activityId, 180_000);
     step(`outbox and ledger ${rec.drained ? 'drained' : 'NOT drained'}`);
     await s.stop();
-    sale = undefined;
+    f.sale = undefined;
 
     const accepted = answers.filter((a) => a.status === 202);
     const undecided = answers.filter((a) => a.status === 0 || a.status >= 500);
-    const sql = new pg.Pool({ connectionString: db.url, max: 1 });
+    const sql = new pg.Pool({ connectionString: f.db.url, max: 1 });
     // While the primary was gone and Sentinel promoted its replica, 503s only.
     const v = [...rec.violations, ...seen.violations()];
     let figures: Record<string, number | string> = {};
@@ -197,27 +179,12 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
 (heavy ? describe : describe.skip)(
   'window 14: a real Sentinel failover loses acknowledged reservations',
   () => {
-    let priv: PrivateServers;
-    let db: FreshDatabase;
-    let servers: Servers;
-    let sale: Sale | undefined;
+    const f = privateRedisSale('redis-sentinel');
     const STOCK14 = 20;
-
-    beforeAll(async () => {
-      priv = await startPrivateServers(['redis-sentinel']);
-      db = await freshDatabase();
-      servers = sentinelServers(priv.env, db.url, testEnv().kafkaBrokers);
-    }, 180_000);
-
-    afterAll(async () => {
-      await sale?.stop();
-      await db?.drop();
-      if (priv) await stopPrivateServers(priv);
-    }, 180_000);
 
     test('RESERVE_ACK=local, primary SIGKILLed with a replica behind: the guard prevents every oversell', async () => {
       const t0 = Date.now();
-      const e = priv.env;
+      const e = f.priv.env;
       const activityId = uniqueId('f-loss');
       const rice = {
         skuId: 'rice',
@@ -226,16 +193,16 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
         stock: STOCK14,
         limitPerUser: 1,
       };
-      await prepareActivity(servers, activityId, [rice]);
-      const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+      await prepareActivity(f.servers, activityId, [rice]);
+      const sql = new pg.Pool({ connectionString: f.db.url, max: 2 });
       const v: Violation[] = [];
       let figures: Record<string, number | string> = {};
       let reached = false;
       try {
         // As the operator does before loading the cache.
         await recordActivitySkus(sql, activityId, [rice], 'spec');
-        sale = new Sale({ servers, activityId, env: { RESERVE_ACK: 'local' } });
-        const s = sale;
+        f.sale = new Sale({ servers: f.servers, activityId, env: { RESERVE_ACK: 'local' } });
+        const s = f.sale;
         await s.start();
         const ordersNow = async (): Promise<number> =>
           Number(
@@ -272,11 +239,11 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
         await waitFor('the first wave in PostgreSQL', async () => (await ordersNow()) === 10, 120_000);
         // The primary dies; the replica, without the first wave, is promoted.
         process.kill(
-          Number(readFileSync(join(priv.state, 'redis-sentinel-primary.pid'), 'utf8').trim()),
+          Number(readFileSync(join(f.priv.state, 'redis-sentinel-primary.pid'), 'utf8').trim()),
           'SIGKILL',
         );
         expect(wave1.filter((a) => a.status === 202)).toHaveLength(10);
-        const sentinelPort = String(servers.sentinel!.sentinels[0]!.port);
+        const sentinelPort = String(f.servers.sentinel!.sentinels[0]!.port);
         await waitFor(
           'Sentinel to promote the replica',
           async () =>
@@ -301,7 +268,7 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
           120_000,
         );
         await s.stop();
-        sale = undefined;
+        f.sale = undefined;
 
         const r = await sql.query<{ live: string; prevented: string; first_live: string }>(
           `SELECT coalesce(sum(quantity) FILTER (WHERE status <> 'CLOSED'), 0)::text AS live,

@@ -17,24 +17,14 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
-import { parseSentinels } from '../../../core/redis.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import {
-  Sale,
-  answerLog,
-  buyers,
-  clusterServers,
-  prepareActivity,
-  recoverAndCheck,
-  sentinelServers,
-} from '../../faults/harness/sale.js';
+import { Sale, answerLog, buyers, prepareActivity, recoverAndCheck } from '../../faults/harness/sale.js';
+import { privateRedisSale } from '../../faults/harness/private-redis.js';
 import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
-import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
-import type { PrivateServers } from '../../faults/harness/servers.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { waitFor } from '../../../dev/roles.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import { uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 
 const run = promisify(execFile);
@@ -233,34 +223,19 @@ async function stalledPrimarySale(o: {
 }
 
 describe('a stalled Redis primary (SIGSTOP) under Sentinel', () => {
-  let priv: PrivateServers;
-  let db: FreshDatabase;
-  let servers: Servers;
-  let sale: Sale | undefined;
-
-  beforeAll(async () => {
-    priv = await startPrivateServers(['redis-sentinel']);
-    db = await freshDatabase();
-    servers = sentinelServers(priv.env, db.url, testEnv().kafkaBrokers);
-  }, 180_000);
-
-  afterAll(async () => {
-    await sale?.stop();
-    await db?.drop();
-    if (priv) await stopPrivateServers(priv);
-  }, 180_000);
+  const f = privateRedisSale('redis-sentinel');
 
   test('the roles follow the promotion while the old primary stays frozen; nothing lost or oversold', async () => {
-    const e = priv.env;
-    const sentinelPort = String(servers.sentinel!.sentinels[0]!.port);
+    const e = f.priv.env;
+    const sentinelPort = String(f.servers.sentinel!.sentinels[0]!.port);
     const primaryNow = async (): Promise<string> =>
       await cli(sentinelPort, 'sentinel', 'get-master-addr-by-name', e.REDIS_SENTINEL_MASTER!);
     await stalledPrimarySale({
       scenario: 'stalled primary (Sentinel)',
-      servers,
-      db,
+      servers: f.servers,
+      db: f.db,
       primaryPort: e.REDIS_SENTINEL_PRIMARY_PORT!,
-      primaryPid: () => Number(readFileSync(join(priv.state, 'redis-sentinel-primary.pid'), 'utf8').trim()),
+      primaryPid: () => Number(readFileSync(join(f.priv.state, 'redis-sentinel-primary.pid'), 'utf8').trim()),
       promoted: () =>
         waitFor(
           'Sentinel to promote the replica',
@@ -276,33 +251,17 @@ describe('a stalled Redis primary (SIGSTOP) under Sentinel', () => {
           200,
         ),
       items: [{ skuId: 'rice', stock: 40, waves: [10, 10, 60] }],
-      onSale: (s) => (sale = s),
+      onSale: (s) => (f.sale = s),
     });
-    sale = undefined;
+    f.sale = undefined;
   }, 420_000);
 });
 
 describe('a stalled Redis Cluster primary (SIGSTOP)', () => {
-  let priv: PrivateServers;
-  let db: FreshDatabase;
-  let servers: Servers;
-  let sale: Sale | undefined;
-
-  beforeAll(async () => {
-    priv = await startPrivateServers(['redis-cluster']);
-    db = await freshDatabase();
-    const nodes = parseSentinels(priv.env.REDIS_CLUSTER_NODES!.split(','));
-    servers = clusterServers(nodes, db.url, testEnv().kafkaBrokers);
-  }, 180_000);
-
-  afterAll(async () => {
-    await sale?.stop();
-    await db?.drop();
-    if (priv) await stopPrivateServers(priv);
-  }, 180_000);
+  const f = privateRedisSale('redis-cluster');
 
   test('the roles follow the promotion while the old primary stays frozen; nothing lost or oversold', async () => {
-    const ports = priv.env.REDIS_CLUSTER_PORTS!.split(',');
+    const ports = f.priv.env.REDIS_CLUSTER_PORTS!.split(',');
     const frozen = ports[0]!;
     // The frozen primary's successor: a node other than it that now serves slot 0.
     const servesSlot0 = async (port: string): Promise<boolean> => {
@@ -320,11 +279,11 @@ describe('a stalled Redis Cluster primary (SIGSTOP)', () => {
     };
     await stalledPrimarySale({
       scenario: 'stalled primary (Redis Cluster)',
-      servers,
-      db,
+      servers: f.servers,
+      db: f.db,
       primaryPort: frozen,
       // The first primary (slots 0-5460): some of the hot SKU's buckets and the buyers homed there.
-      primaryPid: () => Number(readFileSync(join(priv.state, 'redis-cluster-1.pid'), 'utf8').trim()),
+      primaryPid: () => Number(readFileSync(join(f.priv.state, 'redis-cluster-1.pid'), 'utf8').trim()),
       promoted: () =>
         waitFor(
           'a replica promoted in place of the frozen primary, the cluster serving every slot',
@@ -345,8 +304,8 @@ describe('a stalled Redis Cluster primary (SIGSTOP)', () => {
         { skuId: 'hot', stock: 64, buckets: 8, waves: [16, 16, 100] },
         { skuId: 'plain', stock: 16, waves: [4, 4, 24] },
       ],
-      onSale: (s) => (sale = s),
+      onSale: (s) => (f.sale = s),
     });
-    sale = undefined;
+    f.sale = undefined;
   }, 420_000);
 });

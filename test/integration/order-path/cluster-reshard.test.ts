@@ -8,23 +8,12 @@
 import { Redis } from 'ioredis';
 import calculateSlot from 'cluster-key-slot';
 import { activityKeys, BucketKeys } from '../../../core/keys.js';
-import { parseSentinels } from '../../../core/redis.js';
 import { readStock } from '../../../core/activity-cache.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
-import {
-  Sale,
-  buyers,
-  clusterServers,
-  prepareActivity,
-  recoverAndCheck,
-  redisOf,
-  sleep,
-} from '../../faults/harness/sale.js';
-import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
-import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
-import type { PrivateServers } from '../../faults/harness/servers.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
-import type { FreshDatabase } from '../../../dev/servers.js';
+import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf, sleep } from '../../faults/harness/sale.js';
+import { privateRedisSale } from '../../faults/harness/private-redis.js';
+import type { BuyerAnswer } from '../../faults/harness/sale.js';
+import { uniqueId } from '../../../dev/servers.js';
 import { waitFor } from '../../../dev/roles.js';
 
 const HOT_STOCK = 60;
@@ -115,30 +104,11 @@ async function moveSlot(
 }
 
 describe('Redis Cluster: the slot of a sale resharded mid-sale', () => {
-  let priv: PrivateServers;
-  let db: FreshDatabase;
-  let servers: Servers;
-  let sale: Sale | undefined;
-
-  beforeAll(async () => {
-    priv = await startPrivateServers(['redis-cluster']);
-    db = await freshDatabase();
-    servers = clusterServers(
-      parseSentinels(priv.env.REDIS_CLUSTER_NODES!.split(',')),
-      db.url,
-      testEnv().kafkaBrokers,
-    );
-  }, 180_000);
-
-  afterAll(async () => {
-    await sale?.stop();
-    await db?.drop();
-    if (priv) await stopPrivateServers(priv);
-  }, 180_000);
+  const f = privateRedisSale('redis-cluster');
 
   test('503 while a slot moves, never 500; every unit of a plain and a bucketed SKU sold, exactly once', async () => {
     const activityId = uniqueId('cl-resh');
-    await prepareActivity(servers, activityId, [
+    await prepareActivity(f.servers, activityId, [
       { skuId: 'hot', name: '茅台 飞天 53度 500ml', price: '1499.00', stock: HOT_STOCK, limitPerUser: 1 },
       {
         skuId: 'bkt',
@@ -149,18 +119,18 @@ describe('Redis Cluster: the slot of a sale resharded mid-sale', () => {
         buckets: BUCKETS,
       },
     ]);
-    sale = new Sale({ servers, activityId, env: { RESERVE_ACK: 'local' } });
-    await sale.start();
+    f.sale = new Sale({ servers: f.servers, activityId, env: { RESERVE_ACK: 'local' } });
+    await f.sale.start();
     // The activity's slot (the plain SKU, every buyer's window and claim) and one bucket's slot.
     const activitySlot = calculateSlot(activityKeys(activityId).policy);
     const bucketSlot = calculateSlot(new BucketKeys(activityId, 'bkt', 1, BUCKETS).sku('bkt'));
-    const seedAddr = servers.cluster![0]!;
+    const seedAddr = f.servers.cluster![0]!;
     const seed = new Redis({ host: seedAddr.host, port: seedAddr.port });
 
     const attempts: BuyerAnswer[] = [];
     const load = (skuId: string): Promise<BuyerAnswer[]> =>
       buyers(
-        sale!,
+        f.sale!,
         activityId,
         Array.from({ length: 150 }, (_, i) => `${activityId}-${skuId}-${i}`),
         { skuId, concurrency: 3, pauseMs: 100, onAttempt: (a) => attempts.push(a) },
@@ -188,10 +158,10 @@ describe('Redis Cluster: the slot of a sale resharded mid-sale', () => {
     expect(bkt!.filter((a) => a.status === 202)).toHaveLength(BUCKETED_STOCK);
     expect([...hot!, ...bkt!].filter((a) => a.status !== 202 && a.status !== 409)).toEqual([]);
 
-    const rec = await recoverAndCheck(servers, activityId);
+    const rec = await recoverAndCheck(f.servers, activityId);
     expect(rec.drained).toBe(true);
     expect(formatViolations(rec.violations)).toBe('');
-    const redis = redisOf(servers);
+    const redis = redisOf(f.servers);
     try {
       // Every unit sold, in every bucket: none stranded by the move.
       const stock = await readStock(redis, activityId);
