@@ -4,14 +4,27 @@
 // the two nodes, or partly missing, with TRYAGAIN, and ioredis retries it for 16 × 100 ms only:
 // a migration that takes longer (a big sale's slot holds many keys) must be a 503 with
 // Retry-After for the buyer, never a 500, and the sale must sell exactly its stock on the new node.
-// A private cluster (test/env/start-redis-cluster.sh): moving a slot changes the cluster for good.
+// And the planned failover of a Redis upgrade (CLUSTER FAILOVER on the replica of the sale's
+// primary) under RESERVE_ACK=replica, the cluster's default: a moment of 503s, never a 500, and
+// every 202 exactly one order. A private cluster (test/env/start-redis-cluster.sh): both change the
+// cluster for good.
 import { Redis } from 'ioredis';
+import pg from 'pg';
 import calculateSlot from 'cluster-key-slot';
 import { activityKeys, BucketKeys } from '../../../core/keys.js';
 import { readStock } from '../../../core/activity-cache.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
-import { Sale, buyers, prepareActivity, recoverAndCheck, redisOf, sleep } from '../../faults/harness/sale.js';
+import {
+  Sale,
+  answersToOrders,
+  buyers,
+  prepareActivity,
+  recoverAndCheck,
+  redisOf,
+  sleep,
+} from '../../faults/harness/sale.js';
 import { privateRedisSale } from '../../faults/harness/private-redis.js';
+import type { PrivateRedisSale } from '../../faults/harness/private-redis.js';
 import type { BuyerAnswer } from '../../faults/harness/sale.js';
 import { uniqueId } from '../../../dev/servers.js';
 import { waitFor } from '../../../dev/roles.js';
@@ -27,6 +40,8 @@ interface ClusterNode {
   host: string;
   port: number;
   primary: boolean;
+  /** A replica's primary ('-' for a primary). */
+  primaryId: string;
   slots: string[];
 }
 
@@ -45,6 +60,7 @@ async function clusterNodes(redis: Redis): Promise<ClusterNode[]> {
         host: host!,
         port: Number(port),
         primary: (f[2] ?? '').split(',').includes('master'),
+        primaryId: f[3] ?? '-',
         slots: f.slice(8),
       };
     });
@@ -107,35 +123,12 @@ describe('Redis Cluster: the slot of a sale resharded mid-sale', () => {
   const f = privateRedisSale('redis-cluster');
 
   test('503 while a slot moves, never 500; every unit of a plain and a bucketed SKU sold, exactly once', async () => {
-    const activityId = uniqueId('cl-resh');
-    await prepareActivity(f.servers, activityId, [
-      { skuId: 'hot', name: '茅台 飞天 53度 500ml', price: '1499.00', stock: HOT_STOCK, limitPerUser: 1 },
-      {
-        skuId: 'bkt',
-        name: '五常大米 5kg',
-        price: '89.90',
-        stock: BUCKETED_STOCK,
-        limitPerUser: 1,
-        buckets: BUCKETS,
-      },
-    ]);
-    f.sale = new Sale({ servers: f.servers, activityId, env: { RESERVE_ACK: 'local' } });
-    await f.sale.start();
+    const { activityId, attempts, loads } = await saleUnderLoad(f, 'cl-resh', 'local');
     // The activity's slot (the plain SKU, every buyer's window and claim) and one bucket's slot.
     const activitySlot = calculateSlot(activityKeys(activityId).policy);
     const bucketSlot = calculateSlot(new BucketKeys(activityId, 'bkt', 1, BUCKETS).sku('bkt'));
     const seedAddr = f.servers.cluster![0]!;
     const seed = new Redis({ host: seedAddr.host, port: seedAddr.port });
-
-    const attempts: BuyerAnswer[] = [];
-    const load = (skuId: string): Promise<BuyerAnswer[]> =>
-      buyers(
-        f.sale!,
-        activityId,
-        Array.from({ length: 150 }, (_, i) => `${activityId}-${skuId}-${i}`),
-        { skuId, concurrency: 3, pauseMs: 100, onAttempt: (a) => attempts.push(a) },
-      );
-    const loads = [load('hot'), load('bkt')];
     const moves: { slot: number; from: number; to: number; keys: number }[] = [];
     try {
       await waitFor('the first reservations', async () => attempts.some((a) => a.status === 202), 30_000, 20);
@@ -150,30 +143,124 @@ describe('Redis Cluster: the slot of a sale resharded mid-sale', () => {
     } finally {
       seed.disconnect();
     }
-    const [hot, bkt] = await Promise.all(loads);
-    const seen = countBy(attempts);
+    const answers = await Promise.all(loads);
     // While a slot moved, its scripts were refused (TRYAGAIN) past ioredis' retries: 503s, no 500.
-    expect(Object.keys(seen).sort()).toEqual(['202', '409 SOLD_OUT', '503 UNAVAILABLE']);
-    expect(hot!.filter((a) => a.status === 202)).toHaveLength(HOT_STOCK);
-    expect(bkt!.filter((a) => a.status === 202)).toHaveLength(BUCKETED_STOCK);
-    expect([...hot!, ...bkt!].filter((a) => a.status !== 202 && a.status !== 409)).toEqual([]);
+    expect(Object.keys(countBy(attempts)).sort()).toEqual(['202', '409 SOLD_OUT', '503 UNAVAILABLE']);
+    await expectEveryUnitSold(f, activityId, answers);
+  }, 240_000);
 
-    const rec = await recoverAndCheck(f.servers, activityId);
-    expect(rec.drained).toBe(true);
-    expect(formatViolations(rec.violations)).toBe('');
-    const redis = redisOf(f.servers);
+  test("a planned failover of the sale's primary (CLUSTER FAILOVER), RESERVE_ACK=replica: 503 for a moment, never 500; every 202 one order", async () => {
+    const { activityId, attempts, loads } = await saleUnderLoad(f, 'cl-plfo', 'replica');
+    const slot = calculateSlot(activityKeys(activityId).policy);
+    const seedAddr = f.servers.cluster![0]!;
+    const seed = new Redis({ host: seedAddr.host, port: seedAddr.port });
     try {
-      // Every unit sold, in every bucket: none stranded by the move.
-      const stock = await readStock(redis, activityId);
-      expect(stock.skus.map((s) => [s.skuId, s.remaining]).sort()).toEqual([
-        ['bkt', 0],
-        ['hot', 0],
-      ]);
+      await waitFor('the first reservations', async () => attempts.some((a) => a.status === 202), 30_000, 20);
+      const nodes = await clusterNodes(seed);
+      const primary = nodes.find((n) => n.primary && servesSlot(n, slot))!;
+      const replica = nodes.find((n) => n.primaryId === primary.id)!;
+      const r = new Redis({ host: replica.host, port: replica.port });
+      try {
+        // As a Redis upgrade does it: the replica catches up, the primary stops writes, they swap.
+        await r.call('CLUSTER', 'FAILOVER');
+      } finally {
+        r.disconnect();
+      }
+      await waitFor(
+        "the replica promoted to the sale's slot",
+        async () =>
+          (await clusterNodes(seed)).some((n) => n.id === replica.id && n.primary && servesSlot(n, slot)),
+        30_000,
+        100,
+      );
     } finally {
-      redis.disconnect();
+      seed.disconnect();
     }
+    const answers = await Promise.all(loads);
+    const refused = Object.keys(countBy(attempts)).filter(
+      (k) => !k.startsWith('202') && k !== '409 SOLD_OUT',
+    );
+    expect(refused.filter((k) => k !== '503 UNAVAILABLE' && k !== '503 NOT_REPLICATED')).toEqual([]);
+    await expectEveryUnitSold(f, activityId, answers);
   }, 240_000);
 });
+
+/**
+ * A sale of a plain SKU and a SKU in stock buckets, each with 150 buyers (limit 1) arriving over a
+ * few seconds and retrying every 5xx with the same requestId; every answer is kept.
+ */
+async function saleUnderLoad(
+  f: PrivateRedisSale,
+  prefix: string,
+  ack: 'local' | 'replica',
+): Promise<{ activityId: string; attempts: BuyerAnswer[]; loads: Promise<BuyerAnswer[]>[] }> {
+  // The block's previous test's sale, done with.
+  await f.sale?.stop();
+  f.sale = undefined;
+  const activityId = uniqueId(prefix);
+  await prepareActivity(f.servers, activityId, [
+    { skuId: 'hot', name: '茅台 飞天 53度 500ml', price: '1499.00', stock: HOT_STOCK, limitPerUser: 1 },
+    {
+      skuId: 'bkt',
+      name: '五常大米 5kg',
+      price: '89.90',
+      stock: BUCKETED_STOCK,
+      limitPerUser: 1,
+      buckets: BUCKETS,
+    },
+  ]);
+  const sale = new Sale({
+    servers: f.servers,
+    activityId,
+    env: { RESERVE_ACK: ack, ...(ack === 'replica' ? { RESERVE_ACK_TIMEOUT_MS: '500' } : {}) },
+  });
+  f.sale = sale;
+  await sale.start();
+  const attempts: BuyerAnswer[] = [];
+  const loads = ['hot', 'bkt'].map((skuId) =>
+    buyers(
+      sale,
+      activityId,
+      Array.from({ length: 150 }, (_, i) => `${activityId}-${skuId}-${i}`),
+      { skuId, concurrency: 3, pauseMs: 100, onAttempt: (a) => attempts.push(a) },
+    ),
+  );
+  return { activityId, attempts, loads };
+}
+
+/**
+ * Both SKUs sold out exactly (demand exceeds supply): every buyer answered for good, every 202
+ * exactly one order, the pipeline drained with every invariant, and no unit left in any bucket.
+ */
+async function expectEveryUnitSold(
+  f: PrivateRedisSale,
+  activityId: string,
+  [hot, bkt]: BuyerAnswer[][],
+): Promise<void> {
+  expect(hot!.filter((a) => a.status === 202)).toHaveLength(HOT_STOCK);
+  expect(bkt!.filter((a) => a.status === 202)).toHaveLength(BUCKETED_STOCK);
+  const rec = await recoverAndCheck(f.servers, activityId);
+  expect(rec.drained).toBe(true);
+  expect(formatViolations(rec.violations)).toBe('');
+  const sql = new pg.Pool({ connectionString: f.db.url, max: 1 });
+  try {
+    expect(formatViolations((await answersToOrders(sql, activityId, [...hot!, ...bkt!])).violations)).toBe(
+      '',
+    );
+  } finally {
+    await sql.end();
+  }
+  const redis = redisOf(f.servers);
+  try {
+    const stock = await readStock(redis, activityId);
+    expect(stock.skus.map((s) => [s.skuId, s.remaining]).sort()).toEqual([
+      ['bkt', 0],
+      ['hot', 0],
+    ]);
+  } finally {
+    redis.disconnect();
+  }
+}
 
 function countBy(answers: BuyerAnswer[]): Record<string, number> {
   const out: Record<string, number> = {};
