@@ -118,7 +118,9 @@ function frameworkProblem(err: unknown): { code: ErrorCode; detail: string } | u
  */
 export function outageLog(logger: Logger, intervalMs = 1000): (fields: Record<string, unknown>) => void {
   let lastMs = -Infinity;
-  let leftOut: { fields: Record<string, unknown>; count: number } | undefined;
+  // The interval's failures not written yet: the last one's fields, and how many.
+  let lastLeftOut: Record<string, unknown> | undefined;
+  let leftOut = 0;
   let timer: NodeJS.Timeout | undefined;
   const write = (fields: Record<string, unknown>, unloggedSinceLast: number): void => {
     logger.error({ ...fields, unloggedSinceLast }, 'a dependency is unavailable');
@@ -126,18 +128,19 @@ export function outageLog(logger: Logger, intervalMs = 1000): (fields: Record<st
   };
   const flush = (): void => {
     timer = undefined;
-    if (!leftOut) return;
-    const { fields, count } = leftOut;
-    leftOut = undefined;
-    write(fields, count - 1);
+    if (!lastLeftOut) return;
+    write(lastLeftOut, leftOut - 1);
+    lastLeftOut = undefined;
+    leftOut = 0;
   };
   return (fields) => {
     const now = Date.now();
-    if (now - lastMs >= intervalMs && !leftOut) {
+    if (now - lastMs >= intervalMs && !lastLeftOut) {
       write(fields, 0);
       return;
     }
-    leftOut = { fields, count: (leftOut?.count ?? 0) + 1 };
+    lastLeftOut = fields;
+    leftOut += 1;
     // Never keeps the process alive: a stopping api loses at most one interval's count.
     timer ??= setTimeout(flush, Math.max(0, lastMs + intervalMs - now)).unref();
   };
