@@ -116,14 +116,18 @@ function frameworkProblem(err: unknown): { code: ErrorCode; detail: string } | u
  * logged at once; the others of the interval are written as one line (the last of them, with the
  * count) when it ends, so a burst that ends within its second is counted in full right away.
  */
-export function outageLog(logger: Logger, intervalMs = 1000): (fields: Record<string, unknown>) => void {
+export function outageLog(
+  logger: Logger,
+  intervalMs = 1000,
+  message = 'a dependency is unavailable',
+): (fields: Record<string, unknown>) => void {
   let lastMs = -Infinity;
   // The interval's failures not written yet: the last one's fields, and how many.
   let lastLeftOut: Record<string, unknown> | undefined;
   let leftOut = 0;
   let timer: NodeJS.Timeout | undefined;
   const write = (fields: Record<string, unknown>, unloggedSinceLast: number): void => {
-    logger.error({ ...fields, unloggedSinceLast }, 'a dependency is unavailable');
+    logger.error({ ...fields, unloggedSinceLast }, message);
     lastMs = Date.now();
   };
   const flush = (): void => {
@@ -148,12 +152,25 @@ export function outageLog(logger: Logger, intervalMs = 1000): (fields: Record<st
 
 export function problemHandler(logger: Logger): ErrorRequestHandler {
   const logOutage = outageLog(logger);
+  // A 503 of ours (NOT_REPLICATED while a failover runs, UNAVAILABLE, BUCKETED, NOT_WRITTEN_BACK)
+  // is a passing state that every request meets while it lasts: logged like an outage, once a
+  // second per code.
+  const retryLater = new Map<string, (fields: Record<string, unknown>) => void>();
+  const logRetryLater = (code: string, fields: Record<string, unknown>): void => {
+    let log = retryLater.get(code);
+    if (!log) {
+      log = outageLog(logger, 1000, 'a request was answered 503; retry');
+      retryLater.set(code, log);
+    }
+    log({ ...fields, code });
+  };
   return (err: unknown, req, res, _next) => {
     if (res.headersSent) return;
     if (err instanceof FlashSaleError) {
       const extra: Record<string, unknown> = {};
       for (const field of PUBLIC_EXTRAS) if (err.extra[field] !== undefined) extra[field] = err.extra[field];
-      if (err.status >= 500) logger.error({ err, traceId: res.locals.traceId }, 'request failed');
+      if (err.status === 503) logRetryLater(err.code, { err, traceId: res.locals.traceId, path: req.path });
+      else if (err.status >= 500) logger.error({ err, traceId: res.locals.traceId }, 'request failed');
       sendProblem(res, err.code, err.message, extra);
       return;
     }

@@ -1,13 +1,16 @@
-// A Redis Cluster resharded mid-sale: the slot that holds an activity's keys moves to another
-// primary while buyers reserve, the way `redis-cli --cluster reshard` (or an operator adding a
-// primary) moves it. While a slot migrates, Redis answers a script whose keys are split between
-// the two nodes, or partly missing, with TRYAGAIN, and ioredis retries it for 16 × 100 ms only:
-// a migration that takes longer (a big sale's slot holds many keys) must be a 503 with
-// Retry-After for the buyer, never a 500, and the sale must sell exactly its stock on the new node.
-// And the planned failover of a Redis upgrade (CLUSTER FAILOVER on the replica of the sale's
-// primary) under RESERVE_ACK=replica, the cluster's default: a moment of 503s, never a 500, and
-// every 202 exactly one order. A private cluster (test/env/start-redis-cluster.sh): both change the
-// cluster for good.
+// A Redis changed under a running sale the way maintenance changes it, on private servers
+// (test/env/start-redis-*.sh; each change is for good):
+// - a Redis Cluster resharded: the slot that holds an activity's keys, and a stock bucket's, moves
+//   to another primary, as `redis-cli --cluster reshard` (or adding a primary) moves it. While a
+//   slot migrates, Redis answers a script whose keys are split between the two nodes, or partly
+//   missing, with TRYAGAIN, and ioredis retries it for 16 × 100 ms only: a migration that takes
+//   longer (a big sale's slot holds many keys) must be a 503 with Retry-After for the buyer, never
+//   a 500, and the sale must sell exactly its stock on the new node;
+// - the planned failover of a rolling Redis upgrade, in a cluster (CLUSTER FAILOVER on the replica
+//   of the sale's primary) and under Sentinel (SENTINEL FAILOVER), with RESERVE_ACK=replica (their
+//   default): a moment of 503s, never a 500, and every 202 exactly one order.
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import calculateSlot from 'cluster-key-slot';
@@ -147,6 +150,7 @@ describe('Redis Cluster: the slot of a sale resharded mid-sale', () => {
     // While a slot moved, its scripts were refused (TRYAGAIN) past ioredis' retries: 503s, no 500.
     expect(Object.keys(countBy(attempts)).sort()).toEqual(['202', '409 SOLD_OUT', '503 UNAVAILABLE']);
     await expectEveryUnitSold(f, activityId, answers);
+    expect503sLoggedOnceASecond(f.sale!, attempts);
   }, 240_000);
 
   test("a planned failover of the sale's primary (CLUSTER FAILOVER), RESERVE_ACK=replica: 503 for a moment, never 500; every 202 one order", async () => {
@@ -182,6 +186,40 @@ describe('Redis Cluster: the slot of a sale resharded mid-sale', () => {
     );
     expect(refused.filter((k) => k !== '503 UNAVAILABLE' && k !== '503 NOT_REPLICATED')).toEqual([]);
     await expectEveryUnitSold(f, activityId, answers);
+    expect503sLoggedOnceASecond(f.sale!, attempts);
+  }, 240_000);
+});
+
+describe('Sentinel: a planned failover of the primary mid-sale', () => {
+  const f = privateRedisSale('redis-sentinel');
+
+  test('SENTINEL FAILOVER, RESERVE_ACK=replica: 503 for a moment, never 500; every 202 one order', async () => {
+    const { activityId, attempts, loads } = await saleUnderLoad(f, 'sn-plfo', 'replica');
+    const e = f.priv.env;
+    const sentinel = f.servers.sentinel!.sentinels[0]!;
+    const s = new Redis({ host: sentinel.host, port: sentinel.port });
+    const primaryPort = async (): Promise<string> =>
+      ((await s.call('SENTINEL', 'GET-MASTER-ADDR-BY-NAME', e.REDIS_SENTINEL_MASTER!)) as string[])[1]!;
+    try {
+      await waitFor('the first reservations', async () => attempts.some((a) => a.status === 202), 30_000, 20);
+      expect(await primaryPort()).toBe(e.REDIS_SENTINEL_PRIMARY_PORT);
+      await s.call('SENTINEL', 'FAILOVER', e.REDIS_SENTINEL_MASTER!);
+      await waitFor(
+        'Sentinel to promote the replica',
+        async () => (await primaryPort()) === e.REDIS_SENTINEL_REPLICA_PORT,
+        30_000,
+        100,
+      );
+    } finally {
+      s.disconnect();
+    }
+    const answers = await Promise.all(loads);
+    const refused = Object.keys(countBy(attempts)).filter(
+      (k) => !k.startsWith('202') && k !== '409 SOLD_OUT',
+    );
+    expect(refused.filter((k) => k !== '503 UNAVAILABLE' && k !== '503 NOT_REPLICATED')).toEqual([]);
+    await expectEveryUnitSold(f, activityId, answers);
+    expect503sLoggedOnceASecond(f.sale!, attempts);
   }, 240_000);
 });
 
@@ -259,6 +297,27 @@ async function expectEveryUnitSold(
     ]);
   } finally {
     redis.disconnect();
+  }
+}
+
+/**
+ * Every 503 a buyer got is in the api's log, once a second at most: each line stands for itself
+ * and the ones it left out (`unloggedSinceLast`), so their counts add up to the 503 answers, and
+ * no line of a kind follows another within the second (runtime/api/problem.ts outageLog).
+ */
+function expect503sLoggedOnceASecond(sale: Sale, attempts: BuyerAnswer[]): void {
+  const lines = readFileSync(join(sale.logDir, 'api.log'), 'utf8')
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .map((l) => JSON.parse(l) as { msg?: string; time: number; code?: string; unloggedSinceLast?: number })
+    .filter((l) => l.msg === 'a dependency is unavailable' || l.msg === 'a request was answered 503; retry');
+  const counted = lines.reduce((n, l) => n + 1 + (l.unloggedSinceLast ?? 0), 0);
+  expect(counted).toBe(attempts.filter((a) => a.status === 503).length);
+  const kinds = new Map<string, number[]>();
+  for (const l of lines)
+    kinds.set(`${l.msg} ${l.code ?? ''}`, [...(kinds.get(`${l.msg} ${l.code ?? ''}`) ?? []), l.time]);
+  for (const times of kinds.values()) {
+    for (let i = 1; i < times.length; i += 1) expect(times[i]! - times[i - 1]!).toBeGreaterThanOrEqual(990);
   }
 }
 
