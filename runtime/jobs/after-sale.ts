@@ -70,14 +70,7 @@ function countedRun(
 
 export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promise<void> } {
   const { cfg, activityId } = d;
-  const base = {
-    pool: d.pool,
-    redis: d.redis,
-    logger: d.logger,
-    metrics: d.metrics,
-    paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
-    stockAck: d.stockAck,
-  };
+  const base = lifecycleDepsOf(d);
   const job = (name: string, fn: () => Promise<unknown>) => countedRun(d, name, fn);
   const tasks = [
     cron.schedule(
@@ -146,6 +139,18 @@ export interface SettlementSweeperDeps {
   stockAck?: ReservationAck | undefined;
 }
 
+/** What every order-lifecycle job of the role is given: its clients and the payment timeout. */
+function lifecycleDepsOf(d: SettlementSweeperDeps) {
+  return {
+    pool: d.pool,
+    redis: d.redis,
+    logger: d.logger,
+    metrics: d.metrics,
+    paymentTimeoutSeconds: d.cfg.PAYMENT_TIMEOUT_SECONDS,
+    stockAck: d.stockAck,
+  };
+}
+
 /**
  * One activity's payment-timeout sweep with the role's figures: the per-activity job and the
  * platform-level sweeper run the same sweep.
@@ -153,12 +158,7 @@ export interface SettlementSweeperDeps {
 function sweepActivity(d: SettlementSweeperDeps, activityId: string): ReturnType<typeof sweepExpiredOrders> {
   const { cfg } = d;
   return sweepExpiredOrders({
-    pool: d.pool,
-    redis: d.redis,
-    logger: d.logger,
-    metrics: d.metrics,
-    paymentTimeoutSeconds: cfg.PAYMENT_TIMEOUT_SECONDS,
-    stockAck: d.stockAck,
+    ...lifecycleDepsOf(d),
     activityId,
     batchSize: cfg.PAYMENT_SWEEP_BATCH_SIZE,
     maxBatches: cfg.PAYMENT_SWEEP_MAX_BATCHES,
