@@ -183,7 +183,21 @@ export async function killKafkaNode(s: PrivateServers, node: number): Promise<vo
   await waitFor(`kafka node ${node} (${pid}) to die`, async () => !alive(pid), 30_000, 50);
 }
 
-/** Restarts a killed node of the private Kafka cluster on its port and data, as its pod would. */
+/**
+ * Stops node `node` of the private Kafka cluster as a rolling restart does (SIGTERM: the broker's
+ * controlled shutdown hands its partitions' leadership to the others first) and waits for its exit.
+ */
+export async function stopKafkaNode(s: PrivateServers, node: number, timeoutMs = 120_000): Promise<void> {
+  const pid = Number(readFileSync(join(s.state, `kafka-cluster-${node}.pid`), 'utf8').split('\n')[0]);
+  try {
+    process.kill(pid, 'SIGTERM');
+  } catch {
+    return;
+  }
+  await waitFor(`kafka node ${node} (${pid}) to shut down`, async () => !alive(pid), timeoutMs, 100);
+}
+
+/** Restarts a stopped or killed node of the private Kafka cluster on its port and data, as its pod would. */
 export async function restartKafkaNode(s: PrivateServers, node: number): Promise<void> {
   const n = kafkaClusterNodes(s).find((x) => x.node === node);
   if (!n) throw new Error(`no kafka cluster node ${node}`);

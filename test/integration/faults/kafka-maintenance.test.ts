@@ -1,0 +1,205 @@
+// Planned Kafka maintenance under a running sale: a rolling restart of a three-broker KRaft cluster
+// (test/env/start-kafka-cluster.sh, private), one broker at a time as an operator's rolling update
+// does it: SIGTERM (the broker's controlled shutdown moves its partitions' leadership and the
+// consumer group's coordinator to the others first), wait for the exit, start it again on its data,
+// wait until it is back in every in-sync replica set, next broker. Buyers keep buying throughout.
+// Unlike a SIGKILLed broker (kafka-cluster.test.ts) nothing here is a failure: the relay and the
+// consumer must ride each restart without a role restart, every 202 is exactly one order, and the
+// orders keep reaching PostgreSQL while each broker is away. The suite's PostgreSQL and Redis are used.
+import type { PartitionMetadata } from 'kafkajs';
+import pg from 'pg';
+import { createKafka, topicsFor } from '../../../core/kafka.js';
+import { formatViolations } from '../../faults/harness/invariants.js';
+import type { Violation } from '../../faults/harness/invariants.js';
+import { recordRun } from '../../faults/harness/results.js';
+import {
+  Sale,
+  answerLog,
+  answersToOrders,
+  buyers,
+  prepareActivity,
+  recoverAndCheck,
+} from '../../faults/harness/sale.js';
+import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
+import {
+  kafkaClusterNodes,
+  restartKafkaNode,
+  startPrivateServers,
+  stopKafkaNode,
+  stopPrivateServers,
+} from '../../faults/harness/servers.js';
+import type { PrivateServers } from '../../faults/harness/servers.js';
+import { waitFor } from '../../../dev/roles.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
+
+const PARTITIONS = 3;
+// More than the buyers of the whole run can take: the load lasts exactly as long as the restarts.
+const STOCK = 5_000;
+
+async function countOrders(sql: pg.Pool, activityId: string): Promise<number> {
+  const { rows } = await sql.query<{ n: string }>(
+    'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
+    [activityId],
+  );
+  return Number(rows[0]!.n);
+}
+
+/** Buyers arriving steadily (two at a time, a pause after each) until stop(); each buys one unit. */
+function steadyBuyers(
+  sale: Sale,
+  activityId: string,
+  onAttempt: (a: BuyerAnswer) => void,
+): { answers: BuyerAnswer[]; stop: () => Promise<void> } {
+  const answers: BuyerAnswer[] = [];
+  let buying = true;
+  let next = 0;
+  const load = (async () => {
+    while (buying) {
+      const ids = Array.from({ length: 10 }, () => `${activityId}-b${next++}`);
+      answers.push(
+        ...(await buyers(sale, activityId, ids, {
+          skuId: 'tea',
+          concurrency: 2,
+          maxAttempts: 400,
+          pauseMs: 100,
+          onAttempt,
+        })),
+      );
+    }
+  })();
+  return {
+    answers,
+    stop: async () => {
+      buying = false;
+      await load;
+    },
+  };
+}
+
+describe('Kafka maintenance: a rolling restart of three brokers under a running sale', () => {
+  let priv: PrivateServers | undefined;
+  let db: FreshDatabase;
+  let servers: Servers;
+  let sale: Sale | undefined;
+
+  beforeAll(async () => {
+    priv = await startPrivateServers(['kafka-cluster']);
+    db = await freshDatabase();
+    servers = {
+      databaseUrl: db.url,
+      redisUrl: testEnv().redisUrl,
+      kafkaBrokers: priv.env.KAFKA_CLUSTER_BROKERS!.split(','),
+    };
+  }, 240_000);
+
+  afterAll(async () => {
+    await sale?.stop();
+    await db?.drop();
+    if (priv) await stopPrivateServers(priv);
+  }, 180_000);
+
+  test('every 202 is one order, no role restarts, orders keep flowing while each broker restarts', async () => {
+    const t0 = Date.now();
+    const p = priv!;
+    const activityId = uniqueId('f-kroll');
+    const items = [{ skuId: 'tea', name: '龙井 明前 250g', price: '128.00', stock: STOCK, limitPerUser: 1 }];
+    await prepareActivity(servers, activityId, items, { partitions: PARTITIONS, replicationFactor: 3 });
+    const topics = topicsFor(activityId);
+    const admin = createKafka(servers.kafkaBrokers, `faults-${activityId}-admin`).admin();
+    await admin.connect();
+    const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    const v: Violation[] = [];
+    const log = answerLog();
+    const restarts: Record<string, number>[] = [];
+    let roleOutput = '';
+    let deaths: string[] = ['(not run)'];
+    try {
+      const partitions = async (): Promise<PartitionMetadata[]> =>
+        admin
+          .fetchTopicMetadata({ topics: [topics.orders] })
+          .then((m) => m.topics[0]?.partitions ?? [])
+          .catch((): PartitionMetadata[] => []);
+      const allInSync = async (): Promise<boolean> => {
+        const got = await partitions();
+        return got.length === PARTITIONS && got.every((x) => x.isr.length === 3);
+      };
+      await waitFor('the orders topic fully in sync', allInSync, 60_000, 200);
+      sale = new Sale({ servers, activityId });
+      const s = sale;
+      await s.start();
+      const load = steadyBuyers(s, activityId, log.onAttempt);
+      try {
+        for (const { node } of kafkaClusterNodes(p)) {
+          const before = await countOrders(sql, activityId);
+          await waitFor(
+            'orders flowing',
+            async () => (await countOrders(sql, activityId)) >= before + 10,
+            120_000,
+            100,
+          );
+          const stopAt = new Date();
+          const t = Date.now();
+          await stopKafkaNode(p, node);
+          const stopped = Date.now();
+          await restartKafkaNode(p, node);
+          const started = Date.now();
+          await waitFor(`broker ${node} back in every ISR`, allInSync, 180_000, 250);
+          const inSync = Date.now();
+          // Orders written while the broker was away or catching up, and the slowest of those reserved
+          // meanwhile (reservation to order in PostgreSQL).
+          const { rows } = await sql.query<{ written: string; max_ms: string | null }>(
+            `SELECT count(*) FILTER (WHERE created_at BETWEEN $2 AND $3)::text AS written,
+                    max(extract(epoch FROM created_at - reserved_at) * 1000)
+                      FILTER (WHERE reserved_at BETWEEN $2 AND $3)::bigint::text AS max_ms
+               FROM orders WHERE activity_id = $1`,
+            [activityId, stopAt, new Date(inSync)],
+          );
+          restarts.push({
+            node,
+            'shutdown ms': stopped - t,
+            'start ms': started - stopped,
+            'back in sync ms': inSync - started,
+            'orders written meanwhile': Number(rows[0]!.written),
+            'slowest of them, reservation to order ms': Number(rows[0]!.max_ms ?? -1),
+          });
+        }
+      } finally {
+        await load.stop();
+      }
+      const rec = await recoverAndCheck(servers, activityId, 120_000);
+      roleOutput = s.output();
+      await s.stop();
+      v.push(...rec.violations, ...log.violations());
+      const got = await answersToOrders(sql, activityId, load.answers);
+      v.push(...got.violations);
+      deaths = s.deaths.map((d) => `${d.role} (${d.signal ?? d.code})`);
+      sale = undefined;
+      console.log(
+        `kafka rolling restart: ${JSON.stringify({ buyers: load.answers.length, '202': got.accepted, orders: got.orders, restarts })}`,
+      );
+      recordRun({
+        scenario: 'Kafka rolling restart',
+        outcome: v.length === 0 && deaths.length === 0 ? 'pass' : 'fail',
+        ms: Date.now() - t0,
+        figures: {
+          buyers: load.answers.length,
+          '202': got.accepted,
+          orders: got.orders,
+          lost: got.lost,
+          duplicated: got.duplicated,
+        },
+      });
+    } finally {
+      await admin.disconnect();
+      await sql.end();
+    }
+    const text = formatViolations(v);
+    if (text !== '') process.stderr.write(`kafka rolling restart role output:\n${roleOutput}\n`);
+    expect(text).toBe('');
+    // A planned restart is no failure: no role died of it ...
+    expect(deaths).toEqual([]);
+    // ... and orders reached PostgreSQL while each broker was away or catching up.
+    expect(restarts.map((r) => r['orders written meanwhile']! > 0)).toEqual([true, true, true]);
+  }, 900_000);
+});
