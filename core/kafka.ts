@@ -237,12 +237,14 @@ export function createKafka(
 }
 
 /**
- * How old a producer's partition metadata may get before it is read again (kafkajs'
+ * How old a producer's or consumer's partition metadata may get before it is read again (kafkajs'
  * `metadataMaxAge`, 5 minutes by default). kafkajs reads it again after a "not leader" answer,
  * which a broker that stalls (frozen, cut off) never gives: its requests only time out and are
  * retried against it. With the default the relay's sends went on to the frozen leader for minutes
- * after the cluster had moved its partitions; now a retry after 5 s finds the new leader. One
- * Metadata request per producer every 5 s while it sends.
+ * after the cluster had moved its partitions; now a retry after 5 s finds the new leader. The same
+ * age bounds how long partitions added to a topic mid-sale go unused by the relay and unread by
+ * the consumer group (onePartitionPerRequest; runtime/roles/consumer.ts). One Metadata request per
+ * producer and per consumer every 5 s while they work.
  */
 export const KAFKA_METADATA_MAX_AGE_MS = 5_000;
 
@@ -289,16 +291,17 @@ export interface PartitionedProducer extends Producer {
  * the event consumers' idempotence absorb.
  *
  * The partition is chosen here with the producer's own partitioner (the key's murmur2 hash, as
- * kafkajs and the Java client do), from the topic's partition metadata read once per topic and
- * again after a failed send. A message that names its partition keeps it.
+ * kafkajs and the Java client do), from the topic's partition metadata, read again once it is
+ * KAFKA_METADATA_MAX_AGE_MS old and after a failed send: partitions added to the topic mid-sale
+ * (to spread the orders over more consumers) take new orders within seconds. When that read fails
+ * the partitions known before are used (the send then tells whether the brokers answer). A message
+ * that names its partition keeps it.
  */
 export function onePartitionPerRequest(producer: Producer, kafka: Kafka): PartitionedProducer {
   const partitioner = Partitioners.DefaultPartitioner();
-  const metadata = new Map<string, PartitionMetadata[]>();
+  const metadata = new Map<string, { partitions: PartitionMetadata[]; readAt: number }>();
   let admin: Admin | undefined;
-  const partitionsOf = async (topic: string): Promise<PartitionMetadata[]> => {
-    const known = metadata.get(topic);
-    if (known) return known;
+  const read = async (topic: string): Promise<PartitionMetadata[]> => {
     if (!admin) {
       const a = kafka.admin();
       await a.connect();
@@ -306,8 +309,20 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Partit
     }
     const got = (await admin.fetchTopicMetadata({ topics: [topic] })).topics[0]?.partitions ?? [];
     if (got.length === 0) throw new Error(`no partition metadata for topic ${topic}`);
-    metadata.set(topic, got);
     return got;
+  };
+  const partitionsOf = async (topic: string): Promise<PartitionMetadata[]> => {
+    const known = metadata.get(topic);
+    if (known && Date.now() - known.readAt < KAFKA_METADATA_MAX_AGE_MS) return known.partitions;
+    let partitions: PartitionMetadata[];
+    try {
+      partitions = await read(topic);
+    } catch (err) {
+      if (!known) throw err;
+      partitions = known.partitions;
+    }
+    metadata.set(topic, { partitions, readAt: Date.now() });
+    return partitions;
   };
   const send = async (record: ProducerRecord): Promise<RecordMetadata[]> => {
     try {

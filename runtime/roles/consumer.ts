@@ -5,7 +5,7 @@
  * settles once it consumes or failed to connect at all; the caller awaits it after starting the
  * rest, so such a failure still ends the process (its restart is the recovery).
  */
-import { idempotentProducer } from '../../core/kafka.js';
+import { KAFKA_METADATA_MAX_AGE_MS, idempotentProducer } from '../../core/kafka.js';
 import type { TopicNames } from '../../core/kafka.js';
 import type { ConsumerConfig } from '../config.js';
 import { OrderConsumer } from '../consumer/consumer.js';
@@ -29,6 +29,9 @@ export function startConsumer(
         sessionTimeout: cfg.CONSUMER_SESSION_TIMEOUT_MS,
         heartbeatInterval: cfg.CONSUMER_HEARTBEAT_INTERVAL_MS,
         rebalanceTimeout: cfg.CONSUMER_REBALANCE_TIMEOUT_MS,
+        // Partitions added to the topic mid-sale are seen (and the group re-balanced over them)
+        // within this age instead of kafkajs' 5 minutes, while the relay already writes to them.
+        metadataMaxAge: KAFKA_METADATA_MAX_AGE_MS,
       }),
     dlqProducer: idempotentProducer(kafka),
     pool,

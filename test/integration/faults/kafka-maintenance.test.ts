@@ -5,7 +5,10 @@
 // wait until it is back in every in-sync replica set, next broker. Buyers keep buying throughout.
 // Unlike a SIGKILLed broker (kafka-cluster.test.ts) nothing here is a failure: the relay and the
 // consumer must ride each restart without a role restart, every 202 is exactly one order, and the
-// orders keep reaching PostgreSQL while each broker is away. The suite's PostgreSQL and Redis are used.
+// orders keep reaching PostgreSQL while each broker is away. Then, on the same cluster, partitions
+// are added to a sale's orders topic mid-sale (to spread it over more consumers): the relay must
+// write to them and the consumer group read them within seconds. The suite's PostgreSQL and Redis
+// are used.
 import type { PartitionMetadata } from 'kafkajs';
 import pg from 'pg';
 import { createKafka, topicsFor } from '../../../core/kafka.js';
@@ -202,4 +205,105 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
     // ... and orders reached PostgreSQL while each broker was away or catching up.
     expect(restarts.map((r) => r['orders written meanwhile']! > 0)).toEqual([true, true, true]);
   }, 900_000);
+
+  test('partitions added to the orders topic mid-sale carry orders, and the consumer group reads them', async () => {
+    const t0 = Date.now();
+    const activityId = uniqueId('f-kparts');
+    const items = [{ skuId: 'tea', name: '龙井 明前 250g', price: '128.00', stock: STOCK, limitPerUser: 1 }];
+    await prepareActivity(servers, activityId, items, { partitions: PARTITIONS, replicationFactor: 3 });
+    const topics = topicsFor(activityId);
+    const admin = createKafka(servers.kafkaBrokers, `faults-${activityId}-admin`).admin();
+    await admin.connect();
+    const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    const log = answerLog();
+    const v: Violation[] = [];
+    let figures: Record<string, number> = {};
+    let roleOutput = '';
+    let deaths: string[] = ['(not run)'];
+    const added = Array.from({ length: PARTITIONS }, (_, i) => PARTITIONS + i);
+    try {
+      sale = new Sale({ servers, activityId });
+      const s = sale;
+      await s.start();
+      const load = steadyBuyers(s, activityId, log.onAttempt);
+      let usedAfterMs = -1;
+      let readAfterMs = -1;
+      let addedAt = new Date();
+      try {
+        const before = await countOrders(sql, activityId);
+        await waitFor(
+          'orders flowing',
+          async () => (await countOrders(sql, activityId)) >= before + 10,
+          120_000,
+          100,
+        );
+        // As a platform team scales a sale's consumers beyond its partitions: 3 -> 6.
+        addedAt = new Date();
+        await admin.createPartitions({ topicPartitions: [{ topic: topics.orders, count: 2 * PARTITIONS }] });
+        // The relay spreads new orders over the added partitions too ...
+        await waitFor(
+          'orders in every added partition',
+          async () => {
+            const offsets = await admin.fetchTopicOffsets(topics.orders).catch(() => []);
+            return added.every((n) => Number(offsets.find((o) => o.partition === n)?.high ?? 0) > 0);
+          },
+          120_000,
+          250,
+        );
+        usedAfterMs = Date.now() - addedAt.getTime();
+        // ... and the consumer group reads them (offsets committed once their orders are written).
+        await waitFor(
+          'the consumer group committing in every added partition',
+          async () => {
+            const committed = await admin
+              .fetchOffsets({ groupId: topics.consumerGroup, topics: [topics.orders] })
+              .then((t) => t[0]?.partitions ?? [])
+              .catch(() => []);
+            return added.every((n) => Number(committed.find((o) => o.partition === n)?.offset ?? -1) > 0);
+          },
+          120_000,
+          250,
+        );
+        readAfterMs = Date.now() - addedAt.getTime();
+      } finally {
+        await load.stop();
+      }
+      const rec = await recoverAndCheck(servers, activityId, 120_000);
+      roleOutput = s.output();
+      await s.stop();
+      deaths = s.deaths.map((d) => `${d.role} (${d.signal ?? d.code})`);
+      sale = undefined;
+      v.push(...rec.violations, ...log.violations());
+      const got = await answersToOrders(sql, activityId, load.answers);
+      v.push(...got.violations);
+      const { rows } = await sql.query<{ max_ms: string | null }>(
+        `SELECT max(extract(epoch FROM created_at - reserved_at) * 1000)::bigint::text AS max_ms
+           FROM orders WHERE activity_id = $1 AND reserved_at >= $2`,
+        [activityId, addedAt],
+      );
+      figures = {
+        buyers: load.answers.length,
+        '202': got.accepted,
+        orders: got.orders,
+        'added partitions used after ms': usedAfterMs,
+        'added partitions read after ms': readAfterMs,
+        'slowest order reserved after the change, reservation to order ms': Number(rows[0]!.max_ms ?? -1),
+      };
+      console.log(`kafka partitions added: ${JSON.stringify(figures)}`);
+    } finally {
+      await admin.disconnect();
+      await sql.end();
+    }
+    const text = formatViolations(v);
+    recordRun({
+      scenario: 'Kafka partitions added mid-sale',
+      outcome: text === '' && deaths.length === 0 ? 'pass' : 'fail',
+      ms: Date.now() - t0,
+      figures,
+      ...(text ? { detail: text } : {}),
+    });
+    if (text !== '') process.stderr.write(`kafka partitions added, role output:\n${roleOutput}\n`);
+    expect(text).toBe('');
+    expect(deaths).toEqual([]);
+  }, 600_000);
 });

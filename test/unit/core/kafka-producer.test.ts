@@ -1,23 +1,28 @@
 // core/kafka.ts onePartitionPerRequest: every send reaches kafkajs as one send per partition (so a
 // leader change mid-send cannot drop a partition's messages, see the function's comment), with
 // the partition the key's hash picks; a failed partition fails the whole send, only after every
-// partition's send has settled, and makes the next send read the partition metadata again.
+// partition's send has settled, and makes the next send read the partition metadata again; the
+// metadata is also read again once it is KAFKA_METADATA_MAX_AGE_MS old (partitions added mid-sale).
+import { jest } from '@jest/globals';
 import type { Kafka, PartitionMetadata, Producer, ProducerRecord } from 'kafkajs';
 import { Partitioners } from 'kafkajs';
-import { onePartitionPerRequest } from '../../../core/kafka.js';
+import { KAFKA_METADATA_MAX_AGE_MS, onePartitionPerRequest } from '../../../core/kafka.js';
 
 function fakes(partitions = 3, failPartition?: number) {
   const sends: ProducerRecord[] = [];
   let metadataReads = 0;
   let settled = 0;
-  const meta: PartitionMetadata[] = Array.from({ length: partitions }, (_, i) => ({
-    partitionErrorCode: 0,
-    partitionId: i,
-    leader: i + 1,
-    replicas: [i + 1],
-    isr: [i + 1],
-    offlineReplicas: [],
-  }));
+  let metadataFails = false;
+  const partitionsOf = (n: number): PartitionMetadata[] =>
+    Array.from({ length: n }, (_, i) => ({
+      partitionErrorCode: 0,
+      partitionId: i,
+      leader: i + 1,
+      replicas: [i + 1],
+      isr: [i + 1],
+      offlineReplicas: [],
+    }));
+  let meta = partitionsOf(partitions);
   const producer = {
     send: async (r: ProducerRecord) => {
       sends.push(r);
@@ -35,11 +40,24 @@ function fakes(partitions = 3, failPartition?: number) {
       disconnect: async () => undefined,
       fetchTopicMetadata: async () => {
         metadataReads += 1;
+        if (metadataFails) throw new Error('no broker answers');
         return { topics: [{ name: 't', partitions: meta }] };
       },
     }),
   } as unknown as Kafka;
-  return { sends, producer, kafka, reads: () => metadataReads, settled: () => settled };
+  return {
+    sends,
+    producer,
+    kafka,
+    reads: () => metadataReads,
+    settled: () => settled,
+    setPartitions: (n: number) => {
+      meta = partitionsOf(n);
+    },
+    failMetadata: (fails: boolean) => {
+      metadataFails = fails;
+    },
+  };
 }
 
 const messages = Array.from({ length: 30 }, (_, i) => ({ key: `buyer-${i}`, value: `m${i}` }));
@@ -76,5 +94,44 @@ describe('onePartitionPerRequest', () => {
     expect(f.settled()).toBe(f.sends.length);
     await expect(p.send({ topic: 't', messages })).rejects.toThrow('partition 1 failed');
     expect(f.reads()).toBe(2);
+  });
+
+  it('reads the metadata again once it is KAFKA_METADATA_MAX_AGE_MS old, keeping what it knew when that read fails', async () => {
+    const f = fakes(3);
+    const p = onePartitionPerRequest(f.producer, f.kafka);
+    let now = 1_000_000;
+    const clock = jest.spyOn(Date, 'now').mockImplementation(() => now);
+    try {
+      const partitionsUsed = (): Set<number> =>
+        new Set(f.sends.flatMap((r) => r.messages.map((m) => m.partition!)));
+      await p.send({ topic: 't', messages });
+      expect([...partitionsUsed()].sort()).toEqual([0, 1, 2]);
+      // Partitions added to the topic: unused while the metadata is younger than the age ...
+      f.setPartitions(6);
+      now += KAFKA_METADATA_MAX_AGE_MS - 1;
+      f.sends.length = 0;
+      await p.send({ topic: 't', messages });
+      expect(f.reads()).toBe(1);
+      expect(Math.max(...partitionsUsed())).toBeLessThan(3);
+      // ... and the keys spread over all six once it is that old.
+      now += 1;
+      f.sends.length = 0;
+      await p.send({ topic: 't', messages });
+      expect(f.reads()).toBe(2);
+      expect(Math.max(...partitionsUsed())).toBeGreaterThanOrEqual(3);
+      // A read that fails keeps the partitions known (the send itself tells whether Kafka answers),
+      // and is tried again one age later.
+      f.failMetadata(true);
+      now += KAFKA_METADATA_MAX_AGE_MS;
+      f.sends.length = 0;
+      const out = await p.send({ topic: 't', messages });
+      expect(out).toHaveLength(6);
+      expect(f.reads()).toBe(3);
+      expect(Math.max(...partitionsUsed())).toBeGreaterThanOrEqual(3);
+      await p.send({ topic: 't', messages });
+      expect(f.reads()).toBe(3);
+    } finally {
+      clock.mockRestore();
+    }
   });
 });
