@@ -135,6 +135,7 @@ export class Sale {
   readonly deaths: { role: RoleName; signal: string | null; code: number | null }[] = [];
   private stopping = false;
   private readonly watchers: Promise<void>[] = [];
+  private readonly extra: RoleProcess[] = [];
 
   /** Every incarnation's whole output, one file per role, for post-mortems. */
   readonly logDir: string;
@@ -213,6 +214,21 @@ export class Sale {
     return p.url;
   }
 
+  /**
+   * One more process of `role` beside the supervised one, as a Deployment scaled out mid-sale
+   * runs it (same settings; its output in `<name>.log`). Not restarted when it dies; stop() stops it.
+   */
+  async addInstance(role: RoleName, name: string): Promise<RoleProcess> {
+    const p = await startRole(role, {
+      activityId: this.options.activityId,
+      databaseUrl: this.options.servers.databaseUrl,
+      env: this.env(undefined),
+      logFile: join(this.logDir, `${name}.log`),
+    });
+    this.extra.push(p);
+    return p;
+  }
+
   /** SIGKILL the running instance of a role (the supervisor restarts it). */
   async kill(role: RoleName): Promise<void> {
     await this.current.get(role)?.kill();
@@ -235,7 +251,7 @@ export class Sale {
    */
   async stop(): Promise<void> {
     this.stopping = true;
-    const stopped = await Promise.allSettled([...this.current.values()].map((p) => p.stop()));
+    const stopped = await Promise.allSettled([...this.current.values(), ...this.extra].map((p) => p.stop()));
     // Watchers still restarting a role stop what they started (see launch); a start cut short by
     // the stop is no failure, a replacement that ignored SIGTERM is.
     const restarts = await Promise.allSettled(this.watchers);

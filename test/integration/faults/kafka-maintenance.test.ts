@@ -10,6 +10,7 @@
 // write to them and the consumer group read them within seconds. The suite's PostgreSQL and Redis
 // are used.
 import type { PartitionMetadata } from 'kafkajs';
+import { AssignerProtocol } from 'kafkajs';
 import pg from 'pg';
 import { createKafka, topicsFor } from '../../../core/kafka.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
@@ -228,6 +229,12 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
       const load = steadyBuyers(s, activityId, log.onAttempt);
       let usedAfterMs = -1;
       let readAfterMs = -1;
+      let sharedAfterMs = -1;
+      const committedOffsets = async (): Promise<Map<number, number>> =>
+        admin
+          .fetchOffsets({ groupId: topics.consumerGroup, topics: [topics.orders] })
+          .then((t) => new Map((t[0]?.partitions ?? []).map((o) => [o.partition, Number(o.offset)])))
+          .catch(() => new Map<number, number>());
       let addedAt = new Date();
       try {
         const before = await countOrders(sql, activityId);
@@ -255,16 +262,45 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
         await waitFor(
           'the consumer group committing in every added partition',
           async () => {
-            const committed = await admin
-              .fetchOffsets({ groupId: topics.consumerGroup, topics: [topics.orders] })
-              .then((t) => t[0]?.partitions ?? [])
-              .catch(() => []);
-            return added.every((n) => Number(committed.find((o) => o.partition === n)?.offset ?? -1) > 0);
+            const committed = await committedOffsets();
+            return added.every((n) => (committed.get(n) ?? -1) > 0);
           },
           120_000,
           250,
         );
         readAfterMs = Date.now() - addedAt.getTime();
+        // What the partitions were added for: a second consumer process joining the group (its
+        // Deployment scaled out) takes half of them, and both write orders.
+        const joinedAt = Date.now();
+        await s.addInstance('consumer', 'consumer-2');
+        await waitFor(
+          'two consumers sharing the six partitions',
+          async () => {
+            const group = await admin
+              .describeGroups([topics.consumerGroup])
+              .then((d) => d.groups[0])
+              .catch(() => undefined);
+            const shares = (group?.members ?? []).map(
+              (m) =>
+                AssignerProtocol.MemberAssignment.decode(m.memberAssignment)?.assignment[topics.orders]
+                  ?.length,
+            );
+            return group?.state === 'Stable' && shares.length === 2 && shares.every((n) => n === PARTITIONS);
+          },
+          120_000,
+          250,
+        );
+        const shared = await committedOffsets();
+        await waitFor(
+          'offsets committed in all six partitions after the re-balance',
+          async () => {
+            const now = await committedOffsets();
+            return [...Array(2 * PARTITIONS).keys()].every((n) => (now.get(n) ?? -1) > (shared.get(n) ?? -1));
+          },
+          120_000,
+          250,
+        );
+        sharedAfterMs = Date.now() - joinedAt;
       } finally {
         await load.stop();
       }
@@ -287,6 +323,7 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
         orders: got.orders,
         'added partitions used after ms': usedAfterMs,
         'added partitions read after ms': readAfterMs,
+        'a second consumer writing its half after ms': sharedAfterMs,
         'slowest order reserved after the change, reservation to order ms': Number(rows[0]!.max_ms ?? -1),
       };
       console.log(`kafka partitions added: ${JSON.stringify(figures)}`);
