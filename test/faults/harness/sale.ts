@@ -15,7 +15,7 @@ import type { RedisConnection, SentinelAddress } from '../../../core/redis.js';
 import { registerScripts } from '../../../core/scripts.js';
 import type { RedisClient } from '../../../core/scripts.js';
 import { httpClient, IgnoredSigterm, startRole, tokenFor } from '../../../dev/roles.js';
-import type { RoleProcess } from '../../../dev/roles.js';
+import type { RoleOptions, RoleProcess } from '../../../dev/roles.js';
 import { checkActivity } from './invariants.js';
 import type { Violation } from './invariants.js';
 
@@ -169,16 +169,21 @@ export class Sale {
     };
   }
 
+  /** How a process of the sale starts: its settings, its output in `<logName>.log`. */
+  private roleOptions(extra: Record<string, string> | undefined, logName: string): RoleOptions {
+    return {
+      activityId: this.options.activityId,
+      databaseUrl: this.options.servers.databaseUrl,
+      env: this.env(extra),
+      logFile: join(this.logDir, `${logName}.log`),
+    };
+  }
+
   private async launch(role: RoleName, first: boolean): Promise<RoleProcess> {
     const extra = first ? this.options.roleEnv?.[role] : undefined;
     for (let attempt = 1; ; attempt += 1) {
       try {
-        const p = await startRole(role, {
-          activityId: this.options.activityId,
-          databaseUrl: this.options.servers.databaseUrl,
-          env: this.env(extra),
-          logFile: join(this.logDir, `${role}.log`),
-        });
+        const p = await startRole(role, this.roleOptions(extra, role));
         if (this.stopping) {
           // stop() began while this replacement was starting: it was not among the processes
           // stop() stopped, so it stops here (else it would outlive the sale, and stop() would
@@ -219,12 +224,7 @@ export class Sale {
    * runs it (same settings; its output in `<name>.log`). Not restarted when it dies; stop() stops it.
    */
   async addInstance(role: RoleName, name: string): Promise<RoleProcess> {
-    const p = await startRole(role, {
-      activityId: this.options.activityId,
-      databaseUrl: this.options.servers.databaseUrl,
-      env: this.env(undefined),
-      logFile: join(this.logDir, `${name}.log`),
-    });
+    const p = await startRole(role, this.roleOptions(undefined, name));
     this.extra.push(p);
     return p;
   }

@@ -172,29 +172,33 @@ export function kafkaClusterNodes(s: PrivateServers): { node: number; broker: st
   return brokers.map((broker, i) => ({ node: i + 1, broker, dir: dirs[i]! }));
 }
 
-/** SIGKILLs node `node` (1-based, = its broker id) of the private Kafka cluster and waits for its death. */
-export async function killKafkaNode(s: PrivateServers, node: number): Promise<void> {
+/** Signals node `node` (1-based, = its broker id) of the private Kafka cluster and waits for its exit. */
+async function endKafkaNode(
+  s: PrivateServers,
+  node: number,
+  signal: NodeJS.Signals,
+  timeoutMs: number,
+): Promise<void> {
   const pid = Number(readFileSync(join(s.state, `kafka-cluster-${node}.pid`), 'utf8').split('\n')[0]);
   try {
-    process.kill(pid, 'SIGKILL');
+    process.kill(pid, signal);
   } catch {
     return;
   }
-  await waitFor(`kafka node ${node} (${pid}) to die`, async () => !alive(pid), 30_000, 50);
+  await waitFor(`kafka node ${node} (${pid}) to exit on ${signal}`, async () => !alive(pid), timeoutMs, 50);
+}
+
+/** SIGKILLs node `node` of the private Kafka cluster and waits for its death. */
+export function killKafkaNode(s: PrivateServers, node: number): Promise<void> {
+  return endKafkaNode(s, node, 'SIGKILL', 30_000);
 }
 
 /**
  * Stops node `node` of the private Kafka cluster as a rolling restart does (SIGTERM: the broker's
  * controlled shutdown hands its partitions' leadership to the others first) and waits for its exit.
  */
-export async function stopKafkaNode(s: PrivateServers, node: number, timeoutMs = 120_000): Promise<void> {
-  const pid = Number(readFileSync(join(s.state, `kafka-cluster-${node}.pid`), 'utf8').split('\n')[0]);
-  try {
-    process.kill(pid, 'SIGTERM');
-  } catch {
-    return;
-  }
-  await waitFor(`kafka node ${node} (${pid}) to shut down`, async () => !alive(pid), timeoutMs, 100);
+export function stopKafkaNode(s: PrivateServers, node: number): Promise<void> {
+  return endKafkaNode(s, node, 'SIGTERM', 120_000);
 }
 
 /** Restarts a stopped or killed node of the private Kafka cluster on its port and data, as its pod would. */
