@@ -462,6 +462,35 @@ export async function ensureTopics(
 }
 
 /**
+ * Raises `topic` to at least `count` partitions; Kafka never takes partitions away, so a topic with
+ * as many or more is left as it is. Returns the count before when partitions were added. A repeat
+ * (a pass after a crash, another client) that finds the topic already raised changes nothing. The
+ * producers and consumers here use added partitions within KAFKA_METADATA_MAX_AGE_MS.
+ */
+export async function growPartitions(
+  admin: Admin,
+  topic: string,
+  count: number,
+): Promise<number | undefined> {
+  const partitionCount = async (): Promise<number> => {
+    const n = (await admin.fetchTopicMetadata({ topics: [topic] })).topics[0]?.partitions.length ?? 0;
+    if (n === 0) throw new Error(`no partition metadata for topic ${topic}`);
+    return n;
+  };
+  const before = await partitionCount();
+  if (before >= count) return undefined;
+  try {
+    await admin.createPartitions({ topicPartitions: [{ topic, count }] });
+  } catch (err) {
+    // INVALID_PARTITIONS once another request raised it that far first.
+    if ((await partitionCount()) >= count) return undefined;
+    throw err;
+  }
+  await waitForLeaders(admin, [topic]);
+  return before;
+}
+
+/**
  * Resolves once every partition of `topics` has a leader. kafkajs' own `waitForLeaders` asks the
  * broker that took the CreateTopics request and gives up on UNKNOWN_TOPIC_OR_PARTITION, which a
  * broker of a multi-broker KRaft cluster answers until the new topic reached its metadata cache

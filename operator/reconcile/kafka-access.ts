@@ -10,6 +10,7 @@ import {
   dlqUnhandled,
   TopicReplicationError,
   ensureTopics,
+  growPartitions,
   topicDepth,
   topicsFor,
 } from '../../core/kafka.js';
@@ -20,6 +21,11 @@ export interface KafkaAccess {
   topics(activityId: string): TopicNames;
   /** Creates the missing topics; TopicReplicationError when existing ones have less replication. */
   ensureTopics(activityId: string): Promise<string[]>;
+  /**
+   * Raises the activity's orders topic to at least `count` partitions; the count before when it
+   * added some, undefined when the topic had enough.
+   */
+  growOrdersPartitions(activityId: string, count: number): Promise<number | undefined>;
   /** Consumer lag of the activity's consumer group on its orders topic. */
   lag(activityId: string): Promise<number>;
   dlqDepth(activityId: string): Promise<number>;
@@ -85,6 +91,14 @@ export class KafkaAdminAccess implements KafkaAccess {
           this.options.minInsyncReplicas,
         ),
       this.options.topicsDeadlineMs ?? KAFKA_TOPICS_DEADLINE_MS,
+    );
+  }
+
+  async growOrdersPartitions(activityId: string, count: number): Promise<number | undefined> {
+    return this.once(
+      `grow partitions ${activityId}`,
+      (a) => growPartitions(a, this.topics(activityId).orders, count),
+      this.readDeadlineMs,
     );
   }
 

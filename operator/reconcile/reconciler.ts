@@ -18,6 +18,7 @@ import { openGate } from './open-gate.js';
 import { protectApi } from './protect-api.js';
 import { removeFinalizer } from './remove-finalizer.js';
 import { restoreCache } from './restore-cache.js';
+import { growPartitions } from './grow-partitions.js';
 import { scaleRuntime } from './scale-runtime.js';
 import { settle } from './settle.js';
 import { syncSpec } from './sync-spec.js';
@@ -31,6 +32,7 @@ export const STEPS: readonly (readonly [string, Step])[] = [
   ['claim-id', claimId],
   ['detect-failure', detectFailure],
   ['scale-runtime', scaleRuntime],
+  ['grow-partitions', growPartitions],
   ['observe-runtime', observeRuntime],
   ['protect-api', protectApi],
   ['restore-cache', restoreCache],

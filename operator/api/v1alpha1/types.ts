@@ -126,6 +126,8 @@ export const EventReason = {
   TopicsCreated: 'TopicsCreated',
   /** The activity's topics exist with less replication than configured: warm-up held (Warning). */
   TopicsUnderReplicated: 'TopicsUnderReplicated',
+  /** Partitions added to the orders topic for the consumer replicas the spec asks for. */
+  PartitionsAdded: 'PartitionsAdded',
   CacheLoaded: 'CacheLoaded',
   /** startAt came while the runtime was not available: the gate stays shut until it is. */
   StartDelayed: 'StartDelayed',

@@ -1,0 +1,49 @@
+/**
+ * Step 3b: the orders topic has a partition for every consumer replica the spec asks for. A
+ * consumer group hands out whole partitions, so a consumer beyond the topic's partitions gets none
+ * and sits idle: scaling `runtime.replicas.*.consumer` above `KAFKA_TOPIC_PARTITIONS` adds
+ * partitions (never removes: Kafka cannot). From Ready on (the topics exist), for the largest
+ * consumer count of any phase, so a sale's partitions are in place before it opens; an edit while
+ * Active raises them then. The relay and the consumers use added partitions within
+ * KAFKA_METADATA_MAX_AGE_MS; an order's partition does not matter to it (the unique keys decide).
+ * A Kafka that does not answer holds nothing: the pass goes on and the next one tries again.
+ */
+import { EventReason, Phase } from '../api/v1alpha1/types.js';
+import type { ReconcileContext, StepResult } from './context.js';
+import { CONTINUE } from './context.js';
+
+const PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
+
+/** The most consumer replicas any phase of the spec runs. */
+export function consumersWanted(replicas: {
+  warmUp: { consumer: number };
+  active: { consumer: number };
+  draining: { consumer: number };
+}): number {
+  return Math.max(replicas.warmUp.consumer, replicas.active.consumer, replicas.draining.consumer);
+}
+
+export async function growPartitions(ctx: ReconcileContext): Promise<StepResult> {
+  if (ctx.deleting || !PHASES.includes(ctx.phase)) return CONTINUE;
+  const wanted = consumersWanted(ctx.fsa.spec.runtime.replicas);
+  if (wanted <= ctx.deps.config.kafka.partitions) return CONTINUE;
+  // The activity id's topic belongs to its owner only.
+  ctx.requireOwnership();
+  const topic = ctx.deps.kafka.topics(ctx.activityId).orders;
+  try {
+    const before = await ctx.deps.kafka.growOrdersPartitions(ctx.activityId, wanted);
+    if (before !== undefined) {
+      await ctx.event(
+        'Normal',
+        EventReason.PartitionsAdded,
+        `Kafka topic ${topic}: ${before} -> ${wanted} partitions, one per consumer replica`,
+      );
+    }
+  } catch (err) {
+    ctx.log.warn(
+      { err: err instanceof Error ? err.message : String(err), topic, wanted },
+      'could not add partitions to the orders topic; the next pass tries again',
+    );
+  }
+  return CONTINUE;
+}
