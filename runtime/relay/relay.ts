@@ -2,8 +2,10 @@
  * The relay role: the Kafka outbox. Reads half messages from the activity's stream with a
  * consumer group, produces them with an idempotent producer (acks from all in-sync replicas),
  * and acknowledges + deletes stream entries only after Kafka acknowledged them. Entries left
- * pending by a relay that died are reclaimed (XAUTOCLAIM) after RELAY_RECLAIM_IDLE_MS; a message
- * published twice that way is harmless because the consumer's unique keys absorb it.
+ * pending by a relay that died are reclaimed (XAUTOCLAIM) after RELAY_RECLAIM_IDLE_MS; a relay's
+ * own batch that failed (its send, or a command whose reply it lost) is read again at once from its
+ * pending list. A message published twice that way is harmless because the consumer's unique keys
+ * absorb it.
  *
  * A send that fails is retried with a fresh producer (new producer id): an idempotent producer
  * whose sequence state the broker lost in a restart would otherwise fail every later send.
@@ -299,6 +301,11 @@ export class Relay {
           continue;
         }
         this.options.logger.warn({ err }, 'relay batch failed; retrying');
+        // The batch's entries stay pending under this relay's name: whether the send failed or the
+        // read's reply was lost (a command timed out, e.g. after the process stood still longer than
+        // REDIS_COMMAND_TIMEOUT_MS), they are read again from its own pending list first, at once,
+        // not only once RELAY_RECLAIM_IDLE_MS has passed.
+        backlog.set(this.stream, '0');
         await sleep(500);
         if (this.producer === undefined) {
           await this.connectProducer().catch((e: Error) =>
