@@ -342,6 +342,41 @@ export async function buyers(
 }
 
 /**
+ * Buyers arriving steadily (batches of ten, two at a time, a pause after each) until stop(); each
+ * buys one unit of `skuId`: a load that lasts exactly as long as the disturbance a test makes.
+ */
+export function steadyBuyers(
+  sale: Sale,
+  activityId: string,
+  o: { skuId: string; onAttempt?: (a: BuyerAnswer) => void },
+): { answers: BuyerAnswer[]; stop: () => Promise<void> } {
+  const answers: BuyerAnswer[] = [];
+  let buying = true;
+  let next = 0;
+  const load = (async () => {
+    while (buying) {
+      const ids = Array.from({ length: 10 }, () => `${activityId}-b${next++}`);
+      answers.push(
+        ...(await buyers(sale, activityId, ids, {
+          skuId: o.skuId,
+          concurrency: 2,
+          maxAttempts: 400,
+          pauseMs: 100,
+          ...(o.onAttempt ? { onAttempt: o.onAttempt } : {}),
+        })),
+      );
+    }
+  })();
+  return {
+    answers,
+    stop: async () => {
+      buying = false;
+      await load;
+    },
+  };
+}
+
+/**
  * Every answer of a load, retried ones included (`buyers`' `onAttempt`): a buyer who retried a
  * 5xx until a definitive answer shows only that answer, so a 500 along the way (an error the api
  * did not know as a dependency outage) is seen here only.

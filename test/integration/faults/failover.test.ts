@@ -24,7 +24,7 @@ import {
   redisOf,
   sleep,
 } from '../../faults/harness/sale.js';
-import { privateRedisSale } from '../../faults/harness/private-redis.js';
+import { privateRedisSale } from '../../faults/harness/private-sale.js';
 import { restartRedisAsReplica } from '../../faults/harness/servers.js';
 import { waitFor } from '../../../dev/roles.js';
 import { uniqueId } from '../../../dev/servers.js';

@@ -11,30 +11,15 @@
 // 240 buyers in two waves (60, then 180), a kill in each wave (of partition 0's leader at the time,
 // so the second kill hits the first one's successor), each broker restarted after its wave.
 import type { PartitionMetadata } from 'kafkajs';
-import pg from 'pg';
-import { createKafka, topicsFor } from '../../../core/kafka.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import {
-  Sale,
-  answersToOrders,
-  buyers,
-  prepareActivity,
-  recoverAndCheck,
-} from '../../faults/harness/sale.js';
-import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
-import {
-  kafkaClusterNodes,
-  killKafkaNode,
-  restartKafkaNode,
-  startPrivateServers,
-  stopPrivateServers,
-} from '../../faults/harness/servers.js';
-import type { PrivateServers } from '../../faults/harness/servers.js';
+import { Sale, answersToOrders, buyers, recoverAndCheck } from '../../faults/harness/sale.js';
+import type { BuyerAnswer } from '../../faults/harness/sale.js';
+import { kafkaClusterNodes, killKafkaNode, restartKafkaNode } from '../../faults/harness/servers.js';
+import { privateKafkaSale } from '../../faults/harness/private-sale.js';
 import { waitFor } from '../../../dev/roles.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
-import type { FreshDatabase } from '../../../dev/servers.js';
+import { uniqueId } from '../../../dev/servers.js';
 
 const heavy = process.env.FAULT_HEAVY === '1';
 const STOCK = heavy ? 120 : 40;
@@ -44,39 +29,17 @@ const WAVES = heavy ? [60, 180] : [80];
 const PARTITIONS = 3;
 
 describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3, min.insync.replicas 2)', () => {
-  let priv: PrivateServers | undefined;
-  let db: FreshDatabase;
-  let servers: Servers;
-  let sale: Sale | undefined;
-
-  beforeAll(async () => {
-    priv = await startPrivateServers(['kafka-cluster']);
-    db = await freshDatabase();
-    servers = {
-      databaseUrl: db.url,
-      redisUrl: testEnv().redisUrl,
-      kafkaBrokers: priv.env.KAFKA_CLUSTER_BROKERS!.split(','),
-    };
-  }, 240_000);
-
-  afterAll(async () => {
-    await sale?.stop();
-    await db?.drop();
-    if (priv) await stopPrivateServers(priv);
-  }, 180_000);
+  const f = privateKafkaSale();
 
   test('every 202 is exactly one order, no duplicate, no gap, with the leader of a partition killed', async () => {
     const t0 = Date.now();
-    const p = priv!;
+    const p = f.priv;
+    const servers = f.servers;
     const activityId = uniqueId('f-kbroker');
     const items = [
       { skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: STOCK, limitPerUser: 1 },
     ];
-    await prepareActivity(servers, activityId, items, { partitions: PARTITIONS, replicationFactor: 3 });
-    const topics = topicsFor(activityId);
-    const admin = createKafka(servers.kafkaBrokers, `faults-${activityId}-admin`).admin();
-    await admin.connect();
-    const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    const { topics, admin, sql, close } = await f.activity(activityId, items, PARTITIONS);
     const killed: number[] = [];
     const answers: BuyerAnswer[] = [];
     let figures: Record<string, number | string> = {};
@@ -133,8 +96,8 @@ describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3
           ).rows[0]!.n,
         );
 
-      sale = new Sale({ servers, activityId });
-      const s = sale;
+      f.sale = new Sale({ servers, activityId });
+      const s = f.sale;
       await s.start();
       expect(kafkaClusterNodes(p)).toHaveLength(3);
       for (let w = 0; w < WAVES.length; w += 1) {
@@ -172,7 +135,7 @@ describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3
       const rec = await recoverAndCheck(servers, activityId, 60_000);
       roleOutput = s.output();
       await s.stop();
-      sale = undefined;
+      f.sale = undefined;
       v.push(...rec.violations);
 
       const got = await answersToOrders(sql, activityId, answers);
@@ -190,8 +153,7 @@ describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3
       };
       acceptedCount = got.accepted;
     } finally {
-      await admin.disconnect();
-      await sql.end();
+      await close();
     }
     const text = formatViolations(v);
     console.log(`window 18 (Kafka broker) figures: ${JSON.stringify(figures)}`);

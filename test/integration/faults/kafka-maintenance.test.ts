@@ -11,8 +11,7 @@
 // are used.
 import type { PartitionMetadata } from 'kafkajs';
 import { AssignerProtocol } from 'kafkajs';
-import pg from 'pg';
-import { createKafka, topicsFor } from '../../../core/kafka.js';
+import type pg from 'pg';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
@@ -20,26 +19,18 @@ import {
   Sale,
   answerLog,
   answersToOrders,
-  buyers,
-  prepareActivity,
   recoverAndCheck,
+  steadyBuyers,
 } from '../../faults/harness/sale.js';
-import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
-import {
-  kafkaClusterNodes,
-  restartKafkaNode,
-  startPrivateServers,
-  stopKafkaNode,
-  stopPrivateServers,
-} from '../../faults/harness/servers.js';
-import type { PrivateServers } from '../../faults/harness/servers.js';
+import { kafkaClusterNodes, restartKafkaNode, stopKafkaNode } from '../../faults/harness/servers.js';
+import { privateKafkaSale } from '../../faults/harness/private-sale.js';
 import { waitFor } from '../../../dev/roles.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
-import type { FreshDatabase } from '../../../dev/servers.js';
+import { uniqueId } from '../../../dev/servers.js';
 
 const PARTITIONS = 3;
 // More than the buyers of the whole run can take: the load lasts exactly as long as the restarts.
 const STOCK = 5_000;
+const TEA = [{ skuId: 'tea', name: '龙井 明前 250g', price: '128.00', stock: STOCK, limitPerUser: 1 }];
 
 async function countOrders(sql: pg.Pool, activityId: string): Promise<number> {
   const { rows } = await sql.query<{ n: string }>(
@@ -49,70 +40,15 @@ async function countOrders(sql: pg.Pool, activityId: string): Promise<number> {
   return Number(rows[0]!.n);
 }
 
-/** Buyers arriving steadily (two at a time, a pause after each) until stop(); each buys one unit. */
-function steadyBuyers(
-  sale: Sale,
-  activityId: string,
-  onAttempt: (a: BuyerAnswer) => void,
-): { answers: BuyerAnswer[]; stop: () => Promise<void> } {
-  const answers: BuyerAnswer[] = [];
-  let buying = true;
-  let next = 0;
-  const load = (async () => {
-    while (buying) {
-      const ids = Array.from({ length: 10 }, () => `${activityId}-b${next++}`);
-      answers.push(
-        ...(await buyers(sale, activityId, ids, {
-          skuId: 'tea',
-          concurrency: 2,
-          maxAttempts: 400,
-          pauseMs: 100,
-          onAttempt,
-        })),
-      );
-    }
-  })();
-  return {
-    answers,
-    stop: async () => {
-      buying = false;
-      await load;
-    },
-  };
-}
-
 describe('Kafka maintenance: a rolling restart of three brokers under a running sale', () => {
-  let priv: PrivateServers | undefined;
-  let db: FreshDatabase;
-  let servers: Servers;
-  let sale: Sale | undefined;
-
-  beforeAll(async () => {
-    priv = await startPrivateServers(['kafka-cluster']);
-    db = await freshDatabase();
-    servers = {
-      databaseUrl: db.url,
-      redisUrl: testEnv().redisUrl,
-      kafkaBrokers: priv.env.KAFKA_CLUSTER_BROKERS!.split(','),
-    };
-  }, 240_000);
-
-  afterAll(async () => {
-    await sale?.stop();
-    await db?.drop();
-    if (priv) await stopPrivateServers(priv);
-  }, 180_000);
+  const f = privateKafkaSale();
 
   test('every 202 is one order, no role restarts, orders keep flowing while each broker restarts', async () => {
     const t0 = Date.now();
-    const p = priv!;
+    const p = f.priv;
+    const servers = f.servers;
     const activityId = uniqueId('f-kroll');
-    const items = [{ skuId: 'tea', name: '龙井 明前 250g', price: '128.00', stock: STOCK, limitPerUser: 1 }];
-    await prepareActivity(servers, activityId, items, { partitions: PARTITIONS, replicationFactor: 3 });
-    const topics = topicsFor(activityId);
-    const admin = createKafka(servers.kafkaBrokers, `faults-${activityId}-admin`).admin();
-    await admin.connect();
-    const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    const { topics, admin, sql, close } = await f.activity(activityId, TEA, PARTITIONS);
     const v: Violation[] = [];
     const log = answerLog();
     const restarts: Record<string, number>[] = [];
@@ -129,10 +65,10 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
         return got.length === PARTITIONS && got.every((x) => x.isr.length === 3);
       };
       await waitFor('the orders topic fully in sync', allInSync, 60_000, 200);
-      sale = new Sale({ servers, activityId });
-      const s = sale;
+      const s = new Sale({ servers, activityId });
+      f.sale = s;
       await s.start();
-      const load = steadyBuyers(s, activityId, log.onAttempt);
+      const load = steadyBuyers(s, activityId, { skuId: 'tea', onAttempt: log.onAttempt });
       try {
         for (const { node } of kafkaClusterNodes(p)) {
           const before = await countOrders(sql, activityId);
@@ -178,7 +114,7 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
       const got = await answersToOrders(sql, activityId, load.answers);
       v.push(...got.violations);
       deaths = s.deaths.map((d) => `${d.role} (${d.signal ?? d.code})`);
-      sale = undefined;
+      f.sale = undefined;
       console.log(
         `kafka rolling restart: ${JSON.stringify({ buyers: load.answers.length, '202': got.accepted, orders: got.orders, restarts })}`,
       );
@@ -195,8 +131,7 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
         },
       });
     } finally {
-      await admin.disconnect();
-      await sql.end();
+      await close();
     }
     const text = formatViolations(v);
     if (text !== '') process.stderr.write(`kafka rolling restart role output:\n${roleOutput}\n`);
@@ -209,13 +144,9 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
 
   test('partitions added to the orders topic mid-sale carry orders, and the consumer group reads them', async () => {
     const t0 = Date.now();
+    const servers = f.servers;
     const activityId = uniqueId('f-kparts');
-    const items = [{ skuId: 'tea', name: '龙井 明前 250g', price: '128.00', stock: STOCK, limitPerUser: 1 }];
-    await prepareActivity(servers, activityId, items, { partitions: PARTITIONS, replicationFactor: 3 });
-    const topics = topicsFor(activityId);
-    const admin = createKafka(servers.kafkaBrokers, `faults-${activityId}-admin`).admin();
-    await admin.connect();
-    const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    const { topics, admin, sql, close } = await f.activity(activityId, TEA, PARTITIONS);
     const log = answerLog();
     const v: Violation[] = [];
     let figures: Record<string, number> = {};
@@ -223,10 +154,10 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
     let deaths: string[] = ['(not run)'];
     const added = Array.from({ length: PARTITIONS }, (_, i) => PARTITIONS + i);
     try {
-      sale = new Sale({ servers, activityId });
-      const s = sale;
+      const s = new Sale({ servers, activityId });
+      f.sale = s;
       await s.start();
-      const load = steadyBuyers(s, activityId, log.onAttempt);
+      const load = steadyBuyers(s, activityId, { skuId: 'tea', onAttempt: log.onAttempt });
       let usedAfterMs = -1;
       let readAfterMs = -1;
       let sharedAfterMs = -1;
@@ -308,7 +239,7 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
       roleOutput = s.output();
       await s.stop();
       deaths = s.deaths.map((d) => `${d.role} (${d.signal ?? d.code})`);
-      sale = undefined;
+      f.sale = undefined;
       v.push(...rec.violations, ...log.violations());
       const got = await answersToOrders(sql, activityId, load.answers);
       v.push(...got.violations);
@@ -328,8 +259,7 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
       };
       console.log(`kafka partitions added: ${JSON.stringify(figures)}`);
     } finally {
-      await admin.disconnect();
-      await sql.end();
+      await close();
     }
     const text = formatViolations(v);
     recordRun({

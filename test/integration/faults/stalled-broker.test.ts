@@ -11,24 +11,14 @@ import { Partitioners } from 'kafkajs';
 import type { PartitionMetadata } from 'kafkajs';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import pg from 'pg';
-import { createKafka, topicsFor } from '../../../core/kafka.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import {
-  Sale,
-  answersToOrders,
-  buyers,
-  prepareActivity,
-  recoverAndCheck,
-} from '../../faults/harness/sale.js';
-import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
-import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
-import type { PrivateServers } from '../../faults/harness/servers.js';
+import { Sale, answersToOrders, buyers, recoverAndCheck } from '../../faults/harness/sale.js';
+import type { BuyerAnswer } from '../../faults/harness/sale.js';
+import { privateKafkaSale } from '../../faults/harness/private-sale.js';
 import { waitFor } from '../../../dev/roles.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
-import type { FreshDatabase } from '../../../dev/servers.js';
+import { uniqueId } from '../../../dev/servers.js';
 
 const STOCK = 40;
 const PARTITIONS = 3;
@@ -42,28 +32,13 @@ const DRAIN_BOUND_MS = 60_000;
 const LIVE_BOUND_MS = 15_000;
 
 describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
-  let priv: PrivateServers | undefined;
-  let db: FreshDatabase;
-  let servers: Servers;
-  let sale: Sale | undefined;
   let frozenPid = 0;
-
-  beforeAll(async () => {
-    priv = await startPrivateServers(['kafka-cluster']);
-    db = await freshDatabase();
-    servers = {
-      databaseUrl: db.url,
-      redisUrl: testEnv().redisUrl,
-      kafkaBrokers: priv.env.KAFKA_CLUSTER_BROKERS!.split(','),
-    };
-  }, 240_000);
-
-  afterAll(async () => {
+  // Declared before the fixture's, so it runs first (jest-circus runs afterAll hooks in order): the
+  // frozen broker is thawed before the sale and the cluster are stopped.
+  afterAll(() => {
     if (frozenPid) process.kill(frozenPid, 'SIGCONT');
-    await sale?.stop();
-    await db?.drop();
-    if (priv) await stopPrivateServers(priv);
-  }, 180_000);
+  });
+  const f = privateKafkaSale();
 
   // Which broker is frozen. A partition leader alone gives the consumer no reason to read metadata
   // again, only fetches to it that time out (the case the kafkajs patch is for). The group's
@@ -90,18 +65,14 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
     '$frozen: every 202 is exactly one order with it still frozen',
     async (c) => {
       const t0 = Date.now();
-      const p = priv!;
+      const p = f.priv;
+      const servers = f.servers;
       const activityId = uniqueId('f-kstall');
-      await prepareActivity(
-        servers,
+      const { topics, admin, sql, close } = await f.activity(
         activityId,
         [{ skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: STOCK, limitPerUser: 1 }],
-        { partitions: PARTITIONS, replicationFactor: 3 },
+        PARTITIONS,
       );
-      const topics = topicsFor(activityId);
-      const admin = createKafka(servers.kafkaBrokers, `faults-${activityId}-admin`).admin();
-      await admin.connect();
-      const sql = new pg.Pool({ connectionString: db.url, max: 2 });
       const v: Violation[] = [];
       let figures: Record<string, number> = {};
       try {
@@ -138,7 +109,7 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
           size: number,
           ids = Array.from({ length: size }, (_, i) => `${activityId}-${name}${i}`),
         ): Promise<BuyerAnswer[]> =>
-          buyers(sale!, activityId, ids, { skuId: 'rice', concurrency: 6, maxAttempts: 400 });
+          buyers(sale, activityId, ids, { skuId: 'rice', concurrency: 6, maxAttempts: 400 });
         /**
          * `size` buyers of whom `onLeader` have their orders (keyed by buyer) in a partition that
          * `leader` leads, by the relay's own partitioner, when it leads one: so that the wave
@@ -165,7 +136,8 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
           return [...meet, ...rest];
         };
 
-        sale = new Sale({ servers, activityId });
+        const sale = new Sale({ servers, activityId });
+        f.sale = sale;
         await sale.start();
         // Half the stock ordered through every partition, so the consumer group is running and
         // fetching from every leader when one of them stalls.
@@ -225,10 +197,9 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
         };
         expect(got.accepted).toBe(STOCK);
       } finally {
-        await admin.disconnect().catch(() => undefined);
-        await sql.end();
-        await sale?.stop();
-        sale = undefined;
+        await close();
+        await f.sale?.stop();
+        f.sale = undefined;
         if (frozenPid) process.kill(frozenPid, 'SIGCONT');
         frozenPid = 0;
         const text = formatViolations(v);

@@ -20,7 +20,7 @@ import pg from 'pg';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
 import { Sale, answerLog, buyers, prepareActivity, recoverAndCheck } from '../../faults/harness/sale.js';
-import { privateRedisSale } from '../../faults/harness/private-redis.js';
+import { privateRedisSale } from '../../faults/harness/private-sale.js';
 import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { waitFor } from '../../../dev/roles.js';

@@ -26,8 +26,8 @@ import {
   redisOf,
   sleep,
 } from '../../faults/harness/sale.js';
-import { privateRedisSale } from '../../faults/harness/private-redis.js';
-import type { PrivateRedisSale } from '../../faults/harness/private-redis.js';
+import { privateRedisSale } from '../../faults/harness/private-sale.js';
+import type { PrivateSale } from '../../faults/harness/private-sale.js';
 import type { BuyerAnswer } from '../../faults/harness/sale.js';
 import { uniqueId } from '../../../dev/servers.js';
 import { waitFor } from '../../../dev/roles.js';
@@ -216,7 +216,7 @@ describe('Sentinel: a planned failover of the primary mid-sale', () => {
  * few seconds and retrying every 5xx with the same requestId; every answer is kept.
  */
 async function saleUnderLoad(
-  f: PrivateRedisSale,
+  f: PrivateSale,
   prefix: string,
   ack: 'local' | 'replica',
 ): Promise<{ activityId: string; attempts: BuyerAnswer[]; loads: Promise<BuyerAnswer[]>[] }> {
@@ -259,7 +259,7 @@ async function saleUnderLoad(
  * exactly one order, the pipeline drained with every invariant, and no unit left in any bucket.
  */
 async function expectEveryUnitSold(
-  f: PrivateRedisSale,
+  f: PrivateSale,
   activityId: string,
   [hot, bkt]: BuyerAnswer[][],
 ): Promise<void> {
@@ -294,7 +294,7 @@ async function expectEveryUnitSold(
  * 503 in the log.
  */
 async function expectSoldThroughFailover(
-  f: PrivateRedisSale,
+  f: PrivateSale,
   activityId: string,
   attempts: BuyerAnswer[],
   loads: Promise<BuyerAnswer[]>[],
