@@ -14,7 +14,15 @@ import type { PartitionMetadata } from 'kafkajs';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import { Sale, answersToOrders, buyers, recoverAndCheck } from '../../faults/harness/sale.js';
+import {
+  Sale,
+  answerLog,
+  answersToOrders,
+  buyers,
+  recoverAndCheck,
+  sleep,
+  steadyBuyers,
+} from '../../faults/harness/sale.js';
 import type { BuyerAnswer } from '../../faults/harness/sale.js';
 import { kafkaClusterNodes, killKafkaNode, restartKafkaNode } from '../../faults/harness/servers.js';
 import { privateKafkaSale } from '../../faults/harness/private-sale.js';
@@ -27,8 +35,12 @@ const STOCK = heavy ? 120 : 40;
 // the first wave takes half the stock, so the second one still sells while its broker dies.
 const WAVES = heavy ? [60, 180] : [80];
 const PARTITIONS = 3;
+/** How long two of the three brokers stay down: long enough for every client's retries to back off. */
+const OUTAGE_MS = 30_000;
+/** Both brokers back to every order in PostgreSQL: their start, a re-election, and slack. */
+const DRAIN_AFTER_OUTAGE_MS = 60_000;
 
-describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3, min.insync.replicas 2)', () => {
+describe('window 18 (Kafka): brokers of three SIGKILLed mid-sale (replication 3, min.insync.replicas 2)', () => {
   const f = privateKafkaSale();
 
   test('every 202 is exactly one order, no duplicate, no gap, with the leader of a partition killed', async () => {
@@ -167,5 +179,112 @@ describe('window 18 (Kafka): a broker of three SIGKILLed mid-sale (replication 3
     if (text !== '') process.stderr.write(`window 18 role output:\n${roleOutput}\n`);
     expect(text).toBe('');
     expect(acceptedCount).toBe(STOCK); // oversubscribed: the whole stock, once
+  }, 600_000);
+
+  // Two brokers of three lost at once (a zone of a two-zone layout, a bad rollout): no partition
+  // has min.insync.replicas in sync and the controllers have no quorum, so no write can be
+  // acknowledged until one comes back. A reservation never waits for Kafka: buyers go on getting
+  // their 202s, the outbox in Redis holds the half messages, and once both brokers are back (as
+  // their pods restart) every one becomes exactly one order, within DRAIN_AFTER_OUTAGE_MS.
+  test('two brokers of three lost: buyers still answered, every 202 one order once they are back', async () => {
+    const t0 = Date.now();
+    const p = f.priv;
+    const servers = f.servers;
+    const activityId = uniqueId('f-kmajority');
+    const items = [{ skuId: 'tea', name: '龙井 明前 250g', price: '128.00', stock: 5_000, limitPerUser: 1 }];
+    const { sql, close } = await f.activity(activityId, items, PARTITIONS);
+    const v: Violation[] = [];
+    const log = answerLog();
+    let accepted202: number[] = [];
+    let figures: Record<string, number> = {};
+    let roleOutput = '';
+    let deaths: string[] = ['(not run)'];
+    try {
+      const countOrders = async (): Promise<number> =>
+        Number(
+          (
+            await sql.query<{ n: string }>('SELECT count(*)::text AS n FROM orders WHERE activity_id = $1', [
+              activityId,
+            ])
+          ).rows[0]!.n,
+        );
+      const s = new Sale({ servers, activityId });
+      f.sale = s;
+      await s.start();
+      const load = steadyBuyers(s, activityId, {
+        skuId: 'tea',
+        onAttempt: (a) => {
+          log.onAttempt(a);
+          if (a.status === 202) accepted202.push(Date.now());
+        },
+      });
+      let downAt = 0;
+      let backAt = 0;
+      try {
+        await waitFor('orders flowing through Kafka', async () => (await countOrders()) >= 10, 120_000, 100);
+        const lost = kafkaClusterNodes(p)
+          .slice(1)
+          .map((n) => n.node);
+        downAt = Date.now();
+        await Promise.all(lost.map((node) => killKafkaNode(p, node)));
+        accepted202 = [];
+        await sleep(OUTAGE_MS);
+        const answeredDuringOutage = accepted202.length;
+        const ordersAtReturn = await countOrders();
+        await Promise.all(lost.map((node) => restartKafkaNode(p, node)));
+        backAt = Date.now();
+        // Buyers keep coming after the return, so the roles are seen working again, not only draining.
+        await waitFor(
+          'orders flowing again',
+          async () => (await countOrders()) >= ordersAtReturn + 10,
+          180_000,
+          250,
+        );
+        figures = {
+          'brokers lost': lost.length,
+          'outage ms': backAt - downAt,
+          '202 during the outage': answeredDuringOutage,
+        };
+      } finally {
+        await load.stop();
+      }
+      const rec = await recoverAndCheck(servers, activityId, DRAIN_AFTER_OUTAGE_MS);
+      roleOutput = s.output();
+      await s.stop();
+      deaths = s.deaths.map((d) => `${d.role} (${d.signal ?? d.code})`);
+      f.sale = undefined;
+      v.push(...rec.violations, ...log.violations());
+      const got = await answersToOrders(sql, activityId, load.answers);
+      v.push(...got.violations);
+      // The last order reserved during the outage reached PostgreSQL this long after the brokers were back.
+      const { rows } = await sql.query<{ at: Date | null }>(
+        'SELECT max(created_at) AS at FROM orders WHERE activity_id = $1 AND reserved_at BETWEEN $2 AND $3',
+        [activityId, new Date(downAt), new Date(backAt)],
+      );
+      figures = {
+        ...figures,
+        buyers: load.answers.length,
+        '202': got.accepted,
+        orders: got.orders,
+        lost: got.lost,
+        duplicated: got.duplicated,
+        'outage orders written after the return ms': rows[0]?.at ? rows[0].at.getTime() - backAt : -1,
+      };
+      expect(figures['202 during the outage']).toBeGreaterThan(0);
+    } finally {
+      await close();
+    }
+    const text = formatViolations(v);
+    console.log(`window 18 (Kafka majority lost) figures: ${JSON.stringify(figures)}`);
+    recordRun({
+      scenario: 'window 18 (Kafka majority lost)',
+      outcome: text === '' && deaths.length === 0 ? 'pass' : 'fail',
+      ms: Date.now() - t0,
+      figures,
+      ...(text ? { detail: text } : {}),
+    });
+    if (text !== '') process.stderr.write(`window 18 (majority lost) role output:\n${roleOutput}\n`);
+    expect(text).toBe('');
+    expect(deaths).toEqual([]);
   }, 600_000);
 });
