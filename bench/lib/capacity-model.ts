@@ -37,6 +37,13 @@ export interface CapacityFigures {
   /** Wall-clock rates of the single relay and the single consumer process (shared machine). */
   relayRate: number;
   consumerRate: number;
+  /**
+   * Redis memory (INFO used_memory) per reservation while its half message waits in the outbox and
+   * its ledger entry is unconfirmed (the relay stopped, as during a Kafka outage), and once its
+   * order is written (what stays until the activity's cleanup). Bytes; absent in older runs.
+   */
+  redisBytesWaiting?: number;
+  redisBytesKept?: number;
 }
 
 /** Planning parameters (docs/capacity.md, "The model"). */
@@ -75,6 +82,8 @@ export interface Plan {
   /** Broker cores for produce + consume at replication 1, times the replication factor (estimate). */
   kafkaCores: number | undefined;
   postgresCores: number | undefined;
+  /** Redis memory that a minute of the peak's reservations holds while Kafka is away (all primaries). */
+  redisBytesPerOutageMinute: number | undefined;
 }
 
 const ceil = (x: number): number => Math.max(1, Math.ceil(x - 1e-9));
@@ -107,11 +116,15 @@ export function plan(f: CapacityFigures, peak: number, p: PlanParams = DEFAULT_P
     kafkaPartitions: consumers * p.partitionsPerConsumer,
     kafkaCores: kafkaUs === undefined ? undefined : cores(peak, kafkaUs, p),
     postgresCores: f.postgresUs === undefined ? undefined : cores(peak, f.postgresUs, p),
+    redisBytesPerOutageMinute:
+      f.redisBytesWaiting === undefined ? undefined : peak * 60 * f.redisBytesWaiting,
   };
 }
 
 const int = (x: number): string => Math.round(x).toLocaleString('en-US');
 const one = (x: number | undefined): string => (x === undefined ? 'not measured' : x.toFixed(1));
+const mb = (bytes: number | undefined): string =>
+  bytes === undefined ? 'not measured' : `${int(bytes / 2 ** 20)} MiB`;
 const perCore = (us: number | undefined): string =>
   us === undefined || us <= 0 ? 'not measured' : int(1e6 / us);
 
@@ -147,15 +160,19 @@ export function renderCapacityBlock(f: CapacityFigures, p: PlanParams = DEFAULT_
     '',
     `Wall-clock rates of one process each on this shared machine: relay ${int(f.relayRate)} orders/s, consumer ${int(f.consumerRate)} orders/s.`,
     '',
+    f.redisBytesWaiting === undefined || f.redisBytesKept === undefined
+      ? 'Redis memory per reservation: not measured in this run.'
+      : `Redis memory per reservation (INFO used_memory): ${int(f.redisBytesWaiting)} bytes while its order is on its way (the outbox entry and the unconfirmed ledger entry with the rest; the relay stopped, as during a Kafka outage), ${int(f.redisBytesKept)} bytes once the order is written (stock, the buyer's keys and the result, until the activity's cleanup).`,
+    '',
     `Worked examples (utilisation ${p.utilisation}, ${p.bucketsPerPrimary} buckets per primary, ${p.partitionsPerConsumer} partitions per consumer, Kafka replication ${p.replicationFactor}):`,
     '',
-    '| Peak reservations/s | Redis µs per reservation | Redis primaries (+ replicas) | hot-SKU buckets | relay processes | consumer processes | Kafka partitions | Kafka broker cores (est.) | PostgreSQL cores |',
-    '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+    '| Peak reservations/s | Redis µs per reservation | Redis primaries (+ replicas) | hot-SKU buckets | relay processes | consumer processes | Kafka partitions | Kafka broker cores (est.) | PostgreSQL cores | Redis memory a minute at the peak takes with Kafka away |',
+    '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
   );
   for (const peak of WORKED_PEAKS) {
     const x = plan(f, peak, p);
     l.push(
-      `| ${int(peak)} | ${one(x.redisUsPerReservation)} | ${x.redisPrimaries} (+${x.redisReplicas}) | ${x.hotSkuBuckets} | ${x.relayProcesses} | ${x.consumerProcesses} | ${x.kafkaPartitions} | ${one(x.kafkaCores)} | ${one(x.postgresCores)} |`,
+      `| ${int(peak)} | ${one(x.redisUsPerReservation)} | ${x.redisPrimaries} (+${x.redisReplicas}) | ${x.hotSkuBuckets} | ${x.relayProcesses} | ${x.consumerProcesses} | ${x.kafkaPartitions} | ${one(x.kafkaCores)} | ${one(x.postgresCores)} | ${mb(x.redisBytesPerOutageMinute)} |`,
     );
   }
   l.push('', BLOCK_END);

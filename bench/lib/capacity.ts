@@ -12,6 +12,8 @@
  *    CPU per message.
  * 4. The consumer alone is continued until the unconfirmed ledger is empty (every reservation an
  *    order): consumer, PostgreSQL, Redis and broker CPU per order.
+ * Redis memory (INFO used_memory) is read before 2, after 2 (what N reservations hold while their
+ * orders wait, as during a Kafka outage) and after 4 (what stays until the activity's cleanup).
  * The CPU figures come from /proc (role processes, the broker, the postmaster and its backends)
  * and INFO cpu (Redis). The broker and PostgreSQL are found through their pid files in the
  * benchmark's state dir or FLASHSALE_STATE (test/env/env-up.sh); otherwise they are reported as
@@ -40,6 +42,21 @@ function cpuPressureSomeUs(): number | undefined {
   } catch {
     return undefined;
   }
+}
+
+/**
+ * Redis's used_memory once the connections the phase closed are gone (their buffers would count):
+ * read after a short pause, the smallest of three reads.
+ */
+async function redisUsedMemory(redis: Redis): Promise<number> {
+  const reads: number[] = [];
+  for (let i = 0; i < 3; i += 1) {
+    await new Promise((r) => setTimeout(r, 200));
+    const m = /used_memory:(\d+)/.exec(await redis.info('memory'));
+    if (!m) throw new Error('capacity: INFO memory without used_memory');
+    reads.push(Number(m[1]));
+  }
+  return Math.min(...reads);
 }
 
 interface Sample {
@@ -139,6 +156,7 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
     const warm = await reservations(ctx, activityId);
     process.kill(relay.pid, 'SIGSTOP');
     process.kill(consumer.pid, 'SIGSTOP');
+    const mem0 = await redisUsedMemory(ctx.redis);
 
     // 2. Redis alone.
     const half = Math.floor(n / 2);
@@ -160,6 +178,7 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
     }
     const made = (await reservations(ctx, activityId)) - warm;
     if (made !== n) throw new Error(`capacity: ${made} of ${n} reserve calls reserved`);
+    const memWaiting = await redisUsedMemory(ctx.redis);
     log(
       `capacity: reserve ${unpipedUs.toFixed(1)} µs one call at a time, ${pipedUs.toFixed(1)} µs 50 in flight on one connection`,
     );
@@ -190,6 +209,7 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
       ).rows[0]?.n ?? 0,
     );
     if (orders !== warm + n) throw new Error(`capacity: ${orders} orders for ${warm + n} reservations`);
+    const memKept = await redisUsedMemory(ctx.redis);
 
     const psi1 = cpuPressureSomeUs();
     const secs = (performance.now() - t0) / 1000;
@@ -225,6 +245,8 @@ export async function capacity(ctx: Ctx): Promise<CapacityFigures> {
       kafkaConsumeUs: per(c0.kafka, c1.kafka),
       relayRate: (n * 1000) / (r1.at - r0.at),
       consumerRate: (n * 1000) / (c1.at - c0.at),
+      redisBytesWaiting: (memWaiting - mem0) / n,
+      redisBytesKept: (memKept - mem0) / n,
     };
     log(`capacity: ${JSON.stringify(figures)}`);
     return figures;

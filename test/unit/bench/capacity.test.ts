@@ -72,6 +72,18 @@ describe('capacity model', () => {
     );
   });
 
+  it('sizes the Redis memory a Kafka outage holds from the bytes a waiting reservation takes', () => {
+    const withMemory = { ...figures, redisBytesWaiting: 500, redisBytesKept: 200 };
+    // 10,000 reservations/s for 60 s, each 500 bytes until its order is written.
+    expect(plan(withMemory, 10_000).redisBytesPerOutageMinute).toBe(300_000_000);
+    const block = renderCapacityBlock(withMemory);
+    expect(block).toContain('500 bytes while its order is on its way');
+    expect(block).toContain('200 bytes once the order is written');
+    expect(block).toContain('| 286 MiB |');
+    expect(plan(figures, 10_000).redisBytesPerOutageMinute).toBeUndefined();
+    expect(renderCapacityBlock(figures)).toContain('Redis memory per reservation: not measured in this run.');
+  });
+
   it('replaces only the generated block of a page', () => {
     const page = `# T\n\nbefore\n\n${BLOCK_BEGIN}\nold\n${BLOCK_END}\n\nafter\n`;
     const out = replaceCapacityBlock(page, renderCapacityBlock(figures));
