@@ -220,7 +220,7 @@ function createCluster(conn: RedisConnection, options: RedisOptions): Cluster {
 }
 
 /**
- * XGROUP CREATE (BUSYGROUP ignored). ioredis does not know XGROUP's key position, so on a cluster
+ * XGROUP CREATE (BUSYGROUP ignored, and an OOM refusal when the group exists). ioredis does not know XGROUP's key position, so on a cluster
  * it would go to a random node (and an auto-pipelined MOVED is not followed): it is sent in a
  * pipeline behind a keyed command on the stream, which routes the pipeline to the stream's node.
  */
@@ -237,5 +237,20 @@ export async function createStreamGroup(
     .call('XGROUP', ...args)
     .exec();
   const err = replies?.[1]?.[0];
-  if (err && !/BUSYGROUP/.test(err.message)) throw err;
+  if (!err || /BUSYGROUP/.test(err.message)) return;
+  // A Redis at its maxmemory refuses XGROUP CREATE (a command that may grow memory) with OOM even
+  // when the group exists, where BUSYGROUP was meant: a relay (re)started then would never run,
+  // and draining the outbox is what frees that memory. So a refusal is checked against the
+  // groups the stream has (XINFO only reads).
+  if (await streamHasGroup(redis, stream, group)) return;
+  throw err;
+}
+
+/** Whether `stream` exists and has the consumer group `group` (routed to the stream's node). */
+async function streamHasGroup(redis: RedisClient, stream: string, group: string): Promise<boolean> {
+  const replies = await redis.pipeline().exists(stream).call('XINFO', 'GROUPS', stream).exec();
+  const groups = replies?.[1]?.[0] ? [] : replies?.[1]?.[1];
+  if (!Array.isArray(groups)) return false;
+  // RESP2: each group is a flat list of field, value pairs; its name follows 'name'.
+  return groups.some((g) => Array.isArray(g) && g.indexOf('name') >= 0 && g[g.indexOf('name') + 1] === group);
 }

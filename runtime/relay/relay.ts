@@ -392,11 +392,18 @@ export class Relay {
     crashPoint('relay-after-kafka-ack');
     const ids = entries.map((e) => e[0]);
     const stream = this.stream;
-    await this.options.redis
-      .multi()
-      .xack(stream, RELAY_GROUP, ...ids)
+    // Delete, then acknowledge: a relay that dies between the two leaves ids pending whose entries
+    // are gone, which the next reclaim only acknowledges; never an acknowledged entry left in the
+    // stream (a half message no relay would read again). Not a MULTI: a Redis at its maxmemory
+    // refuses every command queued in one, but takes XDEL and XACK, and deleting these entries is
+    // what frees its memory (test/integration/order-path/redis-full.test.ts).
+    const replies = await this.options.redis
+      .pipeline()
       .xdel(stream, ...ids)
+      .xack(stream, RELAY_GROUP, ...ids)
       .exec();
+    const failed = replies?.find(([err]) => err)?.[0];
+    if (failed) throw failed;
     this.options.metrics.relayPublished.inc({ activity: this.options.activityId }, entries.length);
     if (reclaimed)
       this.options.metrics.relayReclaimed.inc({ activity: this.options.activityId }, entries.length);

@@ -1,5 +1,5 @@
-// A describe block's own servers for a sale that breaks them: a Sentinel set, a Redis Cluster or a
-// three-broker Kafka cluster started on loopback by test/env/start-*.sh, a fresh database, and the
+// A describe block's own servers for a sale that breaks them: a single Redis, a Sentinel set, a Redis
+// Cluster or a three-broker Kafka cluster started on loopback by test/env/start-*.sh, a fresh database, and the
 // Servers the roles use (the suite's shared servers for the rest). The block's sale (set `sale`
 // once started) is stopped after the block, then the private servers.
 import type { Admin } from 'kafkajs';
@@ -81,10 +81,11 @@ function privateSale(
   };
 }
 
-/** A private Sentinel set or Redis Cluster; the suite's Kafka. */
-export function privateRedisSale(kind: 'redis-sentinel' | 'redis-cluster'): PrivateSale {
+/** A private single Redis, Sentinel set or Redis Cluster; the suite's Kafka. */
+export function privateRedisSale(kind: 'redis' | 'redis-sentinel' | 'redis-cluster'): PrivateSale {
   return privateSale(kind, (priv, db) => {
     const kafkaBrokers = testEnv().kafkaBrokers;
+    if (kind === 'redis') return { databaseUrl: db.url, redisUrl: priv.env.REDIS_URL!, kafkaBrokers };
     return kind === 'redis-cluster'
       ? clusterServers(parseSentinels(priv.env.REDIS_CLUSTER_NODES!.split(',')), db.url, kafkaBrokers)
       : sentinelServers(priv.env, db.url, kafkaBrokers);
