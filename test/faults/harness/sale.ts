@@ -490,6 +490,41 @@ export async function recoverAndCheck(
   }
 }
 
+/** What a sale run ended with: endSale's verdict. */
+export interface SaleEnd {
+  /** The invariants after the drain, every answer against the orders, and any 500 logged. */
+  violations: Violation[];
+  got: AnswersToOrders;
+  /** Every role death (`role (signal or code)`); empty when no role died. */
+  deaths: string[];
+  /** The roles' last output, for a failure's message. */
+  roleOutput: string;
+}
+
+/**
+ * Ends a sale run whose load has stopped: waits (bounded) for the drain, stops the roles, checks
+ * the invariants and every buyer's answer against the orders in PostgreSQL.
+ */
+export async function endSale(
+  s: Sale,
+  servers: Servers,
+  activityId: string,
+  sql: pg.Pool,
+  answers: readonly BuyerAnswer[],
+  o: { drainMs: number; log?: { violations: () => Violation[] } },
+): Promise<SaleEnd> {
+  const rec = await recoverAndCheck(servers, activityId, o.drainMs);
+  const roleOutput = s.output();
+  await s.stop();
+  const got = await answersToOrders(sql, activityId, answers);
+  return {
+    violations: [...rec.violations, ...(o.log?.violations() ?? []), ...got.violations],
+    got,
+    deaths: s.deaths.map((d) => `${d.role} (${d.signal ?? d.code})`),
+    roleOutput,
+  };
+}
+
 /** A small seeded PRNG (mulberry32) so any randomized run replays exactly from its seed. */
 export function prng(seed: number): { next: () => number; int: (lo: number, hi: number) => number } {
   let a = seed >>> 0;

@@ -19,6 +19,7 @@ import {
   answerLog,
   answersToOrders,
   buyers,
+  endSale,
   recoverAndCheck,
   sleep,
   steadyBuyers,
@@ -248,14 +249,14 @@ describe('window 18 (Kafka): brokers of three SIGKILLed mid-sale (replication 3,
       } finally {
         await load.stop();
       }
-      const rec = await recoverAndCheck(servers, activityId, DRAIN_AFTER_OUTAGE_MS);
-      roleOutput = s.output();
-      await s.stop();
-      deaths = s.deaths.map((d) => `${d.role} (${d.signal ?? d.code})`);
+      const end = await endSale(s, servers, activityId, sql, load.answers, {
+        drainMs: DRAIN_AFTER_OUTAGE_MS,
+        log,
+      });
       f.sale = undefined;
-      v.push(...rec.violations, ...log.violations());
-      const got = await answersToOrders(sql, activityId, load.answers);
-      v.push(...got.violations);
+      ({ roleOutput, deaths } = end);
+      const got = end.got;
+      v.push(...end.violations);
       // The last order reserved during the outage reached PostgreSQL this long after the brokers were back.
       const { rows } = await sql.query<{ at: Date | null }>(
         'SELECT max(created_at) AS at FROM orders WHERE activity_id = $1 AND reserved_at BETWEEN $2 AND $3',

@@ -15,13 +15,7 @@ import type pg from 'pg';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import {
-  Sale,
-  answerLog,
-  answersToOrders,
-  recoverAndCheck,
-  steadyBuyers,
-} from '../../faults/harness/sale.js';
+import { Sale, answerLog, endSale, steadyBuyers } from '../../faults/harness/sale.js';
 import { kafkaClusterNodes, restartKafkaNode, stopKafkaNode } from '../../faults/harness/servers.js';
 import { privateKafkaSale } from '../../faults/harness/private-sale.js';
 import { waitFor } from '../../../dev/roles.js';
@@ -107,14 +101,11 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
       } finally {
         await load.stop();
       }
-      const rec = await recoverAndCheck(servers, activityId, 120_000);
-      roleOutput = s.output();
-      await s.stop();
-      v.push(...rec.violations, ...log.violations());
-      const got = await answersToOrders(sql, activityId, load.answers);
-      v.push(...got.violations);
-      deaths = s.deaths.map((d) => `${d.role} (${d.signal ?? d.code})`);
+      const end = await endSale(s, servers, activityId, sql, load.answers, { drainMs: 120_000, log });
       f.sale = undefined;
+      ({ roleOutput, deaths } = end);
+      const got = end.got;
+      v.push(...end.violations);
       console.log(
         `kafka rolling restart: ${JSON.stringify({ buyers: load.answers.length, '202': got.accepted, orders: got.orders, restarts })}`,
       );
@@ -235,14 +226,11 @@ describe('Kafka maintenance: a rolling restart of three brokers under a running 
       } finally {
         await load.stop();
       }
-      const rec = await recoverAndCheck(servers, activityId, 120_000);
-      roleOutput = s.output();
-      await s.stop();
-      deaths = s.deaths.map((d) => `${d.role} (${d.signal ?? d.code})`);
+      const end = await endSale(s, servers, activityId, sql, load.answers, { drainMs: 120_000, log });
       f.sale = undefined;
-      v.push(...rec.violations, ...log.violations());
-      const got = await answersToOrders(sql, activityId, load.answers);
-      v.push(...got.violations);
+      ({ roleOutput, deaths } = end);
+      const got = end.got;
+      v.push(...end.violations);
       const { rows } = await sql.query<{ max_ms: string | null }>(
         `SELECT max(extract(epoch FROM created_at - reserved_at) * 1000)::bigint::text AS max_ms
            FROM orders WHERE activity_id = $1 AND reserved_at >= $2`,
