@@ -31,6 +31,18 @@ export function createMetrics(component: string, activityId?: string) {
       labelNames: ['activity'],
       registers: r,
     }),
+    redisMemoryUsed: new client.Gauge({
+      name: 'flashsale_redis_memory_used_bytes',
+      help: "Memory used by the activity's fullest Redis primary (INFO used_memory)",
+      labelNames: ['activity'],
+      registers: r,
+    }),
+    redisMemoryMax: new client.Gauge({
+      name: 'flashsale_redis_memory_max_bytes',
+      help: "maxmemory of the activity's fullest Redis primary (0: no limit)",
+      labelNames: ['activity'],
+      registers: r,
+    }),
     outboxOldestAge: new client.Gauge({
       name: 'flashsale_outbox_oldest_age_seconds',
       help: 'Age of the oldest half message',

@@ -254,3 +254,38 @@ async function streamHasGroup(redis: RedisClient, stream: string, group: string)
   // RESP2: each group is a flat list of field, value pairs; its name follows 'name'.
   return groups.some((g) => Array.isArray(g) && g.indexOf('name') >= 0 && g[g.indexOf('name') + 1] === group);
 }
+
+/** used_memory and maxmemory (0: no limit) of one Redis node, in bytes. */
+export interface RedisMemory {
+  usedBytes: number;
+  maxBytes: number;
+}
+
+/** INFO memory's used_memory and maxmemory. */
+export function parseRedisMemory(info: string): RedisMemory {
+  const field = (name: string): number => {
+    const m = new RegExp(`^${name}:(\\d+)\\s*$`, 'm').exec(info);
+    if (!m) throw new Error(`INFO memory has no ${name}`);
+    return Number(m[1]);
+  };
+  return { usedBytes: field('used_memory'), maxBytes: field('maxmemory') };
+}
+
+/** The fuller of two nodes: the higher share of its maxmemory; without limits, the more used. */
+export function fullerRedis(a: RedisMemory, b: RedisMemory): RedisMemory {
+  const share = (m: RedisMemory): number => (m.maxBytes > 0 ? m.usedBytes / m.maxBytes : 0);
+  if (share(a) !== share(b)) return share(a) > share(b) ? a : b;
+  return a.usedBytes >= b.usedBytes ? a : b;
+}
+
+/**
+ * The memory of the fullest primary a client writes to (every primary of a Cluster: a sale's
+ * buckets spread over them). A full primary (noeviction) refuses reservations; a Kafka outage fills
+ * it with half messages (docs/capacity.md, "Redis memory").
+ */
+export async function redisMemory(redis: RedisClient): Promise<RedisMemory> {
+  const nodes: Redis[] = redis instanceof Cluster ? redis.nodes('master') : [redis];
+  const each = await Promise.all(nodes.map(async (n) => parseRedisMemory(await n.info('memory'))));
+  if (each.length === 0) throw new Error('no Redis primary to read memory from');
+  return each.reduce(fullerRedis);
+}

@@ -16,6 +16,7 @@ import type { Pool } from '../../core/db/pool.js';
 import { consumerLag, dlqUnhandled, topicDepth } from '../../core/kafka.js';
 import type { TopicNames } from '../../core/kafka.js';
 import type { Metrics } from '../../core/metrics.js';
+import { redisMemory } from '../../core/redis.js';
 import type { RedisClient } from '../../core/scripts.js';
 
 /** Per-SKU gauges stop here: an activity with 100k SKUs must not explode label cardinality. */
@@ -101,11 +102,14 @@ export function gaugeSampler(d: GaugeDeps, opts: SamplerOptions = {}): () => Pro
   let gap: OrderGapReport | undefined;
   const samplers: Record<Sampler, () => Promise<void>> = {
     redis: async () => {
-      const [outbox, stock] = await Promise.all([
+      const [outbox, stock, memory] = await Promise.all([
         readOutbox(d.redis, d.activityId),
         readStock(d.redis, d.activityId),
+        redisMemory(d.redis),
       ]);
       d.metrics.outboxHalfMessages.set(a, outbox.halfMessages);
+      d.metrics.redisMemoryUsed.set(a, memory.usedBytes);
+      d.metrics.redisMemoryMax.set(a, memory.maxBytes);
       d.metrics.outboxOldestAge.set(a, outbox.oldestAgeSeconds);
       for (const s of stock.skus.slice(0, MAX_SKU_SERIES))
         d.metrics.stockRemaining.set({ activity: d.activityId, sku: s.skuId }, s.remaining);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Starts a private Redis on a free loopback port (AOF on, so a restart keeps what was acknowledged).
+# Starts a private Redis on a free loopback port (AOF on, so a restart keeps what was acknowledged;
+# maxmemory 2gb with noeviction, as docs/install.md asks of a sale's Redis).
 # Usage: start-redis.sh STATE_DIR   (writes STATE_DIR/redis.env and redis.pid)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -21,6 +22,9 @@ dir $data
 save ""
 appendonly yes
 appendfsync always
+# As docs/install.md asks of a sale's Redis: a limit, and refusals rather than evictions when full.
+maxmemory 2gb
+maxmemory-policy noeviction
 daemonize yes
 pidfile $state/redis.pid
 # The config path in the process title lets env-down.sh find this server by its state dir.

@@ -190,6 +190,15 @@ describe('sale overview', () => {
     expect(redAt('New dead letters')).toBe(1);
   });
 
+  it("draws FlashSaleRedisMemoryHigh's threshold on the order pipeline's Redis memory", () => {
+    const pipeline = load(path.join(chartDir, 'files', 'dashboards', 'flashsale-order-pipeline.json'));
+    const panel = pipeline.panels.find((p) => p.title === 'Redis memory (fullest primary)');
+    expect(panel?.fieldConfig?.defaults?.thresholds?.steps.find((s) => s.color === 'red')?.value).toBe(
+      thresholds.redisMemoryRatio,
+    );
+    expect(panel?.targets?.[0]?.expr).toContain('flashsale_redis_memory_max_bytes');
+  });
+
   it('leaves probes and the sold-out fast path out of the reserve latency', () => {
     const expr = byTitle.get('Reserve p99 (accepted reservations)')?.targets?.[0]?.expr ?? '';
     expect(expr).toContain('route="/v1/activities/:activityId/orders", method="POST", code="202"');

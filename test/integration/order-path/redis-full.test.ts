@@ -23,7 +23,9 @@ import {
   recoverAndCheck,
 } from '../../faults/harness/sale.js';
 import type { BuyerAnswer } from '../../faults/harness/sale.js';
+import { request } from 'undici';
 import { waitFor } from '../../../dev/roles.js';
+import { sample } from '../../fixtures/metrics-text.js';
 import { uniqueId } from '../../../dev/servers.js';
 
 describe('Redis at its maxmemory with half messages held, every role restarted', () => {
@@ -108,6 +110,22 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
         async () => (await admin.xlen(keys.outbox)) === 0,
         30_000,
         250,
+      );
+      // The gauges say so (FlashSaleRedisMemoryHigh): the restarted consumer's redis sampler reads
+      // the limit and the memory above it.
+      const memory = { used: NaN, max: NaN };
+      await waitFor(
+        'the Redis memory gauges of the full Redis',
+        async () => {
+          const text = await request(`${s.current.get('consumer')!.metricsUrl}/metrics`).then((r) =>
+            r.body.text(),
+          );
+          memory.used = sample(text, 'flashsale_redis_memory_used_bytes', { activity: activityId });
+          memory.max = sample(text, 'flashsale_redis_memory_max_bytes', { activity: activityId });
+          return memory.max === 1 && memory.used > 1;
+        },
+        30_000,
+        500,
       );
       // The restarted api answers, and still refuses what it cannot write.
       const again = await buyers(s, activityId, wave('d', 5), { ...opts, maxAttempts: 1 });
