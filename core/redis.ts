@@ -220,9 +220,10 @@ function createCluster(conn: RedisConnection, options: RedisOptions): Cluster {
 }
 
 /**
- * XGROUP CREATE (BUSYGROUP ignored, and an OOM refusal when the group exists). ioredis does not know XGROUP's key position, so on a cluster
- * it would go to a random node (and an auto-pipelined MOVED is not followed): it is sent in a
- * pipeline behind a keyed command on the stream, which routes the pipeline to the stream's node.
+ * XGROUP CREATE (BUSYGROUP ignored, and an OOM refusal when the group exists). ioredis does not
+ * know XGROUP's key position, so on a cluster it would go to a random node (and an auto-pipelined
+ * MOVED is not followed): it is sent in a pipeline behind a keyed command on the stream, which
+ * routes the pipeline to the stream's node.
  */
 export async function createStreamGroup(
   redis: RedisClient,
@@ -252,7 +253,10 @@ async function streamHasGroup(redis: RedisClient, stream: string, group: string)
   const groups = replies?.[1]?.[0] ? [] : replies?.[1]?.[1];
   if (!Array.isArray(groups)) return false;
   // RESP2: each group is a flat list of field, value pairs; its name follows 'name'.
-  return groups.some((g) => Array.isArray(g) && g.indexOf('name') >= 0 && g[g.indexOf('name') + 1] === group);
+  return groups.some((g) => {
+    const at = Array.isArray(g) ? g.indexOf('name') : -1;
+    return at >= 0 && (g as unknown[])[at + 1] === group;
+  });
 }
 
 /** used_memory and maxmemory (0: no limit) of one Redis node, in bytes. */
