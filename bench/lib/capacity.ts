@@ -24,6 +24,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
+import { parseRedisMemory } from '../../core/redis.js';
 import { benchItem, openActivity, redisCpuS } from './context.js';
 import type { Ctx } from './context.js';
 import { renderCapacityBlock, replaceCapacityBlock } from './capacity-model.js';
@@ -52,9 +53,7 @@ async function redisUsedMemory(redis: Redis): Promise<number> {
   const reads: number[] = [];
   for (let i = 0; i < 3; i += 1) {
     await new Promise((r) => setTimeout(r, 200));
-    const m = /used_memory:(\d+)/.exec(await redis.info('memory'));
-    if (!m) throw new Error('capacity: INFO memory without used_memory');
-    reads.push(Number(m[1]));
+    reads.push(parseRedisMemory(await redis.info('memory')).usedBytes);
   }
   return Math.min(...reads);
 }
