@@ -73,10 +73,11 @@ export async function retryTransient<T>(fn: () => Promise<T>, attempts = 5): Pro
   }
 }
 
-export async function setUp(poolSize = 10): Promise<Fixture> {
+/** A fresh database and the suite's Redis, or the Redis at `redisUrl` (a private one). */
+export async function setUp(poolSize = 10, redisUrl = testEnv().redisUrl): Promise<Fixture> {
   const db = await freshDatabase();
   const pool = testPool(db.url, poolSize, 'after-sale-test');
-  const redis = new Redis(testEnv().redisUrl, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
+  const redis = new Redis(redisUrl, { enableAutoPipelining: true, maxRetriesPerRequest: 3 });
   registerScripts(redis);
   const logger = createLogger('after-sale-test', process.env.TEST_LOG_LEVEL ?? 'silent');
   const metrics = createMetrics('after-sale-test');
