@@ -84,8 +84,14 @@ export function stockLeftOf(err: FlashSaleError): number | undefined {
   return data && data.length > 0 && Number.isFinite(left) ? left : undefined;
 }
 
-function countOf(consumed: unknown, ttlMs: unknown): WindowCount {
-  return { consumed: Number(consumed), ttlMs: Number(ttlMs) };
+/**
+ * The window a script's reply counted the submission in; undefined for 0 points, which a script
+ * that was passed a window answers only when Redis, at its maxmemory, refused the count
+ * (lua/includes/buyerWindow.lua): nothing counted, so there is no point to give back.
+ */
+function countOf(consumed: unknown, ttlMs: unknown): WindowCount | undefined {
+  const points = Number(consumed);
+  return points > 0 ? { consumed: points, ttlMs: Number(ttlMs) } : undefined;
 }
 
 /**

@@ -9,7 +9,8 @@
     ARGV[2] window seconds (>= 1)
 
   Output:
-    {1, consumed, ttlMs}   counted; consumed = points of this window, this one included
+    {1, consumed, ttlMs}   counted; consumed = points of this window, this one included;
+                           {1, 0, 0}: not counted, Redis is at its maxmemory
     {-43, ttlMs}           RATE_LIMITED: the window was used up (this point counted all the same)
 ]]
 --- @include "includes/buyerWindow"

@@ -17,7 +17,8 @@
                            which replays it (no point counted here nor there) or, for a marker
                            or an id reserved for another SKU or quantity, counts the point there
                            and refuses
-    {1, consumed, ttlMs}   not a replay: answer SOLD_OUT (consumed = 0 when no limit)
+    {1, consumed, ttlMs}   not a replay: answer SOLD_OUT (consumed = 0 when no limit, or
+                           when Redis at its maxmemory refused the count)
     {-43, ttlMs}           RATE_LIMITED: the window was used up
 ]]
 --- @include "includes/buyerWindow"

@@ -3,9 +3,18 @@
 -- the api's other limited routes, which still use that library, share this counter and window:
 -- an integer string that lives `seconds` from its first point, one point per submission, kept
 -- counting past the limit. `k` is the counter's index in KEYS. Returns the points of this window
--- (this one included) and the milliseconds until the window ends.
+-- (this one included) and the milliseconds until the window ends; 0, 0 when nothing was counted
+-- because Redis is at its maxmemory (noeviction: OOM). Then no script can write anything, so no
+-- reservation is made and the window guards nothing, but the answers that write nothing (a
+-- replay, sold out, the gate's, the eligibility's, limit reached) are still given instead of the
+-- refusal, so a buyer of a sold-out SKU hears SOLD_OUT rather than a 503 to retry. The refusal is
+-- the script's first write, so nothing is written before it and the script goes on.
 local function countWindow(k, seconds)
-  redis.call('SET', KEYS[k], 0, 'EX', seconds, 'NX')
+  local set = redis.pcall('SET', KEYS[k], 0, 'EX', seconds, 'NX')
+  if type(set) == 'table' and set.err then
+    if string.sub(set.err, 1, 4) == 'OOM ' then return 0, 0 end
+    error(set)
+  end
   local consumed = redis.call('INCRBY', KEYS[k], 1)
   local ttl = redis.call('PTTL', KEYS[k])
   if ttl == -1 then

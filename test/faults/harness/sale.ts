@@ -413,6 +413,15 @@ export interface AnswersToOrders {
   violations: Violation[];
 }
 
+/** The activity's orders in PostgreSQL, whatever their status. */
+export async function countOrders(sql: pg.Pool, activityId: string): Promise<number> {
+  const { rows } = await sql.query<{ n: string }>(
+    'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
+    [activityId],
+  );
+  return Number(rows[0]!.n);
+}
+
 export async function answersToOrders(
   sql: pg.Pool,
   activityId: string,

@@ -8,8 +8,12 @@
 // retry reserves and every invariant holds. A private Redis, the suite's Kafka and PostgreSQL.
 import { Redis } from 'ioredis';
 import pg from 'pg';
+import { loadActivity, setGate } from '../../../core/activity-cache.js';
+import type { CatalogItem } from '../../../core/model.js';
+import { dependencyOutage, FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
 import { createStreamGroup } from '../../../core/redis.js';
+import { reserve, soldOutCheck } from '../../../core/reservations.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { privateRedisSale } from '../../faults/harness/private-sale.js';
@@ -21,6 +25,7 @@ import {
   buyers,
   prepareActivity,
   recoverAndCheck,
+  countOrders,
 } from '../../faults/harness/sale.js';
 import type { BuyerAnswer } from '../../faults/harness/sale.js';
 import { request } from 'undici';
@@ -49,6 +54,88 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
     }
   });
 
+  test('with a per-buyer limit, the answers that write nothing are still given (SOLD_OUT, not 503), nothing is counted, a reservation is refused', async () => {
+    const redis = new Redis(f.servers.redisUrl, { maxRetriesPerRequest: 3 });
+    const window = { requests: 5, perSeconds: 60 };
+    const item = (skuId: string, stock: number, buckets?: number): CatalogItem => ({
+      skuId,
+      name: `item ${skuId}`,
+      price: '10.00',
+      stock,
+      limitPerUser: 1,
+      ...(buckets ? { buckets } : {}),
+    });
+    const load = async (gate: 'open' | 'pending'): Promise<string> => {
+      const id = uniqueId('full-shaped');
+      await loadActivity(redis, {
+        id,
+        generation: 1,
+        startAt: new Date(Date.now() - 60_000),
+        endAt: new Date(Date.now() + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: false,
+        items: [item('gone', 1), item('left', 5), item('hot', 2, 2)],
+      });
+      if (gate === 'open') await setGate(redis, id, 'open');
+      return id;
+    };
+    /** `ok:<kind>[:<points counted>]`, the error's code, or `refused` (a Redis refusal: 503). */
+    const answer = async (
+      call: () => Promise<{ kind: string; counted?: { consumed: number } | undefined }>,
+    ) => {
+      try {
+        const r = await call();
+        return `ok:${r.kind}${r.counted ? `:${r.counted.consumed}` : ''}`;
+      } catch (err) {
+        if (err instanceof FlashSaleError) return err.code;
+        if (dependencyOutage(err) === 'refused') return 'refused';
+        throw err;
+      }
+    };
+    const buy = (activityId: string, userId: string, skuId: string, requestId = `r-${skuId}`) =>
+      answer(() =>
+        reserve(redis, { activityId, userId, skuId, quantity: 1, requestId, traceId: 't', window }),
+      );
+    const check = (activityId: string, userId: string, skuId: string, requestId = `r-${skuId}`) =>
+      answer(() => soldOutCheck(redis, { activityId, userId, skuId, requestId, window }));
+    const counter = (activityId: string, userId: string) =>
+      redis.get(activityKeys(activityId).rateLimitKey('buyer', userId));
+    try {
+      const id = await load('open');
+      const pending = await load('pending');
+      expect(await buy(id, 'a', 'gone')).toBe('ok:reserved:1');
+      expect(await buy(id, 'a', 'hot')).toBe('ok:reserved:2');
+      expect(await buy(id, 'b', 'hot')).toBe('ok:reserved:1');
+
+      await redis.config('SET', 'maxmemory-policy', 'noeviction');
+      await redis.config('SET', 'maxmemory', '1');
+      // The reserve script's answers that write nothing: sold out, a replay, the gate.
+      expect(await buy(id, 'b', 'gone')).toBe('SOLD_OUT');
+      expect(await buy(id, 'a', 'gone')).toBe('ok:replayed');
+      expect(await buy(pending, 'b', 'gone')).toBe('NOT_STARTED');
+      // The sold-out fast path (soldOutCheck-2.lua; countWindow-1.lua for a bucketed SKU).
+      expect(await check(id, 'b', 'gone')).toBe('ok:sold-out');
+      expect(await check(id, 'c', 'hot')).toBe('ok:sold-out');
+      expect(await check(id, 'a', 'gone')).toBe('ok:replay');
+      // A reservation must write: refused, and nothing is written or counted.
+      expect(await buy(id, 'c', 'left')).toBe('refused');
+      expect([await counter(id, 'a'), await counter(id, 'b'), await counter(id, 'c')]).toEqual([
+        '2',
+        '1',
+        null,
+      ]);
+      expect(await redis.hget(activityKeys(id).sku('left'), 'stock')).toBe('5');
+
+      // Redis takes writes again: every submission counts as before.
+      await redis.config('SET', 'maxmemory', '0');
+      expect(await buy(id, 'c', 'left')).toBe('ok:reserved:1');
+      expect(await check(id, 'b', 'gone', 'r2')).toBe('ok:sold-out:2');
+    } finally {
+      await redis.config('SET', 'maxmemory', '0');
+      redis.disconnect();
+    }
+  });
+
   test('the restarted relay drains the outbox, buyers get 503, and a retry reserves once Redis takes writes', async () => {
     const activityId = uniqueId('redis-full');
     const servers = f.servers;
@@ -61,14 +148,7 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
     const log = answerLog();
     const v: Violation[] = [];
     const answers: BuyerAnswer[] = [];
-    const countOrders = async (): Promise<number> =>
-      Number(
-        (
-          await sql.query<{ n: string }>('SELECT count(*)::text AS n FROM orders WHERE activity_id = $1', [
-            activityId,
-          ])
-        ).rows[0]!.n,
-      );
+    const ordersNow = (): Promise<number> => countOrders(sql, activityId);
     const wave = (name: string, size: number): string[] =>
       Array.from({ length: size }, (_, i) => `${activityId}-${name}${i}`);
     try {
@@ -77,7 +157,7 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
       await s.start();
       const opts = { skuId: 'tea', concurrency: 4, onAttempt: log.onAttempt };
       answers.push(...(await buyers(s, activityId, wave('a', 10), opts)));
-      await waitFor('the first orders in PostgreSQL', async () => (await countOrders()) === 10, 60_000, 100);
+      await waitFor('the first orders in PostgreSQL', async () => (await ordersNow()) === 10, 60_000, 100);
 
       // Kafka away, as far as Redis can tell: the relay stands still while buyers reserve.
       process.kill(s.current.get('relay')!.proc.pid!, 'SIGSTOP');
@@ -100,7 +180,7 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
       // The restarted relay publishes the held half messages and deletes them: their orders land.
       await waitFor(
         'the held orders in PostgreSQL with Redis still full',
-        async () => (await countOrders()) === 30,
+        async () => (await ordersNow()) === 30,
         90_000,
         250,
       );
