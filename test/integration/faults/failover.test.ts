@@ -23,6 +23,7 @@ import {
   recoverAndCheck,
   redisOf,
   sleep,
+  countOrders,
 } from '../../faults/harness/sale.js';
 import { privateRedisSale } from '../../faults/harness/private-sale.js';
 import { restartRedisAsReplica } from '../../faults/harness/servers.js';
@@ -204,15 +205,7 @@ async function redisCli(port: string, ...args: string[]): Promise<string> {
         f.sale = new Sale({ servers: f.servers, activityId, env: { RESERVE_ACK: 'local' } });
         const s = f.sale;
         await s.start();
-        const ordersNow = async (): Promise<number> =>
-          Number(
-            (
-              await sql.query<{ n: string }>(
-                'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
-                [activityId],
-              )
-            ).rows[0]!.n,
-          );
+        const ordersNow = (): Promise<number> => countOrders(sql, activityId);
 
         // The replica falls behind: the primary refuses it replication (ACL) and drops its link,
         // so it keeps retrying without receiving anything while the primary goes on acknowledging

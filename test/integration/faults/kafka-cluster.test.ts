@@ -23,6 +23,7 @@ import {
   recoverAndCheck,
   sleep,
   steadyBuyers,
+  countOrders,
 } from '../../faults/harness/sale.js';
 import type { BuyerAnswer } from '../../faults/harness/sale.js';
 import { kafkaClusterNodes, killKafkaNode, restartKafkaNode } from '../../faults/harness/servers.js';
@@ -100,28 +101,21 @@ describe('window 18 (Kafka): brokers of three SIGKILLed mid-sale (replication 3,
       );
       expect(minInsync).toBe('2');
 
-      const countOrders = async (): Promise<number> =>
-        Number(
-          (
-            await sql.query<{ n: string }>('SELECT count(*)::text AS n FROM orders WHERE activity_id = $1', [
-              activityId,
-            ])
-          ).rows[0]!.n,
-        );
+      const ordersNow = (): Promise<number> => countOrders(sql, activityId);
 
       f.sale = new Sale({ servers, activityId });
       const s = f.sale;
       await s.start();
       expect(kafkaClusterNodes(p)).toHaveLength(3);
       for (let w = 0; w < WAVES.length; w += 1) {
-        const before = await countOrders();
+        const before = await ordersNow();
         const ids = Array.from({ length: WAVES[w]! }, (_, i) => `${activityId}-w${w}b${i}`);
         const load = buyers(s, activityId, ids, { skuId: 'rice', concurrency: 6, maxAttempts: 400 });
         // Mid-sale: orders are flowing through Kafka (some already in PostgreSQL) and buyers are
         // still arriving; then the leader of partition 0 dies without a word.
         await waitFor(
           'orders flowing through Kafka',
-          async () => (await countOrders()) >= before + 10,
+          async () => (await ordersNow()) >= before + 10,
           120_000,
           100,
         );
@@ -201,14 +195,7 @@ describe('window 18 (Kafka): brokers of three SIGKILLed mid-sale (replication 3,
     let roleOutput = '';
     let deaths: string[] = ['(not run)'];
     try {
-      const countOrders = async (): Promise<number> =>
-        Number(
-          (
-            await sql.query<{ n: string }>('SELECT count(*)::text AS n FROM orders WHERE activity_id = $1', [
-              activityId,
-            ])
-          ).rows[0]!.n,
-        );
+      const ordersNow = (): Promise<number> => countOrders(sql, activityId);
       const s = new Sale({ servers, activityId });
       f.sale = s;
       await s.start();
@@ -222,7 +209,7 @@ describe('window 18 (Kafka): brokers of three SIGKILLed mid-sale (replication 3,
       let downAt = 0;
       let backAt = 0;
       try {
-        await waitFor('orders flowing through Kafka', async () => (await countOrders()) >= 10, 120_000, 100);
+        await waitFor('orders flowing through Kafka', async () => (await ordersNow()) >= 10, 120_000, 100);
         const lost = kafkaClusterNodes(p)
           .slice(1)
           .map((n) => n.node);
@@ -231,13 +218,13 @@ describe('window 18 (Kafka): brokers of three SIGKILLed mid-sale (replication 3,
         accepted202 = [];
         await sleep(OUTAGE_MS);
         const answeredDuringOutage = accepted202.length;
-        const ordersAtReturn = await countOrders();
+        const ordersAtReturn = await ordersNow();
         await Promise.all(lost.map((node) => restartKafkaNode(p, node)));
         backAt = Date.now();
         // Buyers keep coming after the return, so the roles are seen working again, not only draining.
         await waitFor(
           'orders flowing again',
-          async () => (await countOrders()) >= ordersAtReturn + 10,
+          async () => (await ordersNow()) >= ordersAtReturn + 10,
           180_000,
           250,
         );

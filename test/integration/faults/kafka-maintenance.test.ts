@@ -11,11 +11,10 @@
 // are used.
 import type { PartitionMetadata } from 'kafkajs';
 import { AssignerProtocol } from 'kafkajs';
-import type pg from 'pg';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import { Sale, answerLog, endSale, steadyBuyers } from '../../faults/harness/sale.js';
+import { Sale, answerLog, endSale, steadyBuyers, countOrders } from '../../faults/harness/sale.js';
 import { kafkaClusterNodes, restartKafkaNode, stopKafkaNode } from '../../faults/harness/servers.js';
 import { privateKafkaSale } from '../../faults/harness/private-sale.js';
 import { waitFor } from '../../../dev/roles.js';
@@ -25,14 +24,6 @@ const PARTITIONS = 3;
 // More than the buyers of the whole run can take: the load lasts exactly as long as the restarts.
 const STOCK = 5_000;
 const TEA = [{ skuId: 'tea', name: '龙井 明前 250g', price: '128.00', stock: STOCK, limitPerUser: 1 }];
-
-async function countOrders(sql: pg.Pool, activityId: string): Promise<number> {
-  const { rows } = await sql.query<{ n: string }>(
-    'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
-    [activityId],
-  );
-  return Number(rows[0]!.n);
-}
 
 describe('Kafka maintenance: a rolling restart of three brokers under a running sale', () => {
   const f = privateKafkaSale();

@@ -34,7 +34,7 @@ import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recorded } from '../../faults/harness/results.js';
-import { Sale, answerLog, buyers, prepareActivity, redisOf } from '../../faults/harness/sale.js';
+import { Sale, answerLog, buyers, prepareActivity, redisOf, countOrders } from '../../faults/harness/sale.js';
 import type { BuyerAnswer, Servers } from '../../faults/harness/sale.js';
 import {
   killServer,
@@ -197,15 +197,7 @@ describe('window 13: Redis restarts empty mid-sale; the operator restores the ca
           const answers = [...(await wave(10, 'a'))];
           await waitFor(
             'the first wave in PostgreSQL',
-            async () =>
-              Number(
-                (
-                  await pool.query<{ n: string }>(
-                    'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
-                    [activityId],
-                  )
-                ).rows[0]!.n,
-              ) === 10,
+            async () => (await countOrders(pool, activityId)) === 10,
             120_000,
           );
           // The relay stalls (a stopped process: not dead, so not restarted). Its one loop may hold

@@ -32,6 +32,7 @@ import {
   sleep,
   type RoleName,
   type Servers,
+  countOrders,
 } from '../../faults/harness/sale.js';
 import {
   killServer,
@@ -471,11 +472,7 @@ describe('fault scenarios (windows 1-11 of docs/faults.md)', () => {
       const rec = await recoverAndCheck(servers, activityId);
       await sale.stop();
       expectClean(rec.violations, 'window 12 (light)');
-      const orders = await pool.query<{ n: string }>(
-        'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
-        [activityId],
-      );
-      expect(Number(orders.rows[0]!.n)).toBe(ids.length);
+      expect(await countOrders(pool, activityId)).toBe(ids.length);
     });
   });
 
@@ -510,14 +507,7 @@ describe('fault scenarios (windows 1-11 of docs/faults.md)', () => {
 
       const answered202 = (answers: { status: number }[]): number =>
         answers.filter((a) => a.status === 202).length;
-      const ordersNow = async (): Promise<number> =>
-        Number(
-          (
-            await pool.query<{ n: string }>('SELECT count(*)::text AS n FROM orders WHERE activity_id = $1', [
-              activityId,
-            ])
-          ).rows[0]!.n,
-        );
+      const ordersNow = (): Promise<number> => countOrders(pool, activityId);
       const wave1 = await buyers(
         sale,
         activityId,

@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
-import { Sale, answersToOrders, buyers, recoverAndCheck } from '../../faults/harness/sale.js';
+import { Sale, answersToOrders, buyers, recoverAndCheck, countOrders } from '../../faults/harness/sale.js';
 import type { BuyerAnswer } from '../../faults/harness/sale.js';
 import { privateKafkaSale } from '../../faults/harness/private-sale.js';
 import { waitFor } from '../../../dev/roles.js';
@@ -95,15 +95,7 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
           );
           return found;
         };
-        const countOrders = async (): Promise<number> =>
-          Number(
-            (
-              await sql.query<{ n: string }>(
-                'SELECT count(*)::text AS n FROM orders WHERE activity_id = $1',
-                [activityId],
-              )
-            ).rows[0]!.n,
-          );
+        const ordersNow = (): Promise<number> => countOrders(sql, activityId);
         const wave = (
           name: string,
           size: number,
@@ -144,7 +136,7 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
         const first = await wave('a', STOCK / 2);
         await waitFor(
           'the first wave in PostgreSQL',
-          async () => (await countOrders()) === STOCK / 2,
+          async () => (await ordersNow()) === STOCK / 2,
           120_000,
           100,
         );
