@@ -117,6 +117,7 @@ export async function ensureOrderEventsTopic(
   } catch (err) {
     // Another relay created it at the same time.
     if (/already exists/i.test((err as Error).message)) return false;
+    if (refusedForReplication(err)) throw await topicBrokersError(admin, [topic], r.replicationFactor);
     throw err;
   }
 }
@@ -384,6 +385,50 @@ export class TopicReplicationError extends Error {
 }
 
 /**
+ * The brokers refused to create topics with `replicationFactor` replicas
+ * (INVALID_REPLICATION_FACTOR): fewer brokers are available than that, because brokers are down
+ * (a KRaft controller leaves a stopped broker out once its session expires) or because the
+ * setting is above the cluster's size. Nothing was created.
+ */
+export class TopicBrokersError extends Error {
+  constructor(
+    readonly topics: readonly string[],
+    readonly replicationFactor: number,
+    readonly brokers: readonly number[],
+  ) {
+    super(
+      `Kafka topic(s) ${topics.join(', ')} cannot be created with ${replicationFactor} replicas: ` +
+        `${brokers.length} broker(s) available (node ids ${brokers.join(', ') || 'none'}). Either brokers ` +
+        'are down (retried until they are back) or KAFKA_REPLICATION_FACTOR is above the ' +
+        `cluster's broker count (docs/operator.md, "Kafka topics")`,
+    );
+    this.name = 'TopicBrokersError';
+  }
+}
+
+/** Whether a CreateTopics failure says the replication factor exceeds the available brokers. */
+function refusedForReplication(err: unknown): boolean {
+  const type = (e: unknown): unknown => (e as { type?: unknown } | null)?.type;
+  if (type(err) === 'INVALID_REPLICATION_FACTOR') return true;
+  const errors = (err as { errors?: unknown } | null)?.errors;
+  return Array.isArray(errors) && errors.some((e) => type(e) === 'INVALID_REPLICATION_FACTOR');
+}
+
+/** The TopicBrokersError of a refused CreateTopics, with the brokers the cluster has available. */
+async function topicBrokersError(
+  admin: Admin,
+  topics: readonly string[],
+  replicationFactor: number,
+): Promise<TopicBrokersError> {
+  const { brokers } = await admin.describeCluster();
+  return new TopicBrokersError(
+    topics,
+    replicationFactor,
+    brokers.map((b) => b.nodeId).sort((x, y) => x - y),
+  );
+}
+
+/**
  * What falls short in existing `names` of `replicationFactor` replicas per partition and
  * `minInsyncReplicas` (the topic's effective setting, its own or the brokers' default); nothing
  * to check when the factor is the brokers' default (-1).
@@ -429,7 +474,8 @@ export async function topicReplicationShortfalls(
  * min.insync.replicas (defaultMinInsyncReplicas unless given): the producers use acks=all, so a
  * message acknowledged to the relay is on that many brokers. Topics that exist already (created by
  * hand, by auto-creation, or under other settings) must have at least that replication:
- * TopicReplicationError otherwise, before anything is created.
+ * TopicReplicationError otherwise, before anything is created. TopicBrokersError when the brokers
+ * refuse the replication factor (fewer available than that).
  */
 export async function ensureTopics(
   admin: Admin,
@@ -448,15 +494,21 @@ export async function ensureTopics(
   if (shortfalls.length > 0) throw new TopicReplicationError(shortfalls);
   const wanted = [topics.orders, topics.dlq].filter((t) => !existing.has(t));
   if (wanted.length === 0) return [];
-  await admin.createTopics({
-    waitForLeaders: false,
-    topics: wanted.map((topic) => ({
-      topic,
-      numPartitions: topic === topics.dlq ? 1 : partitions,
-      replicationFactor,
-      configEntries: topicConfigEntries({ replicationFactor, minInsyncReplicas }),
-    })),
-  });
+  try {
+    await admin.createTopics({
+      waitForLeaders: false,
+      topics: wanted.map((topic) => ({
+        topic,
+        numPartitions: topic === topics.dlq ? 1 : partitions,
+        replicationFactor,
+        configEntries: topicConfigEntries({ replicationFactor, minInsyncReplicas }),
+      })),
+    });
+  } catch (err) {
+    // kafkajs says only "Topic creation errors" / "Replication-factor is invalid".
+    if (!refusedForReplication(err)) throw err;
+    throw await topicBrokersError(admin, wanted, replicationFactor);
+  }
   await waitForLeaders(admin, wanted);
   return wanted;
 }

@@ -4,7 +4,7 @@
  * so live stock is never reset), then -> Ready once the runtime is available (observe-runtime.ts).
  */
 import { claimCacheOwner } from '../../core/activity-cache.js';
-import { TopicReplicationError } from '../../core/kafka.js';
+import { TopicBrokersError, TopicReplicationError } from '../../core/kafka.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
@@ -49,13 +49,20 @@ export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
   try {
     created = await kafka.ensureTopics(ctx.activityId);
   } catch (err) {
-    if (!(err instanceof TopicReplicationError)) throw err;
-    // Selling on them would acknowledge orders on fewer brokers than configured: hold the warm-up
-    // (the gate stays shut) until the topics are raised or recreated, and say so once.
-    const already =
-      ctx.fsa.status?.conditions?.some((c) => c.reason === Reason.TopicsUnderReplicated) ?? false;
-    ctx.degraded = { reason: Reason.TopicsUnderReplicated, message: err.message };
-    if (!already) await ctx.event('Warning', EventReason.TopicsUnderReplicated, err.message);
+    // Selling on topics with less replication would acknowledge orders on fewer brokers than
+    // configured; topics that cannot be created yet (brokers down) leave nothing to sell on. Either
+    // way: hold the warm-up (the gate stays shut) until that changes, and say so once.
+    const hold =
+      err instanceof TopicReplicationError
+        ? { reason: Reason.TopicsUnderReplicated, event: EventReason.TopicsUnderReplicated, err }
+        : err instanceof TopicBrokersError
+          ? { reason: Reason.TooFewKafkaBrokers, event: EventReason.TooFewKafkaBrokers, err }
+          : undefined;
+    if (hold === undefined) throw err;
+    const { message } = hold.err;
+    const already = ctx.fsa.status?.conditions?.some((c) => c.reason === hold.reason) ?? false;
+    ctx.degraded = { reason: hold.reason, message };
+    if (!already) await ctx.event('Warning', hold.event, message);
     ctx.requeueAfter(ctx.deps.config.cleanupRetryMs);
     return DONE;
   }

@@ -27,7 +27,9 @@
  * missing). An existing topic with less replication than configured is refused
  * (TopicReplicationError): the relay publishes nothing, says so in
  * `flashsale_order_events_topic_under_replicated`, and checks again every
- * ORDER_EVENTS_TOPIC_RETRY_MS; the events wait in PostgreSQL. The backlog gauges are sampled from
+ * ORDER_EVENTS_TOPIC_RETRY_MS; the events wait in PostgreSQL. A missing topic the brokers refuse to
+ * create as configured (TopicBrokersError: fewer brokers available than the replication factor)
+ * is waited for the same way, logged once, without the gauge. The backlog gauges are sampled from
  * PostgreSQL on their own timer, so they keep rising through a Kafka outage or a refusal instead of
  * freezing with the loop; a sample PostgreSQL does not answer leaves
  * `flashsale_order_events_last_sample_timestamp_seconds` behind. The gauges exist only once this
@@ -46,7 +48,7 @@ import {
 import { inTransaction } from '../../core/db/pool.js';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
-import { TopicReplicationError } from '../../core/kafka.js';
+import { TopicBrokersError, TopicReplicationError } from '../../core/kafka.js';
 import type { Metrics } from '../../core/metrics.js';
 
 export interface OrderEventRelayConfig {
@@ -254,12 +256,20 @@ export class OrderEventRelay {
           return false;
         }
       } catch (err) {
-        if (!(err instanceof TopicReplicationError)) throw err;
-        this.d.metrics.orderEventsTopicUnderReplicated.set({ topic: this.d.topic }, 1);
+        if (!(err instanceof TopicReplicationError || err instanceof TopicBrokersError)) throw err;
+        // The gauge (and its alert) says the topic exists with less replication; one that cannot be
+        // created yet, brokers down, is said by the waiting events' age (FlashSaleOrderEventsStalled).
+        if (err instanceof TopicReplicationError)
+          this.d.metrics.orderEventsTopicUnderReplicated.set({ topic: this.d.topic }, 1);
         if (err.message !== this.lastRefusal) {
           this.lastRefusal = err.message;
           this.d.logger.error(
-            { topic: this.d.topic, shortfalls: err.shortfalls },
+            {
+              topic: this.d.topic,
+              ...(err instanceof TopicReplicationError
+                ? { shortfalls: err.shortfalls }
+                : { brokers: err.brokers }),
+            },
             `order events not published: ${err.message}`,
           );
         }

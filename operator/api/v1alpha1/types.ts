@@ -117,6 +117,8 @@ export const Reason = {
   CatalogEmpty: 'CatalogEmpty',
   /** The activity's Kafka topics exist with less replication than the operator's settings. */
   TopicsUnderReplicated: 'TopicsUnderReplicated',
+  /** Fewer Kafka brokers are available than the replication factor the topics are created with. */
+  TooFewKafkaBrokers: 'TooFewKafkaBrokers',
 } as const;
 export type Reason = (typeof Reason)[keyof typeof Reason];
 
@@ -126,6 +128,8 @@ export const EventReason = {
   TopicsCreated: 'TopicsCreated',
   /** The activity's topics exist with less replication than configured: warm-up held (Warning). */
   TopicsUnderReplicated: 'TopicsUnderReplicated',
+  /** Too few Kafka brokers available to create the activity's topics as configured (Warning). */
+  TooFewKafkaBrokers: 'TooFewKafkaBrokers',
   /** Partitions added to the orders topic for the consumer replicas the spec asks for. */
   PartitionsAdded: 'PartitionsAdded',
   CacheLoaded: 'CacheLoaded',

@@ -3,11 +3,11 @@
 // them: the warm-up holds with Degraded=True TopicsUnderReplicated naming what falls short, one
 // Warning event, nothing loaded into Redis; once the topics match the settings, it proceeds.
 import type { Redis } from 'ioredis';
-import { topicsFor } from '../../../core/kafka.js';
+import { createKafka, topicsFor } from '../../../core/kafka.js';
 import { readLoadedDefinition } from '../../../core/loaded-definition.js';
 import { findCondition } from '../../../operator/api/v1alpha1/conditions.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
-import { uniqueId } from '../../../dev/servers.js';
+import { testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import {
   activityBody,
@@ -98,6 +98,63 @@ describe('operator: Kafka topics with less replication than configured', () => {
       expect((await readLoadedDefinition(redis, activityId))?.items.map((i) => [i.skuId, i.stock])).toEqual([
         ['tea', 3],
       ]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'holds the warm-up with TooFewKafkaBrokers while the brokers cannot hold the replication factor, and proceeds once they can',
+    async () => {
+      // Three replicas asked of the suite's single broker: what a three-broker cluster with brokers
+      // down answers too (INVALID_REPLICATION_FACTOR). Before: Degraded ReconcileError "Topic
+      // creation errors", retried with back-off, no event.
+      const missingId = uniqueId('topics-brokers');
+      const { orders, dlq } = topicsFor(missingId);
+      await operator?.kill('SIGTERM');
+      operator = await startOperator({ ns, databaseUrl: db.url, env: { KAFKA_REPLICATION_FACTOR: '3' } });
+      const t0 = Date.now();
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'short', {
+          warmUpAt: new Date(t0),
+          startAt: new Date(t0 + 60 * 60_000),
+          endAt: new Date(t0 + 120 * 60_000),
+          items: [{ skuId: 'tea', name: '茶', price: '5.00', stock: 3 }],
+          extraSpec: { activityId: missingId },
+        }),
+      );
+      const held = await waitFor('warm-up held for brokers', async () => {
+        const fsa = await getActivity(a, ns.namespace, 'short');
+        return findCondition(fsa?.status?.conditions, 'Degraded')?.reason === 'TooFewKafkaBrokers'
+          ? fsa
+          : undefined;
+      });
+      const degraded = findCondition(held.status?.conditions, 'Degraded');
+      expect(degraded?.status).toBe('True');
+      expect(degraded?.message).toContain(
+        `Kafka topic(s) ${orders}, ${dlq} cannot be created with 3 replicas: 1 broker(s) available`,
+      );
+      expect(held.status?.phase).toBe(Phase.WarmingUp);
+      expect(await readLoadedDefinition(redis, missingId)).toBeUndefined();
+      const kafka = createKafka(testEnv().kafkaBrokers, `${ns.namespace}-check`).admin();
+      await kafka.connect();
+      try {
+        const listed = new Set(await kafka.listTopics());
+        expect([listed.has(orders), listed.has(dlq)]).toEqual([false, false]);
+      } finally {
+        await kafka.disconnect();
+      }
+      await new Promise((resolve) => setTimeout(resolve, 3_000));
+      expect(
+        (await eventsOf(a, ns.namespace, 'short')).filter((e) => e.reason === 'TooFewKafkaBrokers'),
+      ).toEqual([expect.objectContaining({ type: 'Warning' })]);
+
+      // Brokers enough for the setting (here: the setting brought to the cluster's one broker).
+      await operator.kill('SIGTERM');
+      operator = await startOperator({ ns, databaseUrl: db.url, env: { KAFKA_REPLICATION_FACTOR: '1' } });
+      const ready = await waitForPhase(a, ns.namespace, 'short', Phase.Ready, 90_000);
+      expect(findCondition(ready.status?.conditions, 'Degraded')?.reason).not.toBe('TooFewKafkaBrokers');
+      expect((await eventsOf(a, ns.namespace, 'short')).map((e) => e.reason)).toContain('TopicsCreated');
     },
     TIMEOUT_MS,
   );

@@ -281,6 +281,91 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
     TIMEOUT_MS,
   );
   it(
+    'a missing topic the brokers cannot create with the configured replicas holds the events, says so once, and they are published once it can be created',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10, price: '19.90' });
+      const prefix = `test-${activityId}`;
+      const topic = orderEventsTopic(prefix);
+      const kafka = createKafka(testEnv().kafkaBrokers, prefix);
+      const topicExists = async (): Promise<boolean> => {
+        const admin = kafka.admin();
+        await admin.connect();
+        try {
+          await ensureTopics(admin, topicsFor(activityId, prefix), 1, 1);
+          return (await admin.listTopics()).includes(topic);
+        } finally {
+          await admin.disconnect();
+        }
+      };
+      expect(await topicExists()).toBe(false);
+      const rids = await reserveFor(f.redis, activityId, skuId, ['few-0', 'few-1']);
+      const ids = await materialize(f.pool, f.redis, activityId, rids);
+      const env = {
+        KAFKA_TOPIC_PREFIX: prefix,
+        ORDER_EVENTS_POLL_MS: '50',
+        ORDER_EVENTS_TOPIC_RETRY_MS: '300',
+        ORDER_EVENTS_BACKLOG_SAMPLE_MS: '200',
+        RECONCILIATION_CRON: '0 0 0 1 1 *',
+      };
+
+      // Three replicas asked of the suite's single broker, as of a three-broker cluster with two
+      // down. Before: "order-event batch failed; retrying: Topic creation errors" every 500 ms.
+      const refused = await startRole('jobs', {
+        activityId,
+        databaseUrl: f.db.url,
+        env: { ...env, KAFKA_REPLICATION_FACTOR: '3' },
+      });
+      try {
+        const held = await until(
+          'the events waiting on /metrics',
+          async () => {
+            const text = await metricsOf(refused.metricsUrl);
+            return sample(text, 'flashsale_order_events_oldest_unpublished_age_seconds') >= 2
+              ? text
+              : undefined;
+          },
+          60_000,
+        );
+        expect(sample(held, 'flashsale_order_events_unpublished')).toBe(2);
+        // Not a topic with less replication: that alert stays silent.
+        expect(sample(held, 'flashsale_order_events_topic_under_replicated', { topic })).not.toBe(1);
+        expect(refused.output()).toContain(
+          `Kafka topic(s) ${topic} cannot be created with 3 replicas: 1 broker(s) available`,
+        );
+        expect(refused.output().split('order events not published').length - 1).toBe(1);
+        expect(refused.output()).not.toContain('order-event batch failed');
+      } finally {
+        await refused.stop();
+      }
+      expect(await topicExists()).toBe(false);
+
+      // As many brokers as replicas (here: the setting brought to the cluster's one broker).
+      const created = await startRole('jobs', {
+        activityId,
+        databaseUrl: f.db.url,
+        env: { ...env, KAFKA_REPLICATION_FACTOR: '1' },
+      });
+      try {
+        await until(
+          'the events published',
+          async () =>
+            sample(await metricsOf(created.metricsUrl), 'flashsale_order_events_unpublished') === 0
+              ? true
+              : undefined,
+          60_000,
+        );
+      } finally {
+        await created.stop();
+      }
+      const published = (await readTopic(kafka, topic)).map((m) => JSON.parse(m.value) as OrderEvent);
+      expect(published.map((e) => `${e.orderId}:${e.seq}:${e.type}`).sort()).toEqual(
+        rids.map((r) => `${ids.get(r)!}:1:ORDER_CREATED`).sort(),
+      );
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'an existing topic with fewer replicas than configured holds the events in PostgreSQL, says so, and they are published once it is accepted',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 10, price: '19.90' });
