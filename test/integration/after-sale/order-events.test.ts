@@ -3,6 +3,7 @@
 // it was marked published). Every state change of every order (created by the consumer's insert,
 // paid, closed by the sweeper, inserted CLOSED by a cancellation in flight, refund started and
 // finished) appears on <prefix>.order-events once or more, in order per order, with its event id.
+import type { Kafka } from 'kafkajs';
 import { findOrderById } from '../../../core/db/orders-store.js';
 import { unpublishedEvents } from '../../../core/db/order-events-store.js';
 import {
@@ -48,6 +49,12 @@ interface OrderEvent {
 
 const metricsOf = async (url: string): Promise<string> => (await fetch(`${url}/metrics`)).text();
 
+/** `<orderId>:<seq>:<type>` of every event on the topic, sorted. */
+async function creationsIn(kafka: Kafka, topic: string): Promise<string[]> {
+  const published = (await readTopic(kafka, topic)).map((m) => JSON.parse(m.value) as OrderEvent);
+  return published.map((e) => `${e.orderId}:${e.seq}:${e.type}`).sort();
+}
+
 describe('order events: transactional outbox -> Kafka, at least once and in order per order', () => {
   let f: Fixture;
   let api: Api;
@@ -61,6 +68,24 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
     await api?.close();
     await f?.close();
   }, TIMEOUT_MS);
+
+  /**
+   * The jobs role of `activityId`, creating its order-events topic with `replicas` replicas; it
+   * checks the topic and samples the backlog often.
+   */
+  const jobsCheckingTopic = (activityId: string, prefix: string, replicas: number) =>
+    startRole('jobs', {
+      activityId,
+      databaseUrl: f.db.url,
+      env: {
+        KAFKA_TOPIC_PREFIX: prefix,
+        KAFKA_REPLICATION_FACTOR: String(replicas),
+        ORDER_EVENTS_POLL_MS: '50',
+        ORDER_EVENTS_TOPIC_RETRY_MS: '300',
+        ORDER_EVENTS_BACKLOG_SAMPLE_MS: '200',
+        RECONCILIATION_CRON: '0 0 0 1 1 *',
+      },
+    });
 
   it(
     'every order event arrives once or more, in order, after the relay is SIGKILLed mid-stream',
@@ -300,21 +325,10 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
       expect(await topicExists()).toBe(false);
       const rids = await reserveFor(f.redis, activityId, skuId, ['few-0', 'few-1']);
       const ids = await materialize(f.pool, f.redis, activityId, rids);
-      const env = {
-        KAFKA_TOPIC_PREFIX: prefix,
-        ORDER_EVENTS_POLL_MS: '50',
-        ORDER_EVENTS_TOPIC_RETRY_MS: '300',
-        ORDER_EVENTS_BACKLOG_SAMPLE_MS: '200',
-        RECONCILIATION_CRON: '0 0 0 1 1 *',
-      };
 
       // Three replicas asked of the suite's single broker, as of a three-broker cluster with two
       // down. Before: "order-event batch failed; retrying: Topic creation errors" every 500 ms.
-      const refused = await startRole('jobs', {
-        activityId,
-        databaseUrl: f.db.url,
-        env: { ...env, KAFKA_REPLICATION_FACTOR: '3' },
-      });
+      const refused = await jobsCheckingTopic(activityId, prefix, 3);
       try {
         const held = await until(
           'the events waiting on /metrics',
@@ -340,11 +354,7 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
       expect(await topicExists()).toBe(false);
 
       // As many brokers as replicas (here: the setting brought to the cluster's one broker).
-      const created = await startRole('jobs', {
-        activityId,
-        databaseUrl: f.db.url,
-        env: { ...env, KAFKA_REPLICATION_FACTOR: '1' },
-      });
+      const created = await jobsCheckingTopic(activityId, prefix, 1);
       try {
         await until(
           'the events published',
@@ -357,8 +367,7 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
       } finally {
         await created.stop();
       }
-      const published = (await readTopic(kafka, topic)).map((m) => JSON.parse(m.value) as OrderEvent);
-      expect(published.map((e) => `${e.orderId}:${e.seq}:${e.type}`).sort()).toEqual(
+      expect(await creationsIn(kafka, topic)).toEqual(
         rids.map((r) => `${ids.get(r)!}:1:ORDER_CREATED`).sort(),
       );
     },
@@ -383,19 +392,8 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
       await admin.disconnect();
       const rids = await reserveFor(f.redis, activityId, skuId, ['rep-0', 'rep-1', 'rep-2']);
       const ids = await materialize(f.pool, f.redis, activityId, rids);
-      const env = {
-        KAFKA_TOPIC_PREFIX: prefix,
-        ORDER_EVENTS_POLL_MS: '50',
-        ORDER_EVENTS_TOPIC_RETRY_MS: '300',
-        ORDER_EVENTS_BACKLOG_SAMPLE_MS: '200',
-        RECONCILIATION_CRON: '0 0 0 1 1 *',
-      };
 
-      const refused = await startRole('jobs', {
-        activityId,
-        databaseUrl: f.db.url,
-        env: { ...env, KAFKA_REPLICATION_FACTOR: '3' },
-      });
+      const refused = await jobsCheckingTopic(activityId, prefix, 3);
       try {
         const held = await until(
           'the refusal and the age of the oldest waiting event on /metrics',
@@ -419,11 +417,7 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
       expect(await readTopic(kafka, topic)).toEqual([]);
 
       // The way out that needs no broker: accept the topic as it is (docs/runbooks).
-      const accepted = await startRole('jobs', {
-        activityId,
-        databaseUrl: f.db.url,
-        env: { ...env, KAFKA_REPLICATION_FACTOR: '1' },
-      });
+      const accepted = await jobsCheckingTopic(activityId, prefix, 1);
       try {
         const drained = await until(
           'the events published and the gauges back to 0',
@@ -442,8 +436,7 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
         await accepted.stop();
       }
       expect(await unpublishedEvents(f.pool, activityId)).toBe(0);
-      const published = (await readTopic(kafka, topic)).map((m) => JSON.parse(m.value) as OrderEvent);
-      expect(published.map((e) => `${e.orderId}:${e.seq}:${e.type}`).sort()).toEqual(
+      expect(await creationsIn(kafka, topic)).toEqual(
         rids.map((r) => `${ids.get(r)!}:1:ORDER_CREATED`).sort(),
       );
     },
