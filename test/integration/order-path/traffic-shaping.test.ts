@@ -14,6 +14,32 @@ import type { FreshDatabase } from '../../../dev/servers.js';
 import { JWT_SECRET, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 
+/**
+ * A MONITOR connection, and the errors it reports. ioredis' own `monitor()` enters its monitoring
+ * state a tick after MONITOR's `OK`: a reported command read in the same chunk as that `OK` is
+ * taken for the answer to a command never sent ("Command queue state error"), which rejects
+ * `monitor()` and is raised again, unhandled, for the next line. The api's background commands
+ * make that likely here. Those lines come before anything the test counts (its marker), so they
+ * are let go; any other error is kept for the test to assert on.
+ */
+async function monitorOf(redis: Redis): Promise<{ monitor: Redis; errors: Error[] }> {
+  const monitor = redis.duplicate({ monitor: true });
+  const errors: Error[] = [];
+  let monitoring = false;
+  monitor.on('error', (error: Error) => {
+    if (!monitoring && error.message.startsWith('Command queue state error')) return;
+    errors.push(error);
+  });
+  await new Promise<void>((resolve, reject) => {
+    monitor.once('monitoring', () => {
+      monitoring = true;
+      resolve();
+    });
+    monitor.once('end', () => reject(errors[0] ?? new Error('the MONITOR connection ended')));
+  });
+  return { monitor, errors };
+}
+
 interface Answer {
   status: number;
   code: string | undefined;
@@ -258,7 +284,7 @@ describe('traffic shaping and eligibility', () => {
     // Every command the api sends while answering (MONITOR; the commands scripts run inside are
     // reported with the source "lua" and left out), but the traffic policy's refresh, which runs
     // on a timer whatever the requests.
-    const monitor = await redis.monitor();
+    const { monitor, errors: monitorErrors } = await monitorOf(redis);
     const sent: string[] = [];
     // MONITOR reports on its own connection, later than the answers: a command of ours after the
     // requests marks the end of theirs.
@@ -304,6 +330,7 @@ describe('traffic shaping and eligibility', () => {
     ];
     await settled();
     monitor.disconnect();
+    expect(monitorErrors).toEqual([]);
     expect(answers).toEqual([
       '202 new',
       '202 new',
