@@ -1,8 +1,8 @@
 /**
  * The script registry: the only module that reads `lua/`. Each file is named
  * `<verbNoun>-<numKeys>.lua` (or `-var` when the caller passes the key count), so no other code
- * repeats a key count. `--- @include "includes/x"` lines are spliced in; a missing or circular
- * include fails loudly at start-up. Scripts are registered once per ioredis connection with
+ * repeats a key count. `--- @include "includes/x"` lines are spliced in, once per script; a missing or
+ * circular include fails loudly at start-up. Scripts are registered once per ioredis connection with
  * `defineCommand` (EVALSHA with automatic fallback to EVAL on NOSCRIPT).
  */
 import { createHash } from 'node:crypto';
@@ -36,12 +36,21 @@ export function luaDirectory(): string {
   throw new Error('cannot find the lua/ directory; set FLASHSALE_LUA_DIR');
 }
 
-function expand(dir: string, file: string, stack: string[]): string {
+/**
+ * A script with its includes spliced in, each include once: one an include of the script's
+ * includes also names (a helper both need) is already defined above where it is named again.
+ */
+function expand(dir: string, file: string, stack: string[], spliced = new Set<string>()): string {
   if (stack.includes(file)) throw new Error(`circular @include: ${[...stack, file].join(' -> ')}`);
   const path = join(dir, file.endsWith('.lua') ? file : `${file}.lua`);
   if (!existsSync(path)) throw new Error(`missing @include "${file}" (from ${stack.at(-1) ?? 'root'})`);
   const text = readFileSync(path, 'utf8');
-  return text.replace(INCLUDE, (_line, inc: string) => expand(dir, inc, [...stack, file]));
+  return text.replace(INCLUDE, (_line, inc: string) => {
+    // An include that is still being spliced is circular: expand() says so.
+    if (spliced.has(inc) && ![...stack, file].includes(inc)) return `-- (${inc}: spliced above)`;
+    spliced.add(inc);
+    return expand(dir, inc, [...stack, file], spliced);
+  });
 }
 
 export function loadScripts(dir = luaDirectory()): Map<string, ScriptSource> {

@@ -28,6 +28,20 @@ describe('script registry', () => {
     expect(reserve).not.toContain('@include');
   });
 
+  test('an include named again by another include is spliced once', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'lua-'));
+    writeFileSync(join(dir, 'helper.lua'), 'local function helper() return 1 end\n');
+    writeFileSync(
+      join(dir, 'user.lua'),
+      '--- @include "helper"\nlocal function user() return helper() end\n',
+    );
+    writeFileSync(join(dir, 'both-1.lua'), '--- @include "helper"\n--- @include "user"\nreturn user()\n');
+    const lua = loadScripts(dir).get('both')!.lua;
+    expect(lua.match(/local function helper\(\)/g)).toHaveLength(1);
+    expect(lua.indexOf('local function helper()')).toBeLessThan(lua.indexOf('local function user()'));
+    expect(lua).not.toContain('@include');
+  });
+
   test('a missing or circular include fails loudly', () => {
     const dir = mkdtempSync(join(tmpdir(), 'lua-'));
     writeFileSync(join(dir, 'broken-1.lua'), '--- @include "nope"\nreturn 1\n');
