@@ -166,8 +166,10 @@ async function reserveClaimed(
   const shaped = window !== undefined;
   let counted: WindowCount | undefined;
   let claimChecked = false;
-  // The claim met this buyer's cancel marker: the bucket only replays (reserve-9.lua ARGV[11]).
-  let cancelled = false;
+  // What the claim tells the bucket (reserve-9.lua ARGV[11]): the claim met this buyer's cancel
+  // marker ('1': the bucket only replays), or a full Redis refused it ('2': the bucket only answers).
+  let claimMode: '' | '1' | '2' = '';
+  let claimRefusal = '';
   for (let attempt = 0; ; attempt += 1) {
     const scope = layout.scopeFor(input.skuId, input.userId);
     // Counted already by a BUCKETED answer (a layout this process had not seen): the claim alone.
@@ -185,12 +187,19 @@ async function reserveClaimed(
       );
       if (window) counted = countOf(reply[1], reply[2]);
       if (reply[0] === 1) claimed(key);
-      cancelled = reply[0] === 2;
+      if (reply[0] === 2) claimMode = '1';
+      if (reply[0] === 3) {
+        claimMode = '2';
+        claimRefusal = String(reply[3]);
+      }
       window = undefined;
       claimChecked = true;
     }
     try {
-      const outcome = await reserveIn(redis, scope, input, window, cancelled);
+      const outcome = await reserveIn(redis, scope, input, window, claimMode);
+      // The bucket would have reserved: refused as the claim was, as any reservation on a full
+      // Redis is (core/errors.ts dependencyOutage: 503, nothing written).
+      if (outcome.kind === 'unclaimed') throw new Error(claimRefusal);
       return outcome.counted || !counted ? outcome : { ...outcome, counted };
     } catch (err) {
       if (!(err instanceof FlashSaleError) || attempt >= 200) throw err;
@@ -233,8 +242,8 @@ async function reserveIn(
   k: ScopeKeys,
   input: ReserveInput,
   window: BuyerWindow | undefined,
-  cancelled = false,
-): Promise<ReserveOutcome> {
+  claimMode: '' | '1' | '2' = '',
+): Promise<ReserveOutcome | { kind: 'unclaimed' }> {
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
   // Only an activity scope is passed a window (reserve() counts a bucket's apart): its counter
   // shares the activity's hash tag.
@@ -264,9 +273,10 @@ async function reserveIn(
       input.activityId,
       window?.requests ?? 0,
       window?.perSeconds ?? 0,
-      cancelled ? '1' : '',
+      claimMode,
     ],
   );
+  if (reply[0] === 3) return { kind: 'unclaimed' };
   if (reply[0] === 1)
     return {
       kind: 'reserved',

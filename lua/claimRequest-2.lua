@@ -28,11 +28,16 @@
                                     attempts not refused yet, this one included
     {2, consumed, ttlMs}            this buyer's cancel marker holds the id: nothing claimed; the
                                     caller's reservation in the bucket replays an earlier one or
-                                    answers CANCELLED (reserve-9.lua ARGV[11]), whether or not the
-                                    cancellation reached the bucket too
+                                    answers CANCELLED (reserve-9.lua ARGV[11] '1'), whether or not
+                                    the cancellation reached the bucket too
+    {3, consumed, ttlMs, refusal}   Redis is at its maxmemory and refused the claim (refusal: its
+                                    OOM error): nothing claimed or counted; the caller's bucket
+                                    gives only the answers that write nothing (reserve-9.lua
+                                    ARGV[11] '2') and a reservation is refused with this error
     -10 IDEMPOTENCY_CONFLICT        the id holds a reservation or claim of another SKU or quantity
     {-43, ttlMs}                    RATE_LIMITED: the window was used up
 ]]
+--- @include "includes/writeUnlessFull"
 --- @include "includes/buyerWindow"
 
 local user, sku, qty = ARGV[1], ARGV[2], ARGV[3]
@@ -52,8 +57,15 @@ end
 if cancelled then return {2, consumed, ttl} end
 -- Ids are derived from the buyer: another buyer's hash here can only be a stale cancel marker.
 if prior[1] and prior[4] ~= user then redis.call('DEL', KEYS[1]) end
+local attempts, full
 if prior[1] == 'ELSEWHERE' and prior[4] == user then
-  return {1, consumed, ttl, redis.call('HINCRBY', KEYS[1], 'attempts', 1)}
+  attempts, full = writeUnlessFull('HINCRBY', KEYS[1], 'attempts', 1)
+else
+  local _
+  _, full = writeUnlessFull('HSET', KEYS[1], 'state', 'ELSEWHERE', 'sku', sku, 'qty', qty, 'user', user,
+    'attempts', 1)
+  attempts = 1
 end
-redis.call('HSET', KEYS[1], 'state', 'ELSEWHERE', 'sku', sku, 'qty', qty, 'user', user, 'attempts', 1)
-return {1, consumed, ttl, 1}
+-- Refused only as the script's first write: the window's count was refused too (consumed 0).
+if full then return {3, consumed, ttl, full} end
+return {1, consumed, ttl, attempts}

@@ -33,7 +33,10 @@
              reservation whose claim, claimRequest-2.lua, answered 2): an earlier reservation
              under the id is still replayed, nothing new is reserved (-8 CANCELLED), so the
              marker cancels the submission in every scope however many of them the
-             cancellation reached ('' or absent otherwise)
+             cancellation reached; '2' when the claim could not be written (it answered 3: the
+             activity's Redis at its maxmemory): every answer that writes nothing is given as
+             usual (a replay, the gate's, the eligibility's, LIMIT_REACHED, SOLD_OUT), and
+             where a reservation would be made, none is ({3}); '' or absent otherwise
 
   Output:
      {1, reservationId, stockLeft, consumed, ttlMs}
@@ -41,6 +44,8 @@
                                               window, this one included, ttlMs = the window's
                                               rest (both 0 when not counted here)
      {2, reservationId, state}                replay of an earlier call with this requestId
+     {3}                                      ARGV[11] '2': a reservation would be made, but the
+                                              submission holds no claim; nothing written
     -1  NOT_STARTED  gate pending or before startAt
     -2  ENDED        gate closed/frozen or at/after endAt
     -3  PAUSED
@@ -139,6 +144,8 @@ end
 if not slot then return {-5} end
 
 if stock < qty then return {-4, stock} end
+-- Without its claim the id could reserve in another scope too: answer, never reserve.
+if ARGV[11] == '2' then return {3} end
 
 local left = redis.call('HINCRBY', KEYS[2], 'stock', -qty)
 redis.call('HINCRBY', KEYS[3], sku .. ':qty', qty)

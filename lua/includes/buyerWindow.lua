@@ -9,12 +9,10 @@
 -- replay, sold out, the gate's, the eligibility's, limit reached) are still given instead of the
 -- refusal, so a buyer of a sold-out SKU hears SOLD_OUT rather than a 503 to retry. The refusal is
 -- the script's first write, so nothing is written before it and the script goes on.
+--- @include "includes/writeUnlessFull"
 local function countWindow(k, seconds)
-  local set = redis.pcall('SET', KEYS[k], 0, 'EX', seconds, 'NX')
-  if type(set) == 'table' and set.err then
-    if string.sub(set.err, 1, 4) == 'OOM ' then return 0, 0 end
-    error(set)
-  end
+  local _, full = writeUnlessFull('SET', KEYS[k], 0, 'EX', seconds, 'NX')
+  if full then return 0, 0 end
   local consumed = redis.call('INCRBY', KEYS[k], 1)
   local ttl = redis.call('PTTL', KEYS[k])
   if ttl == -1 then

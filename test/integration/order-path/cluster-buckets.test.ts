@@ -5,7 +5,14 @@
 // sold through transfers between buckets, so a phantom sold-out (units left in a bucket nobody
 // reaches) leaves stock behind and fails the test (mutant test/faults/mutants/bucket-no-transfer).
 import { cleanupActivity, loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
-import { bucketLayout, completeTransfers, forgetBucketLayout, transferStock } from '../../../core/buckets.js';
+import {
+  bucketLayout,
+  completeTransfers,
+  forgetBucketLayout,
+  transferStock,
+  unitsLeft,
+} from '../../../core/buckets.js';
+import { dependencyOutage, FlashSaleError } from '../../../core/errors.js';
 import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
 import type { RestoreTarget } from '../../../core/cache-restore.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
@@ -14,7 +21,7 @@ import { beginRestore } from '../../../core/db/cache-restores-store.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
 import type { CatalogItem } from '../../../core/model.js';
 import type { BucketKeys as BucketKeysOf } from '../../../core/keys.js';
-import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
+import { orderMessageOf, readReservation, reservationIdFor, reserve } from '../../../core/reservations.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { createPool } from '../../../core/db/pool.js';
 import { createLogger } from '../../../core/logger.js';
@@ -538,6 +545,108 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
       expect(after.skus.find((x) => x.skuId === 'hot')?.remaining).toBe(1);
     } finally {
       if (stopped !== undefined) process.kill(stopped, 'SIGCONT');
+      redis.disconnect();
+    }
+  }, 120_000);
+  // The activity's node (its claims and the buyers' windows) at its maxmemory, a bucket's node
+  // not: a bucket reservation without its claim would let one requestId reserve in two scopes, so
+  // the bucket only answers (reserve-9.lua ARGV[11] '2'): SOLD_OUT and a replay as usual, a
+  // reservation refused as on any full Redis (503, nothing written anywhere); once the node takes
+  // writes again, the retry reserves.
+  test("with the activity's node at its maxmemory, a bucket on another node answers but never reserves unclaimed", async () => {
+    const id = uniqueId('cl-full');
+    const window = { requests: 5, perSeconds: 60 };
+    const items: CatalogItem[] = [
+      { skuId: 'hot', name: 'hot', price: '10.00', stock: 16, limitPerUser: 2, buckets: 8 },
+      { skuId: 'few', name: 'few', price: '10.00', stock: 2, limitPerUser: 1, buckets: 2 },
+    ];
+    const redis = redisOf(servers, { maxRetriesPerRequest: 3 });
+    if (!isCluster(redis)) throw new Error('not a cluster client');
+    registerScripts(redis);
+    /** The primary serving `key`'s slot. */
+    const primaryOf = async (key: string) => {
+      const slot = calculateSlot(key);
+      const address = await waitFor(`slot ${slot}'s primary in the client's map`, async () => {
+        await new Promise<void>((resolve) => {
+          redis.refreshSlotsCache(() => resolve());
+        });
+        return redis.slots[slot]?.[0];
+      });
+      const node = redis.nodes('master').find((n) => `${n.options.host}:${n.options.port}` === address);
+      if (!node) throw new Error(`no primary ${address}`);
+      return { address, node };
+    };
+    /** `ok:<kind>`, the error's code, or `refused` (a Redis refusal: 503). */
+    const buy = async (userId: string, skuId: string) => {
+      try {
+        const r = await reserve(redis, {
+          activityId: id,
+          userId,
+          skuId,
+          quantity: 1,
+          requestId: `r-${skuId}`,
+          traceId: 't',
+          window,
+        });
+        return `ok:${r.kind}`;
+      } catch (err) {
+        if (err instanceof FlashSaleError) return err.code;
+        if (dependencyOutage(err) === 'refused') return 'refused';
+        throw err;
+      }
+    };
+    const own = activityKeys(id);
+    const { address: fullAddress, node: full } = await primaryOf(own.meta);
+    try {
+      await loadActivity(redis, {
+        id,
+        generation: 1,
+        startAt: new Date(Date.now() - 60_000),
+        endAt: new Date(Date.now() + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: false,
+        items,
+      });
+      await setGate(redis, id, 'open');
+      const layout = await bucketLayout(redis, id, { refresh: true });
+      // A bucket of 'hot' served by another primary than the activity's, and a buyer homed there.
+      let elsewhere: BucketKeysOf | undefined;
+      for (const b of layout.bucketsOf('hot')) {
+        if ((await primaryOf(b.meta)).address !== fullAddress) elsewhere = b;
+      }
+      if (!elsewhere) throw new Error('every bucket on the activity node');
+      const there = elsewhere;
+      const buyer = Array.from({ length: 500 }, (_, i) => `u${i}`).find(
+        (u) => homeBucket(id, 'hot', u, 8) === there.index,
+      )!;
+      expect(await buy('a', 'few')).toBe('ok:reserved');
+      expect(await buy('b', 'few')).toBe('ok:reserved');
+      const stockThere = await redis.hget(there.sku('hot'), 'stock');
+
+      const policy = String(((await full.config('GET', 'maxmemory-policy')) as string[])[1]);
+      await full.config('SET', 'maxmemory-policy', 'noeviction');
+      await full.config('SET', 'maxmemory', '1');
+      try {
+        expect(await buy(buyer, 'hot')).toBe('refused');
+        expect(await buy('c', 'few')).toBe('SOLD_OUT');
+        expect(await buy('a', 'few')).toBe('ok:replayed');
+        const rid = reservationIdFor(id, buyer, 'r-hot');
+        expect([
+          await redis.exists(there.reservation(rid)),
+          await redis.exists(own.reservation(rid)),
+        ]).toEqual([0, 0]);
+        expect(await redis.hget(there.sku('hot'), 'stock')).toBe(stockThere);
+        expect(await unitsLeft(redis, layout, 'hot')).toBe(16);
+      } finally {
+        await full.config('SET', 'maxmemory', '0');
+        await full.config('SET', 'maxmemory-policy', policy);
+      }
+      expect(await buy(buyer, 'hot')).toBe('ok:reserved');
+      expect(await redis.hget(own.reservation(reservationIdFor(id, buyer, 'r-hot')), 'state')).toBe(
+        'ELSEWHERE',
+      );
+      expect(await unitsLeft(redis, layout, 'hot')).toBe(15);
+    } finally {
       redis.disconnect();
     }
   }, 120_000);

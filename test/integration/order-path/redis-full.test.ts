@@ -13,7 +13,8 @@ import type { CatalogItem } from '../../../core/model.js';
 import { dependencyOutage, FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
 import { createStreamGroup } from '../../../core/redis.js';
-import { reserve, soldOutCheck } from '../../../core/reservations.js';
+import { bucketLayout, unitsLeft } from '../../../core/buckets.js';
+import { reservationIdFor, reserve, soldOutCheck } from '../../../core/reservations.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { privateRedisSale } from '../../faults/harness/private-sale.js';
@@ -74,7 +75,7 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
         endAt: new Date(Date.now() + 3_600_000),
         requireOrderCode: false,
         reopenOnRelease: false,
-        items: [item('gone', 1), item('left', 5), item('hot', 2, 2)],
+        items: [item('gone', 1), item('left', 5), item('hot', 2, 2), item('warm', 4, 2)],
       });
       if (gate === 'open') await setGate(redis, id, 'open');
       return id;
@@ -117,18 +118,28 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
       expect(await check(id, 'b', 'gone')).toBe('ok:sold-out');
       expect(await check(id, 'c', 'hot')).toBe('ok:sold-out');
       expect(await check(id, 'a', 'gone')).toBe('ok:replay');
+      // A bucketed SKU through the script: its claim in the activity's scope (claimRequest-2.lua)
+      // is refused, and the bucket gives the answers that write nothing (reserve-9.lua ARGV[11]).
+      expect(await buy(id, 'c', 'hot')).toBe('SOLD_OUT');
+      expect(await buy(id, 'a', 'hot')).toBe('ok:replayed');
       // A reservation must write: refused, and nothing is written or counted.
       expect(await buy(id, 'c', 'left')).toBe('refused');
+      expect(await buy(id, 'c', 'warm')).toBe('refused');
       expect([await counter(id, 'a'), await counter(id, 'b'), await counter(id, 'c')]).toEqual([
         '2',
         '1',
         null,
       ]);
       expect(await redis.hget(activityKeys(id).sku('left'), 'stock')).toBe('5');
+      const warm = (await bucketLayout(redis, id)).bucketsOf('warm');
+      expect(await unitsLeft(redis, await bucketLayout(redis, id), 'warm')).toBe(4);
+      expect(await Promise.all(warm.map((b) => redis.hget(b.sku('warm'), 'stock')))).toEqual(['2', '2']);
+      expect(await redis.exists(activityKeys(id).reservation(reservationIdFor(id, 'c', 'r-warm')))).toBe(0);
 
       // Redis takes writes again: every submission counts as before.
       await redis.config('SET', 'maxmemory', '0');
       expect(await buy(id, 'c', 'left')).toBe('ok:reserved:1');
+      expect(await buy(id, 'c', 'warm')).toBe('ok:reserved:2');
       expect(await check(id, 'b', 'gone', 'r2')).toBe('ok:sold-out:2');
     } finally {
       await redis.config('SET', 'maxmemory', '0');
