@@ -4,7 +4,7 @@
 // starts the same) and keeps the buyers' results with a TTL. Named by mutants in
 // test/faults/mutants/.
 import { Redis } from 'ioredis';
-import { cleanupActivity, loadActivity, recordResults, setGate } from '../../../core/activity-cache.js';
+import { cleanupActivity, recordResults } from '../../../core/activity-cache.js';
 import { FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reservationIdFor, reserve } from '../../../core/reservations.js';
@@ -17,6 +17,7 @@ import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { cleanUp } from '../../../operator/reconcile/clean-up.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
+import { loadOpenSale } from '../../fixtures/open-sale.js';
 
 const TIMEOUT_MS = 60_000;
 const RETENTION_SECONDS = 900;
@@ -44,16 +45,9 @@ describe('cleanup of an activity (real Redis)', () => {
 
   /** A loaded, open activity with one reservation: its half message and its ledger entry exist. */
   async function withReservation(id = uniqueId('clean')): Promise<{ id: string; rid: string }> {
-    await loadActivity(redis, {
-      id,
-      generation: 1,
-      startAt: new Date(Date.now() - 60_000),
-      endAt: new Date(Date.now() + 3_600_000),
-      requireOrderCode: false,
+    await loadOpenSale(redis, id, [{ skuId: 's', name: 'item', price: '1.00', stock: 5, limitPerUser: 1 }], {
       reopenOnRelease: true,
-      items: [{ skuId: 's', name: 'item', price: '1.00', stock: 5, limitPerUser: 1 }],
     });
-    await setGate(redis, id, 'open');
     await reserve(redis, {
       activityId: id,
       userId: 'u',

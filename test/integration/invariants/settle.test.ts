@@ -3,7 +3,7 @@
 // cancellation): the conditional `orders.stock_return_via` update lets one of them settle, both
 // while the cache is live (Redis release) and after write-back (PostgreSQL remaining).
 import { Redis } from 'ioredis';
-import { loadActivity, readStock, setGate } from '../../../core/activity-cache.js';
+import { readStock, setGate } from '../../../core/activity-cache.js';
 import { journalFor } from '../../../core/db/journal-store.js';
 import {
   findLifecycleByReservationId,
@@ -20,6 +20,7 @@ import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
 import { orderMessageOf, readReservation, reservationIdFor, reserve } from '../../../core/reservations.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
+import { loadOpenSale } from '../../fixtures/open-sale.js';
 
 const TIMEOUT_MS = 60_000;
 
@@ -43,16 +44,9 @@ describe('stock of a closed order settled exactly once (real Redis and PostgreSQ
   /** A reservation of 2 units whose order is in PostgreSQL and CLOSED (stock not settled yet). */
   async function closedOrder(): Promise<{ id: string; order: LifecycleOrderRow }> {
     const id = uniqueId('settle');
-    await loadActivity(redis, {
-      id,
-      generation: 1,
-      startAt: new Date(Date.now() - 60_000),
-      endAt: new Date(Date.now() + 3_600_000),
-      requireOrderCode: false,
+    await loadOpenSale(redis, id, [{ skuId: 's', name: 'item', price: '2.50', stock: 10, limitPerUser: 2 }], {
       reopenOnRelease: true,
-      items: [{ skuId: 's', name: 'item', price: '2.50', stock: 10, limitPerUser: 2 }],
     });
-    await setGate(redis, id, 'open');
     await reserve(redis, {
       activityId: id,
       userId: 'u',

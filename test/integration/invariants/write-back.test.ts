@@ -5,7 +5,7 @@
 // order of the calls the step makes; every call still goes to the real server.
 import { Redis } from 'ioredis';
 import pg from 'pg';
-import { loadActivity, readMeta, setGate } from '../../../core/activity-cache.js';
+import { readMeta } from '../../../core/activity-cache.js';
 import { readStockRows, readWriteBack, writeBack as writeBackStock } from '../../../core/db/stock-store.js';
 import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { findLifecycleByReservationId, insertOrders } from '../../../core/db/orders-store.js';
@@ -22,6 +22,7 @@ import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { writeBack } from '../../../operator/reconcile/write-back.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
+import { loadOpenSale } from '../../fixtures/open-sale.js';
 
 const TIMEOUT_MS = 60_000;
 
@@ -73,16 +74,7 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       limitPerUser: 1,
     }));
     await recordActivitySkus(sql, id, items, 'spec');
-    await loadActivity(redis, {
-      id,
-      generation: 1,
-      startAt: new Date(Date.now() - 60_000),
-      endAt: new Date(Date.now() + 3_600_000),
-      requireOrderCode: false,
-      reopenOnRelease: true,
-      items,
-    });
-    await setGate(redis, id, 'open');
+    await loadOpenSale(redis, id, items, { reopenOnRelease: true });
     return async (skuId, users) => {
       const ids: string[] = [];
       for (const u of users) {
@@ -134,16 +126,12 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
     'the gate is frozen before the stock snapshot is read; the snapshot is the frozen stock; a repeat or a second writer writes nothing',
     async () => {
       const id = uniqueId('wb');
-      await loadActivity(redis, {
+      await loadOpenSale(
+        redis,
         id,
-        generation: 1,
-        startAt: new Date(Date.now() - 60_000),
-        endAt: new Date(Date.now() + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: true,
-        items: [{ skuId: 's', name: 'item', price: '1.00', stock: 10, limitPerUser: 3 }],
-      });
-      await setGate(redis, id, 'open');
+        [{ skuId: 's', name: 'item', price: '1.00', stock: 10, limitPerUser: 3 }],
+        { reopenOnRelease: true },
+      );
       await reserve(redis, {
         activityId: id,
         userId: 'u',

@@ -47,6 +47,7 @@ import { httpClient, tokenFor, waitFor } from '../../../dev/roles.js';
 import calculateSlot from 'cluster-key-slot';
 import type { Cluster } from 'ioredis';
 import pg from 'pg';
+import { loadOpenSale } from '../../fixtures/open-sale.js';
 
 const HOT_STOCK = 96;
 
@@ -335,18 +336,12 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
     const redis: Cluster = client;
     registerScripts(redis);
     try {
-      await loadActivity(redis, {
+      await loadOpenSale(
+        redis,
         id,
-        generation: 1,
-        startAt: new Date(Date.now() - 60_000),
-        endAt: new Date(Date.now() + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: true,
-        items: [
-          { skuId: 'hot', name: '茅台', price: '1499.00', stock: 1000, limitPerUser: 1, buckets: BUCKETS },
-        ],
-      });
-      await setGate(redis, id, 'open');
+        [{ skuId: 'hot', name: '茅台', price: '1499.00', stock: 1000, limitPerUser: 1, buckets: BUCKETS }],
+        { reopenOnRelease: true },
+      );
       await Promise.all(primariesOf(redis).map((n) => n.config('RESETSTAT')));
       const ack = new ClusterReplicaAck(redis, 1, 5_000);
       const N = 200;
@@ -476,16 +471,7 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
     registerScripts(redis);
     let stopped: number | undefined;
     try {
-      await loadActivity(redis, {
-        id,
-        generation: 1,
-        startAt: new Date(Date.now() - 60_000),
-        endAt: new Date(Date.now() + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: false,
-        items,
-      });
-      await setGate(redis, id, 'open');
+      await loadOpenSale(redis, id, items);
       const layout = await bucketLayout(redis, id, { refresh: true });
       const [b0, b1] = layout.bucketsOf('hot') as [BucketKeysOf, BucketKeysOf];
       const stock = async (b: BucketKeysOf) => Number(await redis.hget(b.sku('hot'), 'stock'));
@@ -598,16 +584,7 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
     const own = activityKeys(id);
     const { address: fullAddress, node: full } = await primaryOf(own.meta);
     try {
-      await loadActivity(redis, {
-        id,
-        generation: 1,
-        startAt: new Date(Date.now() - 60_000),
-        endAt: new Date(Date.now() + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: false,
-        items,
-      });
-      await setGate(redis, id, 'open');
+      await loadOpenSale(redis, id, items);
       const layout = await bucketLayout(redis, id, { refresh: true });
       // A bucket of 'hot' served by another primary than the activity's, and a buyer homed there.
       let elsewhere: BucketKeysOf | undefined;

@@ -8,7 +8,6 @@
 // retry reserves and every invariant holds. A private Redis, the suite's Kafka and PostgreSQL.
 import { Redis } from 'ioredis';
 import pg from 'pg';
-import { loadActivity, setGate } from '../../../core/activity-cache.js';
 import type { CatalogItem } from '../../../core/model.js';
 import { dependencyOutage, FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
@@ -33,6 +32,7 @@ import { request } from 'undici';
 import { waitFor } from '../../../dev/roles.js';
 import { sample } from '../../fixtures/metrics-text.js';
 import { uniqueId } from '../../../dev/servers.js';
+import { loadOpenSale } from '../../fixtures/open-sale.js';
 
 describe('Redis at its maxmemory with half messages held, every role restarted', () => {
   const f = privateRedisSale('redis');
@@ -68,16 +68,12 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
     });
     const load = async (gate: 'open' | 'pending'): Promise<string> => {
       const id = uniqueId('full-shaped');
-      await loadActivity(redis, {
+      await loadOpenSale(
+        redis,
         id,
-        generation: 1,
-        startAt: new Date(Date.now() - 60_000),
-        endAt: new Date(Date.now() + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: false,
-        items: [item('gone', 1), item('left', 5), item('hot', 2, 2), item('warm', 4, 2)],
-      });
-      if (gate === 'open') await setGate(redis, id, 'open');
+        [item('gone', 1), item('left', 5), item('hot', 2, 2), item('warm', 4, 2)],
+        { pending: gate === 'pending' },
+      );
       return id;
     };
     /** `ok:<kind>[:<points counted>]`, the error's code, or `refused` (a Redis refusal: 503). */
