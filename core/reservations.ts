@@ -155,6 +155,13 @@ export async function reserve(redis: RedisClient, input: ReserveInput): Promise<
   }
 }
 
+/**
+ * What a bucket reservation's claim tells its bucket (reserve-9.lua ARGV[11]): nothing (''), the
+ * claim met this buyer's cancel marker ('1': the bucket only replays), or a full Redis refused the
+ * claim ('2': the bucket only gives the answers that write nothing).
+ */
+type ClaimMode = '' | '1' | '2';
+
 async function reserveClaimed(
   redis: RedisClient,
   input: ReserveInput,
@@ -166,9 +173,7 @@ async function reserveClaimed(
   const shaped = window !== undefined;
   let counted: WindowCount | undefined;
   let claimChecked = false;
-  // What the claim tells the bucket (reserve-9.lua ARGV[11]): the claim met this buyer's cancel
-  // marker ('1': the bucket only replays), or a full Redis refused it ('2': the bucket only answers).
-  let claimMode: '' | '1' | '2' = '';
+  let claimMode: ClaimMode = '';
   let claimRefusal = '';
   for (let attempt = 0; ; attempt += 1) {
     const scope = layout.scopeFor(input.skuId, input.userId);
@@ -242,7 +247,7 @@ async function reserveIn(
   k: ScopeKeys,
   input: ReserveInput,
   window: BuyerWindow | undefined,
-  claimMode: '' | '1' | '2' = '',
+  claimMode: ClaimMode = '',
 ): Promise<ReserveOutcome | { kind: 'unclaimed' }> {
   const rid = reservationIdFor(input.activityId, input.userId, input.requestId);
   // Only an activity scope is passed a window (reserve() counts a bucket's apart): its counter

@@ -1,9 +1,9 @@
 /**
  * The script registry: the only module that reads `lua/`. Each file is named
  * `<verbNoun>-<numKeys>.lua` (or `-var` when the caller passes the key count), so no other code
- * repeats a key count. `--- @include "includes/x"` lines are spliced in, once per script; a missing or
- * circular include fails loudly at start-up. Scripts are registered once per ioredis connection with
- * `defineCommand` (EVALSHA with automatic fallback to EVAL on NOSCRIPT).
+ * repeats a key count. `--- @include "includes/x"` lines are spliced in, once per script; a
+ * missing or circular include fails loudly at start-up. Scripts are registered once per ioredis
+ * connection with `defineCommand` (EVALSHA with automatic fallback to EVAL on NOSCRIPT).
  */
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
