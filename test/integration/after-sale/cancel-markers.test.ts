@@ -10,7 +10,7 @@ import { uniqueId } from '../../../dev/servers.js';
 import { httpClient, pool as inParallel } from '../../../dev/roles.js';
 import {
   TIMEOUT_MS,
-  buyerCall,
+  buyerOrders,
   buyerToken,
   countRows,
   openActivity,
@@ -18,6 +18,7 @@ import {
   skuStock,
   startApi,
   type Api,
+  type BuyerOrders,
   type Fixture,
 } from './fixture.js';
 
@@ -26,12 +27,14 @@ describe('cancel markers', () => {
   let api: Api;
   let activityId: string;
   let skuId: string;
+  let buyer: BuyerOrders;
   const http = httpClient(32);
 
   beforeAll(async () => {
     f = await setUp();
     ({ activityId, skuId } = await openActivity(f.redis, { stock: 50, price: '5.00', limitPerUser: 1 }));
     api = await startApi(f);
+    buyer = buyerOrders(api, activityId, skuId);
   }, TIMEOUT_MS);
 
   afterAll(async () => {
@@ -53,10 +56,6 @@ describe('cancel markers', () => {
   const activityKeyCount = () => keysMatching(activityKeys(activityId).scanPattern);
   const journalRows = () => countRows(f.pool, 'SELECT count(*) AS n FROM order_journal');
   const orderRows = () => countRows(f.pool, 'SELECT count(*) AS n FROM orders');
-  const submit = (user: string, requestId: string) =>
-    buyerCall(api, 'POST', `/v1/activities/${activityId}/orders`, user, { skuId, quantity: 1, requestId });
-  const cancelByRequest = (user: string, requestId: string, activity = activityId) =>
-    buyerCall(api, 'DELETE', `/v1/activities/${activity}/orders?requestId=${requestId}`, user);
 
   it(
     '10,000 DELETEs with made-up ids write nothing to Redis or PostgreSQL',
@@ -113,19 +112,14 @@ describe('cancel markers', () => {
     async () => {
       const victimRid = reservationIdFor(activityId, 'victim', 'v-1');
       // By the victim's reservation id (computable by anyone who learns the requestId): unknown.
-      const byId = await buyerCall(
-        api,
-        'DELETE',
-        `/v1/activities/${activityId}/orders/${victimRid}`,
-        'mallory',
-      );
+      const byId = await buyer.cancel('mallory', victimRid);
       expect([byId.status, byId.body.code]).toEqual([404, 'UNKNOWN_RESERVATION']);
       expect(await f.redis.exists(activityKeys(activityId).reservation(victimRid))).toBe(0);
       // By the victim's requestId: the marker is mallory's own submission, not the victim's.
-      const byRequest = await cancelByRequest('mallory', 'v-1');
+      const byRequest = await buyer.cancelByRequest('mallory', 'v-1');
       expect([byRequest.status, byRequest.body.outcome]).toEqual([200, 'tombstoned']);
       expect(byRequest.body.reservationId).toBe(reservationIdFor(activityId, 'mallory', 'v-1'));
-      const submitted = await submit('victim', 'v-1');
+      const submitted = await buyer.submit('victim', 'v-1');
       expect([submitted.status, submitted.body.reservationId]).toEqual([202, victimRid]);
 
       // A marker of another buyer under the victim's id (as buyers could leave before markers were
@@ -137,7 +131,7 @@ describe('cancel markers', () => {
         sku: '0-cancelled-before-reservation-0',
       });
       const stock = await skuStock(f.redis, activityId, skuId);
-      const late = await submit('victim-2', 'v-2');
+      const late = await buyer.submit('victim-2', 'v-2');
       expect([late.status, late.body.reservationId]).toEqual([202, victim2Rid]);
       expect(await skuStock(f.redis, activityId, skuId)).toBe(stock - 1);
       expect(await f.redis.hget(activityKeys(activityId).reservation(victim2Rid), 'user')).toBe('victim-2');
@@ -148,29 +142,29 @@ describe('cancel markers', () => {
   it(
     'a marker expires after the sale, belongs to its buyer, and each buyer may leave only a bounded number',
     async () => {
-      const own = await cancelByRequest('hoarder', 'h-0');
+      const own = await buyer.cancelByRequest('hoarder', 'h-0');
       expect([own.status, own.body.outcome]).toEqual([200, 'tombstoned']);
       const key = activityKeys(activityId).reservation(reservationIdFor(activityId, 'hoarder', 'h-0'));
       expect(await f.redis.hgetall(key)).toMatchObject({ state: 'CANCELLED', user: 'hoarder' });
       // The sale ends in an hour; the marker outlives it by the grace period, and does expire.
       expect(await f.redis.ttl(key)).toBeGreaterThan(DEFAULT_CANCEL_MARKER_POLICY.graceSeconds);
-      const late = await submit('hoarder', 'h-0');
+      const late = await buyer.submit('hoarder', 'h-0');
       expect([late.status, late.body.code]).toEqual([409, 'CANCELLED']);
       // Repeating a cancellation is idempotent and does not count again.
-      expect((await cancelByRequest('hoarder', 'h-0')).body.outcome).toBe('already-cancelled');
+      expect((await buyer.cancelByRequest('hoarder', 'h-0')).body.outcome).toBe('already-cancelled');
 
       const keysBefore = await activityKeyCount();
       const journalBefore = await journalRows();
       const max = DEFAULT_CANCEL_MARKER_POLICY.maxPerBuyer;
       for (let i = 1; i < max; i += 1) {
-        expect((await cancelByRequest('hoarder', `h-${i}`)).body.outcome).toBe('tombstoned');
+        expect((await buyer.cancelByRequest('hoarder', `h-${i}`)).body.outcome).toBe('tombstoned');
       }
-      const over = await cancelByRequest('hoarder', `h-${max}`);
+      const over = await buyer.cancelByRequest('hoarder', `h-${max}`);
       expect([over.status, over.body.code]).toEqual([429, 'CANCEL_MARKER_LIMIT']);
       expect(await activityKeyCount()).toBe(keysBefore + max - 1);
       expect(await journalRows()).toBe(journalBefore + max - 1);
       // Another buyer is not affected by the hoarder's bound.
-      expect((await cancelByRequest('other', 'o-1')).body.outcome).toBe('tombstoned');
+      expect((await buyer.cancelByRequest('other', 'o-1')).body.outcome).toBe('tombstoned');
     },
     TIMEOUT_MS,
   );
@@ -181,7 +175,7 @@ describe('cancel markers', () => {
       const ended = await openActivity(f.redis, { stock: 5 });
       await setGate(f.redis, ended.activityId, 'closed');
       const keys = await keysMatching(activityKeys(ended.activityId).scanPattern);
-      const r = await cancelByRequest('late-buyer', 'l-1', ended.activityId);
+      const r = await buyerOrders(api, ended.activityId, skuId).cancelByRequest('late-buyer', 'l-1');
       expect([r.status, r.body.code]).toEqual([404, 'UNKNOWN_RESERVATION']);
       expect(await keysMatching(activityKeys(ended.activityId).scanPattern)).toBe(keys);
     },

@@ -10,7 +10,7 @@ import { readReservation, reservationIdFor, reserve } from '../../../core/reserv
 import { runScript } from '../../../core/scripts.js';
 import {
   TIMEOUT_MS,
-  buyerCall,
+  buyerOrders,
   counters,
   materialize,
   notify,
@@ -19,6 +19,7 @@ import {
   skuStock,
   startApi,
   type Api,
+  type BuyerOrders,
   type Fixture,
 } from './fixture.js';
 
@@ -27,12 +28,14 @@ describe('buyer cancellation', () => {
   let api: Api;
   let activityId: string;
   let skuId: string;
+  let buyer: BuyerOrders;
   const INITIAL = 100;
 
   beforeAll(async () => {
     f = await setUp();
     ({ activityId, skuId } = await openActivity(f.redis, { stock: INITIAL, price: '5.00' }));
     api = await startApi(f);
+    buyer = buyerOrders(api, activityId, skuId);
   }, TIMEOUT_MS);
 
   afterAll(async () => {
@@ -40,10 +43,6 @@ describe('buyer cancellation', () => {
     await f?.close();
   }, TIMEOUT_MS);
 
-  const submit = (user: string, requestId: string) =>
-    buyerCall(api, 'POST', `/v1/activities/${activityId}/orders`, user, { skuId, quantity: 1, requestId });
-  const cancel = (user: string, rid: string) =>
-    buyerCall(api, 'DELETE', `/v1/activities/${activityId}/orders/${rid}`, user);
   const returnedEvents = async (rid: string) =>
     (await journalFor(f.pool, rid)).filter((j) => j.event === 'STOCK_RETURNED').length;
 
@@ -51,28 +50,18 @@ describe('buyer cancellation', () => {
     'cancel before the reservation arrives: tombstoned, and the late reservation is refused with CANCELLED',
     async () => {
       const stock = await skuStock(f.redis, activityId, skuId);
-      const c = await buyerCall(
-        api,
-        'DELETE',
-        `/v1/activities/${activityId}/orders?requestId=early-1`,
-        'early',
-      );
+      const c = await buyer.cancelByRequest('early', 'early-1');
       expect([c.status, c.body.outcome]).toEqual([200, 'tombstoned']);
-      const late = await submit('early', 'early-1');
+      const late = await buyer.submit('early', 'early-1');
       expect([late.status, late.body.code]).toEqual([409, 'CANCELLED']);
       expect(await skuStock(f.redis, activityId, skuId)).toBe(stock);
       const rid = c.body.reservationId as string;
-      const poll = await buyerCall(api, 'GET', `/v1/activities/${activityId}/orders/${rid}`, 'early');
+      const poll = await buyer.poll('early', rid);
       expect(poll.body).toMatchObject({ status: 'FAILED', reason: 'CANCELLED' });
-      const again = await buyerCall(
-        api,
-        'DELETE',
-        `/v1/activities/${activityId}/orders?requestId=early-1`,
-        'early',
-      );
+      const again = await buyer.cancelByRequest('early', 'early-1');
       expect([again.status, again.body.outcome]).toEqual([200, 'already-cancelled']);
       // The buyer may still buy with a new request.
-      expect((await submit('early', 'early-2')).status).toBe(202);
+      expect((await buyer.submit('early', 'early-2')).status).toBe(202);
     },
     TIMEOUT_MS,
   );
@@ -84,14 +73,14 @@ describe('buyer cancellation', () => {
         ['twice', false],
         ['twice-at-once', true],
       ] as const) {
-        const r = await submit(user, `${user}-1`);
+        const r = await buyer.submit(user, `${user}-1`);
         expect(r.status).toBe(202);
         const rid = r.body.reservationId as string;
         await materialize(f.pool, f.redis, activityId, [rid]);
         const stock = await skuStock(f.redis, activityId, skuId);
         const replies = concurrent
-          ? await Promise.all([cancel(user, rid), cancel(user, rid), cancel(user, rid)])
-          : [await cancel(user, rid), await cancel(user, rid)];
+          ? await Promise.all([buyer.cancel(user, rid), buyer.cancel(user, rid), buyer.cancel(user, rid)])
+          : [await buyer.cancel(user, rid), await buyer.cancel(user, rid)];
         expect(replies.every((x) => x.status === 200)).toBe(true);
         const outcomes = replies.map((x) => x.body.outcome as string).sort();
         const expected = ['cancelled', ...replies.slice(1).map(() => 'already-cancelled')].sort();
@@ -112,10 +101,10 @@ describe('buyer cancellation', () => {
   it(
     'cancel an in-flight reservation (no order yet): the order is written CLOSED, the consumer cannot revive it',
     async () => {
-      const r = await submit('inflight', 'inflight-1');
+      const r = await buyer.submit('inflight', 'inflight-1');
       const rid = r.body.reservationId as string;
       const stock = await skuStock(f.redis, activityId, skuId);
-      const c = await cancel('inflight', rid);
+      const c = await buyer.cancel('inflight', rid);
       expect([c.status, c.body.outcome]).toEqual([200, 'cancelled']);
       // The consumer now delivers the reservation's message: the database finds it closed.
       const ids = await materialize(f.pool, f.redis, activityId, [rid]);
@@ -124,7 +113,7 @@ describe('buyer cancellation', () => {
       expect([order?.status, order?.stockReturned]).toEqual(['CLOSED', true]);
       expect(await skuStock(f.redis, activityId, skuId)).toBe(stock + 1);
       expect((await readReservation(f.redis, activityId, rid))?.state).toBe('RELEASED');
-      const poll = await buyerCall(api, 'GET', `/v1/activities/${activityId}/orders/${rid}`, 'inflight');
+      const poll = await buyer.poll('inflight', rid);
       // The order exists (inserted CLOSED): the buyer reads it from PostgreSQL.
       expect([poll.body.status, poll.body.reason]).toEqual(['CLOSED', 'CANCELLED']);
     },
@@ -136,12 +125,12 @@ describe('buyer cancellation', () => {
     async () => {
       const users = Array.from({ length: 20 }, (_, i) => `racer-${i}`);
       const rids = await Promise.all(
-        users.map(async (u) => (await submit(u, `${u}-1`)).body.reservationId as string),
+        users.map(async (u) => (await buyer.submit(u, `${u}-1`)).body.reservationId as string),
       );
       const before = await counters(f.redis, activityId);
       const replies = await Promise.all(
         users.map((u, i) =>
-          Promise.all([cancel(u, rids[i]!), materialize(f.pool, f.redis, activityId, [rids[i]!])]).then(
+          Promise.all([buyer.cancel(u, rids[i]!), materialize(f.pool, f.redis, activityId, [rids[i]!])]).then(
             ([c]) => c,
           ),
         ),
@@ -180,8 +169,7 @@ describe('buyer cancellation', () => {
     );
     const remaining = async () =>
       (await readStock(f.redis, hot.activityId)).skus.map((x) => [x.skuId, x.remaining]);
-    const cancelByRequest = () =>
-      buyerCall(api, 'DELETE', `/v1/activities/${hot.activityId}/orders?requestId=${requestId}`, user);
+    const cancelByRequest = () => buyerOrders(api, hot.activityId, 'hot').cancelByRequest(user, requestId);
     return { activityId: hot.activityId, rid, remaining, cancelByRequest };
   }
 
@@ -190,11 +178,7 @@ describe('buyer cancellation', () => {
     async () => {
       const h = await halfCancelled('halfway', 'halfway-1');
       // The submission's claim meets the marker: its bucket, not marked, reserves nothing.
-      const late = await buyerCall(api, 'POST', `/v1/activities/${h.activityId}/orders`, 'halfway', {
-        skuId: 'hot',
-        quantity: 1,
-        requestId: 'halfway-1',
-      });
+      const late = await buyerOrders(api, h.activityId, 'hot').submit('halfway', 'halfway-1');
       expect([late.status, late.body.code]).toEqual([409, 'CANCELLED']);
       expect(await h.remaining()).toEqual([['hot', 8]]);
       // The buyer retries the cancellation (its first answer was lost): the bucket is marked now.
@@ -202,7 +186,7 @@ describe('buyer cancellation', () => {
       expect([retried.status, retried.body.outcome]).toEqual([200, 'tombstoned']);
       const again = await h.cancelByRequest();
       expect([again.status, again.body.outcome]).toEqual([200, 'already-cancelled']);
-      const poll = await buyerCall(api, 'GET', `/v1/activities/${h.activityId}/orders/${h.rid}`, 'halfway');
+      const poll = await buyerOrders(api, h.activityId, 'hot').poll('halfway', h.rid);
       expect(poll.body).toMatchObject({ status: 'FAILED', reason: 'CANCELLED' });
       expect(await findLifecycleByReservationId(f.pool, h.rid)).toBeUndefined();
     },
@@ -224,7 +208,7 @@ describe('buyer cancellation', () => {
         traceId: 'crossing',
       });
       expect([r.kind, r.reservationId]).toEqual(['reserved', h.rid]);
-      const poll = await buyerCall(api, 'GET', `/v1/activities/${h.activityId}/orders/${h.rid}`, 'crosser');
+      const poll = await buyerOrders(api, h.activityId, 'hot').poll('crosser', h.rid);
       expect(poll.body.status).toBe('QUEUED');
       const c = await h.cancelByRequest();
       expect([c.status, c.body.outcome, c.body.reservationId]).toEqual([200, 'cancelled', h.rid]);
@@ -244,7 +228,7 @@ describe('buyer cancellation', () => {
   it(
     'cancel after payment: 409 ALREADY_PAID, the order stays PAID and keeps its stock',
     async () => {
-      const r = await submit('payer', 'payer-1');
+      const r = await buyer.submit('payer', 'payer-1');
       const rid = r.body.reservationId as string;
       const ids = await materialize(f.pool, f.redis, activityId, [rid]);
       const paid = await notify(api, {
@@ -254,7 +238,7 @@ describe('buyer cancellation', () => {
       });
       expect(paid.body.outcome).toBe('PAID');
       const stock = await skuStock(f.redis, activityId, skuId);
-      const c = await cancel('payer', rid);
+      const c = await buyer.cancel('payer', rid);
       expect([c.status, c.body.code]).toEqual([409, 'ALREADY_PAID']);
       expect((await findLifecycleByReservationId(f.pool, rid))?.status).toBe('PAID');
       expect(await skuStock(f.redis, activityId, skuId)).toBe(stock);
@@ -266,9 +250,9 @@ describe('buyer cancellation', () => {
   it(
     "somebody else's reservation: 404, nothing changes",
     async () => {
-      const r = await submit('owner', 'owner-1');
+      const r = await buyer.submit('owner', 'owner-1');
       const rid = r.body.reservationId as string;
-      const c = await cancel('intruder', rid);
+      const c = await buyer.cancel('intruder', rid);
       expect([c.status, c.body.code]).toEqual([404, 'UNKNOWN_RESERVATION']);
       expect((await readReservation(f.redis, activityId, rid))?.state).toBe('RESERVED');
       const unauth = await fetch(`${api.url}/v1/activities/${activityId}/orders/${rid}`, {

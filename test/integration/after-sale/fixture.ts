@@ -402,6 +402,21 @@ export async function buyerCall(
   return reply(res);
 }
 
+/** A buyer's order calls on one activity (docs/after-sale.md): submit, poll and both cancellations. */
+export function buyerOrders(api: Api, activityId: string, skuId: string) {
+  const orders = `/v1/activities/${activityId}/orders`;
+  return {
+    submit: (user: string, requestId: string, sku = skuId) =>
+      buyerCall(api, 'POST', orders, user, { skuId: sku, quantity: 1, requestId }),
+    poll: (user: string, rid: string) => buyerCall(api, 'GET', `${orders}/${rid}`, user),
+    cancel: (user: string, rid: string) => buyerCall(api, 'DELETE', `${orders}/${rid}`, user),
+    cancelByRequest: (user: string, requestId: string) =>
+      buyerCall(api, 'DELETE', `${orders}?requestId=${requestId}`, user),
+  };
+}
+
+export type BuyerOrders = ReturnType<typeof buyerOrders>;
+
 export async function countRows(pool: Pool, sql: string, params: unknown[] = []): Promise<number> {
   const r = await pool.query<{ n: string }>(sql, params);
   return Number(r.rows[0]?.n ?? 0);

@@ -17,7 +17,7 @@ import { startPrivateServers, stopPrivateServers } from '../../faults/harness/se
 import type { PrivateServers } from '../../faults/harness/servers.js';
 import {
   TIMEOUT_MS,
-  buyerCall,
+  buyerOrders,
   counters,
   materialize,
   notify,
@@ -62,6 +62,7 @@ describe('after-sale on a full Redis', () => {
       const orders = await materialize(f.pool, f.redis, activityId, rids);
       const [payRid, cancelRid, lateRid] = rids as [string, string, string, string];
       const payment = { orderId: orders.get(payRid)!, tradeNo: `${activityId}-t1`, amount: '5.00' };
+      const buyer = buyerOrders(api, activityId, skuId);
       const returnedEvents = async (rid: string) =>
         (await journalFor(f.pool, rid)).filter((j) => j.event === 'STOCK_RETURNED').length;
       const sweep = () =>
@@ -78,12 +79,7 @@ describe('after-sale on a full Redis', () => {
         expect((await readReservation(f.redis, activityId, payRid))?.state).toBe('RESERVED');
 
         // The buyer's cancellation: the order closes, the unit's return waits for Redis.
-        const cancelled = await buyerCall(
-          api,
-          'DELETE',
-          `/v1/activities/${activityId}/orders/${cancelRid}`,
-          'canceller',
-        );
+        const cancelled = await buyer.cancel('canceller', cancelRid);
         expect([cancelled.status, cancelled.body.outcome]).toEqual([200, 'cancelled']);
         // The payment timeout: likewise.
         await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 second' WHERE id = $1`, [
@@ -102,18 +98,9 @@ describe('after-sale on a full Redis', () => {
         expect(await skuStock(f.redis, activityId, skuId)).toBe(STOCK - users.length);
 
         // What Redis alone would record is refused, and nothing is written anywhere.
-        const early = await buyerCall(
-          api,
-          'DELETE',
-          `/v1/activities/${activityId}/orders?requestId=early-1`,
-          'early',
-        );
+        const early = await buyer.cancelByRequest('early', 'early-1');
         expect([early.status, early.body.code]).toEqual([503, 'UNAVAILABLE']);
-        const submitted = await buyerCall(api, 'POST', `/v1/activities/${activityId}/orders`, 'newcomer', {
-          skuId,
-          quantity: 1,
-          requestId: 'new-1',
-        });
+        const submitted = await buyer.submit('newcomer', 'new-1');
         expect([submitted.status, submitted.body.code]).toEqual([503, 'UNAVAILABLE']);
         const journalRows = await f.pool.query(
           `SELECT count(*)::int AS n FROM order_journal WHERE activity_id = $1 AND event = 'CANCELLED_BEFORE_RESERVATION'`,
@@ -141,18 +128,9 @@ describe('after-sale on a full Redis', () => {
       const c = await counters(f.redis, activityId);
       expect([c.reserved, c.released]).toEqual([users.length, 2]);
       // The refused calls, retried, now do what they would have done.
-      const early = await buyerCall(
-        api,
-        'DELETE',
-        `/v1/activities/${activityId}/orders?requestId=early-1`,
-        'early',
-      );
+      const early = await buyer.cancelByRequest('early', 'early-1');
       expect([early.status, early.body.outcome]).toEqual([200, 'tombstoned']);
-      const submitted = await buyerCall(api, 'POST', `/v1/activities/${activityId}/orders`, 'newcomer', {
-        skuId,
-        quantity: 1,
-        requestId: 'new-1',
-      });
+      const submitted = await buyer.submit('newcomer', 'new-1');
       expect(submitted.status).toBe(202);
     },
     TIMEOUT_MS,
