@@ -115,7 +115,7 @@ export const ScriptErrorCodes: Readonly<Record<number, ErrorCode>> = {
   [-40]: 'BUYER_DENIED',
   [-41]: 'NOT_REGISTERED',
   [-42]: 'ORDER_CODE_LIMIT',
-  // The per-buyer rate limit counted inside the scripts (reserve-9.lua, soldOutCheck-2.lua,
+  // The per-buyer rate limit counted inside the scripts (reserve-9.lua, soldOutChecks-var.lua,
   // countWindow-1.lua); the reply's next element is the window's rest in ms.
   [-43]: 'RATE_LIMITED',
 };

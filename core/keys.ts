@@ -154,7 +154,7 @@ export class ActivityKeys extends ScopeKeys {
   /**
    * A subject's rate-limit counter: the key rate-limiter-flexible composes from the prefix above
    * (`<prefix>:<subject>`), so the scripts that count the per-buyer window (reserve-9.lua,
-   * soldOutCheck-2.lua, countWindow-1.lua) and the library count the same window.
+   * soldOutChecks-var.lua, countWindow-1.lua) and the library count the same window.
    */
   rateLimitKey(kind: 'buyer' | 'address', subject: string): string {
     return `${this.rateLimitPrefix(kind)}:${subject}`;

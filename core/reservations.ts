@@ -11,6 +11,7 @@ import { CANCEL_MARKER_STATE, CLAIM_STATE, reservationRecordOf } from './order-m
 import type { ReservationRecord, ReservationState } from './order-message.js';
 import type { RedisClient, ScriptReply } from './scripts.js';
 import { runScript } from './scripts.js';
+import { checkSoldOut } from './sold-out-checks.js';
 
 /**
  * Reservation ids are derived from (activity, buyer, requestId): a retried submission maps to
@@ -531,9 +532,11 @@ export type SoldOutCheck =
   | { kind: 'sold-out'; counted?: WindowCount | undefined };
 
 /**
- * The sold-out fast path's check (soldOutCheck-2.lua): a replay (which still gets its reservation,
- * not SOLD_OUT), else the submission's point in the buyer's window, in one call in the activity's
- * scope. A bucketed SKU's reservation is in another slot than the counter: two calls there.
+ * The sold-out fast path's check (soldOutChecks-var.lua): a replay (which still gets its
+ * reservation, not SOLD_OUT), else the submission's point in the buyer's window, in one call in the
+ * activity's scope, shared with the other checks of this turn of the event loop in that scope
+ * (core/sold-out-checks.ts). A bucketed SKU's reservation is in another slot than the counter: two
+ * calls there.
  * Throws RATE_LIMITED. A 'replay' that `counted` must not be counted again by reserve().
  */
 export async function soldOutCheck(
@@ -556,14 +559,14 @@ export async function soldOutCheck(
     window = undefined;
   }
   const counter = window ? activityKeys(input.activityId).rateLimitKey('buyer', input.userId) : k.none;
-  const reply = await runScript(
-    redis,
-    'soldOutCheck',
-    [k.reservation(rid), counter],
-    [window?.requests ?? 0, window?.perSeconds ?? 0],
-  );
-  if (window && reply[0] === 1) counted = countOf(reply[1], reply[2]);
-  return { kind: reply[0] === 2 ? 'replay' : 'sold-out', counted };
+  const answer = await checkSoldOut(redis, k.prefix, {
+    reservationKey: k.reservation(rid),
+    counterKey: counter,
+    requests: window?.requests ?? 0,
+    perSeconds: window?.perSeconds ?? 0,
+  });
+  if (window && answer.code === 1) counted = countOf(answer.consumed, answer.ttlMs);
+  return { kind: answer.code === 2 ? 'replay' : 'sold-out', counted };
 }
 
 /**

@@ -1,7 +1,7 @@
 --[[
   Counts one submission in the buyer's rate-limit window, alone: for a submission whose other
   keys are not in the activity's slot (a SKU split into stock buckets, ARCHITECTURE.md "Stock
-  buckets"), where reserve-9.lua and soldOutCheck-2.lua cannot hold the counter.
+  buckets"), where reserve-9.lua and soldOutChecks-var.lua cannot hold the counter.
 
   Input:
     KEYS[1] the buyer's counter (core/keys.ts rateLimitKey('buyer', <buyer>))

@@ -337,8 +337,9 @@ export function reasons(r: Results): string[] {
   if (soldOutMissed && r.soldOut && sub) {
     const fl = r.floors;
     out.push(
-      `Sold-out: a sold-out answer still makes one Redis call (lua/soldOutCheck-2.lua: the replay rule, so a ` +
-        `buyer who reserved earlier gets the reservation back, and the buyer's rate-limit window) and costs the api ` +
+      `Sold-out: a sold-out answer still needs Redis (lua/soldOutChecks-var.lua: the replay rule, so a ` +
+        `buyer who reserved earlier gets the reservation back, and the buyer's rate-limit window), in one call shared ` +
+        `by the sold-out answers of one turn of the api's event loop, and costs the api ` +
         `${f0(r.soldOut.cpu?.api)} µs of CPU against ${f0(sub.cpu?.api)} µs for a reservation: the token check, the ` +
         `body, node's HTTP server and express cost what they cost for any request (GET /healthz: ` +
         `${f0(r.healthz?.cpu?.api)} µs). The floors answer the same sold-out SKU with one reserve call and none of ` +
@@ -346,9 +347,9 @@ export function reasons(r: Results): string[] {
         `floor (${ratio(fl?.expressSoldOut?.cpu?.api, fl?.express?.cpu?.api)}), ${f0(fl?.nodeHttpSoldOut?.cpu?.api)} ` +
         `vs ${f0(fl?.nodeHttp?.cpu?.api)} µs on the node:http floor ` +
         `(${ratio(fl?.nodeHttpSoldOut?.cpu?.api, fl?.nodeHttp?.cpu?.api)}), where sold-out req/s is ` +
-        `${ratio(fl?.nodeHttpSoldOut?.rps, fl?.nodeHttp?.rps)} of submit req/s. A server that keeps one Redis call ` +
-        `per sold-out answer spends about what a reservation costs on it; ≤ 0.6× and ≥ 2× would need the answer ` +
-        `without that call, i.e. without the replay rule.`,
+        `${ratio(fl?.nodeHttpSoldOut?.rps, fl?.nodeHttp?.rps)} of submit req/s: a server that makes one Redis call ` +
+        `per sold-out answer spends about what a reservation costs on it. What the shared call leaves is the ` +
+        `request's own cost (HTTP, token, body, express) and its share of the call.`,
     );
   }
   const p = r.pipeline;
@@ -635,7 +636,9 @@ export function renderReport(r: Results, analysis: string): string {
   if (r.soldOut) {
     L.push(
       `Sold-out: ${f0(r.soldOut.rps)} req/s, p50 ${f1(r.soldOut.p50Ms)} ms, p99 ${f1(r.soldOut.p99Ms)} ms, status codes ${JSON.stringify(r.soldOut.statusCounts)} ` +
-        '(each request still authenticates the buyer and validates the body; the process-local flag answers without Redis).',
+        '(each request still authenticates the buyer and validates the body; the process-local flag skips the reserve ' +
+        'script, and the sold-out answers of one turn of the event loop share one call for the replay rule and the ' +
+        "buyers' windows, lua/soldOutChecks-var.lua).",
     );
   }
   if (r.healthz) {

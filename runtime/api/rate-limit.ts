@@ -5,7 +5,7 @@
  * until the window ends, so a flood from one buyer or address costs Redis nothing after that.
  *
  * The order submission's per-buyer point is counted by the reservation's own script call
- * (reserve-9.lua, or soldOutCheck-2.lua on the sold-out fast path): one Redis call per submission.
+ * (reserve-9.lua, or soldOutChecks-var.lua on the sold-out fast path): one Redis call per submission.
  * This module only hands the window's figures to the route and acts on the script's count
  * (`submitLimit`). Order codes and registrations count in the same counter through
  * rate-limiter-flexible (the scripts count exactly as its RateLimiterRedis does), so a buyer has

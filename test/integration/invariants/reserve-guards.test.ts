@@ -21,7 +21,8 @@ import {
   soldOutCheck,
 } from '../../../core/reservations.js';
 import type { BuyerWindow } from '../../../core/reservations.js';
-import { runScript } from '../../../core/scripts.js';
+import { registerScripts, runScript } from '../../../core/scripts.js';
+import { MAX_CHECKS_PER_CALL } from '../../../core/sold-out-checks.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 
 const TIMEOUT_MS = 60_000;
@@ -327,6 +328,64 @@ describe('script guards at their boundaries (real Redis)', () => {
           ),
         ).toBe('ok:sold-out');
         expect(await redis.exists(counter(a.id, 'w'))).toBe(0);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'sold-out checks of one turn share one script call, each answered as its own call would be',
+      async () => {
+        const a = await activity([item('s', 1, 1)]);
+        expect(await submit(a.id, 'u', 'r1', 's')).toBe('ok:reserved');
+        // A connection of its own, its script calls counted where the client sends them.
+        const own = redis.duplicate();
+        registerScripts(own);
+        const calls: number[] = [];
+        const invoke = (own as unknown as Record<string, (...args: unknown[]) => Promise<unknown>>)
+          .fs_soldOutChecks!;
+        (own as unknown as Record<string, unknown>).fs_soldOutChecks = (...args: unknown[]) => {
+          calls.push(Number(args[0]) / 2);
+          return invoke.apply(own, args);
+        };
+        try {
+          const check = (userId: string, requestId: string, w: BuyerWindow = window) =>
+            outcome(() => soldOutCheck(own, { activityId: a.id, userId, skuId: 's', requestId, window: w }));
+          // Started in one turn: one call, answered in order (v's four count 1, 2, 3, 4 > 3).
+          const answers = await Promise.all([
+            check('u', 'r1'),
+            check('v', 'a'),
+            check('v', 'b'),
+            check('w', 'x', { requests: 0, perSeconds: 0 }),
+            check('v', 'c'),
+            check('v', 'd'),
+          ]);
+          expect(answers).toEqual([
+            'ok:replay',
+            'ok:sold-out',
+            'ok:sold-out',
+            'ok:sold-out',
+            'ok:sold-out',
+            'RATE_LIMITED',
+          ]);
+          expect(lastRetryMs).toBeGreaterThan(0);
+          expect(calls).toEqual([6]);
+          expect(await redis.get(counter(a.id, 'u'))).toBe('1');
+          expect(await redis.get(counter(a.id, 'v'))).toBe('4');
+          expect(await redis.exists(counter(a.id, 'w'))).toBe(0);
+          // More than one call holds: MAX_CHECKS_PER_CALL each, every check answered.
+          calls.length = 0;
+          const many = await Promise.all(
+            Array.from({ length: MAX_CHECKS_PER_CALL + 2 }, (_, i) => check(`m${i}`, 'r')),
+          );
+          expect(many.filter((x) => x === 'ok:sold-out')).toHaveLength(MAX_CHECKS_PER_CALL + 2);
+          expect(calls).toEqual([MAX_CHECKS_PER_CALL, 2]);
+          // A call that fails fails every check it carried (none left waiting).
+          await own.quit();
+          const failed = await Promise.allSettled([check('x', 'a'), check('y', 'a')]);
+          expect(failed.map((f) => f.status)).toEqual(['rejected', 'rejected']);
+        } finally {
+          if (own.status !== 'end') own.disconnect();
+        }
       },
       TIMEOUT_MS,
     );

@@ -18,7 +18,7 @@ describe('script registry', () => {
       ]),
     );
     expect(scripts.get('reserve')?.numberOfKeys).toBe(9);
-    expect(scripts.get('soldOutCheck')?.numberOfKeys).toBe(2);
+    expect(scripts.get('soldOutChecks')?.numberOfKeys).toBeUndefined();
     expect(scripts.get('countWindow')?.numberOfKeys).toBe(1);
     expect(scripts.get('release')?.numberOfKeys).toBe(6);
     expect(scripts.get('cancelBeforeReserve')?.numberOfKeys).toBe(3);
