@@ -351,6 +351,7 @@ describe('script guards at their boundaries (real Redis)', () => {
           const check = (userId: string, requestId: string, w: BuyerWindow = window) =>
             outcome(() => soldOutCheck(own, { activityId: a.id, userId, skuId: 's', requestId, window: w }));
           // Started in one turn: one call, answered in order (v's four count 1, 2, 3, 4 > 3).
+          lastRetryMs = 0;
           const answers = await Promise.all([
             check('u', 'r1'),
             check('v', 'a'),
