@@ -4,12 +4,13 @@
  */
 import { createHash } from 'node:crypto';
 import { bucketLayout, completeTransfers, knownBucketLayout, refillBucket, unitsLeft } from './buckets.js';
-import { FlashSaleError } from './errors.js';
+import { FlashSaleError, scriptError } from './errors.js';
 import { activityKeys, BucketKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
 import { CANCEL_MARKER_STATE, CLAIM_STATE, reservationRecordOf } from './order-message.js';
 import type { ReservationRecord, ReservationState } from './order-message.js';
 import type { RedisClient, ScriptReply } from './scripts.js';
+import { scriptBatch } from './script-batch.js';
 import { runScript } from './scripts.js';
 import { checkSoldOut } from './sold-out-checks.js';
 
@@ -243,6 +244,37 @@ async function reserveClaimed(
   }
 }
 
+/** Reservations per call at most: a bound on one call's keys and on its time in Redis. */
+export const RESERVATIONS_PER_CALL = 64;
+
+/** One reservation's keys and arguments: reserve-9.lua's, in its order. */
+interface ReserveCall {
+  keys: string[];
+  args: (string | number)[];
+}
+
+/**
+ * The reservations of one turn of the event loop in one scope, in one call
+ * (lua/reserveMany-var.lua runs reserve-9.lua's body for each, in order; ARCHITECTURE.md "One Redis
+ * call per submission"). Each is answered with its own reply, or fails alone: its code through
+ * core/errors.ts, an error of its own part as its own call's ReplyError would.
+ */
+const reserveBatched = scriptBatch<ReserveCall, ScriptReply>({
+  script: 'reserveMany',
+  maxCalls: RESERVATIONS_PER_CALL,
+  leadingArgs: (calls) => [calls.length],
+  encode: (c, keys, args) => {
+    keys.push(...c.keys);
+    args.push(...c.args);
+  },
+  answer: (reply, i) => {
+    const own = reply[1 + i] as unknown as ScriptReply;
+    if (String(own[0]) === 'ERR') return Object.assign(new Error(String(own[1])), { name: 'ReplyError' });
+    const code = Number(own[0]);
+    return code < 0 ? scriptError('reserve', code, own.slice(1)) : own;
+  },
+});
+
 async function reserveIn(
   redis: RedisClient,
   k: ScopeKeys,
@@ -254,10 +286,8 @@ async function reserveIn(
   // Only an activity scope is passed a window (reserve() counts a bucket's apart): its counter
   // shares the activity's hash tag.
   const counter = window ? activityKeys(input.activityId).rateLimitKey('buyer', input.userId) : k.none;
-  const reply = await runScript(
-    redis,
-    'reserve',
-    [
+  const reply = await reserveBatched(redis, k.prefix, {
+    keys: [
       k.meta,
       k.sku(input.skuId),
       k.buyer(input.userId),
@@ -268,7 +298,7 @@ async function reserveIn(
       input.orderCode ? k.orderCode(input.orderCode) : k.none,
       counter,
     ],
-    [
+    args: [
       rid,
       input.userId,
       input.skuId,
@@ -281,7 +311,7 @@ async function reserveIn(
       window?.perSeconds ?? 0,
       claimMode,
     ],
-  );
+  });
   if (reply[0] === 3) return { kind: 'unclaimed' };
   if (reply[0] === 1)
     return {

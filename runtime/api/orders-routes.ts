@@ -134,7 +134,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
     if (deps.soldOut.isSoldOut(activityId, body.skuId)) {
       // A retry of a submission that did reserve (its answer lost to a crash or a timeout) must
       // get its reservation back, not SOLD_OUT: it goes on to the script, which replays it. One
-      // call checks that and counts the submission in the buyer's window (soldOutCheck-2.lua).
+      // call checks that and counts the submission in the buyer's window (soldOutChecks-var.lua).
       let check;
       try {
         check = await soldOutCheck(deps.redis, {

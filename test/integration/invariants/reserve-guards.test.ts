@@ -16,6 +16,7 @@ import {
   rateLimitedMs,
   readReservation,
   release,
+  RESERVATIONS_PER_CALL,
   reservationIdFor,
   reserve,
   soldOutCheck,
@@ -383,6 +384,84 @@ describe('script guards at their boundaries (real Redis)', () => {
           // A call that fails fails every check it carried (none left waiting).
           await own.quit();
           const failed = await Promise.allSettled([check('x', 'a'), check('y', 'a')]);
+          expect(failed.map((f) => f.status)).toEqual(['rejected', 'rejected']);
+        } finally {
+          if (own.status !== 'end') own.disconnect();
+        }
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'reservations of one turn share one script call, each answered as its own call would be',
+      async () => {
+        const a = await activity([item('s', 3, 2), item('t', 200, 1)]);
+        const own = redis.duplicate();
+        registerScripts(own);
+        const calls: number[] = [];
+        const invoke = (own as unknown as Record<string, (...args: unknown[]) => Promise<unknown>>)
+          .fs_reserveMany!;
+        (own as unknown as Record<string, unknown>).fs_reserveMany = (...args: unknown[]) => {
+          calls.push(Number(args[0]) / 9);
+          return invoke.apply(own, args);
+        };
+        try {
+          const buy = (userId: string, requestId: string, skuId = 's', w: BuyerWindow | undefined = window) =>
+            outcome(() =>
+              reserve(own, {
+                activityId: a.id,
+                userId,
+                skuId,
+                quantity: 1,
+                requestId,
+                traceId: 't',
+                window: w,
+              }),
+            );
+          // A buyer whose hash is of the wrong type: its own reservation fails, no other.
+          await redis.set(activityKeys(a.id).buyer('broken'), 'x');
+          lastRetryMs = 0;
+          const answers = await Promise.allSettled([
+            buy('u', 'r1'),
+            buy('u', 'r1'),
+            buy('u', 'r2'),
+            buy('broken', 'r1'),
+            buy('u', 'r3'),
+            buy('v', 'r1'),
+            buy('w', 'r1', 's', { requests: 0, perSeconds: 0 }),
+            buy('u', 'r4', 't'),
+          ]);
+          expect(answers.map((x) => (x.status === 'fulfilled' ? x.value : String(x.reason)))).toEqual([
+            'ok:reserved',
+            'ok:replayed',
+            'ok:reserved',
+            expect.stringMatching(/^ReplyError: WRONGTYPE /),
+            'LIMIT_REACHED',
+            'ok:reserved',
+            'SOLD_OUT',
+            'RATE_LIMITED',
+          ]);
+          expect(calls).toEqual([8]);
+          expect(lastRetryMs).toBeGreaterThan(0);
+          // As one call after another: u counted 4 (the replay free), v 1, w not at all.
+          expect(await redis.get(counter(a.id, 'u'))).toBe('4');
+          expect(await redis.get(counter(a.id, 'v'))).toBe('1');
+          expect(await redis.exists(counter(a.id, 'w'))).toBe(0);
+          expect(await a.stock('s')).toBe(0);
+          const s = await readStock(redis, a.id);
+          expect([s.reserved, s.reservations]).toEqual([3, 3]);
+          expect(await redis.xlen(activityKeys(a.id).outbox)).toBe(3);
+          // More than one call holds: RESERVATIONS_PER_CALL each, every reservation answered.
+          calls.length = 0;
+          const many = await Promise.all(
+            Array.from({ length: RESERVATIONS_PER_CALL + 2 }, (_, i) => buy(`m${i}`, 'r', 't')),
+          );
+          expect(many.filter((x) => x === 'ok:reserved')).toHaveLength(RESERVATIONS_PER_CALL + 2);
+          expect(calls).toEqual([RESERVATIONS_PER_CALL, 2]);
+          expect(await a.stock('t')).toBe(200 - RESERVATIONS_PER_CALL - 2);
+          // A call that fails fails every reservation it carried (none left waiting).
+          await own.quit();
+          const failed = await Promise.allSettled([buy('x', 'a', 't'), buy('y', 'a', 't')]);
           expect(failed.map((f) => f.status)).toEqual(['rejected', 'rejected']);
         } finally {
           if (own.status !== 'end') own.disconnect();

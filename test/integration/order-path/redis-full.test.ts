@@ -110,7 +110,7 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
       expect(await buy(id, 'b', 'gone')).toBe('SOLD_OUT');
       expect(await buy(id, 'a', 'gone')).toBe('ok:replayed');
       expect(await buy(pending, 'b', 'gone')).toBe('NOT_STARTED');
-      // The sold-out fast path (soldOutCheck-2.lua; countWindow-1.lua for a bucketed SKU).
+      // The sold-out fast path (soldOutChecks-var.lua; countWindow-1.lua for a bucketed SKU).
       expect(await check(id, 'b', 'gone')).toBe('ok:sold-out');
       expect(await check(id, 'c', 'hot')).toBe('ok:sold-out');
       expect(await check(id, 'a', 'gone')).toBe('ok:replay');
@@ -121,6 +121,17 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
       // A reservation must write: refused, and nothing is written or counted.
       expect(await buy(id, 'c', 'left')).toBe('refused');
       expect(await buy(id, 'c', 'warm')).toBe('refused');
+      // The same submissions in one turn share one call (reserveMany-var.lua): each answered as
+      // its own call is, the refused reservations refused alone.
+      expect(
+        await Promise.all([
+          buy(id, 'd', 'left'),
+          buy(id, 'a', 'gone'),
+          buy(id, 'd', 'gone'),
+          buy(id, 'e', 'left'),
+          buy(pending, 'd', 'left'),
+        ]),
+      ).toEqual(['refused', 'ok:replayed', 'SOLD_OUT', 'refused', 'NOT_STARTED']);
       expect([await counter(id, 'a'), await counter(id, 'b'), await counter(id, 'c')]).toEqual([
         '2',
         '1',

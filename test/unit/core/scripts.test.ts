@@ -26,6 +26,11 @@ describe('script registry', () => {
     const reserve = scripts.get('reserve')!.lua;
     expect(reserve).toContain('local function nowMs()');
     expect(reserve).not.toContain('@include');
+    // The batch runs reserve-9.lua's own text for each reservation of the call.
+    const many = scripts.get('reserveMany');
+    expect(many?.numberOfKeys).toBeUndefined();
+    expect(many?.lua).toContain(reserve.slice(reserve.indexOf('local rid, user, sku, qty')));
+    expect(many?.lua).not.toContain('@include');
   });
 
   test('an include named again by another include is spliced once', () => {
