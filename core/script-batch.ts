@@ -50,9 +50,14 @@ export function scriptBatch<Call, Answer>(
     runScript(redis, spec.script, keys, args).then(
       (reply) => {
         queued.forEach((q, i) => {
-          const answer = spec.answer(reply, i);
-          if (answer instanceof Error) q.reject(answer);
-          else q.resolve(answer);
+          // A reply not of the script's shape fails its calls, never leaves one waiting.
+          try {
+            const answer = spec.answer(reply, i);
+            if (answer instanceof Error) q.reject(answer);
+            else q.resolve(answer);
+          } catch (err) {
+            q.reject(err);
+          }
         });
       },
       (err: unknown) => {
