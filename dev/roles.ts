@@ -320,8 +320,14 @@ export async function setUpActivity(
   return { id, topics, definition };
 }
 
-/** A keep-alive HTTP client for load from the test process. */
-export function httpClient(connections = 64): {
+/**
+ * A keep-alive HTTP client for load from the test process. `timeoutMs` bounds the wait for an
+ * answer's headers and for each part of its body (undici's default is 300 s).
+ */
+export function httpClient(
+  connections = 64,
+  o: { timeoutMs?: number } = {},
+): {
   post: (
     url: string,
     body: unknown,
@@ -338,7 +344,12 @@ export function httpClient(connections = 64): {
   }>;
   close: () => Promise<void>;
 } {
-  const dispatcher = new Agent({ connections, pipelining: 1, keepAliveTimeout: 30_000 });
+  const dispatcher = new Agent({
+    connections,
+    pipelining: 1,
+    keepAliveTimeout: 30_000,
+    ...(o.timeoutMs ? { headersTimeout: o.timeoutMs, bodyTimeout: o.timeoutMs } : {}),
+  });
   const raw = async (
     url: string,
     init: { method: string; body?: string | Buffer; headers?: Record<string, string> },

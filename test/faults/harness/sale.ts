@@ -273,7 +273,16 @@ export interface BuyerAnswer {
   reservationId?: string;
   code?: string;
   attempts: number;
+  /** Why the attempt got no answer (status 0): the connection's error, or no answer in time. */
+  error?: string;
 }
+
+/**
+ * How long a buyer waits for one answer before it counts the attempt as unanswered and tries
+ * again (same requestId): the api answers within its dependencies' timeouts, a few seconds; an
+ * answer that never comes is logged with its buyer, so a stalled step names itself.
+ */
+export const BUYER_REQUEST_TIMEOUT_MS = 30_000;
 
 /**
  * Every buyer submits one order (same requestId on every attempt) and retries while the answer is
@@ -294,9 +303,12 @@ export async function buyers(
     onAttempt?: (answer: BuyerAnswer) => void;
     /** A worker's pause before its next buyer, to spread the load over time. */
     pauseMs?: number;
+    /** Default BUYER_REQUEST_TIMEOUT_MS. */
+    requestTimeoutMs?: number;
   },
 ): Promise<BuyerAnswer[]> {
-  const http = httpClient(o.concurrency ?? 8);
+  const timeoutMs = o.requestTimeoutMs ?? BUYER_REQUEST_TIMEOUT_MS;
+  const http = httpClient(o.concurrency ?? 8, { timeoutMs });
   const tokens = new Map<string, string>();
   for (const b of ids) tokens.set(b, await tokenFor(b));
   const out: BuyerAnswer[] = new Array<BuyerAnswer>(ids.length);
@@ -322,8 +334,14 @@ export async function buyers(
             ...(typeof r.json.reservationId === 'string' ? { reservationId: r.json.reservationId } : {}),
             ...(typeof r.json.code === 'string' ? { code: r.json.code } : {}),
           };
-        } catch {
-          // the connection died with the process, or the api is restarting
+        } catch (err) {
+          // The connection died with the process, the api is restarting, or no answer came.
+          const e = err as { code?: string; message?: string };
+          answer.error = e.code ?? e.message ?? String(err);
+          if (/TIMEOUT/.test(answer.error))
+            console.log(
+              `buyer ${b} (${activityId}), attempt ${a}: no answer in ${timeoutMs} ms (${answer.error})`,
+            );
         }
         o.onAttempt?.(answer);
         if ((answer.status >= 200 && answer.status < 500) || o.signal?.aborted) break;
