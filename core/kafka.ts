@@ -294,7 +294,11 @@ export interface PartitionedProducer extends Producer {
  * The partition is chosen here with the producer's own partitioner (the key's murmur2 hash, as
  * kafkajs and the Java client do), from the topic's partition metadata, read again once it is
  * KAFKA_METADATA_MAX_AGE_MS old and after a failed send: partitions added to the topic mid-sale
- * (to spread the orders over more consumers) take new orders within seconds. When that read fails
+ * (to spread the orders over more consumers) take new orders within seconds. kafkajs itself sends
+ * nothing to a partition its own metadata (read as often) does not have yet, and resolves the send:
+ * a partition's send whose answer does not name that partition fails, so the caller sends it again
+ * (seen 2026-12-06: six orders deleted from the outbox unsent, in the fault test that adds
+ * partitions mid-sale, test/integration/faults/kafka-maintenance.test.ts). When that read fails
  * the partitions known before are used (the send then tells whether the brokers answer). A message
  * that names its partition keeps it.
  */
@@ -336,7 +340,19 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Partit
         else groups.set(partition, [{ ...message, partition }]);
       }
       const results = await Promise.allSettled(
-        [...groups.values()].map((messages) => producer.send({ ...record, messages })),
+        [...groups].map(async ([partition, messages]) => {
+          const sent = await producer.send({ ...record, messages });
+          // kafkajs sends nothing for a partition its own metadata does not have yet, and resolves
+          // (cluster.findLeaderForPartitions skips it): a partition added since the producer last
+          // read the topic's metadata, which the partitions read above already name. A send with
+          // no answer for its partition sent nothing; failing it has the caller send again with a
+          // fresh producer, which reads the metadata first.
+          if (!sent.some((r) => r.partition === partition))
+            throw new Error(
+              `kafka producer sent nothing to partition ${partition} of ${record.topic} (not in its metadata yet)`,
+            );
+          return sent;
+        }),
       );
       const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
       if (failed) throw failed.reason;

@@ -10,6 +10,8 @@ import { KAFKA_METADATA_MAX_AGE_MS, onePartitionPerRequest } from '../../../core
 
 function fakes(partitions = 3, failPartition?: number) {
   const sends: ProducerRecord[] = [];
+  /** The partitions kafkajs' own metadata has: it sends nothing to the others, and resolves. */
+  let producerKnows = Infinity;
   let metadataReads = 0;
   let settled = 0;
   let metadataFails = false;
@@ -30,6 +32,7 @@ function fakes(partitions = 3, failPartition?: number) {
       settled += 1;
       const p = r.messages[0]!.partition!;
       if (p === failPartition) throw new Error(`partition ${p} failed`);
+      if (p >= producerKnows) return [];
       return [{ topicName: r.topic, partition: p, errorCode: 0 }];
     },
     disconnect: async () => undefined,
@@ -56,6 +59,9 @@ function fakes(partitions = 3, failPartition?: number) {
     },
     failMetadata: (fails: boolean) => {
       metadataFails = fails;
+    },
+    producerKnows: (n: number) => {
+      producerKnows = n;
     },
   };
 }
@@ -93,6 +99,20 @@ describe('onePartitionPerRequest', () => {
     await expect(p.send({ topic: 't', messages })).rejects.toThrow('partition 1 failed');
     expect(f.settled()).toBe(f.sends.length);
     await expect(p.send({ topic: 't', messages })).rejects.toThrow('partition 1 failed');
+    expect(f.reads()).toBe(2);
+  });
+
+  it('fails the send when kafkajs sent nothing to a partition its own metadata lacks (added since), never resolving it as sent', async () => {
+    const f = fakes(6);
+    f.producerKnows(3);
+    const p = onePartitionPerRequest(f.producer, f.kafka);
+    await expect(p.send({ topic: 't', messages })).rejects.toThrow(
+      /sent nothing to partition [345] of t \(not in its metadata yet\)/,
+    );
+    // Every partition's send settled first; the next send reads the metadata again.
+    expect(f.settled()).toBe(f.sends.length);
+    f.producerKnows(6);
+    await expect(p.send({ topic: 't', messages })).resolves.toHaveLength(6);
     expect(f.reads()).toBe(2);
   });
 
