@@ -1,8 +1,9 @@
 --[[
   The reservations of one turn of the api's event loop in one scope (core/reservations.ts through
   core/script-batch.ts) in one call: reserve-9.lua's own text as a function's body, run for each
-  of them in their order as their own calls would run one after another. Two submissions of one buyer count two points and hold two slots; a
-  requestId sent twice in one turn is reserved by the first and replayed by the second.
+  of them in their order as their own calls would run one after another. Two submissions of one
+  buyer count two points and hold two slots; a requestId sent twice in one turn is reserved by the
+  first and replayed by the second.
 
   Input, per reservation i = 0..n-1 (all keys in one slot: one scope):
     KEYS[9i+1 .. 9i+9]    reserve-9.lua's KEYS[1..9]
