@@ -238,8 +238,8 @@ function sentinelLogTails(state: string, nodeDir: string): string {
       });
       const primaryPort = e.REDIS_SENTINEL_PRIMARY_PORT!;
       const sentinelPort = String(servers.sentinel!.sentinels[0]!.port);
-      const masterPort = async (): Promise<string> =>
-        (await redisCli(sentinelPort, 'sentinel', 'get-master-addr-by-name', e.REDIS_SENTINEL_MASTER!)).split(
+      const masterPort = async (port = sentinelPort): Promise<string> =>
+        (await redisCli(port, 'sentinel', 'get-master-addr-by-name', e.REDIS_SENTINEL_MASTER!)).split(
           '\n',
         )[1] ?? '';
       let outboxAtLoss = 0;
@@ -283,9 +283,18 @@ function sentinelLogTails(state: string, nodeDir: string): string {
         for (const f of readdirSync(dir))
           if (f !== 'redis.conf' && f !== 'redis.log') rmSync(join(dir, f), { recursive: true, force: true });
         if (order === 'failover first') {
+          // Every Sentinel, not only the first to hear of it: a lost machine comes back minutes
+          // later, when they all agree. A node restarted while one of them still names it is an
+          // empty primary to a client asking that Sentinel (one make faults run on 2026-12-06: the
+          // operator found the cache empty and restored, although the promoted replica kept all).
           await waitFor(
-            'Sentinel to promote the replica',
-            async () => (await masterPort()) === e.REDIS_SENTINEL_REPLICA_PORT!,
+            'every Sentinel to name the promoted replica',
+            async () => {
+              const named = await Promise.all(
+                servers.sentinel!.sentinels.map((x) => masterPort(String(x.port)).catch(() => '')),
+              );
+              return named.every((port) => port === e.REDIS_SENTINEL_REPLICA_PORT!);
+            },
             60_000,
             100,
           );

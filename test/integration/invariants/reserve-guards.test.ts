@@ -83,6 +83,23 @@ describe('script guards at their boundaries (real Redis)', () => {
     return { id, def, buy, rid, rel, stock, cancel };
   }
 
+  /**
+   * A connection of its own whose calls of a batched `-var` script are counted where the client
+   * sends them: `calls` gets each call's number of submissions (its keys / `keysPerCall`).
+   */
+  function countingCalls(script: string, keysPerCall: number): { own: Redis; calls: number[] } {
+    const own = redis.duplicate();
+    registerScripts(own);
+    const calls: number[] = [];
+    const commands = own as unknown as Record<string, (...args: unknown[]) => Promise<unknown>>;
+    const invoke = commands[`fs_${script}`]!;
+    commands[`fs_${script}`] = (...args: unknown[]) => {
+      calls.push(Number(args[0]) / keysPerCall);
+      return invoke.apply(own, args);
+    };
+    return { own, calls };
+  }
+
   /** `ok:<kind>` or the error code: what the caller of the script sees. */
   async function outcome(call: () => Promise<{ kind: string }>): Promise<string> {
     try {
@@ -338,16 +355,7 @@ describe('script guards at their boundaries (real Redis)', () => {
       async () => {
         const a = await activity([item('s', 1, 1)]);
         expect(await submit(a.id, 'u', 'r1', 's')).toBe('ok:reserved');
-        // A connection of its own, its script calls counted where the client sends them.
-        const own = redis.duplicate();
-        registerScripts(own);
-        const calls: number[] = [];
-        const invoke = (own as unknown as Record<string, (...args: unknown[]) => Promise<unknown>>)
-          .fs_soldOutChecks!;
-        (own as unknown as Record<string, unknown>).fs_soldOutChecks = (...args: unknown[]) => {
-          calls.push(Number(args[0]) / 2);
-          return invoke.apply(own, args);
-        };
+        const { own, calls } = countingCalls('soldOutChecks', 2);
         try {
           const check = (userId: string, requestId: string, w: BuyerWindow = window) =>
             outcome(() => soldOutCheck(own, { activityId: a.id, userId, skuId: 's', requestId, window: w }));
@@ -396,15 +404,7 @@ describe('script guards at their boundaries (real Redis)', () => {
       'reservations of one turn share one script call, each answered as its own call would be',
       async () => {
         const a = await activity([item('s', 3, 2), item('t', 200, 1)]);
-        const own = redis.duplicate();
-        registerScripts(own);
-        const calls: number[] = [];
-        const invoke = (own as unknown as Record<string, (...args: unknown[]) => Promise<unknown>>)
-          .fs_reserveMany!;
-        (own as unknown as Record<string, unknown>).fs_reserveMany = (...args: unknown[]) => {
-          calls.push(Number(args[0]) / 9);
-          return invoke.apply(own, args);
-        };
+        const { own, calls } = countingCalls('reserveMany', 9);
         try {
           const buy = (userId: string, requestId: string, skuId = 's', w: BuyerWindow | undefined = window) =>
             outcome(() =>
