@@ -36,6 +36,7 @@ import {
   openActivity,
   openContext,
   redisCpuS,
+  releaseActivities,
 } from './lib/context.js';
 import type { Ctx } from './lib/context.js';
 import { buildRuntime, loadCore, readConfig, serversDown, serversUp } from './lib/env.js';
@@ -316,6 +317,9 @@ async function main(): Promise<void> {
         }),
       );
     }
+    // Each phase from here on opens its own sales: what the ones before left in Redis goes first.
+    const release = (after: string): Promise<void> =>
+      phase(results, 'release', () => releaseActivities(c, after)).then(() => undefined);
     const base = api ? `http://127.0.0.1:${api.port}` : '';
     const pid = api?.pid ?? -1;
     let refCommand: string[] | undefined;
@@ -481,6 +485,7 @@ async function main(): Promise<void> {
         }),
       );
     }
+    await release('the submit, sold-out, floors and profile phases');
 
     if (has('micro')) {
       results.micro = await phase(results, 'micro', () => microBenchmarks(c));
@@ -506,12 +511,14 @@ async function main(): Promise<void> {
         pipelineAndDrain(c, `bpipe-${runId}`, cfg.drainReservations, deadline),
       );
     }
+    await release('the pipeline phase');
     if (has('backlog')) {
       const deadline = startedAt + cfg.budgetS * 1000 - 30_000;
       results.backlog = await phase(results, 'backlog', () =>
         backlogDrain(c, `bback-${runId}`, cfg.drainReservations, deadline),
       );
     }
+    await release('the backlog phase');
 
     // --- 6. Fairness under bots: shaping off, then on ------------------------------------------------
     if (has('buckets')) {
@@ -520,11 +527,13 @@ async function main(): Promise<void> {
     if (has('fairness')) {
       results.fairness = await phase(results, 'fairness', () => fairness(c));
     }
+    await release('the fairness phase');
 
     if (has('capacity')) {
       const figures = await phase(results, 'capacity', () => capacity(c));
       if (figures) writeCapacityPage(c, figures);
     }
+    await release('the capacity phase');
     if (has('kafka-replication')) {
       const figures = await phase(results, 'kafka-replication', () => kafkaReplication(c));
       if (figures) writeReplicationBlock(c, figures);

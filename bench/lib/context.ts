@@ -7,7 +7,7 @@ import pg from 'pg';
 import { recordActivityItems } from '../../core/db/activity-items-store.js';
 import type { CatalogItem } from '../../core/model.js';
 import type { BenchConfig, CoreModules, Servers } from './env.js';
-import { mustRun } from './util.js';
+import { log, mustRun } from './util.js';
 
 export interface Ctx {
   cfg: BenchConfig;
@@ -82,6 +82,23 @@ export async function redisCpuS(ctx: Ctx): Promise<number> {
   const info = await ctx.redis.info('cpu');
   const get = (k: string): number => Number(new RegExp(`^${k}:([\\d.]+)`, 'm').exec(info)?.[1] ?? NaN);
   return get('used_cpu_sys') + get('used_cpu_user');
+}
+
+/**
+ * Drops the keys of every activity the run has opened so far and logs what Redis holds after it.
+ * The phases' sales leave their reservations, outbox and ledger behind (the submit sale alone takes
+ * hundreds of thousands of reservations), and the run's Redis has the 2 GB maxmemory with
+ * noeviction of test/env/start-redis.sh: kept, they filled it, and the later phases met OOM.
+ */
+export async function releaseActivities(ctx: Ctx, after: string): Promise<void> {
+  let keys = 0;
+  for (const a of ctx.activities) keys += await dropActivityKeys(ctx, a);
+  ctx.activities.clear();
+  const info = await ctx.redis.info('memory');
+  const field = (k: string): string => new RegExp(`^${k}:(\\S+)`, 'm').exec(info)?.[1] ?? '?';
+  log(
+    `after ${after}: dropped ${keys} keys; Redis used_memory ${field('used_memory_human')} of maxmemory ${field('maxmemory_human')}`,
+  );
 }
 
 /** Deletes every key of an activity (SCAN over its own prefix only, never a global pattern). */
