@@ -153,6 +153,34 @@ describe('script guards at their boundaries (real Redis)', () => {
     );
 
     test(
+      'limit 12: slots 1 to 12 in order, released slots taken again, no thirteenth',
+      async () => {
+        const a = await activity([item('s', 20, 12)]);
+        const buyerKey = activityKeys(a.id).buyer('u');
+        const slotOf = async (): Promise<Record<string, string>> => {
+          const fields = await redis.hgetall(buyerKey);
+          return Object.fromEntries(Object.entries(fields).filter(([f]) => f.startsWith('s:slot:')));
+        };
+        for (let i = 1; i <= 12; i += 1) expect(await a.buy('u', `r${i}`, 's', 1)).toBe('ok:reserved');
+        expect(await a.buy('u', 'r13', 's', 1)).toBe('LIMIT_REACHED');
+        const taken = await slotOf();
+        for (let i = 1; i <= 12; i += 1) expect(taken[`s:slot:${i}`]).toBe(a.rid('u', `r${i}`));
+        expect(Object.keys(taken)).toHaveLength(12);
+        expect(await a.rel('u', 'r3', 's')).toBe('ok:released');
+        expect(await a.rel('u', 'r10', 's')).toBe('ok:released');
+        expect(await a.buy('u', 'r14', 's', 1)).toBe('ok:reserved');
+        expect(await a.buy('u', 'r15', 's', 1)).toBe('ok:reserved');
+        expect(await a.buy('u', 'r16', 's', 1)).toBe('LIMIT_REACHED');
+        const again = await slotOf();
+        expect(again['s:slot:3']).toBe(a.rid('u', 'r14'));
+        expect(again['s:slot:10']).toBe(a.rid('u', 'r15'));
+        expect(Object.keys(again)).toHaveLength(12);
+        expect(await a.stock('s')).toBe(8);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
       'a release gives the units back with reopenOnRelease, and does not without it',
       async () => {
         const open = await activity([item('s', 10, 2)]);
