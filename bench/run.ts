@@ -25,6 +25,8 @@
  * durability (bench/lib/durability.ts: the PostgreSQL guard's and Redis WAIT's cost)
  * buckets (stock buckets on a Redis Cluster, bench/lib/buckets.ts); opt-in only: kafka-replication
  * (Kafka broker CPU at replication 3 vs 1 on three brokers, bench/lib/kafka-replication.ts).
+ * A phase that fails is listed in the report ("Phases that failed in this run") and last in the log,
+ * and the run exits 1: its figures are not to be quoted.
  */
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -558,6 +560,11 @@ async function main(): Promise<void> {
     log(`wrote ${cfg.outFile}`);
     for (const t of targets(results))
       log(`  ${t.verdict.padEnd(6)} ${t.figure}: ${t.detail} (target ${t.target})`);
+    // A run with a failed phase is no run to quote: said last, and the exit status says so too.
+    for (const [name, msg] of Object.entries(results.failures)) {
+      log(`  FAILED phase ${name}: ${msg.split('\n')[0]}`);
+      process.exitCode = 1;
+    }
   } finally {
     await cleanup(c);
   }
