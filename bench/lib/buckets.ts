@@ -20,6 +20,7 @@ import type { Cluster, Redis } from 'ioredis';
 import type * as DurableAckModule from '../../core/durable-ack.js';
 import type * as RedisModule from '../../core/redis.js';
 import type { Ctx } from './context.js';
+import { infoField } from './context.js';
 import { startRole, stopRole } from './runtime.js';
 import { log, mustRun, runCmd } from './util.js';
 
@@ -81,7 +82,7 @@ async function cpuS(nodes: Redis[]): Promise<{ sys: number; user: number }> {
   const s = { sys: 0, user: 0 };
   for (const n of nodes) {
     const info = await n.info('cpu');
-    const get = (k: string): number => Number(new RegExp(`^${k}:([\\d.]+)`, 'm').exec(info)?.[1] ?? NaN);
+    const get = (k: string): number => Number(infoField(info, k) ?? NaN);
     s.sys += get('used_cpu_sys');
     s.user += get('used_cpu_user');
   }
@@ -92,7 +93,7 @@ async function work(nodes: Redis[]): Promise<RedisWork> {
   const w: RedisWork = { commands: 0, reads: 0, inBytes: 0, replBytes: 0, waits: 0 };
   for (const n of nodes) {
     const info = await n.info('all');
-    const get = (k: string): number => Number(new RegExp(`^${k}:(\\d+)`, 'm').exec(info)?.[1] ?? 0);
+    const get = (k: string): number => Number(infoField(info, k) ?? 0);
     w.commands += get('total_commands_processed');
     w.reads += get('total_reads_processed');
     w.inBytes += get('total_net_input_bytes');

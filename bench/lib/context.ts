@@ -77,11 +77,15 @@ export async function openActivity(ctx: Ctx, activityId: string, items: CatalogI
   await ctx.core.cache.setGate(ctx.redis, activityId, 'open');
 }
 
+/** One field of an INFO reply (`<key>:<value>` lines), or undefined when it has none. */
+export function infoField(info: string, key: string): string | undefined {
+  return new RegExp(`^${key}:(\\S+)`, 'm').exec(info)?.[1];
+}
+
 /** CPU seconds (user + system, all threads) the Redis server has used so far (INFO cpu). */
 export async function redisCpuS(ctx: Ctx): Promise<number> {
   const info = await ctx.redis.info('cpu');
-  const get = (k: string): number => Number(new RegExp(`^${k}:([\\d.]+)`, 'm').exec(info)?.[1] ?? NaN);
-  return get('used_cpu_sys') + get('used_cpu_user');
+  return Number(infoField(info, 'used_cpu_sys') ?? NaN) + Number(infoField(info, 'used_cpu_user') ?? NaN);
 }
 
 /**
@@ -95,7 +99,7 @@ export async function releaseActivities(ctx: Ctx, after: string): Promise<void> 
   for (const a of ctx.activities) keys += await dropActivityKeys(ctx, a);
   ctx.activities.clear();
   const info = await ctx.redis.info('memory');
-  const field = (k: string): string => new RegExp(`^${k}:(\\S+)`, 'm').exec(info)?.[1] ?? '?';
+  const field = (k: string): string => infoField(info, k) ?? '?';
   log(
     `after ${after}: dropped ${keys} keys; Redis used_memory ${field('used_memory_human')} of maxmemory ${field('maxmemory_human')}`,
   );
