@@ -4,7 +4,12 @@
 // timeout, and a consumer's fetch that timed out was retried against the same broker. Patched, the
 // connection closes (the requests still on it fail at once), callers that reconnect it at the
 // same time share one socket, and the consumer drops the broker (closing its connections), so the
-// next metadata read comes from another. The end-to-end proof with a frozen broker of a real
+// next metadata read comes from another. A client begins at a random broker of its bootstrap list
+// and leaves a seed whose first request timed out for the next one (upstream, every client began
+// at the first, and one that stalled held each for about 5 minutes, then failed), and calls on any
+// broker (an admin's metadata read) try connected brokers first; a new connection's ApiVersions
+// request keeps the connection timeout it is sent with (upstream the whole request timeout), and an
+// idempotent producer asks for its id again when that request timed out (upstream its connect failed). The end-to-end proof with a frozen broker of a real
 // cluster is test/integration/faults/stalled-broker.test.ts; the "broker" here is a socket that
 // takes in every byte and answers none, the one behaviour under test.
 import net from 'node:net';
@@ -257,6 +262,211 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
 
     it('upstream: leaves them open', () => {
       expect(drop('upstream')).toEqual({ left: ['2'], metadataExpireAt: null, disconnects: 0 });
+    });
+  });
+
+  describe("a new connection's ApiVersions request (Broker.connect's handshake)", () => {
+    /** How long an ApiVersions request sent with a 100 ms timeout of its own waits, on a connection whose request timeout is 2 s. */
+    const waited = async (which: Which): Promise<number> => {
+      const Connection = kafkajsModule<ConnectionClass>(which, 'src/network/connection.js');
+      const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
+      const socketFactory = kafkajsModule<() => unknown>(which, 'src/network/socketFactory.js');
+      const connection = new Connection({
+        host: '127.0.0.1',
+        port,
+        logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
+        socketFactory: socketFactory(),
+        requestTimeout: 2_000,
+        connectionTimeout: 1_000,
+      });
+      await connection.connect();
+      const started = Date.now();
+      const ended = await outcome(connection.send({ ...apiVersions(which), requestTimeout: 100 } as never));
+      const ms = Date.now() - started;
+      await connection.disconnect();
+      expect(ended).toMatch(OWN_TIMEOUT);
+      return ms;
+    };
+
+    // Broker.apiVersions sends it with the connection timeout (its lock's timeout assumes so).
+    it('patched: keeps its own timeout, shorter than the request timeout', async () => {
+      expect(await waited('installed')).toBeLessThan(1_500);
+    });
+
+    it('upstream: waits the whole request timeout (a longer one of its own would win; a shorter one never does)', async () => {
+      expect(await waited('upstream')).toBeGreaterThanOrEqual(2_000);
+    });
+  });
+
+  describe("a client's first connect, its first bootstrap broker stalled", () => {
+    interface BrokerPoolProto {
+      connect(this: unknown): Promise<void>;
+    }
+    type CreateRetry = (options: { retries: number; initialRetryTime: number }) => unknown;
+    /** The seed brokers a pool's connect tried, in order, and how the connect ended. */
+    const connect = async (which: Which) => {
+      const proto = kafkajsModule<{ prototype: BrokerPoolProto }>(
+        which,
+        'src/cluster/brokerPool.js',
+      ).prototype;
+      const createRetry = kafkajsModule<CreateRetry>(which, 'src/retry/index.js');
+      const tried: number[] = [];
+      // The bootstrap list's first broker takes the connection and answers nothing (its
+      // ApiVersions request times out); the second answers.
+      const seed = (i: number) => ({
+        versions: { answered: i },
+        connect: async () => {
+          tried.push(i);
+          if (i === 0) throw timedOut(which, 'ApiVersions(key: 18, version: 2)');
+        },
+      });
+      let next = 0;
+      const pool = {
+        seedBroker: seed(next),
+        hasConnectedBrokers: () => false,
+        createSeedBroker: async () => {
+          next = (next + 1) % 2;
+          pool.seedBroker = seed(next);
+        },
+        retrier: createRetry({ retries: 3, initialRetryTime: 1 }),
+        logger: { error: () => undefined },
+        versions: undefined as unknown,
+      };
+      const ended = await proto.connect.call(pool).then(
+        () => 'connected',
+        (e: Error) => e.name,
+      );
+      return { tried, ended, versions: pool.versions };
+    };
+
+    it('patched: a seed whose ApiVersions timed out is left for the next broker of the list', async () => {
+      expect(await connect('installed')).toEqual({
+        tried: [0, 1],
+        ended: 'connected',
+        versions: { answered: 1 },
+      });
+    });
+
+    it('upstream: every retry goes back to the stalled seed until the retries are spent', async () => {
+      expect(await connect('upstream')).toEqual({
+        tried: [0, 0, 0, 0],
+        ended: 'KafkaJSNumberOfRetriesExceeded',
+        versions: undefined,
+      });
+    });
+  });
+
+  describe("a client's first bootstrap broker", () => {
+    type Builder = (options: Record<string, unknown>) => { build(): Promise<{ port: number }> };
+    /** The bootstrap broker each of 60 clients (one builder each) tries first. */
+    const firstPorts = async (which: Which): Promise<Set<number>> => {
+      const builder = kafkajsModule<Builder>(which, 'src/cluster/connectionPoolBuilder.js');
+      const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
+      const logger = loggers.createLogger({
+        level: loggers.LEVELS.NOTHING,
+        logCreator: () => () => undefined,
+      });
+      const first = new Set<number>();
+      for (let i = 0; i < 60; i += 1) {
+        const b = builder({ brokers: ['127.0.0.1:39092', '127.0.0.1:39093', '127.0.0.1:39094'], logger });
+        first.add((await b.build()).port);
+      }
+      return first;
+    };
+
+    it('patched: a random one of the list (each client then goes round the list from it)', async () => {
+      // 60 clients all beginning at the same one by chance: 3 × (1/3)^60.
+      expect([...(await firstPorts('installed'))].sort()).toEqual([39092, 39093, 39094]);
+    });
+
+    it('upstream: always the first of the list', async () => {
+      expect([...(await firstPorts('upstream'))]).toEqual([39092]);
+    });
+  });
+
+  describe("an idempotent producer's InitProducerId request that timed out", () => {
+    type CreateEosManager = (options: Record<string, unknown>) => {
+      initProducerId(): Promise<void>;
+      getProducerId(): number;
+    };
+    /** The brokers asked, the metadata reads forced, and how the producer's id request ended. */
+    const init = async (which: Which) => {
+      const createEosManager = kafkajsModule<CreateEosManager>(which, 'src/producer/eosManager/index.js');
+      const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
+      const asked: number[] = [];
+      let reads = 0;
+      // The metadata names broker 1 as the controller until it is read again; broker 1 stalls.
+      let controller = 1;
+      const cluster = {
+        retry: { retries: 3, initialRetryTime: 1 },
+        refreshMetadataIfNecessary: async () => undefined,
+        refreshMetadata: async () => {
+          reads += 1;
+          controller = 2;
+        },
+        findControllerBroker: async () => {
+          const nodeId = controller;
+          return {
+            initProducerId: async () => {
+              asked.push(nodeId);
+              if (nodeId === 1) throw timedOut(which, 'InitProducerId(key: 22, version: 1)');
+              return { producerId: 42, producerEpoch: 0 };
+            },
+          };
+        },
+      };
+      const eos = createEosManager({
+        logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
+        cluster,
+        transactional: false,
+      });
+      const ended = await eos.initProducerId().then(
+        () => `producer id ${eos.getProducerId()}`,
+        (e: Error) => e.name,
+      );
+      return { asked, reads, ended };
+    };
+
+    it('patched: reads the metadata again and asks the broker it then names', async () => {
+      expect(await init('installed')).toEqual({ asked: [1, 2], reads: 1, ended: 'producer id 42' });
+    });
+
+    it('upstream: gives up at once (the producer cannot connect)', async () => {
+      expect(await init('upstream')).toEqual({ asked: [1], reads: 0, ended: 'KafkaJSRequestTimeoutError' });
+    });
+  });
+
+  describe("the broker pool's calls on any broker (an admin's metadata read)", () => {
+    interface BrokerPoolProto {
+      withBroker(this: unknown, callback: (b: { nodeId: string }) => Promise<string>): Promise<string>;
+    }
+    /** The broker each of 40 calls tried first: broker 1's connection was closed by a timeout. */
+    const firstTried = async (which: Which): Promise<Set<string>> => {
+      const proto = kafkajsModule<{ prototype: BrokerPoolProto }>(
+        which,
+        'src/cluster/brokerPool.js',
+      ).prototype;
+      const broker = (connected: boolean) => ({ isConnected: () => connected });
+      const pool = {
+        brokers: { 1: broker(false), 2: broker(true), 3: broker(true) } as Record<
+          string,
+          { isConnected(): boolean }
+        >,
+        findBroker: async ({ nodeId }: { nodeId: string }) => pool.brokers[nodeId],
+      };
+      const first = new Set<string>();
+      for (let i = 0; i < 40; i += 1)
+        first.add(await proto.withBroker.call(pool, async ({ nodeId }) => nodeId));
+      return first;
+    };
+
+    it('patched: connected brokers first, so a broker whose request timed out comes last', async () => {
+      expect([...(await firstTried('installed'))].sort()).toEqual(['2', '3']);
+    });
+
+    it('upstream: any broker first, the stalled one too (each time a timeout waited out)', async () => {
+      // 40 calls all missing broker 1 by chance: (2/3)^40, about 1 in 11 million.
+      expect([...(await firstTried('upstream'))].sort()).toEqual(['1', '2', '3']);
     });
   });
 
