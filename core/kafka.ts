@@ -215,6 +215,16 @@ export function kafkaSecurityFromEnv(e: NodeJS.ProcessEnv = process.env): KafkaS
 }
 
 /**
+ * How long a new connection to a broker may take: the TCP connect, and (patches/kafkajs+2.2.4.patch)
+ * its ApiVersions handshake, which kafkajs sends with this timeout. A broker that stalls (a paused
+ * process, cut off) still takes TCP connections and answers nothing: a client that meets it first
+ * in its bootstrap list moves on to the next broker after this long. Above kafkajs' 1 s default so
+ * that a healthy broker on a loaded machine (a JVM pause) is not taken for a stalled one; a client
+ * whose handshake timed out everywhere retries with backoff anyway.
+ */
+export const KAFKA_CONNECTION_TIMEOUT_MS = 3_000;
+
+/**
  * A kafkajs client; TLS and SASL come from the environment unless given (kafkaSecurityFromEnv).
  * With `logger`, kafkajs' lines go through it, repeats held back (core/kafka-log.ts); without,
  * kafkajs writes its own JSON to the console (tests, benchmarks, the demo's scripts).
@@ -230,6 +240,7 @@ export function createKafka(
   return new Kafka({
     clientId,
     brokers,
+    connectionTimeout: KAFKA_CONNECTION_TIMEOUT_MS,
     logLevel: logLevel.WARN,
     retry: { retries: 8, initialRetryTime: 200 },
     ...(logger ? { logCreator: kafkajsLogCreator(logger) } : {}),
@@ -274,7 +285,7 @@ export function idempotentProducer(kafka: Kafka): PartitionedProducer {
  * records of one partition into one message (runtime/relay/relay.ts, order batches).
  */
 export interface PartitionedProducer extends Producer {
-  /** The producer's own partitioner for `topic` (metadata read once; again after a failed send). */
+  /** The producer's own partitioner for `topic`, by the partitions its sends go by. */
   partitionerFor(topic: string): Promise<(key: string) => number>;
 }
 
@@ -298,36 +309,70 @@ export interface PartitionedProducer extends Producer {
  * nothing to a partition its own metadata (read as often) does not have yet, and resolves the send:
  * a partition's send whose answer does not name that partition fails, so the caller sends it again
  * (seen 2026-12-06: six orders deleted from the outbox unsent, in the fault test that adds
- * partitions mid-sale, test/integration/faults/kafka-maintenance.test.ts). When that read fails
- * the partitions known before are used (the send then tells whether the brokers answer). A message
- * that names its partition keeps it.
+ * partitions mid-sale, test/integration/faults/kafka-maintenance.test.ts). A message that names
+ * its partition keeps it.
+ *
+ * Only the first read (and the first after a failed send) holds a send: once partitions are known,
+ * a read that is due runs beside the sends, which use the known partitions until it answers (when
+ * it fails, they are kept). The read goes to any broker of the cluster, and one that stalls (frozen,
+ * cut off) answers nothing until kafkajs' 30 s request timeout: seen 2026-12-06 as the last orders
+ * of a sale waiting 2–6 s and once more than 15 s in the outbox with a broker frozen
+ * (test/integration/faults/stalled-broker.test.ts), the relay loop holding them waiting on it. The
+ * reading client connects with the producer, so that a fresh producer's two bootstrap connects
+ * (each may first meet a stalled broker) overlap.
  */
 export function onePartitionPerRequest(producer: Producer, kafka: Kafka): PartitionedProducer {
   const partitioner = Partitioners.DefaultPartitioner();
-  const metadata = new Map<string, { partitions: PartitionMetadata[]; readAt: number }>();
-  let admin: Admin | undefined;
-  const read = async (topic: string): Promise<PartitionMetadata[]> => {
+  interface Known {
+    partitions: PartitionMetadata[];
+    readAt: number;
+    reading: boolean;
+  }
+  const metadata = new Map<string, Known>();
+  let admin: Promise<Admin> | undefined;
+  const connectAdmin = (): Promise<Admin> => {
     if (!admin) {
-      const a = kafka.admin();
-      await a.connect();
-      admin = a;
+      const connecting = (async () => {
+        const a = kafka.admin();
+        await a.connect();
+        return a;
+      })();
+      // A connect that failed is made again by the next read.
+      connecting.catch(() => {
+        if (admin === connecting) admin = undefined;
+      });
+      admin = connecting;
     }
-    const got = (await admin.fetchTopicMetadata({ topics: [topic] })).topics[0]?.partitions ?? [];
+    return admin;
+  };
+  const read = async (topic: string): Promise<PartitionMetadata[]> => {
+    const a = await connectAdmin();
+    const got = (await a.fetchTopicMetadata({ topics: [topic] })).topics[0]?.partitions ?? [];
     if (got.length === 0) throw new Error(`no partition metadata for topic ${topic}`);
     return got;
   };
   const partitionsOf = async (topic: string): Promise<PartitionMetadata[]> => {
     const known = metadata.get(topic);
-    if (known && Date.now() - known.readAt < KAFKA_METADATA_MAX_AGE_MS) return known.partitions;
-    let partitions: PartitionMetadata[];
-    try {
-      partitions = await read(topic);
-    } catch (err) {
-      if (!known) throw err;
-      partitions = known.partitions;
+    if (!known) {
+      const partitions = await read(topic);
+      metadata.set(topic, { partitions, readAt: Date.now(), reading: false });
+      return partitions;
     }
-    metadata.set(topic, { partitions, readAt: Date.now() });
-    return partitions;
+    if (!known.reading && Date.now() - known.readAt >= KAFKA_METADATA_MAX_AGE_MS) {
+      known.reading = true;
+      void read(topic)
+        .then(
+          (partitions) => {
+            known.partitions = partitions;
+          },
+          () => undefined,
+        )
+        .finally(() => {
+          known.readAt = Date.now();
+          known.reading = false;
+        });
+    }
+    return known.partitions;
   };
   const send = async (record: ProducerRecord): Promise<RecordMetadata[]> => {
     try {
@@ -364,6 +409,9 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Partit
   };
   return {
     ...producer,
+    connect: async (): Promise<void> => {
+      await Promise.all([producer.connect(), connectAdmin()]);
+    },
     send,
     partitionerFor: async (topic: string): Promise<(key: string) => number> => {
       const partitionMetadata = await partitionsOf(topic);
@@ -379,7 +427,7 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Partit
     disconnect: async (): Promise<void> => {
       const a = admin;
       admin = undefined;
-      await Promise.allSettled([producer.disconnect(), a?.disconnect()]);
+      await Promise.allSettled([producer.disconnect(), a?.then((c) => c.disconnect())]);
     },
   };
 }

@@ -15,6 +15,9 @@ function fakes(partitions = 3, failPartition?: number) {
   let metadataReads = 0;
   let settled = 0;
   let metadataFails = false;
+  /** Metadata reads from now on are never answered (the broker they went to stalls). */
+  let metadataHangs = false;
+  const events: string[] = [];
   const partitionsOf = (n: number): PartitionMetadata[] =>
     Array.from({ length: n }, (_, i) => ({
       partitionErrorCode: 0,
@@ -35,14 +38,24 @@ function fakes(partitions = 3, failPartition?: number) {
       if (p >= producerKnows) return [];
       return [{ topicName: r.topic, partition: p, errorCode: 0 }];
     },
+    connect: async () => {
+      events.push('producer connect');
+      await new Promise((resolve) => setImmediate(resolve));
+      events.push('producer connected');
+    },
     disconnect: async () => undefined,
   } as unknown as Producer;
   const kafka = {
     admin: () => ({
-      connect: async () => undefined,
+      connect: async () => {
+        events.push('admin connect');
+        await new Promise((resolve) => setImmediate(resolve));
+        events.push('admin connected');
+      },
       disconnect: async () => undefined,
       fetchTopicMetadata: async () => {
         metadataReads += 1;
+        if (metadataHangs) await new Promise(() => undefined);
         if (metadataFails) throw new Error('no broker answers');
         return { topics: [{ name: 't', partitions: meta }] };
       },
@@ -60,6 +73,10 @@ function fakes(partitions = 3, failPartition?: number) {
     failMetadata: (fails: boolean) => {
       metadataFails = fails;
     },
+    hangMetadata: () => {
+      metadataHangs = true;
+    },
+    events,
     producerKnows: (n: number) => {
       producerKnows = n;
     },
@@ -116,7 +133,10 @@ describe('onePartitionPerRequest', () => {
     expect(f.reads()).toBe(2);
   });
 
-  it('reads the metadata again once it is KAFKA_METADATA_MAX_AGE_MS old, keeping what it knew when that read fails', async () => {
+  /** Lets a read started beside a send answer (the fakes answer within one turn). */
+  const settle = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
+  it('reads the metadata again once it is KAFKA_METADATA_MAX_AGE_MS old, beside the sends, keeping what it knew when that read fails', async () => {
     const f = fakes(3);
     const p = onePartitionPerRequest(f.producer, f.kafka);
     let now = 1_000_000;
@@ -133,8 +153,14 @@ describe('onePartitionPerRequest', () => {
       await p.send({ topic: 't', messages });
       expect(f.reads()).toBe(1);
       expect(Math.max(...partitionsUsed())).toBeLessThan(3);
-      // ... and the keys spread over all six once it is that old.
+      // ... once it is that old, the send goes by what is known and the read starts beside it ...
       now += 1;
+      f.sends.length = 0;
+      await p.send({ topic: 't', messages });
+      expect(f.reads()).toBe(2);
+      expect(Math.max(...partitionsUsed())).toBeLessThan(3);
+      // ... and the keys spread over all six once it has answered.
+      await settle();
       f.sends.length = 0;
       await p.send({ topic: 't', messages });
       expect(f.reads()).toBe(2);
@@ -147,11 +173,48 @@ describe('onePartitionPerRequest', () => {
       const out = await p.send({ topic: 't', messages });
       expect(out).toHaveLength(6);
       expect(f.reads()).toBe(3);
-      expect(Math.max(...partitionsUsed())).toBeGreaterThanOrEqual(3);
+      await settle();
       await p.send({ topic: 't', messages });
       expect(f.reads()).toBe(3);
+      expect(Math.max(...partitionsUsed())).toBeGreaterThanOrEqual(3);
+      now += KAFKA_METADATA_MAX_AGE_MS;
+      await p.send({ topic: 't', messages });
+      expect(f.reads()).toBe(4);
     } finally {
       clock.mockRestore();
     }
+  });
+
+  it('a read that is never answered (its broker stalls) holds no send, and only one is made at a time', async () => {
+    const f = fakes(3);
+    const p = onePartitionPerRequest(f.producer, f.kafka);
+    let now = 1_000_000;
+    const clock = jest.spyOn(Date, 'now').mockImplementation(() => now);
+    try {
+      await p.send({ topic: 't', messages });
+      f.hangMetadata();
+      now += KAFKA_METADATA_MAX_AGE_MS;
+      for (let i = 0; i < 3; i += 1) {
+        f.sends.length = 0;
+        await expect(p.send({ topic: 't', messages })).resolves.toHaveLength(3);
+        expect(f.sends).toHaveLength(3);
+        await expect(p.partitionerFor('t')).resolves.toBeInstanceOf(Function);
+        now += KAFKA_METADATA_MAX_AGE_MS;
+      }
+      expect(f.reads()).toBe(2);
+    } finally {
+      clock.mockRestore();
+    }
+  }, 10_000);
+
+  it('connects the client it reads partitions with together with the producer', async () => {
+    const f = fakes(3);
+    const p = onePartitionPerRequest(f.producer, f.kafka);
+    await p.connect();
+    // Both connects begin before either ends: a stalled bootstrap broker is waited out once.
+    expect(f.events.slice(0, 2).sort()).toEqual(['admin connect', 'producer connect']);
+    expect(f.events).toHaveLength(4);
+    await p.send({ topic: 't', messages });
+    expect(f.events).toHaveLength(4);
   });
 });
