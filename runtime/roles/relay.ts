@@ -34,13 +34,16 @@ export async function startRelays(
       reclaimIdleMs: cfg.RELAY_RECLAIM_IDLE_MS,
       consumerName: `${baseName}-${i}`,
     });
-    await relay.start();
     relays.push(relay);
     stops.push(async () => {
       await relay.stop();
       blocking.disconnect();
     });
   }
+  // Side by side: a loop's start connects its Kafka producer, which waits out the connection
+  // timeout when the bootstrap broker it meets first stalls (frozen, cut off); one after the other,
+  // the loops' waits would add up before the role is ready.
+  await Promise.all(relays.map((relay) => relay.start()));
   // Each loop finishes its batch in flight (Kafka acknowledged, entries deleted) before it stops,
   // or lets it go after RELAY_STOP_GRACE_MS when Kafka does not answer: all at once, so that the
   // loops' graces do not add up past SHUTDOWN_TIMEOUT_MS.
