@@ -15,13 +15,14 @@ import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
 import { Sale, answersToOrders, buyers, recoverAndCheck, countOrders } from '../../faults/harness/sale.js';
-import type { BuyerAnswer } from '../../faults/harness/sale.js';
+import type { AnswersToOrders, BuyerAnswer, Recovery } from '../../faults/harness/sale.js';
 import { privateKafkaSale } from '../../faults/harness/private-sale.js';
 import { waitFor } from '../../../dev/roles.js';
 import { uniqueId } from '../../../dev/servers.js';
 
 const STOCK = 40;
 const PARTITIONS = 3;
+const RICE = { skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: STOCK, limitPerUser: 1 };
 /**
  * Freeze to every order in PostgreSQL: one request timeout (kafkajs' 30 s) and slack for a loaded
  * machine. Measured 32.6-35.3 s; before patches/kafkajs+2.2.4.patch 64.5-104.8 s with a partition
@@ -31,6 +32,16 @@ const DRAIN_BOUND_MS = 60_000;
 /** The last wave's answers to its orders in PostgreSQL: far below one request timeout. */
 const LIVE_BOUND_MS = 15_000;
 
+/** Seconds from `from` to `to`, to a tenth. */
+const seconds = (from: number, to: number): number => Math.round((to - from) / 100) / 10;
+/** A case's order counts. */
+const orderFigures = (got: AnswersToOrders): Record<string, number> => ({
+  '202': got.accepted,
+  orders: got.orders,
+  lost: got.lost,
+  duplicated: got.duplicated,
+});
+
 describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
   let frozenPid = 0;
   // Declared before the fixture's, so it runs first (jest-circus runs afterAll hooks in order): the
@@ -39,6 +50,49 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
     if (frozenPid) process.kill(frozenPid, 'SIGCONT');
   });
   const f = privateKafkaSale();
+
+  /** Freezes node `node` of the private cluster (SIGSTOP); thawed when its test ends. */
+  const freeze = (node: number): number => {
+    frozenPid = Number(readFileSync(join(f.priv.state, `kafka-cluster-${node}.pid`), 'utf8').split('\n')[0]);
+    process.kill(frozenPid, 'SIGSTOP');
+    return Date.now();
+  };
+  /** What a drain with broker `node` frozen left to say: not drained within `within`, and its violations. */
+  const drainViolations = (node: number, rec: Recovery, within: number): Violation[] => [
+    ...(rec.drained
+      ? []
+      : [
+          {
+            rule: 'half-messages' as const,
+            detail: `broker ${node} frozen: outbox or ledger not drained within ${within / 1000} s`,
+          },
+        ]),
+    ...rec.violations.map((x) => ({ ...x, detail: `broker ${node} frozen: ${x.detail}` })),
+  ];
+  /** Ends a case: its activity and sale stopped, the broker thawed, its figures recorded, no violation. */
+  const finish = async (
+    scenario: string,
+    t0: number,
+    close: () => Promise<void>,
+    v: Violation[],
+    figures: Record<string, number>,
+  ): Promise<void> => {
+    await close();
+    await f.sale?.stop();
+    f.sale = undefined;
+    if (frozenPid) process.kill(frozenPid, 'SIGCONT');
+    frozenPid = 0;
+    const text = formatViolations(v);
+    console.log(`${scenario} figures: ${JSON.stringify(figures)}`);
+    recordRun({
+      scenario,
+      outcome: text === '' && Object.keys(figures).length > 0 ? 'pass' : 'fail',
+      ms: Date.now() - t0,
+      figures,
+      ...(text ? { detail: text } : {}),
+    });
+    expect(text).toBe('');
+  };
 
   // Which broker is frozen. A partition leader alone gives the consumer no reason to read metadata
   // again, only fetches to it that time out (the case the kafkajs patch is for). The group's
@@ -65,14 +119,9 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
     '$frozen: every 202 is exactly one order with it still frozen',
     async (c) => {
       const t0 = Date.now();
-      const p = f.priv;
       const servers = f.servers;
       const activityId = uniqueId('f-kstall');
-      const { topics, admin, sql, close } = await f.activity(
-        activityId,
-        [{ skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: STOCK, limitPerUser: 1 }],
-        PARTITIONS,
-      );
+      const { topics, admin, sql, close } = await f.activity(activityId, [RICE], PARTITIONS);
       const v: Violation[] = [];
       let figures: Record<string, number> = {};
       try {
@@ -147,9 +196,7 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
           throw new Error(`every orders partition is led by the coordinator ${coordinator}`);
         // The admin's connection to it would be the next to hang: it is done.
         await admin.disconnect();
-        frozenPid = Number(readFileSync(join(p.state, `kafka-cluster-${leader}.pid`), 'utf8').split('\n')[0]);
-        process.kill(frozenPid, 'SIGSTOP');
-        const frozenAt = Date.now();
+        const frozenAt = freeze(leader);
         // The second wave's orders are produced and consumed with the broker frozen.
         const second = await wave('b', STOCK / 4, idsMeeting('b', STOCK / 4, leader, 3));
         const answeredAt = Date.now();
@@ -158,52 +205,29 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
         // fetch or heartbeat go to the new leaders and coordinator (patches/kafkajs+2.2.4.patch).
         const rec = await recoverAndCheck(servers, activityId, DRAIN_BOUND_MS);
         const drainedAt = Date.now();
-        const notDrained = (within: number): Violation => ({
-          rule: 'half-messages',
-          detail: `broker ${leader} frozen: outbox or ledger not drained within ${within / 1000} s`,
-        });
-        if (!rec.drained) v.push(notDrained(DRAIN_BOUND_MS));
-        v.push(...rec.violations.map((x) => ({ ...x, detail: `broker ${leader} frozen: ${x.detail}` })));
+        v.push(...drainViolations(leader, rec, DRAIN_BOUND_MS));
         // The last units, oversubscribed, with the broker still frozen: every client has left it,
         // so these orders go through at once (no request waits on it again).
         const third = await wave('c', 3 * (STOCK / 4));
         const thirdAnsweredAt = Date.now();
         const last = await recoverAndCheck(servers, activityId, LIVE_BOUND_MS);
         const thirdDrainedAt = Date.now();
-        if (!last.drained) v.push(notDrained(LIVE_BOUND_MS));
-        v.push(...last.violations.map((x) => ({ ...x, detail: `broker ${leader} frozen: ${x.detail}` })));
+        v.push(...drainViolations(leader, last, LIVE_BOUND_MS));
         const answers = [...first, ...second, ...third];
 
         const got = await answersToOrders(sql, activityId, answers);
         v.push(...got.violations);
         figures = {
-          '202': got.accepted,
-          orders: got.orders,
-          lost: got.lost,
-          duplicated: got.duplicated,
-          'freeze to last answer s': Math.round((answeredAt - frozenAt) / 100) / 10,
-          'freeze to drained s': Math.round((drainedAt - frozenAt) / 100) / 10,
-          'last wave answered to drained s': Math.round((thirdDrainedAt - thirdAnsweredAt) / 100) / 10,
+          ...orderFigures(got),
+          'freeze to last answer s': seconds(frozenAt, answeredAt),
+          'freeze to drained s': seconds(frozenAt, drainedAt),
+          'last wave answered to drained s': seconds(thirdAnsweredAt, thirdDrainedAt),
           'role restarts': sale.deaths.length,
           'frozen broker leads orders partitions': orderLeaders.filter((l) => l === leader).length,
         };
         expect(got.accepted).toBe(STOCK);
       } finally {
-        await close();
-        await f.sale?.stop();
-        f.sale = undefined;
-        if (frozenPid) process.kill(frozenPid, 'SIGCONT');
-        frozenPid = 0;
-        const text = formatViolations(v);
-        console.log(`${c.scenario} figures: ${JSON.stringify(figures)}`);
-        recordRun({
-          scenario: c.scenario,
-          outcome: text === '' && Object.keys(figures).length > 0 ? 'pass' : 'fail',
-          ms: Date.now() - t0,
-          figures,
-          ...(text ? { detail: text } : {}),
-        });
-        expect(text).toBe('');
+        await finish(c.scenario, t0, close, v, figures);
       }
     },
     600_000,
@@ -217,22 +241,15 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
   // side (runtime/roles/relay.ts). Here the first broker of the list is frozen before any role starts.
   test('every role starts with the first bootstrap broker frozen, and every 202 is exactly one order', async () => {
     const t0 = Date.now();
-    const p = f.priv;
     const servers = f.servers;
     const activityId = uniqueId('f-kseed');
-    const { admin, sql, close } = await f.activity(
-      activityId,
-      [{ skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90', stock: STOCK, limitPerUser: 1 }],
-      PARTITIONS,
-    );
+    const { admin, sql, close } = await f.activity(activityId, [RICE], PARTITIONS);
     const v: Violation[] = [];
     let figures: Record<string, number> = {};
     try {
       await admin.disconnect();
       // kafka-cluster-1 is the first of KAFKA_CLUSTER_BROKERS (start-kafka.sh numbers them in order).
-      frozenPid = Number(readFileSync(join(p.state, 'kafka-cluster-1.pid'), 'utf8').split('\n')[0]);
-      process.kill(frozenPid, 'SIGSTOP');
-      const frozenAt = Date.now();
+      const frozenAt = freeze(1);
       const sale = new Sale({ servers, activityId });
       f.sale = sale;
       await sale.start();
@@ -246,40 +263,18 @@ describe('window 18 (Kafka): a broker stalls mid-sale (SIGSTOP)', () => {
       const answeredAt = Date.now();
       const rec = await recoverAndCheck(servers, activityId, DRAIN_BOUND_MS);
       const drainedAt = Date.now();
-      if (!rec.drained)
-        v.push({
-          rule: 'half-messages',
-          detail: `broker 1 frozen: outbox or ledger not drained within ${DRAIN_BOUND_MS / 1000} s`,
-        });
-      v.push(...rec.violations.map((x) => ({ ...x, detail: `broker 1 frozen: ${x.detail}` })));
+      v.push(...drainViolations(1, rec, DRAIN_BOUND_MS));
       const got = await answersToOrders(sql, activityId, answers);
       v.push(...got.violations);
       figures = {
-        '202': got.accepted,
-        orders: got.orders,
-        lost: got.lost,
-        duplicated: got.duplicated,
-        'freeze to roles ready s': Math.round((startedAt - frozenAt) / 100) / 10,
-        'answers to drained s': Math.round((drainedAt - answeredAt) / 100) / 10,
+        ...orderFigures(got),
+        'freeze to roles ready s': seconds(frozenAt, startedAt),
+        'answers to drained s': seconds(answeredAt, drainedAt),
         'role restarts': sale.deaths.length,
       };
       expect(got.accepted).toBe(STOCK / 2);
     } finally {
-      await close();
-      await f.sale?.stop();
-      f.sale = undefined;
-      if (frozenPid) process.kill(frozenPid, 'SIGCONT');
-      frozenPid = 0;
-      const text = formatViolations(v);
-      console.log(`window 18 (Kafka first bootstrap broker stalled) figures: ${JSON.stringify(figures)}`);
-      recordRun({
-        scenario: 'window 18 (Kafka first bootstrap broker stalled)',
-        outcome: text === '' && Object.keys(figures).length > 0 ? 'pass' : 'fail',
-        ms: Date.now() - t0,
-        figures,
-        ...(text ? { detail: text } : {}),
-      });
-      expect(text).toBe('');
+      await finish('window 18 (Kafka first bootstrap broker stalled)', t0, close, v, figures);
     }
   }, 600_000);
 });

@@ -65,7 +65,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
     await new Promise<void>((resolve) => server.close(() => resolve()));
   });
 
-  const open = (which: Which): Connection => {
+  const open = (which: Which, requestTimeout = REQUEST_TIMEOUT_MS): Connection => {
     const Connection = kafkajsModule<ConnectionClass>(which, 'src/network/connection.js');
     const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
     const socketFactory = kafkajsModule<() => unknown>(which, 'src/network/socketFactory.js');
@@ -74,7 +74,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
       port,
       logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
       socketFactory: socketFactory(),
-      requestTimeout: REQUEST_TIMEOUT_MS,
+      requestTimeout,
       connectionTimeout: 1_000,
     });
   };
@@ -268,17 +268,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
   describe("a new connection's ApiVersions request (Broker.connect's handshake)", () => {
     /** How long an ApiVersions request sent with a 100 ms timeout of its own waits, on a connection whose request timeout is 2 s. */
     const waited = async (which: Which): Promise<number> => {
-      const Connection = kafkajsModule<ConnectionClass>(which, 'src/network/connection.js');
-      const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
-      const socketFactory = kafkajsModule<() => unknown>(which, 'src/network/socketFactory.js');
-      const connection = new Connection({
-        host: '127.0.0.1',
-        port,
-        logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
-        socketFactory: socketFactory(),
-        requestTimeout: 2_000,
-        connectionTimeout: 1_000,
-      });
+      const connection = open(which, 2_000);
       await connection.connect();
       const started = Date.now();
       const ended = await outcome(connection.send({ ...apiVersions(which), requestTimeout: 100 } as never));
