@@ -5,8 +5,9 @@
 // session expires, but a client learns of it only when a request to the frozen broker times out.
 // Expected, with the broker still frozen: every 202 exactly one order, no duplicate, no gap, the
 // wave drained into PostgreSQL within DRAIN_BOUND_MS of the freeze, and a last wave after it
-// drained at once (no client goes back to the frozen broker). The suite's PostgreSQL and Redis
-// are used.
+// drained at once (no client goes back to the frozen broker). A third case freezes the first broker
+// of the bootstrap list before any role starts: every role starts, and every 202 is one order. The
+// suite's PostgreSQL and Redis are used.
 import { Partitioners } from 'kafkajs';
 import type { PartitionMetadata } from 'kafkajs';
 import { readFileSync } from 'node:fs';
