@@ -6,7 +6,7 @@
 
 /**
  * How long a stop waits for a Kafka client's disconnect: milliseconds when the broker answers; a
- * frozen broker would hold it for kafkajs' request timeout (30 s), past SHUTDOWN_TIMEOUT_MS.
+ * frozen broker would hold it for the request timeout (core/kafka.ts KAFKA_REQUEST_TIMEOUT_MS).
  */
 export const KAFKA_DISCONNECT_GRACE_MS = 1_000;
 

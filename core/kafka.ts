@@ -225,6 +225,21 @@ export function kafkaSecurityFromEnv(e: NodeJS.ProcessEnv = process.env): KafkaS
 export const KAFKA_CONNECTION_TIMEOUT_MS = 3_000;
 
 /**
+ * How long a client waits for a broker's answer to a request before it gives the request up
+ * (kafkajs' `requestTimeout`, 30 s by default, as the Java client's `request.timeout.ms`). A broker
+ * that stalls (a paused JVM, a cut that leaves TCP accepting) answers nothing, and a client learns
+ * of the stall only when a request to it times out: with 30 s every order of a frozen leader's
+ * partitions waited at least 30 s in the outbox, although the controllers fence a silent broker and
+ * move its leadership after `broker.session.timeout.ms` (9 s); at 10 s the relay's retry finds the
+ * new leader about when it is elected (docs/faults.md, window 18, stalled broker). A request that
+ * only takes long is sent again, which costs nothing but the wait: the producer is idempotent (a
+ * batch sent twice is written once) and a consumer's fetch, a `JoinGroup` and a connection's
+ * handshake keep timeouts of their own (the fetch's long poll, the group's rebalance timeout plus
+ * 5 s, KAFKA_CONNECTION_TIMEOUT_MS).
+ */
+export const KAFKA_REQUEST_TIMEOUT_MS = 10_000;
+
+/**
  * A kafkajs client; TLS and SASL come from the environment unless given (kafkaSecurityFromEnv).
  * With `logger`, kafkajs' lines go through it, repeats held back (core/kafka-log.ts); without,
  * kafkajs writes its own JSON to the console (tests, benchmarks, the demo's scripts).
@@ -241,6 +256,7 @@ export function createKafka(
     clientId,
     brokers,
     connectionTimeout: KAFKA_CONNECTION_TIMEOUT_MS,
+    requestTimeout: KAFKA_REQUEST_TIMEOUT_MS,
     logLevel: logLevel.WARN,
     retry: { retries: 8, initialRetryTime: 200 },
     ...(logger ? { logCreator: kafkajsLogCreator(logger) } : {}),
@@ -315,8 +331,8 @@ export interface PartitionedProducer extends Producer {
  * Only the first read (and the first after a failed send) holds a send: once partitions are known,
  * a read that is due runs beside the sends, which use the known partitions until it answers (when
  * it fails, they are kept). The read goes to any broker of the cluster, and one that stalls (frozen,
- * cut off) answers nothing until kafkajs' 30 s request timeout: seen 2026-12-06 as the last orders
- * of a sale waiting 2–6 s and once more than 15 s in the outbox with a broker frozen
+ * cut off) answers nothing until KAFKA_REQUEST_TIMEOUT_MS (then 30 s): seen 2026-12-06 as the last
+ * orders of a sale waiting 2–6 s and once more than 15 s in the outbox with a broker frozen
  * (test/integration/faults/stalled-broker.test.ts), the relay loop holding them waiting on it. The
  * reading client connects with the producer, so that a fresh producer's two bootstrap connects
  * (each may first meet a stalled broker) overlap.

@@ -1,9 +1,10 @@
 // Order events through a Kafka outage longer than the relay's send timeout (docs/order-events.md,
 // "A send that times out"). The broker is a private one (test/env/start-kafka.sh), frozen with
 // SIGSTOP while the relay has a send in flight and more events of the same orders wait, then
-// resumed after kafkajs' 30 s request timeout has expired (so a send left to itself reconnects and
-// retries). Every order's events must arrive in order (a re-sent event repeats in place, never
-// after a later one), and no producer may be left connected besides the relay's current one.
+// resumed after the request timeout (core/kafka.ts KAFKA_REQUEST_TIMEOUT_MS) has expired (so a
+// send left to itself reconnects and retries). Every order's events must arrive in order (a
+// re-sent event repeats in place, never after a later one), and no producer may be left connected
+// besides the relay's current one.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Kafka, Producer } from 'kafkajs';
@@ -33,7 +34,7 @@ import {
 } from './fixture.js';
 
 const SEND_TIMEOUT_MS = 2_000;
-// Longer than kafkajs' request timeout (30 s): the request in flight times out during the outage.
+// Longer than the request timeout (10 s): the request in flight times out during the outage.
 const PAUSE_MS = 40_000;
 const ORDERS = 20;
 
