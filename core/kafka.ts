@@ -277,9 +277,21 @@ export function createKafka(
 export const KAFKA_METADATA_MAX_AGE_MS = 5_000;
 
 /**
+ * The longest wait between two tries of one send (kafkajs' backoff doubles from 200 ms up to this,
+ * with its ±20 % jitter). A send is tried for as long as Kafka refuses it, so when an outage ends
+ * the orders wait up to this long for their next try: with 5 s, a try refused just before two of
+ * three brokers came back (`NOT_ENOUGH_REPLICAS`) slept out the 5 s after their return
+ * (docs/faults.md, "18 (Kafka majority lost)"). The cost: during an outage each send in flight is
+ * tried about once a second (a refused connection, or a request the broker refuses or the request
+ * timeout ends).
+ */
+export const KAFKA_SEND_MAX_RETRY_MS = 1_000;
+
+/**
  * An idempotent producer (acks from all in-sync replicas, one request in flight). Retries are
  * unbounded as kafkajs requires for its idempotence guarantee: during a broker outage a send
- * waits instead of failing, and the half messages simply stay in the outbox.
+ * waits instead of failing (a try at least every KAFKA_SEND_MAX_RETRY_MS), and the half messages
+ * simply stay in the outbox.
  *
  * Every request of a send targets one partition (onePartitionPerRequest): kafkajs 2.2.4 loses
  * messages otherwise when a partition's leader dies mid-send (see there).
@@ -291,7 +303,7 @@ export function idempotentProducer(kafka: Kafka): PartitionedProducer {
     allowAutoTopicCreation: false,
     createPartitioner: Partitioners.DefaultPartitioner,
     metadataMaxAge: KAFKA_METADATA_MAX_AGE_MS,
-    retry: { retries: Number.MAX_SAFE_INTEGER, initialRetryTime: 200, maxRetryTime: 5_000 },
+    retry: { retries: Number.MAX_SAFE_INTEGER, initialRetryTime: 200, maxRetryTime: KAFKA_SEND_MAX_RETRY_MS },
   });
   return onePartitionPerRequest(producer, kafka);
 }
