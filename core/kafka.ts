@@ -343,8 +343,8 @@ export interface PartitionedProducer extends Producer {
  * Only the first read (and the first after a failed send) holds a send: once partitions are known,
  * a read that is due runs beside the sends, which use the known partitions until it answers (when
  * it fails, they are kept). The read goes to any broker of the cluster, and one that stalls (frozen,
- * cut off) answers nothing until KAFKA_REQUEST_TIMEOUT_MS (then 30 s): seen 2026-12-06 as the last
- * orders of a sale waiting 2–6 s and once more than 15 s in the outbox with a broker frozen
+ * cut off) answers nothing until the request times out (kafkajs' 30 s then): seen 2026-12-06 as
+ * the last orders of a sale waiting 2–6 s and once more than 15 s in the outbox with a broker frozen
  * (test/integration/faults/stalled-broker.test.ts), the relay loop holding them waiting on it. The
  * reading client connects with the producer, so that a fresh producer's two bootstrap connects
  * (each may first meet a stalled broker) overlap.
