@@ -639,7 +639,7 @@ export async function growPartitions(
 }
 
 /**
- * Resolves once every partition of `topics` has a leader. kafkajs' own `waitForLeaders` asks the
+ * Resolves once every partition of `topics` has a leader that serves it. kafkajs' own `waitForLeaders` asks the
  * broker that took the CreateTopics request and gives up on UNKNOWN_TOPIC_OR_PARTITION, which a
  * broker of a multi-broker KRaft cluster answers until the new topic reached its metadata cache
  * (seen on three brokers, docs/faults.md window 18): here any answer short of every leader is
@@ -655,6 +655,13 @@ export async function waitForLeaders(
     const ready = await admin
       .fetchTopicMetadata({ topics: [...topics] })
       .then((m) => m.topics.every((t) => t.partitions.length > 0 && t.partitions.every((x) => x.leader >= 0)))
+      // A leader named in the metadata may not serve its partition yet: the offsets read (sent to
+      // each leader) answers NOT_LEADER_OR_FOLLOWER until it does (seen 2026-12-06 on one broker).
+      .then(async (named) => {
+        if (!named) return false;
+        await Promise.all(topics.map((t) => admin.fetchTopicOffsets(t)));
+        return true;
+      })
       .catch(() => false);
     if (ready) return;
     if (Date.now() >= deadline)
