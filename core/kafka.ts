@@ -502,6 +502,33 @@ export class TopicBrokersError extends Error {
   }
 }
 
+/**
+ * Kafka refused to add partitions to `topic` (CreatePartitions): the count stays `partitions`.
+ * `cause` says why in the user's terms: too few brokers available for the topic's replicas, the
+ * client's principal not allowed to alter the topic, or Kafka's own error.
+ */
+export class PartitionsNotAddedError extends Error {
+  constructor(
+    readonly topic: string,
+    readonly partitions: number,
+    readonly wanted: number,
+    readonly refusal: string,
+  ) {
+    super(`Kafka topic ${topic}: partitions not added (${partitions}, ${wanted} wanted): ${refusal}`);
+    this.name = 'PartitionsNotAddedError';
+  }
+}
+
+/** The Kafka error type a kafkajs error carries, its own or (aggregated) its first inner one's. */
+function kafkaErrorType(err: unknown): string | undefined {
+  const type = (e: unknown): string | undefined => {
+    const t = (e as { type?: unknown } | null)?.type;
+    return typeof t === 'string' ? t : undefined;
+  };
+  const errors = (err as { errors?: unknown } | null)?.errors;
+  return type(err) ?? (Array.isArray(errors) ? errors.map(type).find((t) => t !== undefined) : undefined);
+}
+
 /** Whether a CreateTopics failure says the replication factor exceeds the available brokers. */
 function refusedForReplication(err: unknown): boolean {
   const type = (e: unknown): unknown => (e as { type?: unknown } | null)?.type;
@@ -632,14 +659,62 @@ export async function growPartitions(
   } catch (err) {
     // INVALID_PARTITIONS once another request raised it that far first.
     if ((await partitionCount()) >= count) return undefined;
-    throw err;
+    throw await partitionsRefusal(admin, topic, before, count, err);
   }
-  await waitForLeaders(admin, [topic]);
+  // The answering broker's metadata may still list the partitions before (seen on three brokers).
+  await waitForLeaders(admin, [topic], undefined, count);
   return before;
 }
 
 /**
- * Resolves once every partition of `topics` has a leader that serves it. kafkajs' own `waitForLeaders` asks the
+ * The PartitionsNotAddedError of a refused CreatePartitions, in terms a user can act on; errors
+ * that are not Kafka's answer (a broker that did not answer, a lost connection) pass unchanged.
+ */
+async function partitionsRefusal(
+  admin: Admin,
+  topic: string,
+  partitions: number,
+  wanted: number,
+  err: unknown,
+): Promise<Error> {
+  const type = kafkaErrorType(err);
+  if (type === 'INVALID_REPLICATION_FACTOR') {
+    // Every new partition gets the topic's replication factor. KRaft places replicas on fenced
+    // brokers too when it must (measured: one of three down, the partition is added), so this
+    // means fewer brokers registered than replicas: brokers unregistered, or a cluster shrunk.
+    const [metadata, cluster] = await Promise.all([
+      admin.fetchTopicMetadata({ topics: [topic] }),
+      admin.describeCluster(),
+    ]);
+    const replicas = metadata.topics[0]?.partitions[0]?.replicas.length ?? 0;
+    const ids = cluster.brokers.map((b) => b.nodeId).sort((x, y) => x - y);
+    return new PartitionsNotAddedError(
+      topic,
+      partitions,
+      wanted,
+      `the topic has ${replicas} replicas per partition and the cluster fewer brokers (` +
+        `${ids.length} available: node ids ${ids.join(', ') || 'none'}); retried until it has them`,
+    );
+  }
+  if (type === 'TOPIC_AUTHORIZATION_FAILED' || type === 'CLUSTER_AUTHORIZATION_FAILED') {
+    return new PartitionsNotAddedError(
+      topic,
+      partitions,
+      wanted,
+      `${type}: this client's Kafka principal needs the Alter operation on the topic ` +
+        '(CreatePartitions; docs/operator.md, "Kafka topics")',
+    );
+  }
+  if (type !== undefined) {
+    const message = err instanceof Error ? err.message : String(err);
+    return new PartitionsNotAddedError(topic, partitions, wanted, `${type}: ${message}`);
+  }
+  return err instanceof Error ? err : new Error(String(err));
+}
+
+/**
+ * Resolves once every topic of `topics` has at least `minPartitions` partitions and each a leader
+ * that serves it. kafkajs' own `waitForLeaders` asks the
  * broker that took the CreateTopics request and gives up on UNKNOWN_TOPIC_OR_PARTITION, which a
  * broker of a multi-broker KRaft cluster answers until the new topic reached its metadata cache
  * (seen on three brokers, docs/faults.md window 18): here any answer short of every leader is
@@ -649,12 +724,17 @@ export async function waitForLeaders(
   admin: Admin,
   topics: readonly string[],
   timeoutMs = 30_000,
+  minPartitions = 1,
 ): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (let delay = 50; ; delay = Math.min(delay * 2, 1_000)) {
     const ready = await admin
       .fetchTopicMetadata({ topics: [...topics] })
-      .then((m) => m.topics.every((t) => t.partitions.length > 0 && t.partitions.every((x) => x.leader >= 0)))
+      .then((m) =>
+        m.topics.every(
+          (t) => t.partitions.length >= minPartitions && t.partitions.every((x) => x.leader >= 0),
+        ),
+      )
       // A leader named in the metadata may not serve its partition yet: the offsets read (sent to
       // each leader) answers NOT_LEADER_OR_FOLLOWER until it does (seen 2026-12-06 on one broker).
       .then(async (named) => {

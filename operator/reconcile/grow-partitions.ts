@@ -6,9 +6,12 @@
  * consumer count of any phase, so a sale's partitions are in place before it opens; an edit while
  * Active raises them then. The relay and the consumers use added partitions within
  * KAFKA_METADATA_MAX_AGE_MS; an order's partition does not matter to it (the unique keys decide).
- * A Kafka that does not answer holds nothing: the pass goes on and the next one tries again.
+ * A Kafka that refuses or does not answer holds nothing (the sale goes on with the partitions it
+ * has): Degraded says so with PartitionsNotAdded, one Warning event, and the step is tried again.
  */
-import { EventReason, Phase } from '../api/v1alpha1/types.js';
+import { findCondition } from '../api/v1alpha1/conditions.js';
+import { ConditionType, EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
+import { PartitionsNotAddedError } from '../../core/kafka.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE } from './context.js';
 
@@ -40,10 +43,25 @@ export async function growPartitions(ctx: ReconcileContext): Promise<StepResult>
       );
     }
   } catch (err) {
-    ctx.log.warn(
-      { err: err instanceof Error ? err.message : String(err), topic, wanted },
-      'could not add partitions to the orders topic; the next pass tries again',
-    );
+    // Consumers beyond the partitions get none and sit idle: a user scaling them must see why.
+    const cause =
+      err instanceof PartitionsNotAddedError
+        ? err.message
+        : `Kafka topic ${topic}: partitions not added (${wanted} wanted): ${messageOf(err)}`;
+    const retrySeconds = Math.round(ctx.deps.config.cleanupRetryMs / 1000);
+    const message =
+      `${cause}. Consumer replicas beyond the topic's partitions get none until they are added ` +
+      `(spec.runtime.replicas asks for ${wanted} consumers); retried at least every ${retrySeconds} s`;
+    const degraded = findCondition(ctx.fsa.status?.conditions, ConditionType.Degraded);
+    const already = degraded?.status === 'True' && degraded.reason === Reason.PartitionsNotAdded;
+    ctx.degraded = { reason: Reason.PartitionsNotAdded, message };
+    if (!already) await ctx.event('Warning', EventReason.PartitionsNotAdded, message);
+    ctx.log.warn({ err: messageOf(err), topic, wanted }, 'could not add partitions to the orders topic');
+    ctx.requeueAfter(ctx.deps.config.cleanupRetryMs);
   }
   return CONTINUE;
+}
+
+function messageOf(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
 }

@@ -119,6 +119,8 @@ export const Reason = {
   TopicsUnderReplicated: 'TopicsUnderReplicated',
   /** Fewer Kafka brokers are available than the replication factor the topics are created with. */
   TooFewKafkaBrokers: 'TooFewKafkaBrokers',
+  /** The orders topic has fewer partitions than consumer replicas and Kafka refused to add them. */
+  PartitionsNotAdded: 'PartitionsNotAdded',
 } as const;
 export type Reason = (typeof Reason)[keyof typeof Reason];
 
@@ -132,6 +134,8 @@ export const EventReason = {
   TooFewKafkaBrokers: 'TooFewKafkaBrokers',
   /** Partitions added to the orders topic for the consumer replicas the spec asks for. */
   PartitionsAdded: 'PartitionsAdded',
+  /** Kafka refused (or did not answer) adding them; consumers beyond the partitions idle (Warning). */
+  PartitionsNotAdded: 'PartitionsNotAdded',
   CacheLoaded: 'CacheLoaded',
   /** startAt came while the runtime was not available: the gate stays shut until it is. */
   StartDelayed: 'StartDelayed',

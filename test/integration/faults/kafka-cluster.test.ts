@@ -11,6 +11,7 @@
 // 240 buyers in two waves (60, then 180), a kill in each wave (of partition 0's leader at the time,
 // so the second kill hits the first one's successor), each broker restarted after its wave.
 import type { PartitionMetadata } from 'kafkajs';
+import { growPartitions, waitForLeaders } from '../../../core/kafka.js';
 import { formatViolations } from '../../faults/harness/invariants.js';
 import type { Violation } from '../../faults/harness/invariants.js';
 import { recordRun } from '../../faults/harness/results.js';
@@ -103,6 +104,43 @@ describe('window 18 (Kafka): brokers of three SIGKILLed mid-sale (replication 3,
 
       const ordersNow = (): Promise<number> => countOrders(sql, activityId);
 
+      // The operator adds partitions for its consumer replicas (operator/reconcile/grow-partitions.ts),
+      // mid-sale too. With one broker of three down (fenced), Kafka still adds them: KRaft places a
+      // replica on the fenced broker when it must, the partition starts with two in sync and the
+      // returning broker catches up (docs/operator.md "Kafka topics"). A topic of its own, so the
+      // sale's topics keep their partitions.
+      const spare = `${topics.orders}.spare`;
+      await admin.createTopics({
+        // kafkajs' own wait gives up on a broker that does not know the topic yet: ours asks again.
+        waitForLeaders: false,
+        topics: [{ topic: spare, numPartitions: 1, replicationFactor: 3 }],
+      });
+      await waitForLeaders(admin, [spare]);
+      const sparePartitions = async (): Promise<PartitionMetadata[]> =>
+        (await admin.fetchTopicMetadata({ topics: [spare] })).topics[0]?.partitions ?? [];
+      const partitionsAddedWhileDown = async (down: number): Promise<void> => {
+        // Fenced once its session expires (about 9 s): the cluster's metadata no longer lists it.
+        await waitFor(
+          `broker ${down} fenced`,
+          async () =>
+            (await admin.describeCluster().catch(() => undefined))?.brokers.every((b) => b.nodeId !== down) ??
+            false,
+          60_000,
+          200,
+        );
+        await expect(growPartitions(admin, spare, 2)).resolves.toBe(1);
+        // Every broker's metadata lists it in time; growPartitions waited for the one it asked.
+        let added: PartitionMetadata | undefined;
+        await waitFor(
+          'the added partition in the metadata',
+          async () => (added = (await sparePartitions()).find((x) => x.partitionId === 1)) !== undefined,
+          30_000,
+          200,
+        );
+        expect(added?.replicas).toHaveLength(3);
+        expect(added?.isr).not.toContain(down);
+      };
+
       f.sale = new Sale({ servers, activityId });
       const s = f.sale;
       await s.start();
@@ -130,6 +168,7 @@ describe('window 18 (Kafka): brokers of three SIGKILLed mid-sale (replication 3,
         v.push(
           ...rec.violations.map((x) => ({ ...x, detail: `wave ${w}, broker ${leader} down: ${x.detail}` })),
         );
+        if (w === 0) await partitionsAddedWhileDown(leader);
         await restartKafkaNode(p, leader);
       }
       // The restarted broker rejoins every partition's ISR (it caught up from the others).
@@ -139,6 +178,14 @@ describe('window 18 (Kafka): brokers of three SIGKILLed mid-sale (replication 3,
         120_000,
         500,
       );
+      // The broker back, the added partition is fully in sync; asked again, nothing is added.
+      await waitFor(
+        'the added partition in sync',
+        async () => (await sparePartitions()).every((x) => x.isr.length === 3),
+        120_000,
+        500,
+      );
+      await expect(growPartitions(admin, spare, 2)).resolves.toBeUndefined();
       const rec = await recoverAndCheck(servers, activityId, 60_000);
       roleOutput = s.output();
       await s.stop();
