@@ -236,12 +236,25 @@ export const KAFKA_CONNECTION_TIMEOUT_MS = 3_000;
  * batch sent twice is written once) and a consumer's fetch, a `JoinGroup` and a connection's
  * handshake keep timeouts of their own (the fetch's long poll, the group's rebalance timeout plus
  * 5 s, KAFKA_CONNECTION_TIMEOUT_MS). The healthy brokers' acks=all answers also wait until the
- * frozen one leaves the in-sync replicas, about when it is fenced: once (a loaded machine) the
- * relay's requests to all three timed out together and its next metadata read met the frozen
- * broker, a second timeout (21 s to drain; 10.5–15.1 s in the other runs). 15 s, tried, drained in
- * 20.3 s.
+ * frozen one leaves the in-sync replicas, about when it is fenced: they answer first since
+ * KAFKA_PRODUCE_ACK_TIMEOUT_MS (before it, the relay's requests to all three timed out together
+ * and its next metadata read could meet the frozen broker: 21–23 s to drain). 15 s, tried,
+ * drained in 20.3 s.
  */
 export const KAFKA_REQUEST_TIMEOUT_MS = 10_000;
+
+/**
+ * How long a leader may hold a send for its in-sync replicas before it answers REQUEST_TIMED_OUT
+ * (the produce request's `timeout`; kafkajs sends 30 s). It must end before KAFKA_REQUEST_TIMEOUT_MS:
+ * a healthy leader waiting for a stalled follower to leave the in-sync replicas (about 9 s, when the
+ * controllers fence it) then answers, the idempotent producer sends again on the same connection
+ * (the broker recognises the repeat by its sequence number), and no connection to a healthy broker
+ * is closed. With kafkajs' 30 s the client gave up first on every broker at once, closed all their
+ * connections, and its next metadata read could go to the frozen broker, a second request timeout
+ * (traced 2026-12-06: drained 23.3 s after the freeze instead of 10–15 s; docs/faults.md window 18,
+ * "stalled broker"). The 3 s margin covers a loaded broker's queueing before its timer starts.
+ */
+export const KAFKA_PRODUCE_ACK_TIMEOUT_MS = KAFKA_REQUEST_TIMEOUT_MS - 3_000;
 
 /**
  * A kafkajs client; TLS and SASL come from the environment unless given (kafkaSecurityFromEnv).
@@ -418,7 +431,7 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Partit
       }
       const results = await Promise.allSettled(
         [...groups].map(async ([partition, messages]) => {
-          const sent = await producer.send({ ...record, messages });
+          const sent = await producer.send({ timeout: KAFKA_PRODUCE_ACK_TIMEOUT_MS, ...record, messages });
           // kafkajs sends nothing for a partition its own metadata does not have yet, and resolves
           // (cluster.findLeaderForPartitions skips it): a partition added since the producer last
           // read the topic's metadata, which the partitions read above already name. A send with

@@ -27,7 +27,8 @@ const RICE = { skuId: 'rice', name: '五常大米 稻花香 5kg', price: '89.90'
 /**
  * Freeze to every order in PostgreSQL: one request timeout (core/kafka.ts KAFKA_REQUEST_TIMEOUT_MS,
  * 10 s, about when the controllers fence the frozen broker and move its leadership, 9 s), and
- * slack for a loaded machine. Measured 15.1 s; with kafkajs' default 30 s request timeout
+ * slack for a loaded machine. Measured 10.3-17.5 s (13.3-23.6 s before KAFKA_PRODUCE_ACK_TIMEOUT_MS
+ * and the patch's coordinator re-lookup, docs/faults.md); with kafkajs' default 30 s request timeout
  * 31.4-35.3 s; before patches/kafkajs+2.2.4.patch 64.5-104.8 s with a partition leader frozen,
  * and 15 of 40 orders still missing after 90 s with the coordinator frozen.
  */

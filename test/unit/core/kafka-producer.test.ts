@@ -2,11 +2,17 @@
 // leader change mid-send cannot drop a partition's messages, see the function's comment), with
 // the partition the key's hash picks; a failed partition fails the whole send, only after every
 // partition's send has settled, and makes the next send read the partition metadata again; the
-// metadata is also read again once it is KAFKA_METADATA_MAX_AGE_MS old (partitions added mid-sale).
+// metadata is also read again once it is KAFKA_METADATA_MAX_AGE_MS old (partitions added mid-sale);
+// a leader answers a send it holds for its replicas before the client's request timeout.
 import { jest } from '@jest/globals';
 import type { Kafka, PartitionMetadata, Producer, ProducerRecord } from 'kafkajs';
 import { Partitioners } from 'kafkajs';
-import { KAFKA_METADATA_MAX_AGE_MS, onePartitionPerRequest } from '../../../core/kafka.js';
+import {
+  KAFKA_METADATA_MAX_AGE_MS,
+  KAFKA_PRODUCE_ACK_TIMEOUT_MS,
+  KAFKA_REQUEST_TIMEOUT_MS,
+  onePartitionPerRequest,
+} from '../../../core/kafka.js';
 
 function fakes(partitions = 3, failPartition?: number) {
   const sends: ProducerRecord[] = [];
@@ -108,6 +114,19 @@ describe('onePartitionPerRequest', () => {
     // The metadata is read once per topic.
     await p.send({ topic: 't', messages: messages.slice(0, 3) });
     expect(f.reads()).toBe(1);
+  });
+
+  it('has the leader answer a send it holds for its replicas before the client gives the request up', async () => {
+    const f = fakes(3);
+    const p = onePartitionPerRequest(f.producer, f.kafka);
+    await p.send({ topic: 't', acks: -1, messages });
+    // A healthy leader waiting for a stalled follower answers REQUEST_TIMED_OUT, and its connection
+    // stays open; kafkajs' 30 s would let the client's own timeout close it first.
+    expect(KAFKA_PRODUCE_ACK_TIMEOUT_MS).toBeLessThan(KAFKA_REQUEST_TIMEOUT_MS);
+    expect(f.sends.map((s) => s.timeout)).toEqual(f.sends.map(() => KAFKA_PRODUCE_ACK_TIMEOUT_MS));
+    // A caller's own timeout is kept.
+    await p.send({ topic: 't', acks: -1, timeout: 2_000, messages: messages.slice(0, 1) });
+    expect(f.sends.at(-1)?.timeout).toBe(2_000);
   });
 
   it('fails the send when a partition fails, after all settled, and reads the metadata again next time', async () => {

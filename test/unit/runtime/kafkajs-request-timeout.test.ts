@@ -115,6 +115,15 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
     expect(r.connectedAfter).toBe(false);
   });
 
+  it('patched: the connection remembers when a request on it timed out (the broker pool tries it last)', async () => {
+    const connection = open('installed') as Connection & { requestTimedOutAt?: number };
+    await connection.connect();
+    const before = Date.now();
+    expect(await outcome(connection.send(apiVersions('installed')))).toMatch(OWN_TIMEOUT);
+    expect(connection.requestTimedOutAt).toBeGreaterThanOrEqual(before);
+    await connection.disconnect();
+  });
+
   it('upstream: the connection stays open and each request waits out its own timeout', async () => {
     const r = await twoRequests('upstream');
     expect(r.first).toMatch(OWN_TIMEOUT);
@@ -171,17 +180,19 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
       const removed: unknown[] = [];
       let joins = 0;
       let crashed: string | undefined;
+      const consumerGroup: { stalledCoordinator?: { address: string } } & Record<string, unknown> = {
+        groupId: 'g',
+        memberId: 'm',
+        sessionTimeout: 8_000,
+        cluster: { removeBroker: (b: unknown) => removed.push(b) },
+        joinAndSync: async () => {
+          joins += 1;
+        },
+        getNodeIds: () => [],
+      };
       const runner = new Runner({
         logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
-        consumerGroup: {
-          groupId: 'g',
-          memberId: 'm',
-          cluster: { removeBroker: (b: unknown) => removed.push(b) },
-          joinAndSync: async () => {
-            joins += 1;
-          },
-          getNodeIds: () => [],
-        },
+        consumerGroup,
         eachBatch: async () => undefined,
         heartbeatInterval: 1_000,
         onCrash: (e: Error) => {
@@ -210,14 +221,15 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
       runner.scheduleFetchManager();
       await done;
       clearInterval(crash);
-      return { removed, joins, crashed };
+      return { removed, joins, crashed, stalled: consumerGroup.stalledCoordinator?.address };
     };
 
-    it('patched: drops the broker, finds the coordinator again and re-joins', async () => {
+    it('patched: drops the broker, finds the coordinator again (not that broker) and re-joins', async () => {
       expect(await round('installed')).toEqual({
         removed: [{ host: '127.0.0.1', port: 39092 }],
         joins: 1,
         crashed: undefined,
+        stalled: '127.0.0.1:39092',
       });
     });
 
@@ -226,6 +238,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         removed: [],
         joins: 0,
         crashed: 'KafkaJSNumberOfRetriesExceeded',
+        stalled: undefined,
       });
     });
   });
@@ -426,37 +439,146 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
     });
   });
 
-  describe("the broker pool's calls on any broker (an admin's metadata read)", () => {
+  describe("the broker pool's calls on any broker (an admin's metadata read, a producer's)", () => {
     interface BrokerPoolProto {
       withBroker(this: unknown, callback: (b: { nodeId: string }) => Promise<string>): Promise<string>;
+      findConnectedBroker(this: unknown): Promise<{ id: string }>;
     }
-    /** The broker each of 40 calls tried first: broker 1's connection was closed by a timeout. */
-    const firstTried = async (which: Which): Promise<Set<string>> => {
+    interface FakeBroker {
+      id: string;
+      isConnected(): boolean;
+      connectionPool: { lastRequestTimeoutAt(): number };
+    }
+    /**
+     * A broker pool of kafkajs (`which`) over brokers 1–3: `connected` lists those with an open
+     * connection, `timedOut` those whose request timed out a second ago. Finding an unconnected
+     * broker connects it.
+     */
+    const pool = (which: Which, connected: string[], timedOut: string[] = []) => {
       const proto = kafkajsModule<{ prototype: BrokerPoolProto }>(
         which,
         'src/cluster/brokerPool.js',
       ).prototype;
-      const broker = (connected: boolean) => ({ isConnected: () => connected });
-      const pool = {
-        brokers: { 1: broker(false), 2: broker(true), 3: broker(true) } as Record<
-          string,
-          { isConnected(): boolean }
-        >,
-        findBroker: async ({ nodeId }: { nodeId: string }) => pool.brokers[nodeId],
-      };
+      const open = new Set(connected);
+      const broker = (id: string): FakeBroker => ({
+        id,
+        isConnected: () => open.has(id),
+        connectionPool: { lastRequestTimeoutAt: () => (timedOut.includes(id) ? Date.now() - 1_000 : 0) },
+      });
+      const brokers: Record<string, FakeBroker> = { 1: broker('1'), 2: broker('2'), 3: broker('3') };
+      const connects: string[] = [];
+      const self: unknown = Object.assign(Object.create(proto) as object, {
+        brokers,
+        findBroker: async ({ nodeId }: { nodeId: string }) => {
+          if (!open.has(nodeId)) {
+            connects.push(nodeId);
+            open.add(nodeId);
+          }
+          return brokers[nodeId];
+        },
+      });
+      return { proto, self, connects };
+    };
+    /** The broker each of 40 calls tried first. */
+    const firstTried = async (which: Which, connected: string[], timedOut: string[] = []) => {
       const first = new Set<string>();
-      for (let i = 0; i < 40; i += 1)
-        first.add(await proto.withBroker.call(pool, async ({ nodeId }) => nodeId));
-      return first;
+      for (let i = 0; i < 40; i += 1) {
+        const p = pool(which, connected, timedOut);
+        first.add(await p.proto.withBroker.call(p.self, async ({ nodeId }) => nodeId));
+      }
+      return [...first].sort();
+    };
+    /** The brokers 40 metadata reads were sent to, and the brokers connected for them. */
+    const metadataBrokers = async (which: Which, connected: string[], timedOut: string[] = []) => {
+      const read = new Set<string>();
+      const connects = new Set<string>();
+      for (let i = 0; i < 40; i += 1) {
+        const p = pool(which, connected, timedOut);
+        read.add((await p.proto.findConnectedBroker.call(p.self)).id);
+        for (const c of p.connects) connects.add(c);
+      }
+      return { read: [...read].sort(), connects: [...connects].sort() };
     };
 
+    // Broker 1's connection was closed by a timeout.
     it('patched: connected brokers first, so a broker whose request timed out comes last', async () => {
-      expect([...(await firstTried('installed'))].sort()).toEqual(['2', '3']);
+      expect(await firstTried('installed', ['2', '3'])).toEqual(['2', '3']);
     });
 
     it('upstream: any broker first, the stalled one too (each time a timeout waited out)', async () => {
       // 40 calls all missing broker 1 by chance: (2/3)^40, about 1 in 11 million.
-      expect([...(await firstTried('upstream'))].sort()).toEqual(['1', '2', '3']);
+      expect(await firstTried('upstream', ['2', '3'])).toEqual(['1', '2', '3']);
+    });
+
+    // Broker 1's request timed out, and a send retried to its partitions connected it again;
+    // broker 2 is not connected.
+    it('patched: a broker whose request timed out lately comes after the others, even connected', async () => {
+      expect(await firstTried('installed', ['1', '3'], ['1'])).toEqual(['3']);
+      expect(await metadataBrokers('installed', ['1', '3'], ['1'])).toEqual({ read: ['3'], connects: [] });
+      // The only connected broker is that one: another is connected for the read.
+      expect(await metadataBrokers('installed', ['1'], ['1'])).toEqual({
+        read: ['2', '3'],
+        connects: ['2', '3'],
+      });
+    });
+
+    it('upstream: any connected broker reads the metadata, the stalled one too', async () => {
+      expect(await metadataBrokers('upstream', ['1', '3'], ['1'])).toEqual({
+        read: ['1', '3'],
+        connects: [],
+      });
+      expect(await metadataBrokers('upstream', ['1'], ['1'])).toEqual({ read: ['1'], connects: [] });
+    });
+  });
+
+  describe("the consumer, re-joining after its coordinator's request timed out", () => {
+    interface ConsumerGroupProto {
+      awaitCoordinatorMoved(this: unknown): Promise<void>;
+    }
+    /** The lookups made before the join, the coordinator named `movesAfter` lookups after the timeout. */
+    const rejoin = async (movesAfter: number, untilMs = 5_000) => {
+      const proto = kafkajsModule<{ prototype: ConsumerGroupProto }>(
+        'installed',
+        'src/consumer/consumerGroup.js',
+      ).prototype;
+      let lookups = 0;
+      const group = {
+        groupId: 'g',
+        stalledCoordinator: { address: '127.0.0.1:39092', until: Date.now() + untilMs },
+        logger: { debug: () => undefined },
+        cluster: {
+          findGroupCoordinatorMetadata: async () => {
+            lookups += 1;
+            return {
+              coordinator: { nodeId: 1, host: '127.0.0.1', port: lookups > movesAfter ? 39093 : 39092 },
+            };
+          },
+        },
+      };
+      const t0 = Date.now();
+      await proto.awaitCoordinatorMoved.call(group);
+      return { lookups, ms: Date.now() - t0, left: group.stalledCoordinator };
+    };
+
+    it('patched: asks again while the lookup names the broker that stopped answering', async () => {
+      const r = await rejoin(2);
+      expect(r.lookups).toBe(3);
+      expect(r.left).toBeNull();
+    });
+
+    it('patched: gives up waiting after its bound (the session timeout) and joins whatever is named', async () => {
+      const r = await rejoin(Number.MAX_SAFE_INTEGER, 400);
+      expect(r.ms).toBeGreaterThanOrEqual(400);
+      expect(r.ms).toBeLessThan(5_000);
+      expect(r.left).toBeNull();
+    });
+
+    it('upstream has no such wait: the JoinGroup goes to the broker the first lookup names', () => {
+      const proto = kafkajsModule<{ prototype: Partial<ConsumerGroupProto> }>(
+        'upstream',
+        'src/consumer/consumerGroup.js',
+      ).prototype;
+      expect(proto.awaitCoordinatorMoved).toBeUndefined();
     });
   });
 
@@ -472,9 +594,10 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
       ).prototype;
       const removed: unknown[] = [];
       let joins = 0;
-      const group = {
+      const group: { stalledCoordinator?: { address: string } } & Record<string, unknown> = {
         groupId: 'g',
         memberId: 'm',
+        sessionTimeout: 8_000,
         coordinator: { brokerAddress: coordinator },
         cluster: { removeBroker: (b: unknown) => removed.push(b) },
         logger: { debug: () => undefined, warn: () => undefined, error: () => undefined },
@@ -488,7 +611,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
           () => undefined,
           (e: Error) => e.name,
         );
-      return { error, removed, joins };
+      return { error, removed, joins, stalled: group.stalledCoordinator?.address };
     };
 
     it('patched: drops the broker (metadata is read afresh from another) and goes on', async () => {
@@ -496,6 +619,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         error: undefined,
         removed: [{ host: '127.0.0.1', port: 39092 }],
         joins: 0,
+        stalled: undefined,
       });
     });
 
@@ -504,6 +628,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         error: undefined,
         removed: [{ host: '127.0.0.1', port: 39092 }],
         joins: 1,
+        stalled: '127.0.0.1:39092',
       });
     });
 
@@ -512,11 +637,13 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         error: 'KafkaJSRequestTimeoutError',
         removed: [],
         joins: 0,
+        stalled: undefined,
       });
       expect(await recover('upstream', '127.0.0.1:39092')).toEqual({
         error: 'KafkaJSRequestTimeoutError',
         removed: [],
         joins: 0,
+        stalled: undefined,
       });
     });
   });
