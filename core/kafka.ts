@@ -517,8 +517,8 @@ export class TopicBrokersError extends Error {
 
 /**
  * Kafka refused to add partitions to `topic` (CreatePartitions): the count stays `partitions`.
- * `cause` says why in the user's terms: too few brokers available for the topic's replicas, the
- * client's principal not allowed to alter the topic, or Kafka's own error.
+ * `refusal` says why in the user's terms: fewer brokers than the topic's replicas, the client's
+ * principal not allowed to alter the topic, or Kafka's own error type and message.
  */
 export class PartitionsNotAddedError extends Error {
   constructor(
@@ -532,22 +532,18 @@ export class PartitionsNotAddedError extends Error {
   }
 }
 
-/** The Kafka error type a kafkajs error carries, its own or (aggregated) its first inner one's. */
-function kafkaErrorType(err: unknown): string | undefined {
-  const type = (e: unknown): string | undefined => {
-    const t = (e as { type?: unknown } | null)?.type;
-    return typeof t === 'string' ? t : undefined;
-  };
+/** The Kafka error types a kafkajs error carries: its own, then (aggregated) its inner ones'. */
+function kafkaErrorTypes(err: unknown): string[] {
+  const type = (e: unknown): unknown => (e as { type?: unknown } | null)?.type;
   const errors = (err as { errors?: unknown } | null)?.errors;
-  return type(err) ?? (Array.isArray(errors) ? errors.map(type).find((t) => t !== undefined) : undefined);
+  return [err, ...(Array.isArray(errors) ? errors : [])]
+    .map(type)
+    .filter((t): t is string => typeof t === 'string');
 }
 
 /** Whether a CreateTopics failure says the replication factor exceeds the available brokers. */
 function refusedForReplication(err: unknown): boolean {
-  const type = (e: unknown): unknown => (e as { type?: unknown } | null)?.type;
-  if (type(err) === 'INVALID_REPLICATION_FACTOR') return true;
-  const errors = (err as { errors?: unknown } | null)?.errors;
-  return Array.isArray(errors) && errors.some((e) => type(e) === 'INVALID_REPLICATION_FACTOR');
+  return kafkaErrorTypes(err).includes('INVALID_REPLICATION_FACTOR');
 }
 
 /** The TopicBrokersError of a refused CreateTopics, with the brokers the cluster has available. */
@@ -690,7 +686,7 @@ async function partitionsRefusal(
   wanted: number,
   err: unknown,
 ): Promise<Error> {
-  const type = kafkaErrorType(err);
+  const [type] = kafkaErrorTypes(err);
   if (type === 'INVALID_REPLICATION_FACTOR') {
     // Every new partition gets the topic's replication factor. KRaft places replicas on fenced
     // brokers too when it must (measured: one of three down, the partition is added), so this
