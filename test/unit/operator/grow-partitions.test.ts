@@ -14,6 +14,7 @@ import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { growPartitions } from '../../../operator/reconcile/grow-partitions.js';
 import type { KafkaAccess } from '../../../operator/reconcile/kafka-access.js';
+import { activityFixture } from './activity-fixture.js';
 
 const config = loadOperatorConfig({
   DATABASE_URL: 'postgres://u:secret@db/flashsale',
@@ -35,29 +36,7 @@ function activity(phase: Phase, consumers: number, degradedReason?: string): Fla
       NOW,
     );
   }
-  return {
-    apiVersion: 'flashsale.io/v1alpha1',
-    kind: 'FlashSaleActivity',
-    metadata: { name: 'spring', namespace: 'shop', uid: 'uid-1', generation: 3, resourceVersion: '9' },
-    spec: {
-      schedule: { startAt: '2030-01-01T10:00:00Z', endAt: '2030-01-01T11:00:00Z' },
-      items: [{ skuId: 'a', name: 'A', price: '1.00', stock: 1, limitPerUser: 1 }],
-      requireOrderCode: false,
-      reopenOnRelease: true,
-      paused: false,
-      runtime: {
-        replicas: {
-          warmUp: { api: 1, relay: 1, consumer: 1 },
-          active: { api: 1, relay: 1, consumer: consumers },
-          draining: { api: 1, relay: 1, consumer: 1 },
-        },
-      },
-      payment: { timeout: '10m' },
-      drain: { timeout: '5m' },
-      cleanup: { policy: 'Delete', resultRetention: '24h' },
-    },
-    status: { conditions },
-  };
+  return activityFixture({ replicas: { active: { consumer: consumers } }, status: { conditions } });
 }
 
 interface Pass {

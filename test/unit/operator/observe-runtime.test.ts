@@ -1,9 +1,9 @@
 import type { V1Deployment } from '@kubernetes/client-node';
 import { loadOperatorConfig } from '../../../operator/config.js';
-import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
 import { roleRollout, runtimeCondition } from '../../../operator/reconcile/observe-runtime.js';
 import { apiMinAvailable, desiredApiBudget } from '../../../operator/reconcile/protect-api.js';
 import { desiredDeployment } from '../../../operator/reconcile/runtime-objects.js';
+import { activityFixture } from './activity-fixture.js';
 
 const config = loadOperatorConfig({
   DATABASE_URL: 'postgres://u:secret@db/flashsale',
@@ -11,28 +11,7 @@ const config = loadOperatorConfig({
   KAFKA_BROKERS: 'k1:9092',
 });
 
-const fsa: FlashSaleActivity = {
-  apiVersion: 'flashsale.io/v1alpha1',
-  kind: 'FlashSaleActivity',
-  metadata: { name: 'spring', namespace: 'shop', uid: 'uid-1', generation: 3, resourceVersion: '9' },
-  spec: {
-    schedule: { startAt: '2030-01-01T10:00:00Z', endAt: '2030-01-01T11:00:00Z' },
-    items: [{ skuId: 'a', name: 'A', price: '1.00', stock: 1, limitPerUser: 1 }],
-    requireOrderCode: false,
-    reopenOnRelease: true,
-    paused: false,
-    runtime: {
-      replicas: {
-        warmUp: { api: 1, relay: 1, consumer: 1 },
-        active: { api: 3, relay: 1, consumer: 1 },
-        draining: { api: 0, relay: 1, consumer: 1 },
-      },
-    },
-    payment: { timeout: '10m' },
-    drain: { timeout: '5m' },
-    cleanup: { policy: 'Delete', resultRetention: '24h' },
-  },
-};
+const fsa = activityFixture({ replicas: { active: { api: 3 }, draining: { api: 0 } } });
 
 /** What the Deployment controller would report for `desired` after `available` Pods became ready. */
 function live(desired: V1Deployment, available: number, observed = true): V1Deployment {

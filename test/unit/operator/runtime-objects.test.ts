@@ -8,6 +8,7 @@ import {
   SPEC_HASH_ANNOTATION,
 } from '../../../operator/reconcile/runtime-objects.js';
 import { RUNTIME_ROLES } from '../../../operator/api/v1alpha1/types.js';
+import { activityFixture } from './activity-fixture.js';
 
 const config = loadOperatorConfig({
   DATABASE_URL: 'postgres://u:secret@db/flashsale',
@@ -17,28 +18,7 @@ const config = loadOperatorConfig({
   RUNTIME_ALLOWED_IMAGES: `registry/rt:2,sha256:${'0'.repeat(64)}`,
 });
 
-const fsa: FlashSaleActivity = {
-  apiVersion: 'flashsale.io/v1alpha1',
-  kind: 'FlashSaleActivity',
-  metadata: { name: 'spring', namespace: 'shop', uid: 'uid-1', generation: 3, resourceVersion: '9' },
-  spec: {
-    schedule: { startAt: '2030-01-01T10:00:00Z', endAt: '2030-01-01T11:00:00Z' },
-    items: [{ skuId: 'a', name: 'A', price: '1.00', stock: 1, limitPerUser: 1 }],
-    requireOrderCode: false,
-    reopenOnRelease: true,
-    paused: false,
-    runtime: {
-      replicas: {
-        warmUp: { api: 1, relay: 1, consumer: 1 },
-        active: { api: 2, relay: 1, consumer: 1 },
-        draining: { api: 1, relay: 1, consumer: 1 },
-      },
-    },
-    payment: { timeout: '10m' },
-    drain: { timeout: '5m' },
-    cleanup: { policy: 'Delete', resultRetention: '24h' },
-  },
-};
+const fsa = activityFixture({ replicas: { active: { api: 2 } } });
 
 describe('runtime objects', () => {
   const d = desiredDeployment(fsa, 'relay', 3, 'shop.spring-uid1', config);

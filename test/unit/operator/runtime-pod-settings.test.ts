@@ -4,10 +4,10 @@
 import type { V1Deployment } from '@kubernetes/client-node';
 import { loadOperatorConfig } from '../../../operator/config.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
-import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
 import { desiredDeployment } from '../../../operator/reconcile/runtime-objects.js';
 import { runtimePinned } from '../../../operator/reconcile/scale-runtime.js';
 import { ConfigError } from '../../../core/config.js';
+import { activityFixture } from './activity-fixture.js';
 
 const required = {
   DATABASE_URL: 'postgres://u:secret@db/flashsale',
@@ -15,28 +15,7 @@ const required = {
   KAFKA_BROKERS: 'k1:9092',
 };
 
-const fsa: FlashSaleActivity = {
-  apiVersion: 'flashsale.io/v1alpha1',
-  kind: 'FlashSaleActivity',
-  metadata: { name: 'spring', namespace: 'shop', uid: 'uid-1', generation: 1, resourceVersion: '1' },
-  spec: {
-    schedule: { startAt: '2030-01-01T10:00:00Z', endAt: '2030-01-01T11:00:00Z' },
-    items: [{ skuId: 'a', name: 'A', price: '1.00', stock: 1, limitPerUser: 1 }],
-    requireOrderCode: false,
-    reopenOnRelease: true,
-    paused: false,
-    runtime: {
-      replicas: {
-        warmUp: { api: 1, relay: 1, consumer: 1 },
-        active: { api: 2, relay: 1, consumer: 1 },
-        draining: { api: 1, relay: 1, consumer: 1 },
-      },
-    },
-    payment: { timeout: '10m' },
-    drain: { timeout: '5m' },
-    cleanup: { policy: 'Delete', resultRetention: '24h' },
-  },
-};
+const fsa = activityFixture({ generation: 1, replicas: { active: { api: 2 } } });
 
 describe('runtime pod settings', () => {
   const config = loadOperatorConfig({
