@@ -552,12 +552,13 @@ async function topicBrokersError(
   topics: readonly string[],
   replicationFactor: number,
 ): Promise<TopicBrokersError> {
+  return new TopicBrokersError(topics, replicationFactor, await availableBrokerIds(admin));
+}
+
+/** The node ids of the brokers the cluster's metadata lists (fenced ones are left out), ascending. */
+async function availableBrokerIds(admin: Admin): Promise<number[]> {
   const { brokers } = await admin.describeCluster();
-  return new TopicBrokersError(
-    topics,
-    replicationFactor,
-    brokers.map((b) => b.nodeId).sort((x, y) => x - y),
-  );
+  return brokers.map((b) => b.nodeId).sort((x, y) => x - y);
 }
 
 /**
@@ -691,12 +692,11 @@ async function partitionsRefusal(
     // Every new partition gets the topic's replication factor. KRaft places replicas on fenced
     // brokers too when it must (measured: one of three down, the partition is added), so this
     // means fewer brokers registered than replicas: brokers unregistered, or a cluster shrunk.
-    const [metadata, cluster] = await Promise.all([
+    const [metadata, ids] = await Promise.all([
       admin.fetchTopicMetadata({ topics: [topic] }),
-      admin.describeCluster(),
+      availableBrokerIds(admin),
     ]);
     const replicas = metadata.topics[0]?.partitions[0]?.replicas.length ?? 0;
-    const ids = cluster.brokers.map((b) => b.nodeId).sort((x, y) => x - y);
     return new PartitionsNotAddedError(
       topic,
       partitions,
