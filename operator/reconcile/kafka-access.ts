@@ -8,6 +8,8 @@ import {
   consumerLag,
   createKafka,
   dlqUnhandled,
+  PartitionsNotAddedError,
+  TopicBrokersError,
   TopicReplicationError,
   ensureTopics,
   growPartitions,
@@ -67,6 +69,29 @@ export const KAFKA_READ_DEADLINE_MS = 5_000;
  * (minutes), while other activities' instants come due.
  */
 export const KAFKA_TOPICS_DEADLINE_MS = 10_000;
+
+/**
+ * A call that failed before its deadline: a request that timed out, a connection that closed under
+ * it (the patched kafkajs fails every request on a connection one of them timed out on). Its
+ * message names the call and the activity, as the deadline's does, so a reconcile error says which
+ * step Kafka failed; the error kafkajs threw is its `cause`.
+ */
+export class KafkaCallError extends Error {
+  override name = 'KafkaCallError';
+
+  constructor(call: string, cause: unknown) {
+    super(`Kafka ${call}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+  }
+}
+
+/** Errors that already say what failed in terms a user acts on (a condition's reason reads them). */
+function explained(err: unknown): boolean {
+  return (
+    err instanceof TopicReplicationError ||
+    err instanceof TopicBrokersError ||
+    err instanceof PartitionsNotAddedError
+  );
+}
 
 export class KafkaAdminAccess implements KafkaAccess {
   private admin: Promise<Admin> | undefined;
@@ -144,9 +169,13 @@ export class KafkaAdminAccess implements KafkaAccess {
   private once<T>(key: string, fn: (admin: Admin) => Promise<T>, deadlineMs: number): Promise<T> {
     let pending = this.inFlight.get(key) as Promise<T> | undefined;
     if (!pending) {
-      const started: Promise<T> = this.use(fn).finally(() => {
-        if (this.inFlight.get(key) === started) this.inFlight.delete(key);
-      });
+      const started: Promise<T> = this.use(fn)
+        .catch((err: unknown) => {
+          throw explained(err) ? err : new KafkaCallError(key, err);
+        })
+        .finally(() => {
+          if (this.inFlight.get(key) === started) this.inFlight.delete(key);
+        });
       this.inFlight.set(key, started);
       pending = started;
     }

@@ -1,6 +1,7 @@
 import type { Admin } from 'kafkajs';
 import { DeadlineExceededError } from '../../../core/deadline.js';
-import { KafkaAdminAccess } from '../../../operator/reconcile/kafka-access.js';
+import { TopicReplicationError } from '../../../core/kafka.js';
+import { KafkaAdminAccess, KafkaCallError } from '../../../operator/reconcile/kafka-access.js';
 
 /** An admin whose offset reads answer only when the test says so (a broker that does not answer). */
 class SilentBroker {
@@ -24,6 +25,18 @@ class SilentBroker {
   answer(): void {
     for (const a of this.answers.splice(0)) a();
   }
+}
+
+/** An admin whose topic creation fails at once with `err` (a request that timed out, a refusal). */
+function failingAdmin(err: Error): Admin {
+  return {
+    connect: async () => undefined,
+    disconnect: async () => undefined,
+    listTopics: async () => [],
+    createTopics: async () => {
+      throw err;
+    },
+  } as unknown as Admin;
 }
 
 function access(broker: SilentBroker): KafkaAdminAccess {
@@ -64,5 +77,45 @@ describe("the operator's Kafka figures", () => {
     broker.answer();
     await expect(fresh).resolves.toBe(3);
     expect(broker.offsetReads).toBe(2);
+  });
+
+  test('a call that fails before its deadline says which call and activity, with the cause', async () => {
+    // The patched kafkajs fails every request on a connection another one timed out on: the
+    // warm-up's topics then fail before their own deadline, and the reconcile error must still
+    // say that it was the topics of this activity.
+    const timedOut = Object.assign(
+      new Error(
+        'Request not answered: another request on its connection timed out, and the connection was closed',
+      ),
+      { name: 'KafkaJSRequestTimeoutError' },
+    );
+    const kafka = new KafkaAdminAccess({
+      brokers: ['127.0.0.1:1'],
+      clientId: 'test',
+      topicPrefix: 'flashsale',
+      partitions: 1,
+      replicationFactor: 1,
+      createAdmin: () => failingAdmin(timedOut),
+    });
+    const err: unknown = await kafka.ensureTopics('a.sale').catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(KafkaCallError);
+    expect((err as Error).message).toBe(
+      'Kafka ensure topics a.sale: Request not answered: another request on its connection timed out, ' +
+        'and the connection was closed',
+    );
+    expect((err as Error).cause).toBe(timedOut);
+  });
+
+  test('an error that already explains itself passes unchanged (the warm-up holds on it)', async () => {
+    const refused = new TopicReplicationError(['flashsale.a.sale.orders has 1 replica, 3 configured']);
+    const kafka = new KafkaAdminAccess({
+      brokers: ['127.0.0.1:1'],
+      clientId: 'test',
+      topicPrefix: 'flashsale',
+      partitions: 1,
+      replicationFactor: 3,
+      createAdmin: () => failingAdmin(refused),
+    });
+    await expect(kafka.ensureTopics('a.sale')).rejects.toBe(refused);
   });
 });
