@@ -11,6 +11,7 @@
 #              it on the same port and data (the fault harness restarts a killed broker with it).
 # A cluster's internal topics and its default for new topics use replication min(3, N) and
 # min.insync.replicas min(2, N), as docs/install.md recommends for production.
+# KAFKA_EXTRA_PROPERTIES (lines) is appended to every node's server.properties (an authorizer).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib.sh
@@ -71,6 +72,9 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 log.flush.interval.messages=1
 CONF
+  if [ -n "${KAFKA_EXTRA_PROPERTIES:-}" ]; then
+    printf '%s\n' "$KAFKA_EXTRA_PROPERTIES" >>"$data/server.properties"
+  fi
   cat >"$data/log4j.properties" <<CONF
 log4j.rootLogger=WARN, file
 log4j.appender.file=org.apache.log4j.FileAppender

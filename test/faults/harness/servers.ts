@@ -31,13 +31,20 @@ function readEnvFile(path: string): Record<string, string> {
   return out;
 }
 
-/** Starts the named servers with test/env/start-<name>.sh in a new state dir. */
-export async function startPrivateServers(names: ServerName[]): Promise<PrivateServers> {
+/**
+ * Starts the named servers with test/env/start-<name>.sh in a new state dir; `scriptEnv` reaches
+ * the scripts (KAFKA_EXTRA_PROPERTIES: lines added to Kafka's server.properties).
+ */
+export async function startPrivateServers(
+  names: ServerName[],
+  scriptEnv: Record<string, string> = {},
+): Promise<PrivateServers> {
   const state = mkdtempSync(join(tmpdir(), 'fs-faults-srv-'));
   // Sequential: the machine is small, and the scripts pick free ports independently.
   for (const n of names) {
     await run('bash', [join(ROOT, 'test', 'env', `start-${n}.sh`), state], {
       cwd: ROOT,
+      env: { ...process.env, ...scriptEnv },
       maxBuffer: 1 << 24,
       timeout: 240_000,
     });
