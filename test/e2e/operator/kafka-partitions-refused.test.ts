@@ -14,7 +14,6 @@ import { Phase } from '../../../operator/api/v1alpha1/types.js';
 import { uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import {
-  activityBody,
   admin,
   createActivity,
   eventsOf,
@@ -27,7 +26,7 @@ import {
 import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
-import { operatorWorld } from './setup.js';
+import { operatorWorld, saleWithThreeActiveConsumers } from './setup.js';
 import type { OperatorWorld } from './setup.js';
 
 const run = promisify(execFile);
@@ -115,22 +114,7 @@ describe('operator: partitions Kafka refuses to add', () => {
           CLEANUP_RETRY_SECONDS: '2',
         },
       });
-      const t0 = Date.now();
-      await createActivity(
-        a,
-        activityBody(ns.namespace, name, {
-          warmUpAt: new Date(t0),
-          startAt: new Date(t0 + 10_000),
-          endAt: new Date(t0 + 60 * 60_000),
-          items: [{ skuId: 'tea', name: '茶', price: '5.00', stock: 3 }],
-          extraSpec: { activityId },
-          replicas: {
-            warmUp: { api: 1, relay: 1, consumer: 1 },
-            active: { api: 1, relay: 1, consumer: 3 },
-            draining: { api: 1, relay: 1, consumer: 1 },
-          },
-        }),
-      );
+      await createActivity(a, saleWithThreeActiveConsumers(ns.namespace, name, activityId, 10_000));
       const orders = topicsFor(activityId).orders;
       const refused = await waitFor(
         'Degraded PartitionsNotAdded',

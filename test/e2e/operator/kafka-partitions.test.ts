@@ -11,7 +11,6 @@ import { GROUP, PLURAL, Phase, VERSION } from '../../../operator/api/v1alpha1/ty
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import {
-  activityBody,
   admin,
   createActivity,
   eventsOf,
@@ -21,7 +20,7 @@ import {
   waitForPhase,
 } from '../../../dev/operator-harness.js';
 import type { OperatorNamespace, OperatorProcess } from '../../../dev/operator-harness.js';
-import { operatorWorld } from './setup.js';
+import { operatorWorld, saleWithThreeActiveConsumers } from './setup.js';
 import type { OperatorWorld } from './setup.js';
 
 const TIMEOUT_MS = 240_000;
@@ -71,22 +70,7 @@ describe('operator: the orders topic has a partition per consumer replica', () =
     'adds partitions before the sale opens and when consumers are raised while Active, never removes any',
     async () => {
       operator = await startOperator({ ns, databaseUrl: db.url, env: { KAFKA_TOPIC_PARTITIONS: '2' } });
-      const t0 = Date.now();
-      await createActivity(
-        a,
-        activityBody(ns.namespace, name, {
-          warmUpAt: new Date(t0),
-          startAt: new Date(t0 + 15_000),
-          endAt: new Date(t0 + 60 * 60_000),
-          items: [{ skuId: 'tea', name: '茶', price: '5.00', stock: 3 }],
-          extraSpec: { activityId },
-          replicas: {
-            warmUp: { api: 1, relay: 1, consumer: 1 },
-            active: { api: 1, relay: 1, consumer: 3 },
-            draining: { api: 1, relay: 1, consumer: 1 },
-          },
-        }),
-      );
+      await createActivity(a, saleWithThreeActiveConsumers(ns.namespace, name, activityId, 15_000));
       // Created with KAFKA_TOPIC_PARTITIONS (2), raised to the Active phase's 3 consumers before
       // the gate opens.
       const ready = await waitForPhase(a, ns.namespace, name, [Phase.Ready, Phase.Active], 90_000);

@@ -7,7 +7,7 @@ import { Redis } from 'ioredis';
 import { createPool } from '../../../core/db/pool.js';
 import type { Pool } from '../../../core/db/pool.js';
 import { createKafka, ensureTopics, topicsFor } from '../../../core/kafka.js';
-import { Recorder, installCrd, prepareNamespace } from '../../../dev/operator-harness.js';
+import { Recorder, activityBody, installCrd, prepareNamespace } from '../../../dev/operator-harness.js';
 import type { Admin, OperatorNamespace } from '../../../dev/operator-harness.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
@@ -62,4 +62,30 @@ export async function operatorWorld(a: Admin, o: OperatorWorldOptions): Promise<
       await db.drop();
     },
   };
+}
+
+/**
+ * A sale of 3 teas under `activityId`, warming up now and opening in `startInMs`, whose Active phase
+ * asks for 3 consumer replicas (one of each other role in every phase): more consumers than the
+ * 2 partitions an operator with KAFKA_TOPIC_PARTITIONS=2 creates.
+ */
+export function saleWithThreeActiveConsumers(
+  namespace: string,
+  name: string,
+  activityId: string,
+  startInMs: number,
+): Record<string, unknown> {
+  const t0 = Date.now();
+  return activityBody(namespace, name, {
+    warmUpAt: new Date(t0),
+    startAt: new Date(t0 + startInMs),
+    endAt: new Date(t0 + 60 * 60_000),
+    items: [{ skuId: 'tea', name: '茶', price: '5.00', stock: 3 }],
+    extraSpec: { activityId },
+    replicas: {
+      warmUp: { api: 1, relay: 1, consumer: 1 },
+      active: { api: 1, relay: 1, consumer: 3 },
+      draining: { api: 1, relay: 1, consumer: 1 },
+    },
+  });
 }
