@@ -9,9 +9,12 @@
 // at the first, and one that stalled held each for about 5 minutes, then failed), and calls on any
 // broker (an admin's metadata read) try connected brokers first; a new connection's ApiVersions
 // request keeps the connection timeout it is sent with (upstream the whole request timeout), and an
-// idempotent producer asks for its id again when that request timed out (upstream its connect failed). The end-to-end proof with a frozen broker of a real
-// cluster is test/integration/faults/stalled-broker.test.ts; the "broker" here is a socket that
-// takes in every byte and answers none, the one behaviour under test.
+// idempotent producer asks for its id again when that request timed out (upstream its connect
+// failed), and a consumer's fetcher resolves the first offsets of its own partitions only (upstream
+// of every partition assigned to the member, so a new group's fetchers all waited on a stalled
+// leader). The end-to-end proof with a frozen broker of a real cluster is
+// test/integration/faults/stalled-broker.test.ts; the "broker" here is a socket that takes in every
+// byte and answers none, the one behaviour under test (the offsets' case fakes the cluster's calls).
 import net from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { kafkajsModule } from '../../../bench/lib/kafkajs-upstream.js';
@@ -644,6 +647,92 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         removed: [],
         joins: 0,
         stalled: undefined,
+      });
+    });
+  });
+
+  describe("a new group's first fetch from each broker (no committed offsets yet)", () => {
+    interface ConsumerGroupProto {
+      seekOffsets(this: unknown, topicPartitions: { topic: string; partitions: number[] }[]): Promise<void>;
+    }
+    type OffsetManagerClass = new (options: Record<string, unknown>) => {
+      committedOffsets(): Record<string, Record<string, string>>;
+    };
+    /**
+     * The first fetch of the fetcher of the broker that leads partition 1, for a member assigned
+     * partitions 0, 1 and 2 of `orders`. Partition 0's leader has stopped answering: a `ListOffsets`
+     * that names it never settles. Returns the partitions each `ListOffsets` asked for, and whether
+     * the fetcher got past its offsets within 200 ms (a fetcher that cannot fetch sends no heartbeat).
+     */
+    const firstFetch = async (which: Which) => {
+      const OffsetManager = kafkajsModule<OffsetManagerClass>(which, 'src/consumer/offsetManager/index.js');
+      const proto = kafkajsModule<{ prototype: ConsumerGroupProto }>(
+        which,
+        'src/consumer/consumerGroup.js',
+      ).prototype;
+      const store: Record<string, Record<string, string>> = {};
+      const listOffsets: number[][] = [];
+      type Partitions = { topic: string; partitions: { partition: number }[] }[];
+      const cluster = {
+        committedOffsets: () => store,
+        fetchTopicsOffset: (topics: Partitions) => {
+          const asked = topics.flatMap((t) => t.partitions.map((p) => p.partition));
+          listOffsets.push(asked);
+          if (asked.includes(0)) return new Promise(() => undefined);
+          return Promise.resolve(
+            topics.map((t) => ({
+              topic: t.topic,
+              partitions: t.partitions.map((p) => ({ ...p, offset: '0' })),
+            })),
+          );
+        },
+      };
+      const coordinator = {
+        isConnected: () => true,
+        // A new group: no committed offset for any partition.
+        offsetFetch: async ({ topics }: { topics: Partitions }) => ({
+          responses: topics.map((t) => ({
+            topic: t.topic,
+            partitions: t.partitions.map((p) => ({ ...p, offset: '-1' })),
+          })),
+        }),
+      };
+      const offsetManager = new OffsetManager({
+        cluster,
+        coordinator,
+        memberAssignment: { orders: [0, 1, 2] },
+        topicConfigurations: { orders: { fromBeginning: true } },
+        instrumentationEmitter: { emit: () => undefined },
+        groupId: 'g',
+        generationId: 1,
+        memberId: 'm',
+        autoCommit: true,
+      });
+      const group = {
+        seekOffset: { pop: () => undefined },
+        offsetManager,
+        logger: { debug: () => undefined },
+      };
+      const resolved = await Promise.race([
+        proto.seekOffsets.call(group, [{ topic: 'orders', partitions: [1] }]).then(() => true),
+        new Promise<boolean>((r) => setTimeout(() => r(false), 200)),
+      ]);
+      return { listOffsets, resolved, committed: offsetManager.committedOffsets().orders };
+    };
+
+    it("patched: resolves only the fetcher's own partitions, so a stalled leader holds only its own fetcher", async () => {
+      expect(await firstFetch('installed')).toEqual({
+        listOffsets: [[1]],
+        resolved: true,
+        committed: { 1: '0' },
+      });
+    });
+
+    it("upstream: every fetcher resolves every assigned partition and waits on the stalled leader's", async () => {
+      expect(await firstFetch('upstream')).toEqual({
+        listOffsets: [[0, 1, 2]],
+        resolved: false,
+        committed: {},
       });
     });
   });
