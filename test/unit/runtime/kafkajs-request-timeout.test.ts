@@ -736,4 +736,69 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
       });
     });
   });
+
+  describe('a join whose SyncGroup the coordinator cannot serve yet', () => {
+    interface ConsumerGroupProto {
+      joinAndSync(this: unknown): Promise<void>;
+    }
+    /**
+     * A group join whose first SyncGroup is answered `GROUP_COORDINATOR_NOT_AVAILABLE` (Kafka's answer
+     * when it cannot write the group's assignment, e.g. while a stalled broker is still an in-sync
+     * replica of the group's offsets partition), the next ones served. Returns how it ended and the
+     * member id each JoinGroup was sent with.
+     */
+    const join = async (which: Which) => {
+      const proto = kafkajsModule<{ prototype: ConsumerGroupProto & object }>(
+        which,
+        'src/consumer/consumerGroup.js',
+      ).prototype;
+      const createRetry = kafkajsModule<(o: object) => unknown>(which, 'src/retry/index.js');
+      const { createErrorFromCode } = kafkajsModule<{ createErrorFromCode(code: number): Error }>(
+        which,
+        'src/protocol/error.js',
+      );
+      const symbol = (name: string) =>
+        Object.getOwnPropertySymbols(proto).find((s) => s.description === `private:ConsumerGroup:${name}`)!;
+      const joinedAs: string[] = [];
+      let syncs = 0;
+      const group: Record<string | symbol, unknown> = Object.create(proto);
+      Object.assign(group, {
+        groupId: 'g',
+        memberId: null,
+        retrier: createRetry({ retries: 3, initialRetryTime: 10 }),
+        subscriptionState: { assigned: () => [{ topic: 'orders', partitions: [0] }] },
+        instrumentationEmitter: { emit: () => undefined },
+        logger: {
+          info: () => undefined,
+          debug: () => undefined,
+          warn: () => undefined,
+          error: () => undefined,
+        },
+      });
+      group[symbol('join')] = async () => {
+        joinedAs.push(String(group.memberId ?? ''));
+        group.memberId = group.memberId ?? 'member-1';
+      };
+      group[symbol('sync')] = async () => {
+        syncs += 1;
+        if (syncs === 1) throw createErrorFromCode(15);
+      };
+      const error = await proto.joinAndSync.call(group).then(
+        () => undefined,
+        (e: Error) => e.message,
+      );
+      return { error, joinedAs };
+    };
+
+    it('patched: joins again as the same member (no second member for the group to wait on)', async () => {
+      expect(await join('installed')).toEqual({ error: undefined, joinedAs: ['', 'member-1'] });
+    });
+
+    it('upstream: gives up (the consumer crashes and restarts as a new member)', async () => {
+      expect(await join('upstream')).toEqual({
+        error: 'The group coordinator is not available',
+        joinedAs: [''],
+      });
+    });
+  });
 });
