@@ -47,6 +47,12 @@ const timedOut = (which: Which, request: string): Error => {
   return new KafkaJSRequestTimeoutError(`Request ${request} timed out`, { broker: '127.0.0.1:39092' });
 };
 
+/** kafkajs' own logger (`which`), set to log nothing. */
+const silentLogger = (which: Which): unknown => {
+  const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
+  return loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined });
+};
+
 describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
   let server: net.Server;
   let port: number;
@@ -70,12 +76,11 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
 
   const open = (which: Which, requestTimeout = REQUEST_TIMEOUT_MS): Connection => {
     const Connection = kafkajsModule<ConnectionClass>(which, 'src/network/connection.js');
-    const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
     const socketFactory = kafkajsModule<() => unknown>(which, 'src/network/socketFactory.js');
     return new Connection({
       host: '127.0.0.1',
       port,
-      logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
+      logger: silentLogger(which),
       socketFactory: socketFactory(),
       requestTimeout,
       connectionTimeout: 1_000,
@@ -179,7 +184,6 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
     /** One round of the runner whose fetch manager fails with a coordinator's timeout, then stops. */
     const round = async (which: Which) => {
       const Runner = kafkajsModule<RunnerClass>(which, 'src/consumer/runner.js');
-      const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
       const removed: unknown[] = [];
       let joins = 0;
       let crashed: string | undefined;
@@ -194,7 +198,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         getNodeIds: () => [],
       };
       const runner = new Runner({
-        logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
+        logger: silentLogger(which),
         consumerGroup,
         eachBatch: async () => undefined,
         heartbeatInterval: 1_000,
@@ -367,11 +371,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
     /** The bootstrap broker each of 60 clients (one builder each) tries first. */
     const firstPorts = async (which: Which): Promise<Set<number>> => {
       const builder = kafkajsModule<Builder>(which, 'src/cluster/connectionPoolBuilder.js');
-      const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
-      const logger = loggers.createLogger({
-        level: loggers.LEVELS.NOTHING,
-        logCreator: () => () => undefined,
-      });
+      const logger = silentLogger(which);
       const first = new Set<number>();
       for (let i = 0; i < 60; i += 1) {
         const b = builder({ brokers: ['127.0.0.1:39092', '127.0.0.1:39093', '127.0.0.1:39094'], logger });
@@ -398,7 +398,6 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
     /** The brokers asked, the metadata reads forced, and how the producer's id request ended. */
     const init = async (which: Which) => {
       const createEosManager = kafkajsModule<CreateEosManager>(which, 'src/producer/eosManager/index.js');
-      const loggers = kafkajsModule<Loggers>(which, 'src/loggers/index.js');
       const asked: number[] = [];
       let reads = 0;
       // The metadata names broker 1 as the controller until it is read again; broker 1 stalls.
@@ -422,7 +421,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         },
       };
       const eos = createEosManager({
-        logger: loggers.createLogger({ level: loggers.LEVELS.NOTHING, logCreator: () => () => undefined }),
+        logger: silentLogger(which),
         cluster,
         transactional: false,
       });
@@ -708,11 +707,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         memberId: 'm',
         autoCommit: true,
       });
-      const group = {
-        seekOffset: { pop: () => undefined },
-        offsetManager,
-        logger: { debug: () => undefined },
-      };
+      const group = { seekOffset: { pop: () => undefined }, offsetManager, logger: silentLogger(which) };
       const resolved = await Promise.race([
         proto.seekOffsets.call(group, [{ topic: 'orders', partitions: [1] }]).then(() => true),
         new Promise<boolean>((r) => setTimeout(() => r(false), 200)),
@@ -768,12 +763,7 @@ describe('a broker that stops answering (patches/kafkajs+2.2.4.patch)', () => {
         retrier: createRetry({ retries: 3, initialRetryTime: 10 }),
         subscriptionState: { assigned: () => [{ topic: 'orders', partitions: [0] }] },
         instrumentationEmitter: { emit: () => undefined },
-        logger: {
-          info: () => undefined,
-          debug: () => undefined,
-          warn: () => undefined,
-          error: () => undefined,
-        },
+        logger: silentLogger(which),
       });
       group[symbol('join')] = async () => {
         joinedAs.push(String(group.memberId ?? ''));
