@@ -67,6 +67,13 @@ const schema = z
     HTTP_PORT: env.int(8080),
     HTTP_HOST: z.string().default('0.0.0.0'),
     /**
+     * Connections the service port's listening socket holds while the process has not yet
+     * accepted them (listen(2)'s backlog; the kernel caps it at net.core.somaxconn). A sale opens
+     * with a burst of new connections: past Node's default of 511, the kernel drops the rest's
+     * handshakes and the buyers' clients retry them a second later (TCP's SYN retransmission).
+     */
+    HTTP_BACKLOG: env.int(4096, 1),
+    /**
      * Port of /metrics (with /healthz and /readyz), apart from the buyer port so that the buyer
      * Service never exposes it; must differ from HTTP_PORT.
      */

@@ -152,7 +152,7 @@ export interface KafkaClient {
   kafka: Kafka;
 }
 
-type HttpConfig = Pick<RuntimeConfig, 'HTTP_PORT' | 'HTTP_HOST' | 'METRICS_PORT'>;
+type HttpConfig = Pick<RuntimeConfig, 'HTTP_PORT' | 'HTTP_HOST' | 'HTTP_BACKLOG' | 'METRICS_PORT'>;
 
 /**
  * Listens on the service port (the api's app, or /healthz and /readyz only) and on the metrics
@@ -160,10 +160,11 @@ type HttpConfig = Pick<RuntimeConfig, 'HTTP_PORT' | 'HTTP_HOST' | 'METRICS_PORT'
  */
 export async function serveHttp(ctx: RoleContext, cfg: HttpConfig, app?: Express): Promise<Closer[]> {
   const ready = (): Promise<Readiness> => ctx.readiness.check();
-  const server = (app ?? createServiceApp({ metrics: ctx.metrics, ready })).listen(
-    cfg.HTTP_PORT,
-    cfg.HTTP_HOST,
-  );
+  const server = (app ?? createServiceApp({ metrics: ctx.metrics, ready })).listen({
+    port: cfg.HTTP_PORT,
+    host: cfg.HTTP_HOST,
+    backlog: cfg.HTTP_BACKLOG,
+  });
   server.keepAliveTimeout = 65_000;
   const metricsServer = createMetricsApp({ metrics: ctx.metrics, ready }).listen(
     cfg.METRICS_PORT,

@@ -13,6 +13,7 @@ describe('runtime configuration', () => {
     const c = loadRuntimeConfig('relay', { ...base, ACTIVITY_ID: 'a1' });
     expect(c.KAFKA_BROKERS).toEqual(['127.0.0.1:9092', '127.0.0.1:9093']);
     expect(c.HTTP_PORT).toBe(8080);
+    expect(c.HTTP_BACKLOG).toBe(4096);
     expect(c.PAYMENT_TIMEOUT_SECONDS).toBe(900);
     expect(c.JOBS_IN_CONSUMER).toBe(true);
     expect(c.KAFKA_REPLICATION_FACTOR).toBe(-1);
@@ -23,6 +24,8 @@ describe('runtime configuration', () => {
   test('a bad value names the variable', () => {
     expect(() => loadRuntimeConfig('api', { ...base, HTTP_PORT: 'eighty' })).toThrow(/HTTP_PORT/);
     expect(() => loadRuntimeConfig('api', { ...base, DATABASE_URL: 'nope' })).toThrow(/DATABASE_URL/);
+    expect(() => loadRuntimeConfig('api', { ...base, HTTP_BACKLOG: '0' })).toThrow(/HTTP_BACKLOG/);
+    expect(() => loadRuntimeConfig('api', { ...base, HTTP_BACKLOG: 'lots' })).toThrow(/HTTP_BACKLOG/);
     expect(() => loadRuntimeConfig('api', { ...base, JWT_HS256_SECRET: 'short' })).toThrow(
       /JWT_HS256_SECRET/,
     );
