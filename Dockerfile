@@ -24,7 +24,7 @@ WORKDIR /src
 COPY package.json package-lock.json ./
 COPY patches patches
 # Install scripts stay off; the one the project needs is its own: patch-package applies patches/
-# (a fix to kafkajs that upstream has not released, docs/images.md "Patched dependencies").
+# (fixes to kafkajs and ioredis that upstream has not released, docs/images.md "Patched dependencies").
 RUN --mount=type=cache,target=/root/.npm npm ci --no-audit --no-fund --ignore-scripts \
  && npx patch-package --error-on-fail
 COPY tsconfig.json tsconfig.build.json ./
@@ -41,6 +41,7 @@ COPY package.json package-lock.json ./
 RUN --mount=type=cache,target=/root/.npm npm ci --omit=dev --no-audit --no-fund --ignore-scripts
 # patch-package is a development dependency: the patched packages come from the build stage.
 COPY --from=build /src/node_modules/kafkajs node_modules/kafkajs
+COPY --from=build /src/node_modules/ioredis node_modules/ioredis
 
 # ---- base: what both images share: Debian slim, the node binary, the application
 FROM ${BASE_IMAGE} AS base

@@ -1,14 +1,14 @@
 /**
  * kafkajs as installed (patches/kafkajs+2.2.4.patch applied by `npm ci`) and as upstream 2.2.4
- * shipped it, side by side, for the micro-benchmarks and test/unit/runtime/kafkajs-patch.test.ts.
+ * shipped it, side by side, for the micro-benchmarks and test/unit/runtime/kafkajs-patch.test.ts;
+ * the same for ioredis' patch (test/unit/runtime/ioredis-sentinel-patch.test.ts).
  * Upstream is the installed package with the patch reversed (`git apply --reverse`) in a copy
- * under the temporary directory, so the reference is upstream's own code, never a hand-made copy.
+ * under node_modules/.cache, so the reference is upstream's own code, never a hand-made copy.
  */
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { cpSync, existsSync, readFileSync, renameSync, rmSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Message, PartitionMetadata, Partitioners } from 'kafkajs';
@@ -16,23 +16,40 @@ import type { Message, PartitionMetadata, Partitioners } from 'kafkajs';
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 /** The patch `npm ci` applies to kafkajs (patch-package, the postinstall script). */
 export const KAFKAJS_PATCH = join(repoRoot, 'patches', 'kafkajs+2.2.4.patch');
+/** The patch `npm ci` applies to ioredis (its Sentinel connector; core/redis.ts). */
+export const IOREDIS_PATCH = join(repoRoot, 'patches', 'ioredis+5.11.1.patch');
 
-const installedDir = dirname(createRequire(import.meta.url).resolve('kafkajs/package.json'));
+/** A patched package's installed directory. */
+function installedDirOf(pkg: string): string {
+  return dirname(createRequire(import.meta.url).resolve(`${pkg}/package.json`));
+}
 
 /**
- * A copy of the installed kafkajs with the patch reversed: kafkajs 2.2.4 as published. Made once per
- * version of the patch (the directory's name carries its hash) and kept for later runs.
+ * A copy of an installed package with its patch (patches/<pkg>+<version>.patch) reversed: the
+ * package as published. Made once per version of the patch (the directory's name carries its hash)
+ * and kept for later runs.
  */
-export function upstreamKafkajsDir(): string {
-  const hash = createHash('sha256').update(readFileSync(KAFKAJS_PATCH)).digest('hex').slice(0, 16);
-  const dir = join(tmpdir(), `flashsale-kafkajs-2.2.4-upstream-${hash}`);
+export function upstreamPackageDir(pkg: string, patchFile: string): string {
+  const hash = createHash('sha256').update(readFileSync(patchFile)).digest('hex').slice(0, 16);
+  const version = (
+    JSON.parse(readFileSync(join(installedDirOf(pkg), 'package.json'), 'utf8')) as { version: string }
+  ).version;
+  // Under the project's node_modules, so that the copy finds the package's own dependencies.
+  const dir = join(repoRoot, 'node_modules', '.cache', 'flashsale-upstream', `${pkg}-${version}-${hash}`);
+  mkdirSync(dirname(dir), { recursive: true });
   if (existsSync(join(dir, 'package.json'))) return dir;
   const staging = `${dir}.${process.pid}`;
   rmSync(staging, { recursive: true, force: true });
-  cpSync(installedDir, staging, { recursive: true });
-  // -p3: the patch names files as a/node_modules/kafkajs/<path>. Throws with git's message when
+  cpSync(installedDirOf(pkg), staging, { recursive: true });
+  // -p3: the patch names files as a/node_modules/<pkg>/<path>. Throws with git's message when
   // the installed package does not carry the patch.
-  execFileSync('git', ['apply', '--reverse', '-p3', KAFKAJS_PATCH], { cwd: staging, stdio: 'pipe' });
+  // Outside any repository (the ceiling stops git from finding this project's): inside one, git
+  // apply would take the paths as the repository's and skip them.
+  execFileSync('git', ['apply', '--reverse', '-p3', patchFile], {
+    cwd: staging,
+    stdio: 'pipe',
+    env: { ...process.env, GIT_CEILING_DIRECTORIES: dirname(dir) },
+  });
   try {
     renameSync(staging, dir);
   } catch (err) {
@@ -43,9 +60,24 @@ export function upstreamKafkajsDir(): string {
   return dir;
 }
 
+/** kafkajs 2.2.4 as published. */
+export function upstreamKafkajsDir(): string {
+  return upstreamPackageDir('kafkajs', KAFKAJS_PATCH);
+}
+
 /** A file of kafkajs (`src/...`), as installed or as upstream shipped it. */
 export function kafkajsModule<T>(which: 'installed' | 'upstream', file: string): T {
-  const dir = which === 'installed' ? installedDir : upstreamKafkajsDir();
+  return patchedPackageModule('kafkajs', KAFKAJS_PATCH, which, file);
+}
+
+/** A file of a patched package, as installed or as upstream shipped it. */
+export function patchedPackageModule<T>(
+  pkg: string,
+  patchFile: string,
+  which: 'installed' | 'upstream',
+  file: string,
+): T {
+  const dir = which === 'installed' ? installedDirOf(pkg) : upstreamPackageDir(pkg, patchFile);
   return createRequire(join(dir, 'package.json'))(join(dir, file)) as T;
 }
 

@@ -303,17 +303,18 @@ describe('image layout, staged as the Dockerfile lays it out', () => {
     expect(devOnly.filter((key) => existsSync(path.join(app, key)))).toEqual([]);
   });
 
-  it('ships kafkajs with patches/ applied (docs/images.md "Patched dependencies")', () => {
-    // The patch applies in reverse to the staged image's files only when they carry it.
-    for (const target of ['runtime', 'operator']) {
-      const patch = path.join(repoRoot, 'patches', 'kafkajs+2.2.4.patch');
-      // Outside a repository git apply works on the directory's files, like patch(1).
-      const check = run('git', ['apply', '--check', '--reverse', patch], {
-        cwd: appOf(target),
-        timeoutMs: 60_000,
-      });
-      expect([target, check.status, check.stderr]).toEqual([target, 0, '']);
-    }
+  it('ships kafkajs and ioredis with patches/ applied (docs/images.md "Patched dependencies")', () => {
+    // A patch applies in reverse to the staged image's files only when they carry it.
+    for (const target of ['runtime', 'operator'])
+      for (const name of ['kafkajs+2.2.4.patch', 'ioredis+5.11.1.patch']) {
+        const patch = path.join(repoRoot, 'patches', name);
+        // Outside a repository git apply works on the directory's files, like patch(1).
+        const check = run('git', ['apply', '--check', '--reverse', patch], {
+          cwd: appOf(target),
+          timeoutMs: 60_000,
+        });
+        expect([target, name, check.status, check.stderr]).toEqual([target, name, 0, '']);
+      }
   });
 
   it('holds no source maps, demo, scripts or tests: only the files docs/images.md lists', () => {
