@@ -28,8 +28,8 @@ import {
   groupMessagesPerPartition,
   partitionMetadata,
   relayMessages,
-} from './kafkajs-upstream.js';
-import type { GroupPerPartition } from './kafkajs-upstream.js';
+} from './patched-packages.js';
+import type { GroupPerPartition } from './patched-packages.js';
 import { log, median } from './util.js';
 
 export interface MicroResult {

@@ -303,10 +303,14 @@ describe('image layout, staged as the Dockerfile lays it out', () => {
     expect(devOnly.filter((key) => existsSync(path.join(app, key)))).toEqual([]);
   });
 
-  it('ships kafkajs and ioredis with patches/ applied (docs/images.md "Patched dependencies")', () => {
+  it('ships every package of patches/ with its patch applied (docs/images.md "Patched dependencies")', () => {
+    // Every patch the project carries, so a new one that the Dockerfile's prod-deps stage forgets
+    // to copy fails here.
+    const patches = readdirSync(path.join(repoRoot, 'patches')).filter((f) => f.endsWith('.patch'));
+    expect(patches).toEqual(expect.arrayContaining(['kafkajs+2.2.4.patch', 'ioredis+5.11.1.patch']));
     // A patch applies in reverse to the staged image's files only when they carry it.
     for (const target of ['runtime', 'operator'])
-      for (const name of ['kafkajs+2.2.4.patch', 'ioredis+5.11.1.patch']) {
+      for (const name of patches) {
         const patch = path.join(repoRoot, 'patches', name);
         // Outside a repository git apply works on the directory's files, like patch(1).
         const check = run('git', ['apply', '--check', '--reverse', patch], {

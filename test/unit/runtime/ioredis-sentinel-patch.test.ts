@@ -1,5 +1,5 @@
 // patches/ioredis+5.11.1.patch, a backport of ioredis 6.1.0's fix (redis/ioredis#2198), checked
-// against upstream 5.11.1's own code (the patch reversed, bench/lib/kafkajs-upstream.ts).
+// against upstream 5.11.1's own code (the patch reversed, bench/lib/patched-packages.ts).
 //
 // Through Sentinel, core/redis.ts turns on ioredis' failover detector: it subscribes to the
 // sentinels' `+switch-master` and drops the connection when the primary changes. In 5.11.1 the
@@ -12,7 +12,7 @@
 import { EventEmitter } from 'node:events';
 import { createServer } from 'node:net';
 import type { AddressInfo, Socket } from 'node:net';
-import { IOREDIS_PATCH, patchedPackageModule } from '../../../bench/lib/kafkajs-upstream.js';
+import { IOREDIS_PATCH, patchedPackageModule } from '../../../bench/lib/patched-packages.js';
 
 /** The parts of ioredis' SentinelConnector the race goes through. */
 interface SentinelConnector {

@@ -5,7 +5,7 @@
 // answers their fetches at once, so the process looped at 100 % CPU without serving timers or
 // SIGTERM (found by stalled-broker.test.ts: its consumer never exited). Here the fetches take a
 // few milliseconds, so upstream's loop shows as fetches that go on after stop() has returned.
-import { kafkajsModule } from '../../../bench/lib/kafkajs-upstream.js';
+import { kafkajsModule } from '../../../bench/lib/patched-packages.js';
 
 type Which = 'installed' | 'upstream';
 

@@ -6,7 +6,7 @@
 // own. Checked here: the installed files are the patched ones, the grouping is upstream's (every
 // message once, in order, on the partition the partitioner names), and every byte the patched
 // encoders produce is the byte upstream's produce (upstream: the installed package with the patch
-// reversed, bench/lib/kafkajs-upstream.ts).
+// reversed, bench/lib/patched-packages.ts).
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -19,8 +19,8 @@ import {
   kafkajsModule,
   partitionMetadata as metadata,
   relayMessages,
-} from '../../../bench/lib/kafkajs-upstream.js';
-import type { ProducePartition } from '../../../bench/lib/kafkajs-upstream.js';
+} from '../../../bench/lib/patched-packages.js';
+import type { ProducePartition } from '../../../bench/lib/patched-packages.js';
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 

@@ -17,7 +17,7 @@
 // byte and answers none, the one behaviour under test (the offsets' case fakes the cluster's calls).
 import net from 'node:net';
 import type { AddressInfo } from 'node:net';
-import { kafkajsModule } from '../../../bench/lib/kafkajs-upstream.js';
+import { kafkajsModule } from '../../../bench/lib/patched-packages.js';
 
 type Which = 'installed' | 'upstream';
 
