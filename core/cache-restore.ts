@@ -16,7 +16,7 @@ import { BucketLayout, bucketLayout, bucketShare, forgetBucketLayout, unitsLeft 
 import { readActivitySkus } from './db/activity-skus-store.js';
 import type { ActivitySkuRow } from './db/activity-skus-store.js';
 import type { RestoreDivergence, RestoreReason, RestoreReload } from './db/cache-restores-store.js';
-import { findByReservationIds, ordersForRestore } from './db/orders-store.js';
+import { PAID_STATUSES, findByReservationIds, ordersForRestore } from './db/orders-store.js';
 import type { OrderStatus } from './db/orders-store.js';
 import { inTransaction } from './db/pool.js';
 import type { Pool, Queryable } from './db/pool.js';
@@ -24,7 +24,7 @@ import { registeredBuyers } from './db/registrations-store.js';
 import { BucketKeys, activityKeys, groupByScope } from './keys.js';
 import type { ScopeKeys } from './keys.js';
 import { CLAIM_STATE } from './order-message.js';
-import { readReservation } from './reservations.js';
+import { confirmPaid, readReservation } from './reservations.js';
 import type { ReservationRecord } from './reservations.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
@@ -267,10 +267,37 @@ export async function reloadFromPostgres(
   // reopened in between counted free while its reservation is PAID. An order that changes after
   // the snapshot is rebuilt as it was before; its settlement or payment follows the resume as on a
   // live cache. Read only: nothing to undo when the reload dies midway (a repeat reads anew).
-  return inTransaction(pool, async (c) => {
+  const { reload, rebuiltReserved } = await inTransaction(pool, async (c) => {
     await c.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY');
     return reloadFromSnapshot(redis, c, t, maxLedger);
   });
+  return { ...reload, paidDuringReload: await markPaidSinceSnapshot(redis, pool, t, rebuiltReserved) };
+}
+
+/**
+ * The reservations the reload wrote `RESERVED` (their orders `UNPAID` in its snapshot) whose
+ * orders are paid now are marked `PAID`, as the payment itself marks them on a live cache: a
+ * payment committed after the snapshot found no reservation to mark while the cache was empty
+ * (runtime/payments/apply.ts takes `UNKNOWN_RESERVATION` as a cache PostgreSQL holds alone), and
+ * without the mark Redis' own guard (release-6.lua's `ALREADY_PAID`) would not stand between a
+ * racing release and the sold unit. Read after every reservation is written: a payment that
+ * commits later finds its reservation and marks it itself. Idempotent (confirmPaid-2.lua).
+ */
+async function markPaidSinceSnapshot(
+  redis: RedisClient,
+  pool: Pool,
+  t: RestoreTarget,
+  reservationIds: string[],
+): Promise<number> {
+  let marked = 0;
+  for (let i = 0; i < reservationIds.length; i += PAGE) {
+    for (const o of await findByReservationIds(pool, reservationIds.slice(i, i + PAGE))) {
+      if (o.activityId !== t.activityId || !PAID_STATUSES.includes(o.status)) continue;
+      const owner = { userId: o.userId, skuId: o.skuId };
+      if ((await confirmPaid(redis, t.activityId, o.reservationId, owner)) === 'paid') marked += 1;
+    }
+  }
+  return marked;
 }
 
 async function reloadFromSnapshot(
@@ -278,7 +305,7 @@ async function reloadFromSnapshot(
   db: Queryable,
   t: RestoreTarget,
   maxLedger: number,
-): Promise<RestoreReload> {
+): Promise<{ reload: Omit<RestoreReload, 'paidDuringReload'>; rebuiltReserved: string[] }> {
   const k = activityKeys(t.activityId);
   const skus = await readActivitySkus(db, t.activityId);
   if (skus.length === 0)
@@ -347,6 +374,7 @@ async function reloadFromSnapshot(
   );
 
   let orders = 0;
+  const rebuiltReserved: string[] = [];
   for (let after = '0'; ;) {
     const page = await ordersForRestore(db, t.activityId, after, PAGE);
     if (page.length === 0) break;
@@ -361,6 +389,7 @@ async function reloadFromSnapshot(
         f.reserved += o.quantity;
         f.reservations += 1;
         if (state === 'RELEASED') f.released += o.quantity;
+        if (state === 'RESERVED') rebuiltReserved.push(o.reservationId);
         p.hset(scope.reservation(o.reservationId), {
           state,
           user: o.userId,
@@ -487,15 +516,18 @@ async function reloadFromSnapshot(
   // This process's remembered layout may be the empty one of the hold's meta.
   forgetBucketLayout(t.activityId);
   return {
-    skus: rows.map(({ skuId, initial, live, inFlight: f, remaining }) => ({
-      skuId,
-      initial,
-      live,
-      inFlight: f,
-      remaining,
-    })),
-    orders,
-    buyers: holds.size,
+    reload: {
+      skus: rows.map(({ skuId, initial, live, inFlight: f, remaining }) => ({
+        skuId,
+        initial,
+        live,
+        inFlight: f,
+        remaining,
+      })),
+      orders,
+      buyers: holds.size,
+    },
+    rebuiltReserved,
   };
 }
 

@@ -28,6 +28,11 @@ export interface RestoreReload {
   orders: number;
   /** (buyer, SKU) pairs whose held quantity and slots were rewritten. */
   buyers: number;
+  /**
+   * Reservations rebuilt `RESERVED` from the snapshot whose orders were paid by the time the
+   * reload had written them, marked `PAID` after it (core/cache-restore.ts markPaidSinceSnapshot).
+   */
+  paidDuringReload: number;
 }
 
 export interface CacheRestoreRow {

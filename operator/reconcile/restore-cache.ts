@@ -239,7 +239,9 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
     await ctx.event(
       'Normal',
       EventReason.CacheRestoreReloaded,
-      `reloaded ${reload.skus.length} sku(s), ${reload.orders} order(s), ${reload.buyers} buyer(s): ${figures}`,
+      `reloaded ${reload.skus.length} sku(s), ${reload.orders} order(s), ${reload.buyers} buyer(s)` +
+        (reload.paidDuringReload > 0 ? `, ${reload.paidDuringReload} paid while reloading` : '') +
+        `: ${figures}`,
     );
     row = { ...row, step: 'reloaded', reloaded: reload };
   }

@@ -34,7 +34,13 @@ import { activityKeys, homeBucket } from '../../../core/keys.js';
 import type { CatalogItem, OrderMessage } from '../../../core/model.js';
 import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
 import { closeOrder, settleStock } from '../../../core/order-lifecycle.js';
-import { orderMessageOf, readReservation, reclaimPaid, reserve } from '../../../core/reservations.js';
+import {
+  orderMessageOf,
+  readReservation,
+  reclaimPaid,
+  release,
+  reserve,
+} from '../../../core/reservations.js';
 import { registerScripts, runScript } from '../../../core/scripts.js';
 import { createLogger } from '../../../core/logger.js';
 import { createOperatorMetrics } from '../../../core/metrics.js';
@@ -183,6 +189,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       ],
       orders: 5,
       buyers: 4,
+      paidDuringReload: 0,
     });
     const k = activityKeys(id);
     const stock = await readStock(redis, id);
@@ -768,6 +775,69 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect(stock.skus.map((s) => [s.skuId, s.initial, s.remaining])).toEqual([['a', 10, 10]]);
     expect([stock.reserved, stock.released]).toEqual([1, 1]);
     expect(await redis.hget(activityKeys(id).buyer('u1'), 'a:qty')).toBe('0');
+    expect((await checkCache(redis, sql, id, epoch, 10)).kind).toBe('consistent');
+  });
+
+  test('an order paid while the reload reads its snapshot comes back PAID: no release can return its unit', async () => {
+    const { id, start, end, r } = await saleWithOneOrder('rsq', 1);
+    const deps = lifecycle();
+    const order = (await findLifecycleByReservationId(sql, r.reservationId))!;
+    expect(order.status).toBe('UNPAID');
+
+    const { t, epoch } = await loseAndHold(id, start, end);
+    // The buyer pays after the reload's snapshot (the order UNPAID in it) and before the reload
+    // writes the reservation: the payment commits, and its mark in Redis finds no reservation yet
+    // (the cache is empty), which it takes as a cache PostgreSQL holds alone.
+    let paid: Awaited<ReturnType<typeof acceptPayment>> | undefined;
+    const reload = await reloadFromPostgres(
+      redis,
+      afterSkusRead(sql, async () => {
+        paid = await acceptPayment(
+          { pool: sql, redis, logger: deps.logger },
+          'hmac',
+          {
+            orderId: order.id,
+            tradeNo: `t-${order.id}`,
+            amount: order.amount,
+            status: 'success',
+            providerStatus: 'TRADE_SUCCESS',
+            paidAt: new Date(),
+            fields: {},
+          },
+          'trace-paid',
+        );
+      }),
+      t,
+    );
+    expect([paid?.outcome, paid?.order.status]).toEqual(['PAID', 'PAID']);
+    // The snapshot counted the order live (UNPAID); the reservation is marked as PostgreSQL has it now.
+    expect(reload).toEqual({
+      skus: [{ skuId: 'a', initial: 10, live: 1, inFlight: 0, remaining: 9 }],
+      orders: 1,
+      buyers: 1,
+      paidDuringReload: 1,
+    });
+    const k = activityKeys(id);
+    expect(await redis.hget(k.reservation(r.reservationId), 'state')).toBe('PAID');
+    // Killed before its step was recorded: the repeat reads the order PAID and marks nothing more.
+    expect(await reloadFromPostgres(redis, sql, t)).toEqual({ ...reload, paidDuringReload: 0 });
+    expect(await redis.hget(k.reservation(r.reservationId), 'state')).toBe('PAID');
+
+    expect(await advanceRestore(sql, id, epoch, 'drained', reload)).toBe(true);
+    expect(await advanceRestore(sql, id, epoch, 'reloaded')).toBe(true);
+    await setGate(redis, id, 'open');
+    // Redis' own guard holds again: a release of the paid reservation (a cancellation or timeout
+    // racing the payment) is refused, the unit stays sold.
+    await expect(
+      release(redis, {
+        activityId: id,
+        reservationId: r.reservationId,
+        userId: 'u1',
+        skuId: 'a',
+        reason: 'CANCELLED',
+      }),
+    ).rejects.toMatchObject({ code: 'ALREADY_PAID' });
+    expect((await readStock(redis, id)).skus.map((s) => s.remaining)).toEqual([9]);
     expect((await checkCache(redis, sql, id, epoch, 10)).kind).toBe('consistent');
   });
 
