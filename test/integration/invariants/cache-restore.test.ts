@@ -666,6 +666,27 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     paymentTimeoutSeconds: 900,
   });
 
+  /** The provider's notification that the order's whole amount was paid just now. */
+  const payOrder = (
+    o: LifecycleOrderRow,
+    traceId: string,
+    client: Redis = redis,
+  ): ReturnType<typeof acceptPayment> =>
+    acceptPayment(
+      { pool: sql, redis: client, logger: lifecycle().logger },
+      'hmac',
+      {
+        orderId: o.id,
+        tradeNo: `t-${o.id}`,
+        amount: o.amount,
+        status: 'success',
+        providerStatus: 'TRADE_SUCCESS',
+        paidAt: new Date(),
+        fields: {},
+      },
+      traceId,
+    );
+
   /**
    * `pool` whose first query reading `activity_skus` runs `after` once it has answered, whether it
    * is asked of the pool itself or of a client taken from it: the reload's first PostgreSQL read.
@@ -780,7 +801,6 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
 
   test('an order paid while the reload reads its snapshot comes back PAID: no release can return its unit', async () => {
     const { id, start, end, r } = await saleWithOneOrder('rsq', 1);
-    const deps = lifecycle();
     const order = (await findLifecycleByReservationId(sql, r.reservationId))!;
     expect(order.status).toBe('UNPAID');
 
@@ -792,20 +812,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     const reload = await reloadFromPostgres(
       redis,
       afterSkusRead(sql, async () => {
-        paid = await acceptPayment(
-          { pool: sql, redis, logger: deps.logger },
-          'hmac',
-          {
-            orderId: order.id,
-            tradeNo: `t-${order.id}`,
-            amount: order.amount,
-            status: 'success',
-            providerStatus: 'TRADE_SUCCESS',
-            paidAt: new Date(),
-            fields: {},
-          },
-          'trace-paid',
-        );
+        paid = await payOrder(order, 'trace-paid');
       }),
       t,
     );
@@ -850,21 +857,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       redis: 1,
     });
     const order = (await findLifecycleByReservationId(sql, r.reservationId))!;
-    const pay = (o: LifecycleOrderRow): ReturnType<typeof acceptPayment> =>
-      acceptPayment(
-        { pool: sql, redis, logger: deps.logger },
-        'hmac',
-        {
-          orderId: o.id,
-          tradeNo: `t-${o.id}`,
-          amount: o.amount,
-          status: 'success',
-          providerStatus: 'TRADE_SUCCESS',
-          paidAt: new Date(),
-          fields: {},
-        },
-        'trace-late',
-      );
+    const pay = (o: LifecycleOrderRow): ReturnType<typeof acceptPayment> => payOrder(o, 'trace-late');
     const untouched = async (): Promise<void> => {
       expect((await findLifecycleByReservationId(sql, r.reservationId))?.status).toBe('CLOSED');
       const payments = await sql.query(`SELECT 1 FROM payments WHERE order_id = $1`, [order.id]);
@@ -924,20 +917,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
         };
       },
     });
-    const payment = acceptPayment(
-      { pool: sql, redis: stalling, logger: deps.logger },
-      'hmac',
-      {
-        orderId: order.id,
-        tradeNo: `t-${order.id}`,
-        amount: order.amount,
-        status: 'success',
-        providerStatus: 'TRADE_SUCCESS',
-        paidAt: new Date(),
-        fields: {},
-      },
-      'trace-late',
-    );
+    const payment = payOrder(order, 'trace-late', stalling);
     await reclaimed;
     expect(await redis.hget(activityKeys(id).reservation(r.reservationId), 'state')).toBe('PAID');
 
