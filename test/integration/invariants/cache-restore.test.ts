@@ -313,9 +313,24 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect(await Promise.all(buckets.map((b) => redis.hget(b.meta, 'gate')))).toEqual(
       buckets.map(() => 'paused'),
     );
-    const reload = await reloadFromPostgres(redis, sql, t);
+    // One buyer of hot pays while the reload reads (after its snapshot, before its writes).
+    const [paidHot] = (
+      await sql.query<{ reservation_id: string }>(
+        `SELECT reservation_id FROM orders WHERE activity_id = $1 AND sku_id = 'hot' ORDER BY id LIMIT 1`,
+        [id],
+      )
+    ).rows;
+    const reload = await reloadFromPostgres(
+      redis,
+      afterSkusRead(sql, async () => {
+        const o = (await findLifecycleByReservationId(sql, paidHot!.reservation_id))!;
+        expect((await payOrder(o, 'trace-paid')).outcome).toBe('PAID');
+      }),
+      t,
+    );
+    expect(reload.paidDuringReload).toBe(1);
     const first = await snapshot(id);
-    expect(await reloadFromPostgres(redis, sql, t)).toEqual(reload);
+    expect(await reloadFromPostgres(redis, sql, t)).toEqual({ ...reload, paidDuringReload: 0 });
     expect(await snapshot(id)).toEqual(first);
 
     // PostgreSQL holds 8 live units of hot (2 of every pass's 3 buyers; the third's reservation was
@@ -358,7 +373,10 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
         'hot:qty': '1',
         [`hot:slot:${o.slot}`]: o.reservation_id,
       });
-      expect(await redis.hget(home.reservation(o.reservation_id), 'state')).toBe('RESERVED');
+      // The one paid while the reload read is PAID in its home bucket, as PostgreSQL has it now.
+      expect(await redis.hget(home.reservation(o.reservation_id), 'state')).toBe(
+        o.reservation_id === paidHot!.reservation_id ? 'PAID' : 'RESERVED',
+      );
       expect(await redis.exists(k.buyer(o.user_id))).toBe(0);
       // Its id claimed in the activity's scope again (claimRequest-2.lua).
       expect(await redis.hmget(k.reservation(o.reservation_id), 'state', 'sku', 'user')).toEqual([
