@@ -156,6 +156,20 @@ export function createRedis(conn: RedisConnection, options: RedisOptions = {}): 
   return createNodeRedis(conn, options);
 }
 
+/**
+ * Calls `ended` once if the client ends for good (ioredis' `end`: no reconnection will be made)
+ * while `stopping()` is false. Every client here reconnects for ever (ioredis' retry strategies
+ * never give up), so a client ends only when it is closed on purpose, at shutdown, or through a
+ * client bug: ioredis 5.11.1's Sentinel race (patches/ioredis+5.11.1.patch) ended the api's client
+ * after a failover, and the api then answered `503` to every buyer while its liveness probe passed.
+ * Such a process cannot recover by itself; its caller exits, and Kubernetes starts it afresh.
+ */
+export function whenEndedForGood(client: RedisClient, stopping: () => boolean, ended: () => void): void {
+  client.once('end', () => {
+    if (!stopping()) ended();
+  });
+}
+
 /** A client of one node (or of the primary Sentinel names); never a cluster. */
 export function createNodeRedis(conn: RedisConnection, options: RedisOptions = {}): Redis {
   if (usesCluster(conn)) throw new Error('a Redis Cluster connection needs createRedis()');

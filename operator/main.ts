@@ -13,7 +13,7 @@ import {
   CustomObjectsApi,
   KubeConfig,
 } from '@kubernetes/client-node';
-import { createRedis, describeRedis } from '../core/redis.js';
+import { createRedis, describeRedis, whenEndedForGood } from '../core/redis.js';
 import { QUERY_TIMEOUT_MS, createPool } from '../core/db/pool.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import { createOperatorMetrics } from '../core/metrics.js';
@@ -59,6 +59,17 @@ async function main(): Promise<void> {
     commandTimeout: config.redisCommandTimeoutMs,
   });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
+  // A client that will never reconnect fails every pass that touches Redis while the operator
+  // still holds its Lease: exit, as for a lost Lease, and start afresh.
+  let stopping = false;
+  whenEndedForGood(
+    redis,
+    () => stopping,
+    () => {
+      log.error('redis connection ended for good (the client will not reconnect); exiting');
+      process.exit(1);
+    },
+  );
   const pool = createPool(config.databaseUrl, 4, 'flashsale-operator', {
     queryTimeoutMs: QUERY_TIMEOUT_MS,
   });
@@ -145,7 +156,6 @@ async function main(): Promise<void> {
   });
   log.info({ port: config.httpPort }, 'serving /healthz /readyz /metrics');
 
-  let stopping = false;
   const shutdown = async (signal: string): Promise<void> => {
     if (stopping) return;
     stopping = true;

@@ -22,7 +22,7 @@ import { runDlqCli } from './dlq.js';
 import { runRefundCli } from './refund-cli.js';
 import { START_ROLE } from './roles/index.js';
 import type { ClientsOf } from './roles/index.js';
-import { closeInOrder, redisFactory, RoleReadiness } from './roles/process.js';
+import { closeInOrder, exitWhenRedisEnds, redisFactory, RoleReadiness } from './roles/process.js';
 import type { Closer, DatabaseClient, KafkaClient, RoleContext } from './roles/process.js';
 import { applyV8Tuning } from './v8-tuning.js';
 
@@ -55,7 +55,8 @@ async function runRole<R extends Role>(role: R): Promise<void> {
   const c = cfg as Partial<RuntimeConfig>;
   const logger = createLogger(`runtime-${role}`, cfg.LOG_LEVEL);
   const v8Flags = applyV8Tuning(role, cfg);
-  const { redisConnection, connectRedis } = redisFactory(cfg, logger);
+  const readiness = new RoleReadiness();
+  const { redisConnection, connectRedis } = redisFactory(cfg, logger, exitWhenRedisEnds(readiness, logger));
   logger.info(
     {
       role,
@@ -90,7 +91,7 @@ async function runRole<R extends Role>(role: R): Promise<void> {
         cfg.RESERVE_ACK_TIMEOUT_MS,
       ),
     ),
-    readiness: new RoleReadiness(),
+    readiness,
   };
   const connections = connect(role, cfg, logger);
 

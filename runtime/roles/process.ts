@@ -15,7 +15,7 @@ import { topicsFor, waitForTopics } from '../../core/kafka.js';
 import type { TopicNames } from '../../core/kafka.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
-import { createRedis, redisConnectionOf } from '../../core/redis.js';
+import { createRedis, redisConnectionOf, whenEndedForGood } from '../../core/redis.js';
 import type { RedisConnection } from '../../core/redis.js';
 import type { RedisClient } from '../../core/scripts.js';
 import type { RuntimeConfig } from '../config.js';
@@ -125,10 +125,40 @@ function logRedisErrors(client: RedisClient, connection: string, logger: Logger)
   });
 }
 
+/**
+ * What a role process does when one of its Redis connections ends for good while it is not
+ * stopping (core/redis.ts whenEndedForGood): it logs which one and exits with 1, so that it is
+ * restarted, rather than answering every request with an error while alive. No closer runs: each
+ * would wait on the dead connection, and every state change is safe to resume after a crash.
+ */
+export interface RedisEndPolicy {
+  stopping: () => boolean;
+  ended: (connection: string) => void;
+}
+
+/** The role process's policy: log, then exit(1) (`exit` is the test's seam). */
+export function exitWhenRedisEnds(
+  readiness: Pick<RoleReadiness, 'stopping'>,
+  logger: Logger,
+  exit: (code: number) => void = (code) => process.exit(code),
+): RedisEndPolicy {
+  return {
+    stopping: () => readiness.stopping,
+    ended: (connection) => {
+      logger.error(
+        { connection },
+        'redis connection ended for good (the client will not reconnect); exiting to be restarted',
+      );
+      exit(1);
+    },
+  };
+}
+
 /** The process's Redis connection settings, and how its roles open further connections. */
 export function redisFactory(
   cfg: Parameters<typeof redisConnectionOf>[0] & { REDIS_COMMAND_TIMEOUT_MS: number },
   logger: Logger,
+  onEnd?: RedisEndPolicy,
 ): { redisConnection: RedisConnection; connectRedis: RoleContext['connectRedis'] } {
   const redisConnection = redisConnectionOf(cfg);
   return {
@@ -139,6 +169,7 @@ export function redisFactory(
         ...options,
       });
       logRedisErrors(client, name, logger);
+      if (onEnd) whenEndedForGood(client, onEnd.stopping, () => onEnd.ended(name));
       return client;
     },
   };
