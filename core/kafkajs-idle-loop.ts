@@ -21,15 +21,18 @@ interface RequestQueuePrototype {
 
 const FIXED = Symbol.for('flashsale.kafkajs-idle-loop-fixed');
 
+type RequestQueueModule = { prototype: RequestQueuePrototype & { [FIXED]?: true } };
+
 /**
- * Installs the guard on kafkajs' RequestQueue (idempotent). Returns false, changing nothing, when
- * the installed kafkajs has no such method (a version that reorganised it).
+ * Installs the guard on kafkajs' RequestQueue (idempotent): the installed one's, or the one given
+ * (a test's copy of upstream's). Returns false, changing nothing, when the installed kafkajs has no
+ * such method (a version that reorganised it).
  */
-export function fixKafkajsIdleLoop(): boolean {
-  const require = createRequire(import.meta.url);
-  let requestQueue: { prototype: RequestQueuePrototype & { [FIXED]?: true } };
+export function fixKafkajsIdleLoop(given?: { prototype: object }): boolean {
+  let requestQueue: RequestQueueModule;
   try {
-    requestQueue = require('kafkajs/src/network/requestQueue/index.js') as typeof requestQueue;
+    requestQueue = (given ??
+      createRequire(import.meta.url)('kafkajs/src/network/requestQueue/index.js')) as RequestQueueModule;
   } catch {
     return false;
   }
