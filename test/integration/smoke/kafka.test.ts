@@ -1,5 +1,6 @@
 // Smoke: an idempotent producer and a consumer group through kafkajs.
 import { Kafka, logLevel, type Admin } from 'kafkajs';
+import { fixKafkajsIdleLoop } from '../../../core/kafkajs-idle-loop.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 
 // jest's per-project testTimeout is ignored by jest 29: each hook and test sets its own.
@@ -10,6 +11,9 @@ describe('kafka smoke', () => {
   let admin: Admin;
 
   beforeAll(async () => {
+    // As core/kafka.ts does before any client: an idle connection then polls nothing (and Node
+    // prints no TimeoutNegativeWarning for kafkajs' negative re-arm delay).
+    expect(fixKafkajsIdleLoop()).toBe(true);
     kafka = new Kafka({
       clientId: uniqueId('smoke'),
       brokers: testEnv().kafkaBrokers,
