@@ -15,6 +15,7 @@
  */
 import { Cluster, Redis } from 'ioredis';
 import type { ClusterOptions, RedisOptions } from 'ioredis';
+import type { Logger } from './logger.js';
 import { keyCountFirstCommands } from './scripts.js';
 import type { RedisClient } from './scripts.js';
 import { z } from 'zod';
@@ -168,6 +169,39 @@ export function whenEndedForGood(client: RedisClient, stopping: () => boolean, e
   client.once('end', () => {
     if (!stopping()) ended();
   });
+}
+
+/**
+ * What a process does when one of its Redis connections ends for good while it is not stopping
+ * (whenEndedForGood): `ended` is told which connection; `stopping` says whether the process is
+ * shutting down, when its own closers' `quit()`s end every connection.
+ */
+export interface RedisEndPolicy {
+  stopping: () => boolean;
+  ended: (connection: string) => void;
+}
+
+/**
+ * The policy of every process (runtime roles, operator): log which connection ended, then exit
+ * with 1 so that Kubernetes restarts it, rather than answering every request with an error while
+ * alive. No closer runs: each would wait on the dead connection, and every state change is safe
+ * to resume after a crash. `exit` is the tests' seam.
+ */
+export function exitWhenRedisEnds(
+  stopping: () => boolean,
+  logger: Logger,
+  exit: (code: number) => void = (code) => process.exit(code),
+): RedisEndPolicy {
+  return {
+    stopping,
+    ended: (connection) => {
+      logger.error(
+        { connection },
+        'redis connection ended for good (the client will not reconnect); exiting to be restarted',
+      );
+      exit(1);
+    },
+  };
 }
 
 /** A client of one node (or of the primary Sentinel names); never a cluster. */

@@ -13,7 +13,7 @@ import {
   CustomObjectsApi,
   KubeConfig,
 } from '@kubernetes/client-node';
-import { createRedis, describeRedis, whenEndedForGood } from '../core/redis.js';
+import { createRedis, describeRedis, exitWhenRedisEnds, whenEndedForGood } from '../core/redis.js';
 import { QUERY_TIMEOUT_MS, createPool } from '../core/db/pool.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import { createOperatorMetrics } from '../core/metrics.js';
@@ -62,14 +62,8 @@ async function main(): Promise<void> {
   // A client that will never reconnect fails every pass that touches Redis while the operator
   // still holds its Lease: exit, as for a lost Lease, and start afresh.
   let stopping = false;
-  whenEndedForGood(
-    redis,
-    () => stopping,
-    () => {
-      log.error('redis connection ended for good (the client will not reconnect); exiting');
-      process.exit(1);
-    },
-  );
+  const onRedisEnd = exitWhenRedisEnds(() => stopping, log);
+  whenEndedForGood(redis, onRedisEnd.stopping, () => onRedisEnd.ended('operator'));
   const pool = createPool(config.databaseUrl, 4, 'flashsale-operator', {
     queryTimeoutMs: QUERY_TIMEOUT_MS,
   });

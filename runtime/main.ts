@@ -14,7 +14,7 @@ import { createKafka } from '../core/kafka.js';
 import { createLogger, redactUrl } from '../core/logger.js';
 import type { Logger } from '../core/logger.js';
 import { createMetrics } from '../core/metrics.js';
-import { describeRedis, usesSentinel } from '../core/redis.js';
+import { describeRedis, exitWhenRedisEnds, usesSentinel } from '../core/redis.js';
 import { registerScripts } from '../core/scripts.js';
 import { loadRuntimeConfig, ROLE_NEEDS, roles } from './config.js';
 import type { Role, RoleConfig, RuntimeConfig } from './config.js';
@@ -22,7 +22,7 @@ import { runDlqCli } from './dlq.js';
 import { runRefundCli } from './refund-cli.js';
 import { START_ROLE } from './roles/index.js';
 import type { ClientsOf } from './roles/index.js';
-import { closeInOrder, exitWhenRedisEnds, redisFactory, RoleReadiness } from './roles/process.js';
+import { closeInOrder, redisFactory, RoleReadiness } from './roles/process.js';
 import type { Closer, DatabaseClient, KafkaClient, RoleContext } from './roles/process.js';
 import { applyV8Tuning } from './v8-tuning.js';
 
@@ -56,7 +56,11 @@ async function runRole<R extends Role>(role: R): Promise<void> {
   const logger = createLogger(`runtime-${role}`, cfg.LOG_LEVEL);
   const v8Flags = applyV8Tuning(role, cfg);
   const readiness = new RoleReadiness();
-  const { redisConnection, connectRedis } = redisFactory(cfg, logger, exitWhenRedisEnds(readiness, logger));
+  const { redisConnection, connectRedis } = redisFactory(
+    cfg,
+    logger,
+    exitWhenRedisEnds(() => readiness.stopping, logger),
+  );
   logger.info(
     {
       role,

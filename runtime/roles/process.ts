@@ -16,7 +16,7 @@ import type { TopicNames } from '../../core/kafka.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import { createRedis, redisConnectionOf, whenEndedForGood } from '../../core/redis.js';
-import type { RedisConnection } from '../../core/redis.js';
+import type { RedisConnection, RedisEndPolicy } from '../../core/redis.js';
 import type { RedisClient } from '../../core/scripts.js';
 import type { RuntimeConfig } from '../config.js';
 import { createMetricsApp, createServiceApp } from '../http.js';
@@ -123,35 +123,6 @@ function logRedisErrors(client: RedisClient, connection: string, logger: Logger)
     last = Date.now();
     logger.warn({ err: err.message, connection }, 'redis connection error; reconnecting');
   });
-}
-
-/**
- * What a role process does when one of its Redis connections ends for good while it is not
- * stopping (core/redis.ts whenEndedForGood): it logs which one and exits with 1, so that it is
- * restarted, rather than answering every request with an error while alive. No closer runs: each
- * would wait on the dead connection, and every state change is safe to resume after a crash.
- */
-export interface RedisEndPolicy {
-  stopping: () => boolean;
-  ended: (connection: string) => void;
-}
-
-/** The role process's policy: log, then exit(1) (`exit` is the test's seam). */
-export function exitWhenRedisEnds(
-  readiness: Pick<RoleReadiness, 'stopping'>,
-  logger: Logger,
-  exit: (code: number) => void = (code) => process.exit(code),
-): RedisEndPolicy {
-  return {
-    stopping: () => readiness.stopping,
-    ended: (connection) => {
-      logger.error(
-        { connection },
-        'redis connection ended for good (the client will not reconnect); exiting to be restarted',
-      );
-      exit(1);
-    },
-  };
 }
 
 /** The process's Redis connection settings, and how its roles open further connections. */

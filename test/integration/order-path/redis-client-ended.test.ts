@@ -1,6 +1,7 @@
 // A role's Redis connection that ends for good (ioredis' `end`: it will not reconnect) while the
 // role is not stopping makes the process exit with 1, so that it is restarted (runtime/roles/
-// process.ts exitWhenRedisEnds, core/redis.ts whenEndedForGood). Before, such a process kept
+// process.ts redisFactory, core/redis.ts whenEndedForGood and exitWhenRedisEnds, which the
+// operator's one connection uses too). Before, such a process kept
 // answering every request with an error while its liveness probe passed: ioredis 5.11.1's Sentinel
 // race ended the api's client that way after a failover (docs/faults.md window 12). Real clients
 // of a real Redis and a real Redis Cluster (test/env/start-redis-cluster.sh, or the one
@@ -8,11 +9,10 @@
 // race ended it, and only the process's exit is the test's seam.
 import { once } from 'node:events';
 import { createLogger } from '../../../core/logger.js';
-import { parseSentinels } from '../../../core/redis.js';
+import { exitWhenRedisEnds, parseSentinels } from '../../../core/redis.js';
 import type { SentinelAddress } from '../../../core/redis.js';
 import type { RedisClient } from '../../../core/scripts.js';
-import { exitWhenRedisEnds, redisFactory } from '../../../runtime/roles/process.js';
-import { waitFor } from '../../../dev/roles.js';
+import { redisFactory } from '../../../runtime/roles/process.js';
 import { testEnv } from '../../../dev/servers.js';
 import { startPrivateServers, stopPrivateServers } from '../../faults/harness/servers.js';
 import type { PrivateServers } from '../../faults/harness/servers.js';
@@ -29,7 +29,11 @@ function roleProcess(redis: { REDIS_URL?: string; REDIS_CLUSTER_NODES?: Sentinel
   const { connectRedis } = redisFactory(
     { REDIS_SENTINELS: [], ...redis, REDIS_COMMAND_TIMEOUT_MS: 2_000 },
     createLogger('redis-client-ended-test', 'silent'),
-    exitWhenRedisEnds(p, createLogger('redis-client-ended-test', 'silent'), (code) => p.exits.push(code)),
+    exitWhenRedisEnds(
+      () => p.stopping,
+      createLogger('redis-client-ended-test', 'silent'),
+      (code) => p.exits.push(code),
+    ),
   );
   p.connect = (name) => connectRedis(name, { maxRetriesPerRequest: 3 });
   return p;
@@ -68,8 +72,8 @@ describe('a role process whose Redis connection ends for good exits to be restar
       // Serving: the connection ends as the ioredis race ended it. The process exits with 1, once.
       const ended = once(serving, 'end');
       serving.disconnect();
+      // The exit is recorded in the same `end` emit, before this test's own listener runs.
       await ended;
-      await waitFor('the process to exit', async () => (p.exits.length > 0 ? true : undefined), 5_000);
       expect(p.exits).toEqual([1]);
       // The other connection is untouched: only the one that ended decides.
       expect(await other.ping()).toBe('PONG');
