@@ -189,6 +189,8 @@ export interface CacheMeta {
   endMs: number;
   requireOrderCode: boolean;
   reopenOnRelease: boolean;
+  /** When cleanupActivity began deleting the keys (ms), if it has: what is left is partial. */
+  cleanupBeganMs?: number | undefined;
 }
 
 export async function readMeta(redis: RedisClient, activityId: string): Promise<CacheMeta | undefined> {
@@ -202,6 +204,7 @@ export async function readMeta(redis: RedisClient, activityId: string): Promise<
     endMs: Number(m.endMs ?? 0),
     requireOrderCode: m.requireCode === '1',
     reopenOnRelease: m.reopen === '1',
+    ...(m.cleanupBegan ? { cleanupBeganMs: Number(m.cleanupBegan) } : {}),
   };
 }
 
@@ -508,6 +511,10 @@ export async function cleanupActivity(
       );
     }
   }
+  // Marked before the first key goes: from here on the keys are partial (SCAN deletes them in no
+  // particular order, and a cleanup may stop half-way), so readers that compare them (the stock
+  // audit) know not to. The mark lives in the meta hash, which goes last.
+  await redis.hset(k.meta, 'cleanupBegan', String(Date.now()));
   let deleted = 0;
   let retained = 0;
   // SCAN runs per primary on a cluster; the buckets' keys (their own hash tags) are matched by

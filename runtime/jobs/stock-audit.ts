@@ -6,7 +6,8 @@
  * mismatching run.
  *
  * Stock held = initial - remaining, from Redis while the cache is live, from activity_stock after
- * write-back (PostgreSQL is the source of truth then). It must equal the stock accounted for:
+ * write-back (PostgreSQL is the source of truth then; once cleanup has begun Redis is not read at
+ * all, its keys being partial). It must equal the stock accounted for:
  *   live orders (UNPAID, PAID, REFUNDING, REFUNDED)
  *   + closed orders whose stock is not settled yet
  *   + in-flight reservations (in the ledger, RESERVED, no order yet)
@@ -87,10 +88,18 @@ async function measure(d: StockAuditDeps): Promise<Measurement> {
       stockDelta: 0,
     };
   }
+  // Once cleanup has begun its keys are partial (core/activity-cache.ts cleanupActivity): Redis is
+  // not read. Cleanup begins only after the write-back, with the gate frozen and the ledger and
+  // outbox empty, so PostgreSQL holds every figure and nothing is in flight.
+  const cleaning = meta?.cleanupBeganMs !== undefined;
+  if (cleaning && !wb) {
+    return { basis: 'skipped', mismatches: [], figures: { why: 'cleanup in progress' }, stockDelta: 0 };
+  }
+  const redisLive = meta !== undefined && !cleaning;
   const maxLedger = d.maxLedger ?? 100_000;
   // Redis first, PostgreSQL second: an order written in between is found by its reservation id.
   // Every ledger: the activity's and each stock bucket's (readStock sums the buckets too).
-  const [stock, ledgerSize, entries] = meta
+  const [stock, ledgerSize, entries] = redisLive
     ? await Promise.all([
         readStock(d.redis, a),
         countUnconfirmed(d.redis, a, Number.MAX_SAFE_INTEGER),
@@ -124,6 +133,7 @@ async function measure(d: StockAuditDeps): Promise<Measurement> {
   };
   const figures: Record<string, number | string | boolean> = {
     gate: meta?.gate ?? 'absent',
+    ...(cleaning ? { cleanupBegan: new Date(meta.cleanupBeganMs!).toISOString() } : {}),
     writtenBack: Boolean(wb),
     liveOrderQuantity: q.live,
     unpaid: q.byStatus.UNPAID,

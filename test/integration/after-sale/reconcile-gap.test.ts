@@ -3,7 +3,7 @@
 // exactly one order (re-published through Kafka to the real consumer, even when re-published
 // twice) or exactly one compensation when it can never become an order.
 import type { Admin, Kafka, Producer } from 'kafkajs';
-import { readStock, setGate } from '../../../core/activity-cache.js';
+import { cleanupActivity, readStock, setGate } from '../../../core/activity-cache.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { latestReports, purgeOldReports } from '../../../core/db/reconciliation-store.js';
 import { writeBack } from '../../../core/db/stock-store.js';
@@ -137,6 +137,57 @@ describe('reconciliation', () => {
       ]);
       const bad = await reconcile(activityId);
       expect(bad.mismatches.map((m) => [m.check, m.expected, m.actual])).toEqual([['stock-held', 2, 3]]);
+    },
+    TIMEOUT_MS,
+  );
+  it(
+    'a cleanup stopped half-way leaves partial keys: the audit reads PostgreSQL only, no false mismatch',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 20 });
+      const k = activityKeys(activityId);
+      const rids = await reserveFor(f.redis, activityId, skuId, ['cl-1', 'cl-2', 'cl-3']);
+      await materialize(f.pool, f.redis, activityId, rids);
+      // The relay sent the half messages (their orders are in PostgreSQL): cleanup may run.
+      await f.redis.del(k.outbox);
+      await setGate(f.redis, activityId, 'frozen');
+      const s = await readStock(f.redis, activityId);
+      await writeBack(f.pool, {
+        activityId,
+        generation: 1,
+        skus: s.skus,
+        reserved: s.reserved,
+        released: s.released,
+        orders: 3,
+        writtenBy: 'test',
+      });
+      const before = await reconcile(activityId);
+      expect([before.basis, before.ok, before.figures.redisReserved]).toEqual(['postgres', true, 3]);
+
+      // The operator dies at cleanup's first delete (a client whose UNLINK never arrives).
+      const dying = new Proxy(f.redis, {
+        get(target, prop, receiver) {
+          if (prop === 'unlink') return () => Promise.reject(new Error('operator killed'));
+          const v: unknown = Reflect.get(target, prop, receiver);
+          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+        },
+      });
+      await expect(cleanupActivity(dying, activityId, 60)).rejects.toThrow('operator killed');
+      expect(await f.redis.hexists(k.meta, 'cleanupBegan')).toBe(1);
+      // A cleanup that got further deletes keys in SCAN's order, the counters hash perhaps
+      // before the SKUs' hashes: Redis' own figures disagree until the meta hash goes last.
+      expect(await f.redis.del(k.counters)).toBe(1);
+      const partial = await reconcile(activityId);
+      expect([partial.basis, partial.ok, partial.mismatches]).toEqual(['postgres', true, []]);
+      expect([partial.figures.held, partial.figures.accounted]).toEqual([3, 3]);
+      expect(partial.figures.redisReserved).toBeUndefined();
+      expect(partial.figures.cleanupBegan).toEqual(expect.any(String));
+      expect(await mismatchGauge(activityId)).toBe(0);
+
+      // The cleanup run again completes; the audit still reads PostgreSQL alone.
+      await cleanupActivity(f.redis, activityId, 60);
+      expect(await f.redis.exists(k.meta)).toBe(0);
+      const after = await reconcile(activityId);
+      expect([after.basis, after.ok, after.figures.gate]).toEqual(['postgres', true, 'absent']);
     },
     TIMEOUT_MS,
   );
