@@ -513,8 +513,9 @@ export async function cleanupActivity(
   }
   // Marked before the first key goes: from here on the keys are partial (SCAN deletes them in no
   // particular order, and a cleanup may stop half-way), so readers that compare them (the stock
-  // audit) know not to. The mark lives in the meta hash, which goes last.
-  await redis.hset(k.meta, 'cleanupBegan', String(Date.now()));
+  // audit, a restarted relay) know not to. The mark lives in the meta hash, which goes last; a
+  // cleanup run again after the meta hash went has nothing to mark (and must not re-create it).
+  if ((await redis.exists(k.meta)) === 1) await redis.hset(k.meta, 'cleanupBegan', String(Date.now()));
   let deleted = 0;
   let retained = 0;
   // SCAN runs per primary on a cluster; the buckets' keys (their own hash tags) are matched by

@@ -231,16 +231,17 @@ export class Relay {
   /**
    * Re-reads the outbox streams (the bucket layout) and creates the relay group on new ones. A
    * stream is created with its group only while the activity is loaded (its meta carries the load
-   * mark `gen`): a relay (re)started after cleanup, or before the load, would otherwise leave an
-   * outbox key behind the cleanup that nothing deletes. A stream that does not exist yet gets its
-   * group when its first entry arrives (idleWhileGone).
+   * mark `gen`) and its cleanup has not begun: a relay (re)started before the load, during a
+   * cleanup (which deletes the meta hash last) or after it would otherwise leave an outbox key
+   * behind the cleanup that nothing deletes. A stream that does not exist yet gets its group when
+   * its first entry arrives (idleWhileGone).
    */
   private async refreshStreams(first = false): Promise<void> {
     this.streamsReadAt = Date.now();
     const streams = await outboxStreams(this.options.redis, this.options.activityId);
     const fresh = streams.filter((stream) => first || !this.streams.includes(stream));
-    const loaded =
-      fresh.length > 0 && (await readMeta(this.options.redis, this.options.activityId))?.generation;
+    const meta = fresh.length > 0 ? await readMeta(this.options.redis, this.options.activityId) : undefined;
+    const loaded = meta !== undefined && meta.generation > 0 && meta.cleanupBeganMs === undefined;
     for (const stream of fresh) {
       try {
         await createStreamGroup(this.options.redis, stream, RELAY_GROUP, { mkstream: Boolean(loaded) });

@@ -144,6 +144,11 @@ describe('cleanup of an activity (real Redis)', () => {
         expect(ttl).toBeLessThanOrEqual(RETENTION_SECONDS);
         expect(JSON.parse((await redis.hget(k.results, rid)) ?? '{}')).toMatchObject({ status: 'CREATED' });
 
+        // Run again (the operator died before recording it): nothing left to delete, nothing
+        // re-created (its mark that cleanup began goes into a meta hash only while there is one).
+        expect(await cleanupActivity(redis, id, RETENTION_SECONDS)).toEqual({ deleted: 0, retained: 1 });
+        expect(await keysOf(id)).toEqual([k.results]);
+
         expect(await keysOf(neighbour.id)).toEqual(neighbourKeys);
         expect(await redis.get(outside)).toBe('1');
         await redis.del(outside);

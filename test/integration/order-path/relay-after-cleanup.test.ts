@@ -1,7 +1,9 @@
 // A relay whose activity was cleaned up (the outbox stream deleted with the activity's keys) goes
 // quiet: one info line, no warning per retry, and no stray key re-created behind the cleanup; it
-// resumes should the outbox come back. A relay started after the cleanup creates nothing either.
+// resumes should the outbox come back. A relay started after the cleanup, or during one stopped
+// half-way, creates nothing either.
 import { Redis } from 'ioredis';
+import { cleanupActivity } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reserve } from '../../../core/reservations.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
@@ -90,6 +92,36 @@ describe('a relay after its activity was cleaned up', () => {
       await waitFor('the relay idles', async () => relay?.output().includes("the activity's outbox is gone"));
       expect(await redis.exists(keys.outbox)).toBe(0);
       expect(await redis.keys(keys.scanPattern)).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
+  it(
+    'a relay (re)started during a cleanup stopped half-way creates no outbox behind it',
+    async () => {
+      await relay?.kill();
+      const id = uniqueId('gone-mid');
+      const items = [{ skuId: 'nib', name: '笔尖', price: '3.00', stock: 5, limitPerUser: 2 }];
+      await setUpActivity(id, items);
+      const keys = activityKeys(id);
+      // The operator dies at cleanup's first delete: the meta hash (with the load mark and the
+      // mark that cleanup began) is still there, as it is until cleanup's very last delete.
+      const dying = new Proxy(redis, {
+        get(target, prop, receiver) {
+          if (prop === 'unlink') return () => Promise.reject(new Error('operator killed'));
+          const v: unknown = Reflect.get(target, prop, receiver);
+          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+        },
+      });
+      await expect(cleanupActivity(dying, id, 60)).rejects.toThrow('operator killed');
+      expect(await redis.hexists(keys.meta, 'cleanupBegan')).toBe(1);
+      // A resumed cleanup's SCAN reached the outbox first.
+      await redis.unlink(keys.outbox);
+      relay = await startRole('relay', { activityId: id, databaseUrl: db.url, env: { LOG_LEVEL: 'info' } });
+      await waitFor('the relay idles', async () => relay?.output().includes("the activity's outbox is gone"));
+      expect(await redis.exists(keys.outbox)).toBe(0);
+      // The cleanup completes: not a key of the activity is left but the retained results.
+      await cleanupActivity(redis, id, 60);
+      expect((await redis.keys(keys.scanPattern)).filter((key) => key !== keys.results)).toEqual([]);
     },
     TIMEOUT_MS,
   );
