@@ -26,6 +26,7 @@ import type { JournalEntry } from './db/journal-store.js';
 import { lockActivitySkus } from './db/activity-skus-store.js';
 import {
   buyerSkuKey,
+  clearReleaseAttempted,
   findLifecycleByReservationId,
   closedUnsettledQuantity,
   findUnsettledClosedOfSku,
@@ -514,6 +515,8 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
     }
     const meta = await readMeta(deps.redis, activityId);
     let frozen: SettleableOrder[] = list;
+    // Whether the gate of these orders is known frozen: read so, or answered so by release-6.lua.
+    let provenFrozen = meta?.gate === 'frozen';
     // Once the write-back is committed PostgreSQL holds the stock, whatever the gate says: a Redis
     // back from a snapshot older than the freeze (a restart, a lagging replica) shows the gate it
     // had before, and a release there would return a unit activity_stock never sees.
@@ -579,6 +582,7 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
       }
       summary.deferred += results.filter((x) => x.r === 'deferred').length;
       frozen = results.filter((x) => x.r === 'frozen').map((x) => x.o);
+      provenFrozen = true;
     }
     let toPostgres = 0;
     // Written back: a withheld unit goes to PostgreSQL no more than to Redis.
@@ -617,7 +621,15 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
               'cache cleaned up after a release attempt',
             );
           } else if (await settleInPostgres(deps, o)) toPostgres += 1;
-        } else if (await settleInPostgres(deps, o)) toPostgres += 1;
+        } else {
+          // RESERVED with the gate frozen: held as the freeze left it, so no release of it ever
+          // happened, whatever attempt was recorded (an attempt that met the freeze was answered
+          // FROZEN). Said in PostgreSQL before the return, which waits for the write-back to commit:
+          // by the next attempt cleanup may have deleted the reservation, and a recorded attempt
+          // would then leave the unit unresolved.
+          if (provenFrozen) await clearReleaseAttempted(deps.pool, o.id);
+          if (await settleInPostgres(deps, o)) toPostgres += 1;
+        }
       } catch (err) {
         summary.deferred += 1;
         deps.logger.warn({ err: (err as Error).message, orderId: o.id }, 'stock return deferred');

@@ -357,6 +357,18 @@ export async function markReleaseAttempted(db: Queryable, orderIds: string[]): P
 }
 
 /**
+ * Withdraws an order's release-attempt mark while its stock is unsettled: for a reservation read
+ * RESERVED once the gate was frozen, which proves that no release of it ever happened.
+ */
+export async function clearReleaseAttempted(db: Queryable, orderId: string): Promise<void> {
+  await db.query(
+    `UPDATE orders SET stock_release_attempted_at = NULL
+      WHERE id = $1 AND stock_return_via IS NULL AND stock_release_attempted_at IS NOT NULL`,
+    [orderId],
+  );
+}
+
+/**
  * Settles where the stock of closed orders went; conditional, so each order is settled once.
  * Returns the ids settled by this call.
  */

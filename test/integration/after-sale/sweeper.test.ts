@@ -2,7 +2,7 @@
 // orders close each exactly once and return its stock exactly once; after write-back the stock
 // goes to PostgreSQL exactly once; an interrupted settlement is completed once; a settlement that
 // cannot be proven is flagged, never doubled.
-import { setGate } from '../../../core/activity-cache.js';
+import { cleanupActivity, setGate } from '../../../core/activity-cache.js';
 import { checkCache, holdForRestore, reloadFromPostgres } from '../../../core/cache-restore.js';
 import { recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { advanceRestore, beginRestore } from '../../../core/db/cache-restores-store.js';
@@ -422,6 +422,64 @@ describe('payment-timeout sweeper', () => {
       ]);
       const r3 = await sweep(other.activityId, f.pool);
       expect(r3.resettled).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a release that meets the freeze is returned in PostgreSQL once written back, even after cleanup deleted its reservation',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 });
+      const [rid] = await reserveFor(f.redis, activityId, skuId, ['meets-freeze']);
+      await materialize(f.pool, f.redis, activityId, [rid!]);
+      await expireAll(f.pool, activityId);
+      // The operator freezes the gate between the sweeper's read of it (open) and its release,
+      // which is answered FROZEN: the sweeper had recorded the attempt, and the write-back has
+      // not committed, so the return to PostgreSQL waits.
+      const freezing = new Proxy(f.redis, {
+        get(target, prop, receiver) {
+          const v: unknown = Reflect.get(target, prop, receiver);
+          if (prop === 'fs_release' && typeof v === 'function')
+            return async (...args: unknown[]) => {
+              await setGate(target, activityId, 'frozen');
+              return (v as (...a: unknown[]) => unknown).apply(target, args);
+            };
+          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+        },
+      });
+      const first = await retryTransient(() =>
+        sweepExpiredOrders({
+          ...f.deps,
+          redis: freezing,
+          pool: f.pool,
+          activityId,
+          batchSize: 500,
+          maxBatches: 100,
+          settleGraceSeconds: 0,
+        }),
+      );
+      expect(first.closed).toBe(1);
+      // Deferred (by the close and again by the same sweep's pass over unsettled orders).
+      expect(first.settled).toMatchObject({ redis: 0, postgres: 0, unresolved: 0, withheld: 0 });
+      expect(first.settled.deferred).toBeGreaterThan(0);
+      expect(await findLifecycleByReservationId(f.pool, rid!)).toMatchObject({
+        status: 'CLOSED',
+        stockReturnVia: null,
+      });
+      expect((await readReservation(f.redis, activityId, rid!))?.state).toBe('RESERVED');
+
+      // The write-back commits (the unit held in its snapshot), and cleanup deletes every key.
+      await freezeAndWriteBack(f, activityId, 1);
+      expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(4);
+      await f.redis.del(activityKeys(activityId).outbox); // the relay had sent the order
+      await cleanupActivity(f.redis, activityId, 60);
+      expect(await readReservation(f.redis, activityId, rid!)).toBeUndefined();
+
+      const second = await sweep(activityId, f.pool);
+      expect(second.settled).toEqual({ redis: 0, postgres: 1, unresolved: 0, withheld: 0, deferred: 0 });
+      expect(await findLifecycleByReservationId(f.pool, rid!)).toMatchObject({ stockReturnVia: 'postgres' });
+      expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(5);
+      expect((await sweep(activityId, f.pool)).resettled).toBe(0);
     },
     TIMEOUT_MS,
   );
