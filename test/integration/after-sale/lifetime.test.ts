@@ -3,13 +3,21 @@
 // timeout closed takes its unit back from PostgreSQL after write-back (or goes to REFUND_PENDING
 // when it cannot, never an oversell); buyers read every state from PostgreSQL; a replay after the
 // cache is gone gets its order back and a new submission the answer of the sale window.
+import { pino } from 'pino';
 import { cleanupActivity } from '../../../core/activity-cache.js';
 import { registerActivity } from '../../../core/db/activity-registry-store.js';
 import { lockActivitySkus, recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { closeExpiredOrders, findOrderById } from '../../../core/db/orders-store.js';
 import { paymentsForOrder } from '../../../core/db/payments-store.js';
 import { readStockRows } from '../../../core/db/stock-store.js';
-import { readReservation, reclaimPaid, reservationIdFor } from '../../../core/reservations.js';
+import {
+  locateReservation,
+  readReservation,
+  reclaimPaid,
+  reservationIdFor,
+} from '../../../core/reservations.js';
+import { activityKeys } from '../../../core/keys.js';
+import { acceptPayment } from '../../../runtime/payments/apply.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { uniqueId } from '../../../dev/servers.js';
 import {
@@ -488,6 +496,59 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       expect(
         await countRows(f.pool, 'SELECT count(*) AS n FROM orders WHERE activity_id = $1', [activityId]),
       ).toBe(users.length);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a late in-time payment of a bucketed SKU during cleanup: PAID from activity_stock, nothing logged as inconsistent',
+    async () => {
+      const item = { skuId: 'sku-bkt', name: 'bucketed', price: '19.90', stock: 4, limitPerUser: 1 };
+      const a = await openActivity(
+        f.redis,
+        { stock: 4, price: '19.90', skuId: item.skuId, buckets: 2 },
+        f.pool,
+      );
+      await recordActivitySkus(f.pool, a.activityId, [item], 'spec');
+      const [r1] = await reserveFor(f.redis, a.activityId, a.skuId, ['bkt-late']);
+      const id = (await materialize(f.pool, f.redis, a.activityId, [r1!])).get(r1!)!;
+      const home = (await locateReservation(f.redis, a.activityId, r1!))!.scope;
+      expect(home.meta).not.toBe(activityKeys(a.activityId).meta);
+      // The order times out and its unit goes back to Redis before the freeze.
+      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = $1`, [id]);
+      const swept = await sweepExpiredOrders({
+        ...f.deps,
+        activityId: a.activityId,
+        batchSize: 10,
+        maxBatches: 1,
+        settleGraceSeconds: 0,
+      });
+      expect(swept.settled.redis).toBe(1);
+      await freezeAndWriteBack(f, a.activityId, 1);
+      // Cleanup has deleted the bucket's meta hash, not yet the reservation (SCAN's order).
+      await f.redis.del(home.meta);
+      expect((await readReservation(f.redis, a.activityId, r1!, home))?.state).toBe('RELEASED');
+
+      const lines: string[] = [];
+      const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(line) });
+      const paid = await acceptPayment(
+        { pool: f.pool, redis: f.redis, logger },
+        'hmac',
+        {
+          orderId: id,
+          tradeNo: uniqueId('T'),
+          amount: '19.90',
+          status: 'success',
+          providerStatus: 'TRADE_SUCCESS',
+          paidAt: new Date((await deadline(id)).getTime() - 5_000),
+          fields: {},
+        },
+        'trace-bkt-late',
+      );
+      expect(paid.outcome).toBe('PAID');
+      expect(await findOrderById(f.pool, id)).toMatchObject({ status: 'PAID' });
+      expect((await readStockRows(f.pool, a.activityId))[0]?.remaining).toBe(3);
+      expect(lines.filter((l) => /INCONSISTENT/.test(l))).toEqual([]);
     },
     TIMEOUT_MS,
   );
