@@ -71,6 +71,27 @@ export async function recordGapAction(
   );
 }
 
+/**
+ * Claims the return in PostgreSQL of a ledger entry's stock once the sale is frozen: true for the
+ * one call that claims it, false ever after. Run in the transaction that returns the stock, so a
+ * return that rolls back gives its claim back.
+ */
+export async function claimFrozenReturn(
+  db: Queryable,
+  activityId: string,
+  reservationId: string,
+): Promise<boolean> {
+  const res = await db.query(
+    `INSERT INTO order_gap_repairs AS g (activity_id, reservation_id, attempts, last_action)
+     VALUES ($1, $2, 0, 'returned-in-postgres')
+     ON CONFLICT (activity_id, reservation_id) DO UPDATE SET last_action = 'returned-in-postgres', last_at = now()
+       WHERE g.last_action <> 'returned-in-postgres'
+     RETURNING 1`,
+    [activityId, reservationId],
+  );
+  return (res.rowCount ?? 0) > 0;
+}
+
 export async function gapRepairOf(
   db: Queryable,
   activityId: string,

@@ -12,7 +12,10 @@
  *   - compensated when it provably can never become an order: another live order holds the
  *     buyer's slot (the database would refuse it), or its ledger entry cannot form a valid order.
  *     Compensation inserts the order CLOSED first (so a late message cannot create it) and settles
- *     it through the settlement path. A slot held by another live order means Redis forgot that
+ *     it through the settlement path. An invalid entry found once the gate is frozen (a drain
+ *     that timed out before its compensation) cannot be released any more: its unit, held in the
+ *     write-back snapshot, goes back to activity_stock once that is committed, and the entry
+ *     leaves the ledger (compensateFrozen). A slot held by another live order means Redis forgot that
  *     order's reservation and its stock decrement with it, so (as for the consumer's stock guard,
  *     which closes the same conflict `BUYER_LIMIT_EXCEEDED`) its unit is withheld and the slot kept
  *     (`GAP_COMPENSATED`, core/order-lifecycle.ts guardRelease).
@@ -20,7 +23,15 @@
  */
 import type { Producer } from 'kafkajs';
 import { appendJournal } from '../../core/db/journal-store.js';
-import { claimRepublish, recordGapAction, releaseRepublishClaim } from '../../core/db/gap-repairs-store.js';
+import {
+  claimFrozenReturn,
+  claimRepublish,
+  recordGapAction,
+  releaseRepublishClaim,
+} from '../../core/db/gap-repairs-store.js';
+import { inTransaction } from '../../core/db/pool.js';
+import { readWriteBack, returnStock } from '../../core/db/stock-store.js';
+import { FlashSaleError } from '../../core/errors.js';
 import { readActivityItems } from '../../core/db/activity-items-store.js';
 import type { ActivityItem } from '../../core/db/activity-items-store.js';
 import { findLiveSlotHolder } from '../../core/db/orders-store.js';
@@ -29,6 +40,7 @@ import { refusalOf } from '../../core/order-refusal.js';
 import { closeInFlight, settleStock } from '../../core/order-lifecycle.js';
 import type { LifecycleDeps } from '../../core/order-lifecycle.js';
 import { locateReservation, orderMessageOf, release } from '../../core/reservations.js';
+import type { ReservationRecord } from '../../core/reservations.js';
 
 export interface GapRepairDeps extends LifecycleDeps {
   activityId: string;
@@ -96,6 +108,51 @@ export async function repairOrderGap(d: GapRepairDeps, missing: string[]): Promi
   return report;
 }
 
+/**
+ * An invalid ledger entry once the gate is frozen: Redis refuses every release, and the write-back
+ * snapshot counted the entry's unit as held. Once that snapshot is committed (NOT_WRITTEN_BACK
+ * until then: retried next run) the unit goes back to activity_stock in one transaction with its
+ * claim (exactly once, whatever the number of job replicas) and its journal row; then the entry
+ * leaves the ledger (a plain ZREM: the freeze stops scripts, not this). Left in the ledger it kept
+ * the order-gap gauge up and cleanup, which waits for an empty ledger, refused for good. True when
+ * this call returned the unit.
+ */
+async function compensateFrozen(
+  d: GapRepairDeps,
+  ledger: string,
+  rid: string,
+  rsv: ReservationRecord,
+): Promise<boolean> {
+  const a = d.activityId;
+  const claimed = await inTransaction(d.pool, async (c) => {
+    if (!(await readWriteBack(c, a))) {
+      throw new FlashSaleError('NOT_WRITTEN_BACK', `activity ${a} is frozen but not written back`);
+    }
+    if (!(await claimFrozenReturn(c, a, rid))) return false;
+    const quantity = Number.isInteger(rsv.quantity) && rsv.quantity > 0 ? rsv.quantity : 0;
+    const r = quantity > 0 ? await returnStock(c, a, rsv.skuId, quantity) : { returned: 0, trimmed: 0 };
+    await appendJournal(c, [
+      {
+        activityId: a,
+        reservationId: rid,
+        event: 'GAP_COMPENSATED',
+        toStatus: 'RELEASED',
+        traceId: rsv.traceId,
+        detail: {
+          why: 'invalid ledger entry',
+          after: 'write-back',
+          returned: r.returned,
+          trimmed: r.trimmed,
+        },
+      },
+    ]);
+    return true;
+  });
+  // Also when another run claimed it: that run may have died before this line.
+  await d.redis.zrem(ledger, rid);
+  return claimed;
+}
+
 async function repairOne(
   d: GapRepairDeps,
   rid: string,
@@ -118,13 +175,19 @@ async function repairOne(
   const message = orderMessageOf(a, rsv);
   if (!isValidOrderMessage(message)) {
     // The consumer would refuse it (core/order-message.ts), so it cannot become an order: nothing to close in PostgreSQL, only the stock to give back.
-    await release(d.redis, {
-      activityId: a,
-      reservationId: rid,
-      userId: rsv.userId,
-      skuId: rsv.skuId,
-      reason: 'GAP_COMPENSATED',
-    });
+    try {
+      await release(d.redis, {
+        activityId: a,
+        reservationId: rid,
+        userId: rsv.userId,
+        skuId: rsv.skuId,
+        reason: 'GAP_COMPENSATED',
+      });
+    } catch (err) {
+      if (!(err instanceof FlashSaleError && err.code === 'FROZEN')) throw err;
+      count((await compensateFrozen(d, found.scope.ledger, rid, rsv)) ? 'compensated' : 'skipped', rid);
+      return;
+    }
     await appendJournal(d.pool, [
       {
         activityId: a,

@@ -269,6 +269,70 @@ describe('order-gap repair', () => {
   });
 
   it(
+    'an invalid ledger entry found after the freeze: its unit back in activity_stock once written back, exactly once, and cleanup runs',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 }, f.pool);
+      const [rid] = await reserveFor(f.redis, activityId, skuId, ['frozen-invalid']);
+      const k = activityKeys(activityId);
+      // An entry that cannot form a valid order (an empty item name); its half message is gone.
+      await f.redis.hset(k.reservation(rid!), 'name', '');
+      await f.redis.del(k.outbox);
+      // The drain timed out before the entry was compensated: the operator freezes the gate.
+      await setGate(f.redis, activityId, 'frozen');
+      const gap = await checkOrderGap(
+        { activityId, redis: f.redis, pool: f.pool, gapThresholdSeconds: 0 },
+        Date.now() + 1,
+      );
+      expect(gap.missing).toEqual([rid]);
+      // Redis refuses the release, and the snapshot is not committed yet: retried next run.
+      const early = await repairOrderGap(deps(activityId), gap.missing);
+      expect([early.failed, early.compensated]).toEqual([[rid], []]);
+      expect(await f.redis.zscore(k.ledger, rid!)).not.toBeNull();
+
+      const s = await readStock(f.redis, activityId);
+      await writeBack(f.pool, {
+        activityId,
+        generation: 1,
+        skus: s.skus,
+        reserved: s.reserved,
+        released: s.released,
+        orders: 0,
+        writtenBy: 'test',
+      });
+      const pgRemaining = () =>
+        countRows(f.pool, `SELECT remaining AS n FROM activity_stock WHERE activity_id = $1`, [activityId]);
+      expect(await pgRemaining()).toBe(9);
+      // Two job replicas at once: the unit goes back once.
+      const [a, b] = await Promise.all([
+        repairOrderGap(deps(activityId), [rid!]),
+        repairOrderGap(deps(activityId), [rid!]),
+      ]);
+      expect([...a.compensated, ...b.compensated]).toEqual([rid]);
+      expect(await pgRemaining()).toBe(10);
+      expect(await f.redis.zscore(k.ledger, rid!)).toBeNull();
+      expect((await journalFor(f.pool, rid!)).map((j) => j.event)).toEqual(['GAP_COMPENSATED']);
+      const after = await checkOrderGap(
+        { activityId, redis: f.redis, pool: f.pool, gapThresholdSeconds: 0 },
+        Date.now() + 1,
+      );
+      expect([after.gap, after.missing]).toEqual([0, []]);
+      expect((await repairOrderGap(deps(activityId), [rid!])).compensated).toEqual([]);
+      expect(await pgRemaining()).toBe(10);
+
+      // Nothing in flight any more: cleanup runs, and the audit finds PostgreSQL consistent.
+      await cleanupActivity(f.redis, activityId, 60);
+      const audit = await auditStock({ ...f.deps, activityId, remeasureDelayMs: 20 });
+      expect([audit.basis, audit.ok, audit.figures.held, audit.figures.accounted]).toEqual([
+        'postgres',
+        true,
+        0,
+        0,
+      ]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'a reservation whose outbox entry was deleted becomes exactly one order, even when re-published twice',
     async () => {
       const { activityId, skuId } = await openActivity(f.redis, { stock: 10 }, f.pool);
