@@ -197,6 +197,21 @@ export async function holdForRestore(redis: RedisClient, t: RestoreTarget): Prom
 }
 
 /**
+ * Lifts the restore's hold mark (`restoring`) from the activity's meta hash and every bucket's,
+ * before the gate opens. The reload lifts each mark as it rewrites a scope, but a repeat of the
+ * reload (the operator died before recording it, or the reload is gone and done again) finds the
+ * scopes it had written already marked with the epoch and writes nothing, while the repeated hold
+ * has marked them again: left, a bucket's mark refuses its stock transfers (its units stranded,
+ * buyers whose bucket is empty told the sale is paused) and the activity's late in-time payments,
+ * for the rest of the sale. Idempotent; HDEL creates no key.
+ */
+export async function endHold(redis: RedisClient, t: RestoreTarget): Promise<void> {
+  const layout = await restoreLayout(redis, t);
+  await Promise.all(layout.allBuckets().map((b) => redis.hdel(b.meta, 'restoring')));
+  await redis.hdel(activityKeys(t.activityId).meta, 'restoring');
+}
+
+/**
  * The bucket layout a restore rebuilds: the resource's (fixed once warm-up began), with any
  * bucketed SKU a cache that came back behind still names.
  */

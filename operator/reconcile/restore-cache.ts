@@ -32,6 +32,7 @@ import { readMeta, setGate } from '../../core/activity-cache.js';
 import {
   cacheEpoch,
   checkCache,
+  endHold,
   holdForRestore,
   outboxLength,
   reloadFromPostgres,
@@ -262,6 +263,7 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
     // sync-spec would write only on the next pass. Opened first, the gate would admit unregistered
     // and denied buyers, with the api on default windows, until then.
     await syncTrafficPolicy(ctx);
+    await endHold(redis, t);
     const gate = gateAfterRestore(ctx);
     await setGate(redis, ctx.activityId, gate);
     crashPoint('operator-after-restore-resume');

@@ -555,12 +555,12 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
   const operatorPass = async (
     fsa: FlashSaleActivity,
     schedule: { startAt: Date; endAt: Date },
-    opts: { restoreSettleMs?: number } = {},
+    opts: { restoreSettleMs?: number; pool?: Pool } = {},
   ): Promise<ReconcileContext> => {
     const log = createLogger('restore-step-test', 'silent');
     const deps = {
       redis,
-      pool: sql,
+      pool: opts.pool ?? sql,
       // The consumers' lag: nothing waits in Kafka here.
       kafka: { lag: async () => 0 },
       identity: 'restore-step-test',
@@ -675,6 +675,73 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect(ctx.status.conditions?.find((c) => c.type === 'CacheConsistent')?.message).toMatch(
       /waiting for 3 half message\(s\) not yet in Kafka/,
     );
+  });
+  test('a restore whose reload is repeated (the operator died before recording it) resumes with no scope left held', async () => {
+    const id = uniqueId('rsr');
+    const items: CatalogItem[] = [
+      { skuId: 'hot', name: '茅台', price: '1499.00', stock: 12, limitPerUser: 1, buckets: 3 },
+      { skuId: 'cold', name: '粽子', price: '6.00', stock: 5, limitPerUser: 1 },
+    ];
+    const settings = { requireOrderCode: false, reopenOnRelease: false };
+    const { start: startAt, end: endAt } = await openSale(id, items, settings);
+    await registerActivity(sql, {
+      activityId: id,
+      owner: 'default/rsr',
+      ownerUid: id,
+      startAt,
+      endAt,
+      ...settings,
+    });
+    const k = activityKeys(id);
+    const metas = [
+      k.meta,
+      ...(await bucketLayout(redis, id, { refresh: true })).allBuckets().map((b) => b.meta),
+    ];
+    expect(metas).toHaveLength(4);
+    // Redis loses the sale: the activity's keys and its buckets'.
+    await redis.del(...(await redis.keys(k.scanPattern)), ...(await redis.keys(k.bucketScanPattern)));
+    forgetBucketLayout(id);
+    const fsa = {
+      apiVersion: 'flashsale.io/v1alpha1',
+      kind: 'FlashSaleActivity',
+      metadata: { name: id, namespace: 'default', generation: 1, uid: id },
+      spec: { paused: false, ...settings, items },
+      status: {
+        conditions: enterPhase(undefined, Phase.Active, 'test', 1, new Date()),
+        cache: { loadedGeneration: 1 },
+      },
+    } as unknown as FlashSaleActivity;
+    const schedule = { startAt, endAt };
+    await operatorPass(fsa, schedule, { restoreSettleMs: 0 });
+    expect((await openRestore(sql, id))?.step).toBe('paused');
+
+    // The next pass reloads every scope; the operator dies before the reload is recorded.
+    const dying = new Proxy(sql, {
+      get(t, prop) {
+        const v: unknown = Reflect.get(t, prop);
+        if (prop === 'query')
+          return async (...args: unknown[]) => {
+            const params = args[1] as unknown[] | undefined;
+            if (/UPDATE cache_restores SET step/.test(String(args[0])) && params?.[2] === 'drained')
+              throw new Error('operator killed');
+            return (v as (...a: unknown[]) => Promise<unknown>).apply(t, args);
+          };
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+      },
+    });
+    await expect(operatorPass(fsa, schedule, { restoreSettleMs: 0, pool: dying })).rejects.toThrow(
+      'operator killed',
+    );
+    expect((await openRestore(sql, id))?.step).toBe('drained');
+    expect(await Promise.all(metas.map((m) => redis.hexists(m, 'restoring')))).toEqual([0, 0, 0, 0]);
+
+    // A new operator repeats the step: the hold again, a reload that finds every scope done, the
+    // resume. No scope may stay held: a held bucket refuses its transfers, a held activity its
+    // late in-time payments.
+    await operatorPass(fsa, schedule, { restoreSettleMs: 0 });
+    expect(await openRestore(sql, id)).toBeUndefined();
+    expect(await redis.hget(k.meta, 'gate')).toBe('open');
+    expect(await Promise.all(metas.map((m) => redis.hexists(m, 'restoring')))).toEqual([0, 0, 0, 0]);
   });
   /** The lifecycle's dependencies as the sweeper and the api give them. */
   const lifecycle = (): LifecycleDeps => ({
