@@ -482,6 +482,27 @@ export async function skuExists(redis: RedisClient, activityId: string, skuId: s
   return (await redis.sismember(activityKeys(activityId).skuIndex, skuId)) === 1;
 }
 
+/**
+ * Refuses (UNAVAILABLE, the message starting with `what`) while any scope of the activity holds
+ * half messages or unconfirmed reservations: orders still on their way to PostgreSQL.
+ */
+export async function assertNothingInFlight(
+  redis: RedisClient,
+  activityId: string,
+  what: string,
+): Promise<void> {
+  const [{ halfMessages: outbox }, ledger] = await Promise.all([
+    readOutbox(redis, activityId),
+    countUnconfirmed(redis, activityId, Number.MAX_SAFE_INTEGER),
+  ]);
+  if (outbox > 0 || ledger > 0) {
+    throw new FlashSaleError(
+      'UNAVAILABLE',
+      `${what}: ${outbox} half message(s) and ${ledger} unconfirmed reservation(s) in flight`,
+    );
+  }
+}
+
 export interface CleanupOutcome {
   deleted: number;
   retained: number;
@@ -499,18 +520,7 @@ export async function cleanupActivity(
   opts: { force?: boolean } = {},
 ): Promise<CleanupOutcome> {
   const k = activityKeys(activityId);
-  if (!opts.force) {
-    const [{ halfMessages: outbox }, ledger] = await Promise.all([
-      readOutbox(redis, activityId),
-      countUnconfirmed(redis, activityId, Number.MAX_SAFE_INTEGER),
-    ]);
-    if (outbox > 0 || ledger > 0) {
-      throw new FlashSaleError(
-        'UNAVAILABLE',
-        `cleanup refused: ${outbox} half message(s) and ${ledger} unconfirmed reservation(s) in flight`,
-      );
-    }
-  }
+  if (!opts.force) await assertNothingInFlight(redis, activityId, 'cleanup refused');
   // Marked before the first key goes: from here on the keys are partial (SCAN deletes them in no
   // particular order, and a cleanup may stop half-way), so readers that compare them (the stock
   // audit, a restarted relay) know not to. The mark lives in the meta hash, which goes last; a

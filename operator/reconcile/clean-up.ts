@@ -3,9 +3,10 @@
  * the activity's own prefix, never KEYS or a global pattern), keeps buyers' results with a TTL of
  * spec.cleanup.resultRetention, and refuses while anything is still in flight; then Settling
  * (settle.ts) waits for the orders. With cleanup.policy Retain the keys stay until the resource is
- * deleted.
+ * deleted, and the step still waits until nothing is in flight: Settling counts PostgreSQL's
+ * orders only, and Completed scales the relay and consumer that would write the rest to zero.
  */
-import { cleanupActivity } from '../../core/activity-cache.js';
+import { assertNothingInFlight, cleanupActivity } from '../../core/activity-cache.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { parseDuration } from '../api/v1alpha1/funcs.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
@@ -17,7 +18,7 @@ import { CONTINUE, DONE } from './context.js';
 export async function deleteActivityKeys(ctx: ReconcileContext): Promise<boolean> {
   ctx.requireOwnership();
   const retentionMs = parseDuration(ctx.fsa.spec.cleanup.resultRetention);
-  try {
+  return blockedWhileInFlight(ctx, async () => {
     const outcome = await cleanupActivity(ctx.deps.redis, ctx.activityId, Math.ceil(retentionMs / 1000));
     crashPoint('operator-after-cleanup');
     ctx.status.cleanup = {
@@ -26,6 +27,13 @@ export async function deleteActivityKeys(ctx: ReconcileContext): Promise<boolean
         ? { resultsRetainedUntil: new Date(ctx.now.getTime() + retentionMs).toISOString() }
         : {}),
     };
+  });
+}
+
+/** Runs `step`; false (and Degraded=CleanupBlocked, retried) while it finds orders in flight. */
+async function blockedWhileInFlight(ctx: ReconcileContext, step: () => Promise<void>): Promise<boolean> {
+  try {
+    await step();
     return true;
   } catch (err) {
     if (!(err instanceof FlashSaleError) || err.code !== 'UNAVAILABLE') throw err;
@@ -40,7 +48,12 @@ export async function deleteActivityKeys(ctx: ReconcileContext): Promise<boolean
 export async function cleanUp(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.phase !== Phase.CleaningUp) return CONTINUE;
   const retain = ctx.fsa.spec.cleanup.policy === 'Retain' && !ctx.deleting;
-  if (!retain && !(await deleteActivityKeys(ctx))) return DONE;
+  if (retain) {
+    const settled = await blockedWhileInFlight(ctx, () =>
+      assertNothingInFlight(ctx.deps.redis, ctx.activityId, 'settling held back'),
+    );
+    if (!settled) return DONE;
+  } else if (!(await deleteActivityKeys(ctx))) return DONE;
   const message = retain
     ? 'completed; Redis keys retained (cleanup.policy Retain) until the resource is deleted'
     : `completed; ${ctx.status.cleanup?.deletedKeys ?? 0} Redis key(s) deleted, results kept for ${ctx.fsa.spec.cleanup.resultRetention}`;

@@ -8,6 +8,7 @@ import { EventReason, FINALIZER, Phase } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { deleteActivityKeys } from './clean-up.js';
+import { readMeta } from '../../core/activity-cache.js';
 import { unregisterActivity } from '../../core/db/activity-registry-store.js';
 import { releaseUnusedClaim } from '../../core/db/claims-store.js';
 
@@ -28,9 +29,11 @@ export async function removeFinalizer(ctx: ReconcileContext): Promise<StepResult
         'the after-sale role keeps closing, refunding and answering them',
     );
   }
+  // Keys a Retain cleanup kept go now: decided by what Redis holds, not by the policy, which may
+  // have been edited to Delete since (no step would delete them then).
   if (
     (ctx.phase === Phase.Completed || ctx.phase === Phase.Settling) &&
-    ctx.fsa.spec.cleanup.policy === 'Retain'
+    (await readMeta(ctx.deps.redis, ctx.activityId)) !== undefined
   ) {
     if (!(await deleteActivityKeys(ctx))) return DONE;
   }

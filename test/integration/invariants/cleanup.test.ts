@@ -11,11 +11,12 @@ import { reservationIdFor, reserve } from '../../../core/reservations.js';
 import { createLogger } from '../../../core/logger.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
 import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
-import { Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
+import { FINALIZER, Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
 import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { cleanUp } from '../../../operator/reconcile/clean-up.js';
+import { removeFinalizer } from '../../../operator/reconcile/remove-finalizer.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import { loadOpenSale } from '../../fixtures/open-sale.js';
 
@@ -178,18 +179,34 @@ describe('cleanup of an activity (real Redis)', () => {
 
   describe("the operator's clean-up step", () => {
     /** A context in phase CleaningUp, with the Redis connection and no-op events (reasons recorded). */
-    function context(activityId: string, events: string[]): ReconcileContext {
+    function context(
+      activityId: string,
+      events: string[],
+      opts: { policy?: 'Delete' | 'Retain'; phase?: Phase; deleted?: boolean } = {},
+    ): ReconcileContext {
       const now = new Date();
       const fsa = {
         apiVersion: 'flashsale.io/v1alpha1',
         kind: 'FlashSaleActivity',
-        metadata: { name: activityId, namespace: 'default', generation: 1, uid: activityId },
-        spec: { cleanup: { policy: 'Delete', resultRetention: '15m' } },
-        status: { conditions: enterPhase(undefined, Phase.CleaningUp, 'test', 1, now) },
+        metadata: {
+          name: activityId,
+          namespace: 'default',
+          generation: 1,
+          uid: activityId,
+          finalizers: [FINALIZER],
+          ...(opts.deleted ? { deletionTimestamp: now.toISOString() } : {}),
+        },
+        spec: { cleanup: { policy: opts.policy ?? 'Delete', resultRetention: '15m' } },
+        status: {
+          conditions: enterPhase(undefined, opts.phase ?? Phase.CleaningUp, 'test', 1, now),
+          // Warmed up: the sale's id stays claimed after its deletion.
+          timestamps: { warmingUp: now.toISOString() },
+        },
       } as unknown as FlashSaleActivity;
       const log = createLogger('cleanup-test', 'silent');
       const deps = {
         redis,
+        activities: { removeFinalizer: async () => undefined },
         identity: 'cleanup-test',
         now: () => now,
         log,
@@ -235,6 +252,43 @@ describe('cleanup of an activity (real Redis)', () => {
         const ctx = context(id, []);
         await cleanUp(ctx);
         expect([ctx.degraded, ctx.transitioned]).toEqual([undefined, true]);
+        expect(await keysOf(id)).toEqual([activityKeys(id).results]);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      'Retain waits for orders in flight too (Settling counts PostgreSQL only); the keys it kept go at deletion even after the policy was edited to Delete',
+      async () => {
+        const { id, rid } = await withReservation();
+        const before = await keysOf(id);
+        // A half message not yet in Kafka: its order is still on its way to PostgreSQL.
+        const events: string[] = [];
+        const held = context(id, events, { policy: 'Retain' });
+        await cleanUp(held);
+        expect([held.degraded?.reason, held.transitioned, held.requeueAtMs !== undefined]).toEqual([
+          Reason.CleanupBlocked,
+          false,
+          true,
+        ]);
+        expect(held.degraded?.message).toMatch(/^settling held back: 1 half message\(s\)/);
+        expect(events).toEqual([Reason.CleanupBlocked]);
+
+        await relayAll(id);
+        await confirm(id, rid);
+        const done = context(id, [], { policy: 'Retain' });
+        await cleanUp(done);
+        expect([done.degraded, done.transitioned]).toEqual([undefined, true]);
+        // Retained: every key but the emptied outbox and ledger.
+        expect((await keysOf(id)).length).toBeGreaterThan(3);
+        expect(await redis.exists(activityKeys(id).meta)).toBe(1);
+        expect(before.length).toBeGreaterThan(3);
+
+        // The sale completed; the policy is edited to Delete "to clean up", then the resource is
+        // deleted: the keys Retain kept go all the same.
+        const deleting = context(id, [], { policy: 'Delete', phase: Phase.Completed, deleted: true });
+        await removeFinalizer(deleting);
+        expect(deleting.gone).toBe(true);
         expect(await keysOf(id)).toEqual([activityKeys(id).results]);
       },
       TIMEOUT_MS,
