@@ -188,8 +188,9 @@ export interface TransferOutcome {
  * idempotent script calls keyed by one transfer id: the donor records `out:<id>` (units and
  * recipient) in the step that takes the units, the recipient `in:<id>` in the step that adds them.
  * A process killed between the two leaves the donor's record, and `completeTransfers` (run by the
- * reserve path before it answers SOLD_OUT, by the jobs and by write-back) adds the units to the
- * recipient; a repeat of either step changes nothing.
+ * reserve path before it answers SOLD_OUT) adds the units to the recipient; until then they count
+ * as in flight (`unitsLeft`, and write-back's `readStock`, which sum them); a repeat of either
+ * step changes nothing.
  */
 export async function transferStock(
   redis: RedisClient,

@@ -174,16 +174,45 @@ function sweepActivity(d: SettlementSweeperDeps, activityId: string): ReturnType
  * activity is settled. Safe beside the per-activity sweepers (SKIP LOCKED, conditional updates).
  */
 export function scheduleSettlementSweeper(d: SettlementSweeperDeps): { stop: () => Promise<void> } {
-  const { cfg } = d;
   const task = cron.schedule(
-    cfg.PAYMENT_SWEEP_CRON,
+    d.cfg.PAYMENT_SWEEP_CRON,
     countedRun(d, 'settlement-sweep', async () => {
-      const activities = await activitiesWithAfterSaleWork(d.pool, cfg.STOCK_SETTLE_GRACE_SECONDS);
-      for (const activityId of activities) await sweepActivity(d, activityId);
+      const { failed } = await sweepEveryActivity(d);
+      if (failed.length > 0) {
+        throw new Error(
+          `${failed.length} activit${failed.length === 1 ? 'y' : 'ies'} not swept: ${failed.join(', ')}`,
+        );
+      }
     }),
     { name: 'settlement-sweep', noOverlap: true },
   );
   return { stop: async () => void (await task.stop()) };
+}
+
+/**
+ * One run of the platform sweeper: every activity with after-sale work, each on its own. One that
+ * fails (its Redis slot unreachable, say) is logged and retried next run; the activities after
+ * it are swept all the same.
+ */
+export async function sweepEveryActivity(
+  d: SettlementSweeperDeps,
+): Promise<{ swept: string[]; failed: string[] }> {
+  const activities = await activitiesWithAfterSaleWork(d.pool, d.cfg.STOCK_SETTLE_GRACE_SECONDS);
+  const swept: string[] = [];
+  const failed: string[] = [];
+  for (const activityId of activities) {
+    try {
+      await sweepActivity(d, activityId);
+      swept.push(activityId);
+    } catch (err) {
+      failed.push(activityId);
+      d.logger.warn(
+        { activity: activityId, err: (err as Error).message },
+        'settlement sweep of this activity failed; the others go on, it is retried next run',
+      );
+    }
+  }
+  return { swept, failed };
 }
 
 /** Most registrations one purge run deletes (REGISTRATION_PURGE_BATCH at a time): the rest next run. */

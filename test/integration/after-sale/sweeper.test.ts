@@ -13,6 +13,7 @@ import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows } from '../../../core/db/stock-store.js';
 import { activityKeys } from '../../../core/keys.js';
 import { readReservation } from '../../../core/reservations.js';
+import { sweepEveryActivity } from '../../../runtime/jobs/after-sale.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import {
   TIMEOUT_MS,
@@ -480,6 +481,58 @@ describe('payment-timeout sweeper', () => {
       expect(await findLifecycleByReservationId(f.pool, rid!)).toMatchObject({ stockReturnVia: 'postgres' });
       expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(5);
       expect((await sweep(activityId, f.pool)).resettled).toBe(0);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'the platform sweeper: an activity whose Redis fails is retried next run; the activities after it are swept all the same',
+    async () => {
+      const broken = await openActivity(f.redis, { stock: 3 });
+      const healthy = await openActivity(f.redis, { stock: 3 });
+      for (const a of [broken, healthy]) {
+        const rids = await reserveFor(f.redis, a.activityId, a.skuId, [`plat-${a.activityId}`]);
+        await materialize(f.pool, f.redis, a.activityId, rids);
+        await expireAll(f.pool, a.activityId);
+      }
+      // Every command on the broken activity's keys fails, as when its Cluster slot is unreachable.
+      const tag = `{${broken.activityId}}`;
+      const redis = new Proxy(f.redis, {
+        get(target, prop, receiver) {
+          const v: unknown = Reflect.get(target, prop, receiver);
+          if (typeof v !== 'function') return v;
+          return (...args: unknown[]) => {
+            if (args.some((a) => typeof a === 'string' && a.includes(tag)))
+              return Promise.reject(new Error('CLUSTERDOWN The cluster is down'));
+            return (v as (...a: unknown[]) => unknown).apply(target, args);
+          };
+        },
+      });
+      const cfg = {
+        PAYMENT_TIMEOUT_SECONDS: 900,
+        PAYMENT_SWEEP_CRON: '* * * * *',
+        PAYMENT_SWEEP_BATCH_SIZE: 500,
+        PAYMENT_SWEEP_MAX_BATCHES: 100,
+        STOCK_SETTLE_GRACE_SECONDS: 0,
+      };
+      const run = await sweepEveryActivity({ ...f.deps, metrics: f.metrics, redis, cfg });
+      expect(run.failed).toEqual([broken.activityId]);
+      expect(run.swept).toContain(healthy.activityId);
+      const settled = async (activityId: string) =>
+        (
+          await f.pool.query<{ status: string; via: string | null }>(
+            `SELECT status, stock_return_via AS via FROM orders WHERE activity_id = $1`,
+            [activityId],
+          )
+        ).rows;
+      expect(await settled(healthy.activityId)).toEqual([{ status: 'CLOSED', via: 'redis' }]);
+      expect(await skuStock(f.redis, healthy.activityId, healthy.skuId)).toBe(3);
+
+      // Its Redis back, the next run sweeps it.
+      const again = await sweepEveryActivity({ ...f.deps, metrics: f.metrics, cfg });
+      expect(again.failed).toEqual([]);
+      expect(await settled(broken.activityId)).toEqual([{ status: 'CLOSED', via: 'redis' }]);
+      expect(await skuStock(f.redis, broken.activityId, broken.skuId)).toBe(3);
     },
     TIMEOUT_MS,
   );
