@@ -64,6 +64,17 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
     (await findOrderById(f.pool, orderId))!.expiresAt;
   const remaining = async (): Promise<number> =>
     (await readStockRows(f.pool, activityId)).reduce((n, r) => n + r.remaining, 0);
+  /** The order's payment deadline passed an hour ago; one sweep of its activity. */
+  const expireAndSweep = async (activity: string, orderId: string) => {
+    await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = $1`, [orderId]);
+    return sweepExpiredOrders({
+      ...f.deps,
+      activityId: activity,
+      batchSize: 10,
+      maxBatches: 1,
+      settleGraceSeconds: 0,
+    });
+  };
   const sweep = () =>
     sweepExpiredOrders({
       ...f.deps,
@@ -231,14 +242,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       const [r1] = await reserveFor(f.redis, a.activityId, a.skuId, ['lock-order']);
       const id = (await materialize(f.pool, f.redis, a.activityId, [r1!])).get(r1!)!;
       await freezeAndWriteBack(f, a.activityId, 1);
-      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = $1`, [id]);
-      const swept = await sweepExpiredOrders({
-        ...f.deps,
-        activityId: a.activityId,
-        batchSize: 10,
-        maxBatches: 1,
-        settleGraceSeconds: 0,
-      });
+      const swept = await expireAndSweep(a.activityId, id);
       expect(swept.settled.postgres).toBe(1);
 
       // A stock return of the same SKU holds its activity_skus row (returnStock's first lock).
@@ -515,14 +519,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       const home = (await locateReservation(f.redis, a.activityId, r1!))!.scope;
       expect(home.meta).not.toBe(activityKeys(a.activityId).meta);
       // The order times out and its unit goes back to Redis before the freeze.
-      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = $1`, [id]);
-      const swept = await sweepExpiredOrders({
-        ...f.deps,
-        activityId: a.activityId,
-        batchSize: 10,
-        maxBatches: 1,
-        settleGraceSeconds: 0,
-      });
+      const swept = await expireAndSweep(a.activityId, id);
       expect(swept.settled.redis).toBe(1);
       await freezeAndWriteBack(f, a.activityId, 1);
       // Cleanup has deleted the bucket's meta hash, not yet the reservation (SCAN's order).

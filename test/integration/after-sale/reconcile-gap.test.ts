@@ -35,6 +35,7 @@ import {
   orderConsumerFor,
   until,
   type Fixture,
+  freezeAndWriteBack,
 } from './fixture.js';
 
 describe('reconciliation', () => {
@@ -149,17 +150,7 @@ describe('reconciliation', () => {
       await materialize(f.pool, f.redis, activityId, rids);
       // The relay sent the half messages (their orders are in PostgreSQL): cleanup may run.
       await f.redis.del(k.outbox);
-      await setGate(f.redis, activityId, 'frozen');
-      const s = await readStock(f.redis, activityId);
-      await writeBack(f.pool, {
-        activityId,
-        generation: 1,
-        skus: s.skus,
-        reserved: s.reserved,
-        released: s.released,
-        orders: 3,
-        writtenBy: 'test',
-      });
+      await freezeAndWriteBack(f, activityId, 3);
       const before = await reconcile(activityId);
       expect([before.basis, before.ok, before.figures.redisReserved]).toEqual(['postgres', true, 3]);
 
@@ -289,16 +280,7 @@ describe('order-gap repair', () => {
       expect([early.failed, early.compensated]).toEqual([[rid], []]);
       expect(await f.redis.zscore(k.ledger, rid!)).not.toBeNull();
 
-      const s = await readStock(f.redis, activityId);
-      await writeBack(f.pool, {
-        activityId,
-        generation: 1,
-        skus: s.skus,
-        reserved: s.reserved,
-        released: s.released,
-        orders: 0,
-        writtenBy: 'test',
-      });
+      await freezeAndWriteBack(f, activityId, 0);
       const pgRemaining = () =>
         countRows(f.pool, `SELECT remaining AS n FROM activity_stock WHERE activity_id = $1`, [activityId]);
       expect(await pgRemaining()).toBe(9);

@@ -581,6 +581,23 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     return ctx;
   };
 
+  /** The resource of an Active sale whose generation 1 was loaded with `settings`. */
+  const activeResource = (
+    id: string,
+    items: CatalogItem[],
+    settings: { requireOrderCode: boolean; reopenOnRelease: boolean },
+  ): FlashSaleActivity =>
+    ({
+      apiVersion: 'flashsale.io/v1alpha1',
+      kind: 'FlashSaleActivity',
+      metadata: { name: id, namespace: 'default', generation: 1, uid: id },
+      spec: { paused: false, ...settings, items },
+      status: {
+        conditions: enterPhase(undefined, Phase.Active, 'test', 1, new Date()),
+        cache: { loadedGeneration: 1 },
+      },
+    }) as unknown as FlashSaleActivity;
+
   test("the operator's restore puts back the loaded generation's order-code and reopen settings, not a refused spec edit", async () => {
     const id = uniqueId('rss');
     const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 2 }];
@@ -657,16 +674,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     await redis.del(...(await redis.keys(k.scanPattern)));
     forgetBucketLayout(id);
 
-    const fsa = {
-      apiVersion: 'flashsale.io/v1alpha1',
-      kind: 'FlashSaleActivity',
-      metadata: { name: id, namespace: 'default', generation: 1, uid: id },
-      spec: { paused: false, ...settings, items },
-      status: {
-        conditions: enterPhase(undefined, Phase.Active, 'test', 1, new Date()),
-        cache: { loadedGeneration: 1 },
-      },
-    } as unknown as FlashSaleActivity;
+    const fsa = activeResource(id, items, settings);
     await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0 });
     expect((await openRestore(sql, id))?.step).toBe('paused');
     // Settled, consumer lag 0, the activity's outbox empty: still waiting for the buckets'.
@@ -701,16 +709,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     // Redis loses the sale: the activity's keys and its buckets'.
     await redis.del(...(await redis.keys(k.scanPattern)), ...(await redis.keys(k.bucketScanPattern)));
     forgetBucketLayout(id);
-    const fsa = {
-      apiVersion: 'flashsale.io/v1alpha1',
-      kind: 'FlashSaleActivity',
-      metadata: { name: id, namespace: 'default', generation: 1, uid: id },
-      spec: { paused: false, ...settings, items },
-      status: {
-        conditions: enterPhase(undefined, Phase.Active, 'test', 1, new Date()),
-        cache: { loadedGeneration: 1 },
-      },
-    } as unknown as FlashSaleActivity;
+    const fsa = activeResource(id, items, settings);
     const schedule = { startAt, endAt };
     await operatorPass(fsa, schedule, { restoreSettleMs: 0 });
     expect((await openRestore(sql, id))?.step).toBe('paused');
