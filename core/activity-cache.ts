@@ -503,6 +503,14 @@ export async function assertNothingInFlight(
   }
 }
 
+async function markCleanupBegan(redis: RedisClient, activityId: string): Promise<void> {
+  const now = String(Date.now());
+  const layout = await bucketLayout(redis, activityId, { refresh: true });
+  for (const meta of layout.allScopes().map((k) => k.meta)) {
+    if ((await redis.exists(meta)) === 1) await redis.hset(meta, 'cleanupBegan', now);
+  }
+}
+
 export interface CleanupOutcome {
   deleted: number;
   retained: number;
@@ -523,9 +531,12 @@ export async function cleanupActivity(
   if (!opts.force) await assertNothingInFlight(redis, activityId, 'cleanup refused');
   // Marked before the first key goes: from here on the keys are partial (SCAN deletes them in no
   // particular order, and a cleanup may stop half-way), so readers that compare them (the stock
-  // audit, a restarted relay) know not to. The mark lives in the meta hash, which goes last; a
-  // cleanup run again after the meta hash went has nothing to mark (and must not re-create it).
-  if ((await redis.exists(k.meta)) === 1) await redis.hset(k.meta, 'cleanupBegan', String(Date.now()));
+  // audit, a restarted relay) know not to, and the buyer's scripts (reserve-9.lua,
+  // soldOutChecks-var.lua) send a submission to PostgreSQL instead of refusing it from a
+  // reservation already deleted. Every scope's meta hash is marked, a bucket's too (its
+  // reservations are answered from its own). The activity's meta hash is deleted last; a cleanup
+  // run again after a meta hash went has nothing to mark there (and must not re-create it).
+  await markCleanupBegan(redis, activityId);
   let deleted = 0;
   let retained = 0;
   // SCAN runs per primary on a cluster; the buckets' keys (their own hash tags) are matched by

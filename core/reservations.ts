@@ -590,6 +590,7 @@ export async function soldOutCheck(
   }
   const counter = window ? activityKeys(input.activityId).rateLimitKey('buyer', input.userId) : k.none;
   const answer = await checkSoldOut(redis, k.prefix, {
+    metaKey: k.meta,
     reservationKey: k.reservation(rid),
     counterKey: counter,
     requests: window?.requests ?? 0,

@@ -22,6 +22,8 @@ export interface ScriptBatchSpec<Call, Answer> {
   leadingArgs?: (calls: readonly Call[]) => (string | number)[];
   /** Appends one call's keys and arguments. */
   encode: (call: Call, keys: string[], args: (string | number)[]) => void;
+  /** Keys that come after every call's own (for example the scope's meta hash, read once). */
+  trailingKeys?: (calls: readonly Call[]) => string[];
   /** The answer of the call at `index` in the batch script's reply, or the error it fails with. */
   answer: (reply: ScriptReply, index: number) => Answer | Error;
 }
@@ -47,6 +49,7 @@ export function scriptBatch<Call, Answer>(
     const keys: string[] = [];
     const args: (string | number)[] = spec.leadingArgs?.(queued.map((q) => q.call)) ?? [];
     for (const q of queued) spec.encode(q.call, keys, args);
+    if (spec.trailingKeys) keys.push(...spec.trailingKeys(queued.map((q) => q.call)));
     runScript(redis, spec.script, keys, args).then(
       (reply) => {
         queued.forEach((q, i) => {

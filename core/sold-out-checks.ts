@@ -11,7 +11,9 @@ import { scriptBatch } from './script-batch.js';
 /** Checks per call at most: a bound on one call's keys and on its time in Redis. */
 export const MAX_CHECKS_PER_CALL = 128;
 
-/** One check's answer: 2 replay, 1 sold out; with the window's points (0: none counted) and rest. */
+/**
+ * One check's answer: 2 replay (or the scope's cache is going or gone: reserve() answers it, as
+ * not loaded), 1 sold out; with the window's points (0: none counted) and rest. */
 export interface CheckAnswer {
   code: 1 | 2;
   consumed: number;
@@ -19,6 +21,8 @@ export interface CheckAnswer {
 }
 
 export interface SoldOutCheckCall {
+  /** The scope's meta hash: the same for every check of one call (one scope). */
+  metaKey: string;
   reservationKey: string;
   counterKey: string;
   /** Requests per window; 0 counts nothing. */
@@ -37,6 +41,8 @@ export const checkSoldOut = scriptBatch<SoldOutCheckCall, CheckAnswer>({
     keys.push(c.reservationKey, c.counterKey);
     args.push(c.requests, c.perSeconds);
   },
+  // Every check of one call is in one scope: its meta hash is read once.
+  trailingKeys: (calls) => [calls[0]!.metaKey],
   answer: (reply, i) => {
     const code = Number(reply[1 + 3 * i]);
     const consumed = Number(reply[2 + 3 * i]);

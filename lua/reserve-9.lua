@@ -112,7 +112,11 @@ end
 if refusedById then return {refusedById, rid} end
 
 local now = nowMs()
-local meta = redis.call('HMGET', KEYS[1], 'gate', 'startMs', 'endMs', 'requireCode')
+local meta = redis.call('HMGET', KEYS[1], 'gate', 'startMs', 'endMs', 'requireCode', 'cleanupBegan')
+-- A cleanup has begun (core/activity-cache.ts cleanupActivity): this id's reservation may be
+-- deleted already, so the cache can no longer tell a retry from a new submission. Answered as
+-- not loaded: the caller asks PostgreSQL, which holds every order of the sale by then.
+if meta[5] then return {-9} end
 local refusal = gateRefusal(meta[1], meta[2], meta[3], now)
 if refusal then return {refusal} end
 

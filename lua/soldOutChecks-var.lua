@@ -8,18 +8,25 @@
   Submissions are checked in their order in KEYS: two of one buyer count two points, as two calls
   would.
 
-  Input, per submission i = 1..#KEYS/2 (all keys in one slot):
+  Input, per submission i = 1..(#KEYS-1)/2 (all keys in one slot):
     KEYS[2i-1] reservation hash    (a reservation or a cancel marker under the derived id)
     KEYS[2i]   the buyer's counter (core/keys.ts rateLimitKey('buyer', <buyer>); ignored when
                                     ARGV[2i-1] is 0)
     ARGV[2i-1] requests per window (0: no per-buyer limit)
     ARGV[2i]   window seconds
+  and last, once:
+    KEYS[#KEYS] the scope's meta hash: when it is gone, or a cleanup has begun ('cleanupBegan',
+                core/activity-cache.ts cleanupActivity), a reservation may be deleted already and
+                the cache cannot tell a retry from a new submission: every submission is answered
+                2, and reserve-9.lua answers it NOT_LOADED, so the api asks PostgreSQL (a retry of
+                a submission that reserved gets its order back, not SOLD_OUT)
 
   Output: {0, then three numbers per submission}:
-    2, 0, 0                a reservation or marker exists: the caller goes on to reserve-9.lua,
-                           which replays it (no point counted here nor there) or, for a marker
-                           or an id reserved for another SKU or quantity, counts the point there
-                           and refuses
+    2, 0, 0                a reservation or marker exists, or the cache is going (above): the
+                           caller goes on to reserve-9.lua, which replays it (no point counted
+                           here nor there) or, for a marker, an id reserved for another SKU or
+                           quantity, or a cache that is going, counts the point there and
+                           refuses or answers NOT_LOADED
     1, consumed, ttlMs     not a replay: answer SOLD_OUT (consumed = 0 when no limit, or when
                            Redis at its maxmemory refused the count)
     -43, consumed, ttlMs   RATE_LIMITED: the window was used up
@@ -33,8 +40,10 @@ local function answer(code, consumed, ttl)
   out[#out + 1] = ttl
 end
 
-for i = 1, #KEYS / 2 do
-  if redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
+local scope = redis.call('HMGET', KEYS[#KEYS], 'gate', 'cleanupBegan')
+local going = not scope[1] or scope[2]
+for i = 1, (#KEYS - 1) / 2 do
+  if going or redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
     answer(2, 0, 0)
   else
     local requests = tonumber(ARGV[2 * i - 1])

@@ -218,6 +218,8 @@ export async function materialize(
       [...outcome.inserted].map(([rid, orderId]) => ({
         reservationId: rid,
         userId: batch.find((m) => m.reservationId === rid)!.userId,
+        // Confirmed in its own scope's ledger (a stock bucket's too), as the consumer does.
+        skuId: batch.find((m) => m.reservationId === rid)!.skuId,
         result: { status: 'CREATED' as const, orderId },
       })),
     );
@@ -266,6 +268,7 @@ export interface Api {
 export async function startApi(
   f: Pick<Fixture, 'pool' | 'redis' | 'logger' | 'metrics'>,
   pool?: Pool,
+  opts: { soldOutRecheckMs?: number } = {},
 ): Promise<Api> {
   const p = pool ?? f.pool;
   const provider = testProvider();
@@ -274,7 +277,9 @@ export async function startApi(
     ready: async () => true,
     redis: f.redis,
     pool: p,
-    soldOut: new SoldOutFlags(0),
+    // 0 by default: every submission reaches the reserve script. With a recheck interval the api
+    // answers a SKU it saw sold out from its own flag (runtime/api/sold-out.ts), as in production.
+    soldOut: new SoldOutFlags(opts.soldOutRecheckMs ?? 0),
     activityId: undefined,
     orderCodeTtlSeconds: 30,
     auth: { JWT_HS256_SECRET: JWT_SECRET },

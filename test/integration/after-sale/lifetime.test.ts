@@ -4,7 +4,7 @@
 // when it cannot, never an oversell); buyers read every state from PostgreSQL; a replay after the
 // cache is gone gets its order back and a new submission the answer of the sale window.
 import { pino } from 'pino';
-import { cleanupActivity } from '../../../core/activity-cache.js';
+import { cleanupActivity, outboxStreams } from '../../../core/activity-cache.js';
 import { registerActivity } from '../../../core/db/activity-registry-store.js';
 import { lockActivitySkus, recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { closeExpiredOrders, findOrderById } from '../../../core/db/orders-store.js';
@@ -20,11 +20,13 @@ import { activityKeys } from '../../../core/keys.js';
 import { acceptPayment } from '../../../runtime/payments/apply.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { uniqueId } from '../../../dev/servers.js';
+import { cleanupKilledAtFirstDelete } from '../../fixtures/interrupted-cleanup.js';
 import {
   APP_ID,
   MERCHANT_ID,
   TIMEOUT_MS,
   buyerCall,
+  buyerOrders,
   counters,
   countRows,
   materialize,
@@ -546,6 +548,85 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       expect(await findOrderById(f.pool, id)).toMatchObject({ status: 'PAID' });
       expect((await readStockRows(f.pool, a.activityId))[0]?.remaining).toBe(3);
       expect(lines.filter((l) => /INCONSISTENT/.test(l))).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'during cleanup: a retry of a submission that reserved gets its order back, not SOLD_OUT or ENDED, from a sold-out flag or a stock bucket alike',
+    async () => {
+      // An api that answers a SKU it saw sold out from its own flag, as in production.
+      const flagging = await startApi(f, undefined, { soldOutRecheckMs: 600_000 });
+      try {
+        const plain = await openActivity(f.redis, { stock: 2, skuId: 'sku-plain' }, f.pool);
+        const bucketed = await openActivity(f.redis, { stock: 6, skuId: 'sku-hot', buckets: 3 }, f.pool);
+        const onPlain = buyerOrders(flagging, plain.activityId, plain.skuId);
+        const onHot = buyerOrders(flagging, bucketed.activityId, bucketed.skuId);
+        const first = await onPlain.submit('retry-plain', 'req-retry-plain');
+        const second = await onPlain.submit('keeps-plain', 'req-keeps-plain');
+        const hot = await onHot.submit('retry-hot', 'req-retry-hot');
+        expect([first.status, second.status, hot.status]).toEqual([202, 202, 202]);
+        // The SKU is sold out: this api answers it from its flag from now on.
+        const late = await onPlain.submit('too-late', 'req-too-late');
+        expect([late.status, late.body.code]).toEqual([409, 'SOLD_OUT']);
+
+        const plainRids = [first.body.reservationId, second.body.reservationId] as string[];
+        const hotRid = hot.body.reservationId as string;
+        const orders = new Map([
+          ...(await materialize(f.pool, f.redis, plain.activityId, plainRids)),
+          ...(await materialize(f.pool, f.redis, bucketed.activityId, [hotRid])),
+        ]);
+        // Where a resumed cleanup's SCAN may reach first: the reservations' own hashes.
+        const doomed = [
+          (await locateReservation(f.redis, plain.activityId, plainRids[0]!))!.scope.reservation(
+            plainRids[0]!,
+          ),
+          (await locateReservation(f.redis, bucketed.activityId, hotRid))!.scope.reservation(hotRid),
+        ];
+        for (const a of [plain, bucketed]) {
+          // The relay sent the half messages (their orders are in PostgreSQL): cleanup may run.
+          for (const outbox of await outboxStreams(f.redis, a.activityId)) await f.redis.del(outbox);
+        }
+        await freezeAndWriteBack(f, plain.activityId, 2);
+        await freezeAndWriteBack(f, bucketed.activityId, 1);
+        await cleanupKilledAtFirstDelete(f.redis, plain.activityId);
+        await cleanupKilledAtFirstDelete(f.redis, bucketed.activityId);
+        expect(await f.redis.del(...doomed)).toBe(2);
+
+        const replayOf = (r: { status: number; body: Record<string, unknown> }) => [
+          r.status,
+          r.body.code ?? r.body.status,
+          r.body.orderId,
+          r.body.replayed,
+        ];
+        // Answered from PostgreSQL, which holds every order once cleanup began.
+        const plainRetry = await onPlain.submit('retry-plain', 'req-retry-plain');
+        expect(replayOf(plainRetry)).toEqual([202, 'UNPAID', orders.get(plainRids[0]!), true]);
+        const hotRetry = await onHot.submit('retry-hot', 'req-retry-hot');
+        expect(replayOf(hotRetry)).toEqual([202, 'UNPAID', orders.get(hotRid), true]);
+        // A reservation the cleanup has not reached yet is still replayed from Redis.
+        const kept = await onPlain.submit('keeps-plain', 'req-keeps-plain');
+        expect([kept.status, kept.body.reservationId, kept.body.replayed]).toEqual([202, plainRids[1], true]);
+        // Anything else is told the sale ended, by the window, as once the cache is gone.
+        const fresh = await onPlain.submit('newcomer', 'req-newcomer');
+        expect([fresh.status, fresh.body.code]).toEqual([409, 'ENDED']);
+        const freshHot = await onHot.submit('newcomer', 'req-newcomer');
+        expect([freshHot.status, freshHot.body.code]).toEqual([409, 'ENDED']);
+
+        // The cleanup completes: the same answers, and not a key left but the retained results.
+        for (const a of [plain, bucketed]) {
+          await cleanupActivity(f.redis, a.activityId, 60);
+          const k = activityKeys(a.activityId);
+          const left = [...(await f.redis.keys(k.scanPattern)), ...(await f.redis.keys(k.bucketScanPattern))];
+          expect(left.filter((key) => key !== k.results)).toEqual([]);
+        }
+        expect(replayOf(await onPlain.submit('retry-plain', 'req-retry-plain'))).toEqual(
+          replayOf(plainRetry),
+        );
+        expect(replayOf(await onHot.submit('retry-hot', 'req-retry-hot'))).toEqual(replayOf(hotRetry));
+      } finally {
+        await flagging.close();
+      }
     },
     TIMEOUT_MS,
   );

@@ -20,6 +20,7 @@ import { repairOrderGap } from '../../../runtime/jobs/gap-repair.js';
 import type { GapRepairDeps } from '../../../runtime/jobs/gap-repair.js';
 import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
+import { cleanupKilledAtFirstDelete } from '../../fixtures/interrupted-cleanup.js';
 import {
   TIMEOUT_MS,
   counters,
@@ -155,14 +156,7 @@ describe('reconciliation', () => {
       expect([before.basis, before.ok, before.figures.redisReserved]).toEqual(['postgres', true, 3]);
 
       // The operator dies at cleanup's first delete (a client whose UNLINK never arrives).
-      const dying = new Proxy(f.redis, {
-        get(target, prop, receiver) {
-          if (prop === 'unlink') return () => Promise.reject(new Error('operator killed'));
-          const v: unknown = Reflect.get(target, prop, receiver);
-          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
-        },
-      });
-      await expect(cleanupActivity(dying, activityId, 60)).rejects.toThrow('operator killed');
+      await cleanupKilledAtFirstDelete(f.redis, activityId);
       expect(await f.redis.hexists(k.meta, 'cleanupBegan')).toBe(1);
       // A cleanup that got further deletes keys in SCAN's order, the counters hash perhaps
       // before the SKUs' hashes: Redis' own figures disagree until the meta hash goes last.

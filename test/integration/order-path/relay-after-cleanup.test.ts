@@ -10,6 +10,7 @@ import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { setUpActivity, startRole, waitFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
+import { cleanupKilledAtFirstDelete } from '../../fixtures/interrupted-cleanup.js';
 
 const TIMEOUT_MS = 120_000;
 
@@ -105,14 +106,7 @@ describe('a relay after its activity was cleaned up', () => {
       const keys = activityKeys(id);
       // The operator dies at cleanup's first delete: the meta hash (with the load mark and the
       // mark that cleanup began) is still there, as it is until cleanup's very last delete.
-      const dying = new Proxy(redis, {
-        get(target, prop, receiver) {
-          if (prop === 'unlink') return () => Promise.reject(new Error('operator killed'));
-          const v: unknown = Reflect.get(target, prop, receiver);
-          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
-        },
-      });
-      await expect(cleanupActivity(dying, id, 60)).rejects.toThrow('operator killed');
+      await cleanupKilledAtFirstDelete(redis, id);
       expect(await redis.hexists(keys.meta, 'cleanupBegan')).toBe(1);
       // A resumed cleanup's SCAN reached the outbox first.
       await redis.unlink(keys.outbox);
