@@ -326,6 +326,56 @@ export function idempotentProducer(kafka: Kafka): PartitionedProducer {
 }
 
 /**
+ * The most one produce request carries for one partition, in bytes of its messages' values, keys
+ * and headers (plus REQUEST_BYTES_PER_RECORD each). Kafka writes a request's messages for one
+ * partition as one record batch and refuses a batch above the topic's `max.message.bytes` (1 MB by
+ * default) with MESSAGE_TOO_LARGE, which kafkajs does not retry: a relay read of 2,000 half
+ * messages of long item names for one partition (1.2 MB) was refused, read again and sent the same
+ * way for ever (test/integration/order-path/relay-large-read.test.ts). Half of the default, like
+ * one order batch (core/order-message.ts ORDER_BATCH_MAX_BYTES): a message that large goes alone.
+ */
+export const PARTITION_REQUEST_MAX_BYTES = 512 * 1024;
+
+/** A record's own framing in a batch (lengths, offsets, timestamps, attributes), at most. */
+const REQUEST_BYTES_PER_RECORD = 64;
+
+function bytesOf(v: Message['key'] | Message['value']): number {
+  if (v === null || v === undefined) return 0;
+  return typeof v === 'string' ? Buffer.byteLength(v) : v.length;
+}
+
+function recordBytes(m: Message): number {
+  let n = REQUEST_BYTES_PER_RECORD + bytesOf(m.key) + bytesOf(m.value);
+  for (const [name, value] of Object.entries(m.headers ?? {})) {
+    n += Buffer.byteLength(name);
+    for (const v of Array.isArray(value) ? value : [value]) n += bytesOf(v as Message['value']);
+  }
+  return n;
+}
+
+/**
+ * One partition's messages in requests of at most PARTITION_REQUEST_MAX_BYTES each, in their
+ * order (one larger message in a request of its own). Exported for tests.
+ */
+export function requestsOf(messages: readonly Message[]): Message[][] {
+  const out: Message[][] = [];
+  let open: Message[] = [];
+  let bytes = 0;
+  for (const m of messages) {
+    const n = recordBytes(m);
+    if (open.length > 0 && bytes + n > PARTITION_REQUEST_MAX_BYTES) {
+      out.push(open);
+      open = [];
+      bytes = 0;
+    }
+    open.push(m);
+    bytes += n;
+  }
+  if (open.length > 0) out.push(open);
+  return out;
+}
+
+/**
  * A producer that also tells which partition a key goes to, so that a caller can put several
  * records of one partition into one message (runtime/relay/relay.ts, order batches).
  */
@@ -431,17 +481,26 @@ export function onePartitionPerRequest(producer: Producer, kafka: Kafka): Partit
       }
       const results = await Promise.allSettled(
         [...groups].map(async ([partition, messages]) => {
-          const sent = await producer.send({ timeout: KAFKA_PRODUCE_ACK_TIMEOUT_MS, ...record, messages });
-          // kafkajs sends nothing for a partition its own metadata does not have yet, and resolves
-          // (cluster.findLeaderForPartitions skips it): a partition added since the producer last
-          // read the topic's metadata, which the partitions read above already name. A send with
-          // no answer for its partition sent nothing; failing it has the caller send again with a
-          // fresh producer, which reads the metadata first.
-          if (!sent.some((r) => r.partition === partition))
-            throw new Error(
-              `kafka producer sent nothing to partition ${partition} of ${record.topic} (not in its metadata yet)`,
-            );
-          return sent;
+          const answers: RecordMetadata[] = [];
+          // In order: a partition's requests one after the other, as one request would write them.
+          for (const part of requestsOf(messages)) {
+            const sent = await producer.send({
+              timeout: KAFKA_PRODUCE_ACK_TIMEOUT_MS,
+              ...record,
+              messages: part,
+            });
+            // kafkajs sends nothing for a partition its own metadata does not have yet, and
+            // resolves (cluster.findLeaderForPartitions skips it): a partition added since the
+            // producer last read the topic's metadata, which the partitions read above already
+            // name. A send with no answer for its partition sent nothing; failing it has the
+            // caller send again with a fresh producer, which reads the metadata first.
+            if (!sent.some((r) => r.partition === partition))
+              throw new Error(
+                `kafka producer sent nothing to partition ${partition} of ${record.topic} (not in its metadata yet)`,
+              );
+            answers.push(...sent);
+          }
+          return answers;
         }),
       );
       const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');

@@ -11,7 +11,9 @@ import {
   KAFKA_METADATA_MAX_AGE_MS,
   KAFKA_PRODUCE_ACK_TIMEOUT_MS,
   KAFKA_REQUEST_TIMEOUT_MS,
+  PARTITION_REQUEST_MAX_BYTES,
   onePartitionPerRequest,
+  requestsOf,
 } from '../../../core/kafka.js';
 
 function fakes(partitions = 3, failPartition?: number) {
@@ -114,6 +116,35 @@ describe('onePartitionPerRequest', () => {
     // The metadata is read once per topic.
     await p.send({ topic: 't', messages: messages.slice(0, 3) });
     expect(f.reads()).toBe(1);
+  });
+
+  it('sends a partition more than one request takes in several, in their order', async () => {
+    const f = fakes(1);
+    const p = onePartitionPerRequest(f.producer, f.kafka);
+    // 2,000 messages of 640 bytes: about 1.4 MB for the one partition, refused by Kafka in one request.
+    const big = Array.from({ length: 2000 }, (_, i) => ({ key: `buyer-${i}`, value: 'x'.repeat(640) + i }));
+    const out = await p.send({ topic: 't', messages: big });
+    expect(f.sends.length).toBeGreaterThanOrEqual(3);
+    expect(f.sends.flatMap((s) => s.messages.map((m) => m.key))).toEqual(big.map((m) => m.key));
+    for (const s of f.sends) {
+      const bytes = s.messages.reduce((n, m) => n + Buffer.byteLength(m.value as string) + 20, 0);
+      expect(bytes).toBeLessThanOrEqual(PARTITION_REQUEST_MAX_BYTES);
+    }
+    expect(out).toHaveLength(f.sends.length);
+  });
+
+  it('splits by bytes of keys, values and headers, a message above the bound going alone', () => {
+    const m = (value: string, header = '') => ({ key: 'k', value, headers: header ? { h: header } : {} });
+    const half = 'y'.repeat(PARTITION_REQUEST_MAX_BYTES / 2);
+    expect(requestsOf([]).length).toBe(0);
+    expect(requestsOf([m('a'), m('b')]).map((r) => r.length)).toEqual([2]);
+    // Two halves do not fit with their framing; the third message's header tips it too.
+    expect(requestsOf([m(half), m(half), m('c', half)]).map((r) => r.length)).toEqual([1, 1, 1]);
+    const huge = 'z'.repeat(PARTITION_REQUEST_MAX_BYTES * 2);
+    expect(requestsOf([m('a'), m(huge), m('b')]).map((r) => r.length)).toEqual([1, 1, 1]);
+    expect(requestsOf([m('a'), m(Buffer.from(huge) as unknown as string)]).map((r) => r.length)).toEqual([
+      1, 1,
+    ]);
   });
 
   it('has the leader answer a send it holds for its replicas before the client gives the request up', async () => {
