@@ -2,7 +2,7 @@
 import { Router } from 'express';
 import type { Request, RequestHandler, Response } from 'express';
 import { issueOrderCode, readMeta, skuExists } from '../../core/activity-cache.js';
-import { FlashSaleError } from '../../core/errors.js';
+import { FlashSaleError, dependencyOutage } from '../../core/errors.js';
 import type { ErrorCode } from '../../core/errors.js';
 import type { Pool } from '../../core/db/pool.js';
 import { UNKNOWN_ACTIVITY_LABEL } from '../../core/metrics.js';
@@ -123,6 +123,11 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
   const ack = deps.reservationAck ?? localAck;
 
   const activityOf = (req: Request): string => servedActivity(req, deps.activityId);
+  // An attempt a dependency could not serve (503: Redis full, failing over or unreachable,
+  // PostgreSQL down) is an attempt too: counted, so that the reservations panel shows the outage
+  // and FlashSaleNoTraffic, which reads "no attempt of any result", does not blame the route.
+  const countFailure = (activityId: string, err: unknown): void =>
+    count(activityId, dependencyOutage(err) ? 'unavailable' : 'error');
 
   const submit: RequestHandler = async (req: Request, res: Response) => {
     const activityId = activityOf(req);
@@ -146,6 +151,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         });
       } catch (err) {
         if (refusedByScript(limit, res, activityId, userId, err)) return;
+        countFailure(activityId, err);
         throw err;
       }
       if (check.counted) {
@@ -202,7 +208,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
           // for more units than are left must not turn the others away.
           if (err.code === 'SOLD_OUT' && stockLeftOf(err) === 0)
             deps.soldOut.markSoldOut(activityId, body.skuId);
-        }
+        } else countFailure(activityId, err);
         throw err;
       }
     }
@@ -223,7 +229,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         // activity must not grow a metric series per made-up id.
         const activity = err.code === 'NOT_FOUND' ? UNKNOWN_ACTIVITY_LABEL : activityId;
         count(activity, resultLabel[err.code] ?? 'error');
-      }
+      } else countFailure(activityId, err);
       throw err;
     }
     count(activityId, 'duplicate');

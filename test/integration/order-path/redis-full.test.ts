@@ -228,6 +228,13 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
       // The restarted api answers, and still refuses what it cannot write.
       const again = await buyers(s, activityId, wave('d', 5), { ...opts, maxAttempts: 1 });
       expect(again.map((a) => `${a.status} ${a.code ?? ''}`)).toEqual(again.map(() => '503 UNAVAILABLE'));
+      // Each is an attempt the restarted api counts (FlashSaleNoTraffic reads attempts of any result).
+      const apiMetrics = await request(`${s.current.get('api')!.metricsUrl}/metrics`).then((r) =>
+        r.body.text(),
+      );
+      expect(
+        sample(apiMetrics, 'flashsale_reservations_total', { activity: activityId, result: 'unavailable' }),
+      ).toBe(again.length);
 
       // Redis takes writes again: a refused buyer's retry (same requestId) reserves.
       await admin.config('SET', 'maxmemory', '0');
