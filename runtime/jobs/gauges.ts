@@ -100,6 +100,13 @@ export function gaugeSampler(d: GaugeDeps, opts: SamplerOptions = {}): () => Pro
   const a = { activity: d.activityId };
   const inFlight = new Set<Sampler>();
   let gap: OrderGapReport | undefined;
+  // Every sampler's timestamp exists from the start, at the sampler's creation: one whose source
+  // is unreachable from the start (a pod started during a Redis outage, a user without INFO) ages
+  // like one that stopped, and FlashSaleRuntimeMetricsStale names it. Left unset, its series was
+  // absent, and the rule's no-series branch is suppressed by any other sampler's series: silence.
+  const started = now() / 1000;
+  for (const sampler of SAMPLERS)
+    d.metrics.samplerLastSuccess.set({ activity: d.activityId, sampler }, started);
   const samplers: Record<Sampler, () => Promise<void>> = {
     redis: async () => {
       const [outbox, stock, memory] = await Promise.all([
@@ -125,7 +132,7 @@ export function gaugeSampler(d: GaugeDeps, opts: SamplerOptions = {}): () => Pro
     },
     kafka: async () => {
       // Topics appear when the operator warms the activity up; until then this sampler fails and
-      // its timestamp stays unset.
+      // its timestamp stays at the sampler's creation (the stale alert looks at Active sales only).
       const [lag, depth, unhandled] = await Promise.all([
         consumerLag(d.admin, d.topics.consumerGroup, d.topics.orders),
         topicDepth(d.admin, d.topics.dlq),

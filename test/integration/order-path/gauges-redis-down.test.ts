@@ -48,6 +48,22 @@ describe('gauge samplers with Redis stopped', () => {
     privateRedis?.stop();
   }, TIMEOUT_MS);
 
+  /** SIGKILLs the activity's Redis (no shutdown), once; resolves when it is gone. */
+  const killRedis = async (): Promise<void> => {
+    try {
+      process.kill(redisPid, 'SIGKILL');
+    } catch {
+      // dead already
+    }
+    await waitFor('the private Redis to die', async () => {
+      try {
+        process.kill(redisPid, 0);
+        return false;
+      } catch {
+        return true;
+      }
+    });
+  };
   const metrics = async (): Promise<string> => (await fetch(`${jobs!.metricsUrl}/metrics`)).text();
   const lastSuccess = (text: string, sampler: string): number =>
     sample(text, 'flashsale_sampler_last_success_timestamp_seconds', { activity: activityId, sampler });
@@ -60,7 +76,14 @@ describe('gauge samplers with Redis stopped', () => {
         'every sampler to succeed once',
         async () => {
           const text = await metrics();
-          const all = ['redis', 'order_gap', 'postgres', 'kafka'].every((s) => lastSuccess(text, s) > 0);
+          // Each sampler's own gauge (the timestamps exist from the process's start).
+          const a = { activity: activityId };
+          const all = [
+            sample(text, 'flashsale_stock_remaining', { ...a, sku: 'rice' }),
+            sample(text, 'flashsale_order_gap', a),
+            sample(text, 'flashsale_orders_stored', { ...a, status: 'UNPAID' }),
+            sample(text, 'flashsale_consumer_lag', a),
+          ].every((v) => !Number.isNaN(v));
           return all ? text : undefined;
         },
         60_000,
@@ -69,15 +92,7 @@ describe('gauge samplers with Redis stopped', () => {
       expect(sample(before, 'flashsale_orders_stored', { activity: activityId, status: 'UNPAID' })).toBe(0);
 
       // The activity's Redis goes away (SIGKILL: no shutdown).
-      process.kill(redisPid, 'SIGKILL');
-      await waitFor('the private Redis to die', async () => {
-        try {
-          process.kill(redisPid, 0);
-          return false;
-        } catch {
-          return true;
-        }
-      });
+      await killRedis();
 
       // A tick that started after the kill has completed once the postgres sampler passes the
       // value read now; from then on the Redis sampler's timestamp is what the last good tick left.
@@ -134,6 +149,52 @@ describe('gauge samplers with Redis stopped', () => {
       // The Redis gauges keep their last value (the meta-alert says they are stale).
       expect(sample(later, 'flashsale_stock_remaining', { activity: activityId, sku: 'rice' })).toBe(7);
       expect(jobs!.output()).toMatch(/gauge sampler failed/);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a jobs process started while Redis is down exports the Redis samplers at its start, ageing, for the stale alert to name',
+    async () => {
+      // The activity's Redis is dead (the test above killed it; when run alone, killed here): a
+      // pod started now never reaches it.
+      await killRedis();
+      const startedAt = Date.now() / 1000;
+      const late = await startRole('jobs', {
+        activityId,
+        databaseUrl: db.url,
+        env: { REDIS_URL: privateRedis!.url, JOBS_GAUGE_CRON: '*/1 * * * * *' },
+        waitReady: false,
+      });
+      try {
+        const read = async (): Promise<string> => (await fetch(`${late.metricsUrl}/metrics`)).text();
+        const first = await waitFor(
+          'a postgres sample of the late process',
+          async () => {
+            const text = await read().catch(() => '');
+            return lastSuccess(text, 'postgres') > 0 ? text : undefined;
+          },
+          60_000,
+        );
+        const p1 = lastSuccess(first, 'postgres');
+        const later = await waitFor(
+          'a second postgres sample',
+          async () => {
+            const text = await read();
+            return lastSuccess(text, 'postgres') > p1 ? text : undefined;
+          },
+          60_000,
+        );
+        // Present from the start, never advancing: the rule's age grows from the process's start.
+        for (const sampler of ['redis', 'order_gap']) {
+          const at = lastSuccess(later, sampler);
+          expect(at).toBeGreaterThanOrEqual(Math.floor(startedAt));
+          expect(at).toBe(lastSuccess(first, sampler));
+          expect(at).toBeLessThan(lastSuccess(later, 'postgres'));
+        }
+      } finally {
+        await late.stop();
+      }
     },
     TIMEOUT_MS,
   );
