@@ -200,6 +200,12 @@ export function createMetrics(component: string, activityId?: string) {
       labelNames: ['activity', 'outcome'],
       registers: r,
     }),
+    refundsFailed: new client.Gauge({
+      name: 'flashsale_refunds_failed',
+      help: 'Refunds the payment provider refused for good and nobody has retried yet: money still owed back',
+      labelNames: ['activity'],
+      registers: r,
+    }),
     refundPendingOldestAge: new client.Gauge({
       name: 'flashsale_refund_pending_oldest_age_seconds',
       help: 'Age of the oldest money owed back and not yet refunded (pending refunds and surplus payments); 0 when none',

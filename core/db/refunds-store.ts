@@ -206,7 +206,7 @@ export interface RefundAgeRow {
 
 /**
  * Per activity: the age of the oldest refund not yet completed (PENDING refunds, and surplus
- * payments still waiting for their refund row). FAILED refunds are counted by the failure alert.
+ * payments still waiting for their refund row). FAILED refunds are counted by failedRefunds.
  */
 export async function refundBacklog(db: Queryable, activityId: string | undefined): Promise<RefundAgeRow[]> {
   const res = await db.query<{ activityId: string; age: string; n: string }>(
@@ -223,6 +223,25 @@ export async function refundBacklog(db: Queryable, activityId: string | undefine
     oldestAgeSeconds: Math.max(0, Number(r.age)),
     pending: Number(r.n),
   }));
+}
+
+/**
+ * Per activity: refunds the provider refused for good (FAILED) and nobody has sent again (`refund
+ * retry` makes them PENDING): money still owed back until a human resolves each. Activities with
+ * none are absent.
+ */
+export async function failedRefunds(
+  db: Queryable,
+  activityId: string | undefined,
+): Promise<{ activityId: string; failed: number }[]> {
+  const res = await db.query<{ activityId: string; n: string }>(
+    `SELECT activity_id AS "activityId", count(*)::text AS n
+       FROM refunds
+      WHERE state = 'FAILED' AND ($1::text IS NULL OR activity_id = $1)
+      GROUP BY activity_id`,
+    [activityId ?? null],
+  );
+  return res.rows.map((r) => ({ activityId: r.activityId, failed: Number(r.n) }));
 }
 
 /** Refunds of an activity by state (status figures, reconciliation). */

@@ -20,7 +20,12 @@ import cron from 'node-cron';
 import { crashPoint } from '../../core/crash.js';
 import { findRefundPendingPayments } from '../../core/db/payments-store.js';
 import type { Pool } from '../../core/db/pool.js';
-import { claimDueRefunds, noteRefundAttempt, refundBacklog } from '../../core/db/refunds-store.js';
+import {
+  claimDueRefunds,
+  failedRefunds,
+  noteRefundAttempt,
+  refundBacklog,
+} from '../../core/db/refunds-store.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import { completeRefund, enqueuePaymentRefund, failRefund } from '../../core/refunds.js';
@@ -127,6 +132,15 @@ export async function runRefundWorker(d: RefundWorkerDeps): Promise<RefundRunRep
       report.failed += 1;
     }
   }
+
+  // What is owed, from PostgreSQL on every run (a state, not an event): the FAILED refunds stay
+  // counted until a human has them retried, however long ago the provider refused them.
+  const failed = await failedRefunds(d.pool, d.activityId);
+  if (d.activityId && !failed.some((b) => b.activityId === d.activityId)) {
+    d.metrics.refundsFailed.set({ activity: d.activityId }, 0);
+  }
+  if (!d.activityId) d.metrics.refundsFailed.reset();
+  for (const b of failed) d.metrics.refundsFailed.set({ activity: b.activityId }, b.failed);
 
   const backlog = await refundBacklog(d.pool, d.activityId);
   if (d.activityId && !backlog.some((b) => b.activityId === d.activityId)) {

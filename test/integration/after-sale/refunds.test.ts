@@ -64,6 +64,11 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       },
       60_000,
     );
+  /** flashsale_refunds_failed of the activity, as the refund worker last set it. */
+  const failedGauge = async (): Promise<number | undefined> =>
+    (await f.metrics.registry.getSingleMetric('flashsale_refunds_failed')?.get())?.values.find(
+      (v) => v.labels.activity === activityId,
+    )?.value;
   const refundOf = async (orderId: string, kind: RefundRow['kind']): Promise<RefundRow | undefined> =>
     (await refundsForOrder(f.pool, orderId)).find((r) => r.kind === kind);
   const snapshot = async () => ({
@@ -547,6 +552,10 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       expect(failed.lastError).toMatch(/not refundable/);
       expect((await findOrderById(f.pool, o.orderId))?.status).toBe('REFUNDING');
       expect((await journalFor(f.pool, o.reservationId)).map((j) => j.event)).toContain('REFUND_FAILED');
+      // Owed until a human acts: every worker run counts it again (FlashSaleRefundFailed holds).
+      await runRefundWorker(worker);
+      await runRefundWorker(worker);
+      expect(await failedGauge()).toBe(1);
 
       // docs/runbooks/FlashSaleRefundFailed.md's diagnosis and mitigation, as written there, with
       // the program's entry point (dev/runbook.ts); then FlashSaleRefundPendingTooLong.md's listing.
@@ -575,6 +584,7 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
       expect([...fake.executed.values()].filter((e) => e.orderId === o.orderId)).toEqual([
         expect.objectContaining({ refundId: failed.refundId }),
       ]);
+      expect(await failedGauge()).toBe(0);
 
       // Refused requests and usage errors: exit codes, nothing written.
       const before = await snapshot();
