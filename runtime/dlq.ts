@@ -130,7 +130,8 @@ export async function replayMessages(kafka: Kafka, topic: string, messages: DlqM
 const USAGE = `usage: dlq <list|inspect|replay|ack> [options]
   list [--limit N] [--json]              messages in the activity's DLQ (oldest first), handled or not
   inspect <partition:offset>             headers and value of one message
-  replay <partition:offset>... | --all   produce the messages back into the order topic (marks them handled)
+  replay <partition:offset>... | --all   produce the messages back into the order topic (marks them handled);
+                                         --all: the messages not handled yet
   ack <partition:offset>... | --all      mark the messages handled without replaying them
 options: --activity ID (default $ACTIVITY_ID); env KAFKA_BROKERS, KAFKA_TOPIC_PREFIX`;
 
@@ -227,7 +228,15 @@ export const runDlqCli = cliCommand(USAGE, readArgs, async (args, env, out, err)
     out(JSON.stringify({ ...m, value }, null, 2));
     return 0;
   }
-  const chosen = args.all ? all : args.refs.map((r) => byRef.get(r)!);
+  // --all takes what is not handled yet: a message acknowledged as refused, sent again, would be
+  // refused again and dead-lettered anew, a new copy on every later --all. A message named by its
+  // reference is taken whatever its state (replaying a valid order again is safe).
+  const chosen = args.all
+    ? await withAdmin(kafka, async (admin) => {
+        const handled = await handledOffsets(admin, topics);
+        return all.filter((m) => BigInt(m.offset) >= (handled.get(m.partition) ?? 0n));
+      })
+    : args.refs.map((r) => byRef.get(r)!);
   if (args.command === 'replay') {
     const n = await replayMessages(kafka, topics.orders, chosen);
     out(`replayed ${n} message(s) from ${topics.dlq} into ${topics.orders}`);

@@ -149,16 +149,17 @@ describe('DLQ list / inspect / replay / ack', () => {
         JSON.parse(await runbook(activityId, 'FlashSaleDLQNewDeadLetters.md', 'dlq inspect')) as unknown,
       ).toEqual(inspected);
 
-      const replayed = await dlqCommand(activityId, 'replay', '0:0');
+      // The runbook's mitigation: every message not handled yet.
+      const replayed = await runbook(activityId, 'FlashSaleDLQUnhandled.md', 'dlq replay --all');
       expect(replayed).toContain('replayed 1 message(s)');
       expect(replayed).toContain('handled offsets 0:1; 0 message(s) not handled');
       // The replay is what the alert sees: the depth (high - low) stays, the unhandled count drops.
       expect(await dlqUnhandled(admin, topics)).toBe(0);
       expect(await dlqCommand(activityId, 'list')).toMatch(/^0:0\thandled\t/m);
-      // The runbook's mitigation and its "Done when" line.
-      expect(await runbook(activityId, 'FlashSaleDLQUnhandled.md', 'dlq replay --all')).toContain(
-        'replayed 1 message(s)',
-      );
+      // A message named by its reference is replayed again, handled as it is; --all has none left.
+      expect(await dlqCommand(activityId, 'replay', '0:0')).toContain('replayed 1 message(s)');
+      expect(await dlqCommand(activityId, 'replay', '--all')).toContain('replayed 0 message(s)');
+      // The runbook's "Done when" line.
       expect(await runbook(activityId, 'FlashSaleDLQUnhandled.md', 'dlq list')).toContain(
         `1 message(s) in ${topics.dlq}, 0 not handled`,
       );
@@ -192,6 +193,11 @@ describe('DLQ list / inspect / replay / ack', () => {
       );
       expect(await dlqUnhandled(admin, topics)).toBe(0);
       expect(observed.processed().get(0)).toBe(2); // ack produced nothing into the order topic
+      // Acknowledged (here: refused, not orders), so --all does not send them again: they would
+      // be refused and dead-lettered anew, a new copy on every later --all.
+      expect(await dlqCommand(activityId, 'replay', '--all')).toContain('replayed 0 message(s)');
+      expect(await topicDepth(admin, topics.dlq)).toBe(3);
+      expect(observed.processed().get(0)).toBe(2);
 
       // Bad usage is refused with exit code 2 and nothing produced.
       expect(
