@@ -230,6 +230,10 @@ export async function acceptPayment(
     );
   }
   if (result.outcome !== 'REFUND_PENDING' && PAID_STATUSES.includes(order.status)) {
+    // Once written back PostgreSQL alone holds the sale: Redis' copy is frozen (it would answer
+    // FROZEN) or cleaned up, and may be unreachable long after the sale. A payment committed here
+    // must not be answered 503, and its every redelivery with it, for a copy nobody reads again.
+    if (await readWriteBack(deps.pool, order.activityId)) return result;
     try {
       await confirmPaid(deps.redis, order.activityId, order.reservationId, {
         userId: order.userId,
@@ -240,10 +244,10 @@ export async function acceptPayment(
         return result;
       }
       if (err instanceof FlashSaleError && err.code === 'RELEASED') {
-        // Once written back a late payment takes its unit from activity_stock, and the reservation
-        // of an order closed before the freeze stays RELEASED in Redis. The gate that answers
-        // FROZEN for it is a stock bucket's meta hash when the SKU is bucketed, and a cleanup
-        // may have deleted that before the reservation: expected, not inconsistent.
+        // Written back since the check above: a late payment takes its unit from activity_stock,
+        // and the reservation of an order closed before the freeze stays RELEASED in Redis. The
+        // gate that answers FROZEN for it is a stock bucket's meta hash when the SKU is bucketed,
+        // and a cleanup may have deleted that before the reservation: expected, not inconsistent.
         if (await readWriteBack(deps.pool, order.activityId)) return result;
         // Cannot happen while releases follow a CLOSED order in PostgreSQL; loud if it ever does.
         deps.logger.error(

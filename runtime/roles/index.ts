@@ -66,7 +66,9 @@ export const START_ROLE: { [R in Role]: RoleStart<R> } = {
   },
 
   'after-sale': async (ctx, cfg, clients) => {
-    probeRedis(ctx);
+    // Ready on PostgreSQL alone: this role serves every sale long after `Completed`, when PostgreSQL
+    // holds everything (payments, refunds, buyers' answers). A Redis outage then must not take it
+    // out of its Service; what a live sale still needs from Redis is refused per request (503).
     probePostgres(ctx, clients);
     const api = await startApi(ctx, cfg, clients);
     const http = await serveHttp(ctx, cfg, api.app);

@@ -1,0 +1,98 @@
+// After `Completed` PostgreSQL holds the whole sale: the platform after-sale role (a real process)
+// must keep serving it when Redis goes away, as long after the sale as that happens. It stayed in
+// its Service only while Redis answered (its readiness probed Redis), and a payment it committed
+// was answered 503 for the Redis copy it then confirms (frozen or cleaned up, read by nobody), so
+// the provider's every redelivery got 503 too. A private Redis (test/env/start-redis.sh), killed.
+import { cleanupActivity, outboxStreams } from '../../../core/activity-cache.js';
+import { findOrderById } from '../../../core/db/orders-store.js';
+import { startRole, waitFor } from '../../../dev/roles.js';
+import type { RoleProcess } from '../../../dev/roles.js';
+import { startPrivateRedis } from '../../fixtures/private-redis.js';
+import type { PrivateRedis } from '../../fixtures/private-redis.js';
+import {
+  APP_ID,
+  JWT_SECRET,
+  MERCHANT_ID,
+  PAY_SECRET,
+  TIMEOUT_MS,
+  buyerOrders,
+  freezeAndWriteBack,
+  materialize,
+  notify,
+  openActivity,
+  reserveFor,
+  setUp,
+  type Fixture,
+} from './fixture.js';
+
+describe('the after-sale role with Redis gone after Completed', () => {
+  let redis: PrivateRedis | undefined;
+  let f: Fixture | undefined;
+  let role: RoleProcess | undefined;
+
+  afterAll(async () => {
+    await role?.stop();
+    await f?.close();
+    redis?.stop();
+  }, TIMEOUT_MS);
+
+  it(
+    'stays ready, takes a late payment (200, PAID) and answers buyers from PostgreSQL',
+    async () => {
+      redis = startPrivateRedis('after-completed');
+      f = await setUp(4, redis.url);
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5, price: '9.90' }, f.pool);
+      const rids = await reserveFor(f.redis, activityId, skuId, ['payer', 'waiter']);
+      const orders = await materialize(f.pool, f.redis, activityId, rids);
+      // The sale ends: relayed, written back, cleaned up (Completed).
+      for (const outbox of await outboxStreams(f.redis, activityId)) await f.redis.del(outbox);
+      await freezeAndWriteBack(f, activityId, 2);
+      await cleanupActivity(f.redis, activityId, 3600);
+
+      role = await startRole('after-sale', {
+        databaseUrl: f.db.url,
+        env: {
+          REDIS_URL: redis.url,
+          JWT_HS256_SECRET: JWT_SECRET,
+          PAYMENT_HMAC_SECRET: PAY_SECRET,
+          PAYMENT_HMAC_APP_ID: APP_ID,
+          PAYMENT_HMAC_MERCHANT_ID: MERCHANT_ID,
+        },
+      });
+      const api = { url: role.url, close: async () => undefined };
+      f.redis.disconnect();
+      process.kill(redis.pid, 'SIGKILL');
+      await waitFor('the private Redis to die', async () => {
+        try {
+          process.kill(redis!.pid, 0);
+          return false;
+        } catch {
+          return true;
+        }
+      });
+
+      // Ready on PostgreSQL alone, check after check.
+      for (let i = 0; i < 3; i += 1) {
+        const ready = await fetch(`${role.url}/readyz`);
+        expect([ready.status, await ready.text()]).toEqual([200, expect.stringContaining('"status":"ready"')]);
+        await new Promise((r) => setTimeout(r, 500));
+      }
+      // A payment in time for an UNPAID order: recorded and answered, and so is its redelivery.
+      const orderId = orders.get(rids[0]!)!;
+      const paid = { orderId, tradeNo: 'T-after-completed', amount: '9.90' };
+      const first = await notify(api, paid);
+      expect([first.status, first.body.outcome ?? first.body.code]).toEqual([200, 'PAID']);
+      const again = await notify(api, paid);
+      expect(again.status).toBe(200);
+      expect((await findOrderById(f.pool, orderId))?.status).toBe('PAID');
+      // The buyers read their orders from PostgreSQL.
+      const buyer = buyerOrders(api, activityId, skuId);
+      const polled = await buyer.poll('payer', rids[0]!);
+      expect([polled.status, polled.body.status]).toEqual([200, 'PAID']);
+      const unpaid = await buyer.poll('waiter', rids[1]!);
+      expect([unpaid.status, unpaid.body.status]).toEqual([200, 'UNPAID']);
+      expect(role.output()).not.toMatch(/"level":50/);
+    },
+    TIMEOUT_MS,
+  );
+});
