@@ -158,20 +158,6 @@ export function createRedis(conn: RedisConnection, options: RedisOptions = {}): 
 }
 
 /**
- * Calls `ended` once if the client ends for good (ioredis' `end`: no reconnection will be made)
- * while `stopping()` is false. Every client here reconnects for ever (ioredis' retry strategies
- * never give up), so a client ends only when it is closed on purpose, at shutdown, or through a
- * client bug: ioredis 5.11.1's Sentinel race (patches/ioredis+5.11.1.patch) ended the api's client
- * after a failover, and the api then answered `503` to every buyer while its liveness probe passed.
- * Such a process cannot recover by itself; its caller exits, and Kubernetes starts it afresh.
- */
-export function whenEndedForGood(client: RedisClient, stopping: () => boolean, ended: () => void): void {
-  client.once('end', () => {
-    if (!stopping()) ended();
-  });
-}
-
-/**
  * What a process does when one of its Redis connections ends for good while it is not stopping
  * (whenEndedForGood): `ended` is told which connection; `stopping` says whether the process is
  * shutting down, when its own closers' `quit()`s end every connection.
@@ -179,6 +165,21 @@ export function whenEndedForGood(client: RedisClient, stopping: () => boolean, e
 export interface RedisEndPolicy {
   stopping: () => boolean;
   ended: (connection: string) => void;
+}
+
+/**
+ * Tells `policy` once if the client (named `connection`) ends for good (ioredis' `end`: no
+ * reconnection will be made) while the process is not stopping. Every client here reconnects for
+ * ever (ioredis' retry strategies never give up), so a client ends only when it is closed on
+ * purpose, at shutdown, or through a client bug: ioredis 5.11.1's Sentinel race
+ * (patches/ioredis+5.11.1.patch) ended the api's client after a failover, and the api then
+ * answered `503` to every buyer while its liveness probe passed. Such a process cannot recover by
+ * itself; the policy exits, and Kubernetes starts it afresh.
+ */
+export function whenEndedForGood(client: RedisClient, policy: RedisEndPolicy, connection: string): void {
+  client.once('end', () => {
+    if (!policy.stopping()) policy.ended(connection);
+  });
 }
 
 /**

@@ -63,7 +63,7 @@ async function main(): Promise<void> {
   // still holds its Lease: exit, as for a lost Lease, and start afresh.
   let stopping = false;
   const onRedisEnd = exitWhenRedisEnds(() => stopping, log);
-  whenEndedForGood(redis, onRedisEnd.stopping, () => onRedisEnd.ended('operator'));
+  whenEndedForGood(redis, onRedisEnd, 'operator');
   const pool = createPool(config.databaseUrl, 4, 'flashsale-operator', {
     queryTimeoutMs: QUERY_TIMEOUT_MS,
   });

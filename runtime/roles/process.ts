@@ -140,7 +140,7 @@ export function redisFactory(
         ...options,
       });
       logRedisErrors(client, name, logger);
-      if (onEnd) whenEndedForGood(client, onEnd.stopping, () => onEnd.ended(name));
+      if (onEnd) whenEndedForGood(client, onEnd, name);
       return client;
     },
   };
