@@ -74,7 +74,10 @@ describe('the after-sale role with Redis gone after Completed', () => {
       // Ready on PostgreSQL alone, check after check.
       for (let i = 0; i < 3; i += 1) {
         const ready = await fetch(`${role.url}/readyz`);
-        expect([ready.status, await ready.text()]).toEqual([200, expect.stringContaining('"status":"ready"')]);
+        expect([ready.status, await ready.text()]).toEqual([
+          200,
+          expect.stringContaining('"status":"ready"'),
+        ]);
         await new Promise((r) => setTimeout(r, 500));
       }
       // A payment in time for an UNPAID order: recorded and answered, and so is its redelivery.
