@@ -127,6 +127,31 @@ describe('dashboards: one activity identity', () => {
     },
   );
 
+  // The platform after-sale role runs in the release namespace and serves every activity: after
+  // Completed it alone exports these, with the release's namespace, not the activity's, which the
+  // $namespace variable lists. The activity id names the sale (its namespace included).
+  const AFTER_SALE_METRICS = [
+    'flashsale_refunds_total',
+    'flashsale_refunds_failed',
+    'flashsale_refund_pending_oldest_age_seconds',
+    'flashsale_surplus_payments_total',
+    'flashsale_stock_returns_total',
+    'flashsale_order_events_published_total',
+    'flashsale_order_events_unpublished',
+    'flashsale_order_events_oldest_unpublished_age_seconds',
+  ];
+  it.each(dashboards.map((f) => [path.basename(f), f]))(
+    '%s does not filter what the after-sale role exports by the activity namespace',
+    (_name, file) => {
+      const filtered = queries(file).flatMap((q) =>
+        selectors(q.expr, true)
+          .filter((s) => AFTER_SALE_METRICS.includes(s.metric) && s.labels.includes('namespace'))
+          .map((s) => `${q.where}: ${s.metric}`),
+      );
+      expect(filtered).toEqual([]);
+    },
+  );
+
   it('the check fails on a query without the identity or by resource name', () => {
     const bad = [
       { where: 'x', expr: 'sum(rate(flashsale_reservations_total{namespace=~"$namespace"}[5m]))' },
