@@ -516,13 +516,13 @@ describe("tenant pods cannot forge or hide the operator's series", () => {
    * Whether Prometheus keeps a scraped series named `name` after these metricRelabelings (only
    * keep and drop, the actions that decide; the regex is anchored, as Prometheus anchors it).
    */
-  const kept = (relabelings: Relabeling[], name: string): boolean =>
+  const kept = (relabelings: Relabeling[], name: string, labels: Record<string, string> = {}): boolean =>
     relabelings.every((r) => {
       const action = (r.action ?? 'replace').toLowerCase();
       if (action !== 'drop' && action !== 'keep')
         throw new Error(`unexpected metricRelabelings action ${action}`);
       const value = (r.sourceLabels ?? [])
-        .map((l) => (l === '__name__' ? name : ''))
+        .map((l) => (l === '__name__' ? name : (labels[l] ?? '')))
         .join(r.separator ?? ';');
       const matches = new RegExp(`^(?:${r.regex ?? '(.*)'})$`).test(value);
       return action === 'drop' ? !matches : matches;
@@ -564,6 +564,11 @@ describe("tenant pods cannot forge or hide the operator's series", () => {
       for (const relabelings of endpointRelabelings(findObject(objects, 'PodMonitor', '-runtime'))) {
         expect([set, operatorOnly.filter((n) => kept(relabelings, n))]).toEqual([set, []]);
         expect([set, [...runtime].filter((n) => !kept(relabelings, n))]).toEqual([set, []]);
+        // A tenant pod labelling its series as the operator's (FlashSaleOperatorNoLeader counts
+        // the operator's process starts by that label) is dropped; the runtime's own are kept.
+        const start = 'flashsale_process_start_time_seconds';
+        expect([set, kept(relabelings, start, { component: 'operator' })]).toEqual([set, false]);
+        expect([set, kept(relabelings, start, { component: 'runtime-api' })]).toEqual([set, true]);
       }
       // The operator's own monitor keeps them.
       const own = set.includes('metrics.serviceMonitor.enabled=true')
