@@ -16,10 +16,12 @@ import { findCondition, setCondition } from '../api/v1alpha1/conditions.js';
 import type { ConditionInput } from '../api/v1alpha1/conditions.js';
 import { deploymentName, replicasFor } from '../api/v1alpha1/funcs.js';
 import { ConditionType, EventReason, Phase, Reason, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
-import type { RoleReplicas, RuntimeRole } from '../api/v1alpha1/types.js';
+import type { FlashSaleActivity, RoleReplicas, RuntimeRole } from '../api/v1alpha1/types.js';
+import type { OperatorConfig } from '../config.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
-import { deploymentUpToDate, desiredDeployment } from './runtime-objects.js';
+import { deploymentUpToDate, desiredDeployment, runtimeImageOf } from './runtime-objects.js';
+import { runtimePinned } from './scale-runtime.js';
 import { activityLabels } from './update-status.js';
 
 export interface RoleRollout {
@@ -30,21 +32,56 @@ export interface RoleRollout {
   current: boolean;
 }
 
-/** How far one role's Deployment has rolled out (pure; `live` from the informer's cache). */
+/**
+ * How far one role's Deployment has rolled out (pure; `live` from the informer's cache). `desired`
+ * is what scale-runtime.ts applies (same image choice, runtimeImageOf). A `pinned` Deployment
+ * (served from, its template frozen: scale-runtime.ts runtimePinned) keeps the template it was
+ * warmed up with whatever the operator's configuration is now, so only its replicas are compared.
+ */
 export function roleRollout(
   role: RuntimeRole,
   desired: V1Deployment,
   live: V1Deployment | undefined,
+  pinned = false,
 ): RoleRollout {
   const replicas = desired.spec?.replicas ?? 0;
   const generation = live?.metadata?.generation ?? 0;
   const observed = live?.status?.observedGeneration ?? 0;
+  const applied =
+    pinned && live !== undefined ? live.spec?.replicas === replicas : deploymentUpToDate(live, desired);
   return {
     role,
     desired: replicas,
     available: Math.min(live?.status?.availableReplicas ?? 0, live?.status?.updatedReplicas ?? 0),
-    current: deploymentUpToDate(live, desired) && observed >= generation,
+    current: applied && observed >= generation,
   };
+}
+
+/**
+ * Every role's rollout, against the Deployment scale-runtime.ts applies in this phase (pure;
+ * `liveOf` reads the informer's cache).
+ */
+export function rolloutsOf(
+  a: {
+    fsa: FlashSaleActivity;
+    phase: Phase;
+    deleting: boolean;
+    activityId: string;
+    config: OperatorConfig;
+    replicas: RoleReplicas;
+  },
+  liveOf: (role: RuntimeRole) => V1Deployment | undefined,
+): RoleRollout[] {
+  return RUNTIME_ROLES.map((role) => {
+    const live = liveOf(role);
+    const image = runtimeImageOf(a.fsa, a.config, live);
+    return roleRollout(
+      role,
+      desiredDeployment(a.fsa, role, a.replicas[role], a.activityId, a.config, image),
+      live,
+      runtimePinned(a.phase, a.deleting, live),
+    );
+  });
 }
 
 /**
@@ -83,12 +120,8 @@ export function runtimeCondition(rollouts: readonly RoleRollout[]): ConditionInp
 export async function observeRuntime(ctx: ReconcileContext): Promise<StepResult> {
   const ns = ctx.fsa.metadata.namespace;
   const replicas: RoleReplicas = replicasFor(ctx.fsa.spec, ctx.phase);
-  const rollouts = RUNTIME_ROLES.map((role) =>
-    roleRollout(
-      role,
-      desiredDeployment(ctx.fsa, role, replicas[role], ctx.activityId, ctx.deps.config),
-      ctx.deps.deployment(ns, deploymentName(ctx.fsa.metadata.name, role)),
-    ),
+  const rollouts = rolloutsOf({ ...ctx, config: ctx.deps.config, replicas }, (role) =>
+    ctx.deps.deployment(ns, deploymentName(ctx.fsa.metadata.name, role)),
   );
   const condition = runtimeCondition(rollouts);
   const labels = activityLabels(ctx);

@@ -75,6 +75,22 @@ export function runtimeImageFor(fsa: FlashSaleActivity, config: OperatorConfig):
   };
 }
 
+/**
+ * The image a role's Deployment is applied with (scale-runtime.ts) and so compared against
+ * (observe-runtime.ts): the resource's choice when allowed; when refused, the image the live
+ * Deployment runs if the operator allows it, else RUNTIME_IMAGE.
+ */
+export function runtimeImageOf(
+  fsa: FlashSaleActivity,
+  config: OperatorConfig,
+  live: V1Deployment | undefined,
+): string {
+  const choice = runtimeImageFor(fsa, config);
+  if (choice.allowed) return choice.image;
+  const liveImage = live?.spec?.template.spec?.containers[0]?.image;
+  return liveImage !== undefined && isAllowedImage(liveImage, config) ? liveImage : config.runtime.image;
+}
+
 /** Whether `ref` is RUNTIME_IMAGE or listed in RUNTIME_ALLOWED_IMAGES (exactly or by digest). */
 export function isAllowedImage(ref: string, config: OperatorConfig): boolean {
   const { image, allowedImages } = config.runtime;

@@ -24,8 +24,8 @@ import {
   deploymentUpToDate,
   desiredApiService,
   desiredDeployment,
-  isAllowedImage,
   runtimeImageFor,
+  runtimeImageOf,
 } from './runtime-objects.js';
 import { isApiStatus } from '../kube/activities.js';
 
@@ -60,12 +60,7 @@ export async function scaleRuntime(ctx: ReconcileContext): Promise<StepResult> {
     const name = deploymentName(ctx.fsa.metadata.name, role);
     const live = deployment(ns, name);
     // Refused: keep the image the live Deployment runs if the operator allows it, else its own.
-    const liveImage = live?.spec?.template.spec?.containers[0]?.image;
-    const image = choice.allowed
-      ? choice.image
-      : liveImage !== undefined && isAllowedImage(liveImage, config)
-        ? liveImage
-        : config.runtime.image;
+    const image = runtimeImageOf(ctx.fsa, config, live);
     if (live && runtimePinned(ctx.phase, ctx.deleting, live)) {
       // The pods keep the template they were warmed up with; only the phase's size changes.
       if (live.spec?.replicas !== replicas[role]) {

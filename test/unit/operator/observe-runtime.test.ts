@@ -1,8 +1,10 @@
 import type { V1Deployment } from '@kubernetes/client-node';
 import { loadOperatorConfig } from '../../../operator/config.js';
-import { roleRollout, runtimeCondition } from '../../../operator/reconcile/observe-runtime.js';
+import { roleRollout, rolloutsOf, runtimeCondition } from '../../../operator/reconcile/observe-runtime.js';
 import { apiMinAvailable, desiredApiBudget } from '../../../operator/reconcile/protect-api.js';
-import { desiredDeployment } from '../../../operator/reconcile/runtime-objects.js';
+import { desiredDeployment, runtimeImageOf } from '../../../operator/reconcile/runtime-objects.js';
+import { Phase } from '../../../operator/api/v1alpha1/types.js';
+import type { RoleReplicas, RuntimeRole } from '../../../operator/api/v1alpha1/types.js';
 import { activityFixture } from './activity-fixture.js';
 
 const config = loadOperatorConfig({
@@ -73,6 +75,58 @@ describe('RuntimeReady', () => {
       status: 'False',
       reason: 'NoRuntime',
     });
+  });
+});
+
+describe('RuntimeReady against what scale-runtime applies', () => {
+  const replicas: RoleReplicas = { api: 2, relay: 1, consumer: 1 };
+  /** The Deployments scale-runtime.ts applies for `a` with `cfg`, as their controller reports them. */
+  const applied = (a: typeof fsa, cfg: typeof config) =>
+    new Map<RuntimeRole, V1Deployment>(
+      (['api', 'relay', 'consumer'] as const).map((role) => {
+        const d = desiredDeployment(a, role, replicas[role], 'act-1', cfg, runtimeImageOf(a, cfg, undefined));
+        return [role, live(d, replicas[role])];
+      }),
+    );
+
+  it('is True for an activity that runs an allowed image of its own (spec.runtime.image)', () => {
+    const cfg = loadOperatorConfig({
+      DATABASE_URL: 'postgres://u:secret@db/flashsale',
+      REDIS_URL: 'redis://redis:6379',
+      KAFKA_BROKERS: 'k1:9092',
+      RUNTIME_ALLOWED_IMAGES: 'registry.example/flashsale:0.2.0-canary',
+    });
+    const canary = activityFixture();
+    canary.spec.runtime.image = 'registry.example/flashsale:0.2.0-canary';
+    const deployments = applied(canary, cfg);
+    expect(deployments.get('api')?.spec?.template.spec?.containers[0]?.image).toBe(
+      'registry.example/flashsale:0.2.0-canary',
+    );
+    const rollouts = rolloutsOf(
+      { fsa: canary, phase: Phase.WarmingUp, deleting: false, activityId: 'act-1', config: cfg, replicas },
+      (role) => deployments.get(role),
+    );
+    expect(runtimeCondition(rollouts)).toMatchObject({ status: 'True', reason: 'RuntimeAvailable' });
+  });
+
+  it('is True for a pinned runtime warmed up under another operator configuration (an upgrade mid-sale)', () => {
+    const before = applied(fsa, config);
+    const upgraded = loadOperatorConfig({
+      DATABASE_URL: 'postgres://u:secret@db/flashsale',
+      REDIS_URL: 'redis://redis:6379',
+      KAFKA_BROKERS: 'k1:9092',
+      RUNTIME_IMAGE: 'ghcr.io/flashsale/flashsale:0.2.0',
+    });
+    const at = (phase: Phase) =>
+      runtimeCondition(
+        rolloutsOf({ fsa, phase, deleting: false, activityId: 'act-1', config: upgraded, replicas }, (role) =>
+          before.get(role),
+        ),
+      );
+    // Served from: the template stays as it was warmed up; the replicas are what counts.
+    expect(at(Phase.Active)).toMatchObject({ status: 'True', reason: 'RuntimeAvailable' });
+    // Before the sale the template is applied again with the new configuration: rolling out.
+    expect(at(Phase.WarmingUp)).toMatchObject({ status: 'False', reason: 'RuntimeUnavailable' });
   });
 });
 
