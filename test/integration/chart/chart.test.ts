@@ -389,10 +389,35 @@ describe('least privilege', () => {
     );
     const policies = objects.filter((o) => o.kind === 'NetworkPolicy');
     expect(policies.map((p) => `${p.metadata.namespace}/${p.metadata.name}`).sort()).toEqual([
+      'flashsale/flashsale-after-sale',
       'flashsale/flashsale-operator',
       'shop/flashsale-runtime',
       'shop/flashsale-runtime-api',
     ]);
+    // Every pod the chart or the operator runs is under a policy of both kinds: the after-sale
+    // pods serve every activity and hold every runtime credential.
+    const afterSalePods = at(
+      findObject(objects, 'Deployment', '-after-sale'),
+      'spec.template.metadata.labels',
+    ) as Record<string, string>;
+    const covering = policies.filter(
+      (p) =>
+        p.metadata.namespace === 'flashsale' &&
+        Object.entries(at(p, 'spec.podSelector.matchLabels') as Record<string, string>).every(
+          ([k, v]) => afterSalePods[k] === v,
+        ),
+    );
+    expect(covering.map((p) => [p.metadata.name, at(p, 'spec.policyTypes')])).toEqual([
+      ['flashsale-after-sale', ['Ingress', 'Egress']],
+    ]);
+    const afterSale = covering[0]!;
+    expect(at(afterSale, 'spec.ingress.0.from')).toEqual([
+      { namespaceSelector: { matchLabels: { gateway: 'edge' } } },
+    ]);
+    expect(at(afterSale, 'spec.egress.1.to')).toEqual([{ ipBlock: { cidr: '10.20.0.0/16' } }]);
+    // The refund workers (consumers, after-sale) reach the payment provider.
+    for (const policy of [findObject(policies, 'NetworkPolicy', '-runtime'), afterSale])
+      expect(at(policy, 'spec.egress.2')).toEqual({ ports: [{ protocol: 'TCP', port: 443 }] });
     const runtime = findObject(policies, 'NetworkPolicy', '-runtime');
     expect(at(runtime, 'spec.podSelector.matchLabels')).toEqual({
       'app.kubernetes.io/name': 'flashsale-runtime',
