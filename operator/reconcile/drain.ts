@@ -103,11 +103,18 @@ export async function drain(ctx: ReconcileContext): Promise<StepResult> {
     await ctx.event('Normal', EventReason.Drained, 'backlog empty: every reservation is an order');
     return ctx.transition(Phase.WritingBack, 'drained; writing back');
   }
-  const deadlineMs = ctx.status.drain?.deadline
-    ? new Date(ctx.status.drain.deadline).getTime()
-    : (ctx.status.timestamps?.draining
-        ? new Date(ctx.status.timestamps.draining).getTime()
-        : ctx.now.getTime()) + parseDuration(ctx.fsa.spec.drain.timeout);
+  // Counted from the drain's start with spec.drain.timeout as it is now: an edit during the drain
+  // (raised for a backlog that needs longer, or lowered) moves the deadline, and the status and
+  // the timeout's message name the one applied.
+  const started = ctx.status.timestamps?.draining;
+  const timeoutMs = parseDuration(ctx.fsa.spec.drain.timeout);
+  const deadlineMs = started
+    ? new Date(started).getTime() + timeoutMs
+    : ctx.status.drain?.deadline
+      ? new Date(ctx.status.drain.deadline).getTime()
+      : ctx.now.getTime() + timeoutMs;
+  const deadline = new Date(deadlineMs).toISOString();
+  if (ctx.status.drain?.deadline !== deadline) ctx.status.drain = { ...ctx.status.drain, deadline };
   if (ctx.now.getTime() >= deadlineMs) {
     const message = `drain timed out after ${ctx.fsa.spec.drain.timeout}: ${left.join(', ')}`;
     ctx.status.drain = { ...ctx.status.drain, timedOut: true, leftover: message };
