@@ -84,6 +84,11 @@ export class ReconcileContext {
   gone = false;
   /** Set by claim-id.ts when this resource owns its activity id (checked in PostgreSQL). */
   ownsActivityId = false;
+  /**
+   * The gate as open-gate.ts left it in this pass (Active): what the Paused condition reports.
+   * Undefined when the step did not get that far (a dependency failed earlier in the pass).
+   */
+  gateSeen: string | undefined;
 
   constructor(
     readonly deps: ReconcileDeps,

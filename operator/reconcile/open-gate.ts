@@ -44,7 +44,8 @@ export async function openGate(ctx: ReconcileContext): Promise<StepResult> {
       wanted === 'paused' ? EventReason.SalePaused : EventReason.SaleResumed,
       wanted === 'paused' ? 'gate closed by spec.paused' : 'gate reopened',
     );
-  }
+    ctx.gateSeen = wanted;
+  } else ctx.gateSeen = meta.gate;
   ctx.requeueAt(endMs);
   return CONTINUE;
 }

@@ -8,7 +8,7 @@ import { RESTORE_STEPS } from '../../core/db/cache-restores-store.js';
 import { countUnconfirmed, readMeta, readOutbox, readStock } from '../../core/activity-cache.js';
 import { countOrders } from '../../core/db/orders-store.js';
 import { readStockRows, readWriteBack } from '../../core/db/stock-store.js';
-import { derivePhase, enterPhase, setCondition } from '../api/v1alpha1/conditions.js';
+import { derivePhase, enterPhase, findCondition, setCondition } from '../api/v1alpha1/conditions.js';
 import type { ConditionInput } from '../api/v1alpha1/conditions.js';
 import { ConditionType, Phase, Reason, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
 import type { BacklogStatus, FlashSaleActivityStatus, StockStatus } from '../api/v1alpha1/types.js';
@@ -120,16 +120,56 @@ function degradedCondition(ctx: ReconcileContext, status: FlashSaleActivityStatu
   };
 }
 
-function pausedCondition(ctx: ReconcileContext, phase: Phase): ConditionInput {
-  const paused = ctx.fsa.spec.paused && (phase === Phase.Ready || phase === Phase.Active);
-  return paused
-    ? {
-        type: ConditionType.Paused,
-        status: 'True',
-        reason: Reason.PausedBySpec,
-        message: phase === Phase.Active ? 'the gate is closed by spec.paused' : 'the sale will start paused',
-      }
-    : { type: ConditionType.Paused, status: 'False', reason: Reason.NotPaused, message: 'not paused' };
+/**
+ * Paused says what the gate is, not what the spec asks: while Active, what open-gate.ts left it
+ * in this pass, or, when the pass failed before (PostgreSQL or Redis unreachable), what the last
+ * pass reported. A pause the operator could not apply yet is `PausePending`, never True: buyers
+ * are still being served.
+ */
+export function pausedCondition(ctx: ReconcileContext, phase: Phase): ConditionInput {
+  const wanted = ctx.fsa.spec.paused === true;
+  const off = {
+    type: ConditionType.Paused,
+    status: 'False',
+    reason: Reason.NotPaused,
+    message: 'not paused',
+  } as const;
+  if (phase === Phase.Ready)
+    return wanted
+      ? {
+          type: ConditionType.Paused,
+          status: 'True',
+          reason: Reason.PausedBySpec,
+          message: 'the sale will start paused',
+        }
+      : off;
+  if (phase !== Phase.Active) return off;
+  const closed =
+    ctx.gateSeen !== undefined
+      ? ctx.gateSeen === 'paused'
+      : findCondition(ctx.fsa.status?.conditions, ConditionType.Paused)?.status === 'True';
+  if (closed && wanted)
+    return {
+      type: ConditionType.Paused,
+      status: 'True',
+      reason: Reason.PausedBySpec,
+      message: 'the gate is closed by spec.paused',
+    };
+  if (closed)
+    return {
+      type: ConditionType.Paused,
+      status: 'True',
+      reason: Reason.ResumePending,
+      message: 'spec.paused was cleared; the gate is still closed until the operator reaches it',
+    };
+  if (wanted)
+    return {
+      type: ConditionType.Paused,
+      status: 'False',
+      reason: Reason.PausePending,
+      message: 'spec.paused is set, but the gate is still open: the operator has not reached it yet',
+    };
+  return off;
 }
 
 /**

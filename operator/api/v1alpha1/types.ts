@@ -96,6 +96,10 @@ export const Reason = {
   // Paused
   PausedBySpec: 'PausedBySpec',
   NotPaused: 'NotPaused',
+  /** spec.paused is set, and the operator has not closed the gate yet (it could not reach it). */
+  PausePending: 'PausePending',
+  /** spec.paused was cleared, and the gate is still closed (the operator could not reach it). */
+  ResumePending: 'ResumePending',
   // RuntimeReady
   RuntimeAvailable: 'RuntimeAvailable',
   RuntimeUnavailable: 'RuntimeUnavailable',
