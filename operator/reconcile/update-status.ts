@@ -127,48 +127,33 @@ function degradedCondition(ctx: ReconcileContext, status: FlashSaleActivityStatu
  * are still being served.
  */
 export function pausedCondition(ctx: ReconcileContext, phase: Phase): ConditionInput {
-  const wanted = ctx.fsa.spec.paused === true;
-  const off = {
+  const c = (paused: boolean, reason: string, message: string): ConditionInput => ({
     type: ConditionType.Paused,
-    status: 'False',
-    reason: Reason.NotPaused,
-    message: 'not paused',
-  } as const;
-  if (phase === Phase.Ready)
-    return wanted
-      ? {
-          type: ConditionType.Paused,
-          status: 'True',
-          reason: Reason.PausedBySpec,
-          message: 'the sale will start paused',
-        }
-      : off;
+    status: paused ? 'True' : 'False',
+    reason,
+    message,
+  });
+  const wanted = ctx.fsa.spec.paused === true;
+  const off = c(false, Reason.NotPaused, 'not paused');
+  if (phase === Phase.Ready) return wanted ? c(true, Reason.PausedBySpec, 'the sale will start paused') : off;
   if (phase !== Phase.Active) return off;
   const closed =
     ctx.gateSeen !== undefined
       ? ctx.gateSeen === 'paused'
       : findCondition(ctx.fsa.status?.conditions, ConditionType.Paused)?.status === 'True';
-  if (closed && wanted)
-    return {
-      type: ConditionType.Paused,
-      status: 'True',
-      reason: Reason.PausedBySpec,
-      message: 'the gate is closed by spec.paused',
-    };
+  if (closed && wanted) return c(true, Reason.PausedBySpec, 'the gate is closed by spec.paused');
   if (closed)
-    return {
-      type: ConditionType.Paused,
-      status: 'True',
-      reason: Reason.ResumePending,
-      message: 'spec.paused was cleared; the gate is still closed until the operator reaches it',
-    };
+    return c(
+      true,
+      Reason.ResumePending,
+      'spec.paused was cleared; the gate is still closed until the operator reaches it',
+    );
   if (wanted)
-    return {
-      type: ConditionType.Paused,
-      status: 'False',
-      reason: Reason.PausePending,
-      message: 'spec.paused is set, but the gate is still open: the operator has not reached it yet',
-    };
+    return c(
+      false,
+      Reason.PausePending,
+      'spec.paused is set, but the gate is still open: the operator has not reached it yet',
+    );
   return off;
 }
 

@@ -8,17 +8,14 @@ import { cleanupActivity, recordResults } from '../../../core/activity-cache.js'
 import { FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reservationIdFor, reserve } from '../../../core/reservations.js';
-import { createLogger } from '../../../core/logger.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
-import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
-import { FINALIZER, Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
-import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
-import { ReconcileContext } from '../../../operator/reconcile/context.js';
-import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
+import { Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
+import type { ReconcileContext } from '../../../operator/reconcile/context.js';
 import { cleanUp } from '../../../operator/reconcile/clean-up.js';
 import { removeFinalizer } from '../../../operator/reconcile/remove-finalizer.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import { loadOpenSale } from '../../fixtures/open-sale.js';
+import { stepContext } from '../../fixtures/step-context.js';
 
 const TIMEOUT_MS = 60_000;
 const RETENTION_SECONDS = 900;
@@ -185,42 +182,25 @@ describe('cleanup of an activity (real Redis)', () => {
       opts: { policy?: 'Delete' | 'Retain'; phase?: Phase; deleted?: boolean } = {},
     ): ReconcileContext {
       const now = new Date();
-      const fsa = {
-        apiVersion: 'flashsale.io/v1alpha1',
-        kind: 'FlashSaleActivity',
-        metadata: {
-          name: activityId,
-          namespace: 'default',
-          generation: 1,
-          uid: activityId,
-          finalizers: [FINALIZER],
-          ...(opts.deleted ? { deletionTimestamp: now.toISOString() } : {}),
-        },
-        spec: { cleanup: { policy: opts.policy ?? 'Delete', resultRetention: '15m' } },
-        status: {
-          conditions: enterPhase(undefined, opts.phase ?? Phase.CleaningUp, 'test', 1, now),
-          // Warmed up: the sale's id stays claimed after its deletion.
-          timestamps: { warmingUp: now.toISOString() },
-        },
-      } as unknown as FlashSaleActivity;
-      const log = createLogger('cleanup-test', 'silent');
-      const deps = {
-        redis,
-        activities: { removeFinalizer: async () => undefined },
-        identity: 'cleanup-test',
-        now: () => now,
-        log,
-        config: { cleanupRetryMs: 5_000 },
-        events: {
-          record: async (_o: unknown, _t: string, reason: string) => {
-            events.push(reason);
+      return stepContext(
+        {
+          activityId,
+          now,
+          deleted: opts.deleted,
+          spec: { cleanup: { policy: opts.policy ?? 'Delete', resultRetention: '15m' } },
+          status: {
+            conditions: enterPhase(undefined, opts.phase ?? Phase.CleaningUp, 'test', 1, now),
+            // Warmed up: the sale's id stays claimed after its deletion.
+            timestamps: { warmingUp: now.toISOString() },
+          },
+          deps: {
+            redis,
+            activities: { removeFinalizer: async () => undefined },
+            config: { cleanupRetryMs: 5_000 },
           },
         },
-      } as unknown as ReconcileDeps;
-      const ctx = new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
-      // The claim-id step ran first in a real pass: this resource owns its activity id.
-      ctx.ownsActivityId = true;
-      return ctx;
+        events,
+      );
     }
 
     test(

@@ -5,16 +5,13 @@
 // the status names the deadline applied, and the timeout's message the duration applied.
 import { Redis } from 'ioredis';
 import { reserve } from '../../../core/reservations.js';
-import { createLogger } from '../../../core/logger.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
-import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
-import { FINALIZER, Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
-import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
-import { ReconcileContext } from '../../../operator/reconcile/context.js';
-import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
+import { Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
+import type { ReconcileContext } from '../../../operator/reconcile/context.js';
 import { drain } from '../../../operator/reconcile/drain.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import { loadOpenSale } from '../../fixtures/open-sale.js';
+import { stepContext } from '../../fixtures/step-context.js';
 
 const MINUTE = 60_000;
 
@@ -35,41 +32,21 @@ describe("the operator's drain step and an edited spec.drain.timeout (real Redis
   ): ReconcileContext {
     const now = new Date();
     const started = new Date(now.getTime() - o.startedAgoMs);
-    const fsa = {
-      apiVersion: 'flashsale.io/v1alpha1',
-      kind: 'FlashSaleActivity',
-      metadata: {
-        name: activityId,
-        namespace: 'default',
-        generation: 2,
-        uid: activityId,
-        finalizers: [FINALIZER],
-      },
-      spec: { drain: { timeout: o.timeout } },
-      status: {
-        conditions: enterPhase(undefined, Phase.Draining, 'test', 1, started),
-        timestamps: { draining: started.toISOString() },
-        drain: { deadline: new Date(started.getTime() + o.recordedTimeout).toISOString() },
-        cache: { loads: 1, loadedGeneration: 1 },
-      },
-    } as unknown as FlashSaleActivity;
-    const log = createLogger('drain-test', 'silent');
-    const deps = {
-      redis,
-      kafka: { lag: async () => 0 },
-      identity: 'drain-test',
-      now: () => now,
-      log,
-      config: { drainCheckMs: 5_000 },
-      events: {
-        record: async (_o: unknown, _t: string, reason: string) => {
-          events.push(reason);
+    return stepContext(
+      {
+        activityId,
+        now,
+        spec: { drain: { timeout: o.timeout } },
+        status: {
+          conditions: enterPhase(undefined, Phase.Draining, 'test', 1, started),
+          timestamps: { draining: started.toISOString() },
+          drain: { deadline: new Date(started.getTime() + o.recordedTimeout).toISOString() },
+          cache: { loads: 1, loadedGeneration: 1 },
         },
+        deps: { redis, kafka: { lag: async () => 0 }, config: { drainCheckMs: 5_000 } },
       },
-    } as unknown as ReconcileDeps;
-    const ctx = new ReconcileContext(deps, fsa, activityId, {} as EffectiveSchedule, log);
-    ctx.ownsActivityId = true;
-    return ctx;
+      events,
+    );
   }
 
   test('raised during the drain: still draining past the old deadline; lowered: timed out, naming what applied', async () => {
