@@ -112,6 +112,11 @@ export const operatorConfigSchema = z
     KAFKA_BROKERS: env.list().refine((l) => l.length > 0, 'at least one broker'),
     KAFKA_TOPIC_PREFIX: z.string().min(1).default('flashsale'),
     KAFKA_TOPIC_PARTITIONS: env.int(3, 1),
+    /**
+     * The most partitions the operator gives an orders topic for its consumer replicas
+     * (grow-partitions.ts): tenants share the brokers, and partitions can never be removed.
+     */
+    KAFKA_MAX_TOPIC_PARTITIONS: env.int(64, 1),
     KAFKA_REPLICATION_FACTOR: env.int(1, 1),
     /** min.insync.replicas of the topics created; unset = replication factor - 1, at least 1. */
     KAFKA_MIN_INSYNC_REPLICAS: z.coerce.number().int().min(1).optional(),
@@ -258,7 +263,14 @@ export interface OperatorConfig {
   /** A Redis command unanswered this long fails the pass (retried with backoff). */
   redisCommandTimeoutMs: number;
   kafkaBrokers: string[];
-  kafka: { topicPrefix: string; partitions: number; replicationFactor: number; minInsyncReplicas: number };
+  kafka: {
+    topicPrefix: string;
+    partitions: number;
+    /** KAFKA_MAX_TOPIC_PARTITIONS (at least `partitions`). */
+    maxPartitions: number;
+    replicationFactor: number;
+    minInsyncReplicas: number;
+  };
   /** The namespaces watched; empty = every namespace. */
   watchNamespaces: string[];
   identity: string;
@@ -316,6 +328,7 @@ export function loadOperatorConfig(environment: NodeJS.ProcessEnv = process.env)
     kafka: {
       topicPrefix: c.KAFKA_TOPIC_PREFIX,
       partitions: c.KAFKA_TOPIC_PARTITIONS,
+      maxPartitions: Math.max(c.KAFKA_MAX_TOPIC_PARTITIONS, c.KAFKA_TOPIC_PARTITIONS),
       replicationFactor: c.KAFKA_REPLICATION_FACTOR,
       minInsyncReplicas: c.KAFKA_MIN_INSYNC_REPLICAS ?? defaultMinInsyncReplicas(c.KAFKA_REPLICATION_FACTOR),
     },

@@ -28,8 +28,21 @@ export function consumersWanted(replicas: {
 
 export async function growPartitions(ctx: ReconcileContext): Promise<StepResult> {
   if (ctx.deleting || !PHASES.includes(ctx.phase)) return CONTINUE;
-  const wanted = consumersWanted(ctx.fsa.spec.runtime.replicas);
-  if (wanted <= ctx.deps.config.kafka.partitions) return CONTINUE;
+  const asked = consumersWanted(ctx.fsa.spec.runtime.replicas);
+  // Tenants share the brokers and a partition can never be removed: at most the operator's cap,
+  // whatever a resource asks for (the CRD allows 1000 consumers per phase).
+  const { partitions, maxPartitions } = ctx.deps.config.kafka;
+  const wanted = Math.min(asked, maxPartitions);
+  if (asked > wanted) {
+    ctx.degraded = {
+      reason: Reason.PartitionsCapped,
+      message:
+        `spec.runtime.replicas asks for ${asked} consumers; the orders topic gets at most ` +
+        `${maxPartitions} partitions (the operator's KAFKA_MAX_TOPIC_PARTITIONS): consumer replicas ` +
+        'beyond them get none and sit idle',
+    };
+  }
+  if (wanted <= partitions) return CONTINUE;
   // The activity id's topic belongs to its owner only.
   ctx.requireOwnership();
   const topic = ctx.deps.kafka.topics(ctx.activityId).orders;

@@ -98,6 +98,8 @@ export const Reason = {
   NotPaused: 'NotPaused',
   /** spec.paused is set, and the operator has not closed the gate yet (it could not reach it). */
   PausePending: 'PausePending',
+  /** More consumer replicas than KAFKA_MAX_TOPIC_PARTITIONS: the topic got that many partitions. */
+  PartitionsCapped: 'PartitionsCapped',
   /** spec.paused was cleared, and the gate is still closed (the operator could not reach it). */
   ResumePending: 'ResumePending',
   // RuntimeReady

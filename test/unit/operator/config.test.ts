@@ -13,7 +13,13 @@ describe('operator configuration', () => {
     expect(c).toMatchObject({
       redisCommandTimeoutMs: 10_000,
       kafkaBrokers: ['k1:9092', 'k2:9092'],
-      kafka: { topicPrefix: 'flashsale', partitions: 3, replicationFactor: 1, minInsyncReplicas: 1 },
+      kafka: {
+        topicPrefix: 'flashsale',
+        partitions: 3,
+        maxPartitions: 64,
+        replicationFactor: 1,
+        minInsyncReplicas: 1,
+      },
       watchNamespaces: [],
       identity: 'op-7d9f',
       leaderElection: {

@@ -123,6 +123,26 @@ describe('grow-partitions: partitions Kafka will not add', () => {
     expect(p.events.map((e) => e.reason)).toEqual(['PartitionsNotAdded']);
   });
 
+  it('gives at most KAFKA_MAX_TOPIC_PARTITIONS, saying so (tenants share the brokers; partitions stay for ever)', async () => {
+    // The largest consumer count of any phase, even one a Ready sale never runs (draining 1000).
+    const fsa = activityFixture({
+      replicas: { draining: { consumer: 1000 } },
+      status: { conditions: enterPhase(undefined, Phase.Ready, 'test', 3, NOW) },
+    });
+    const p = pass(fsa, async () => 2);
+    await growPartitions(p.ctx);
+    expect(p.grows).toEqual([64]);
+    expect(p.ctx.degraded).toEqual({
+      reason: Reason.PartitionsCapped,
+      message:
+        "spec.runtime.replicas asks for 1000 consumers; the orders topic gets at most 64 partitions (the operator's " +
+        'KAFKA_MAX_TOPIC_PARTITIONS): consumer replicas beyond them get none and sit idle',
+    });
+    expect(p.events.map((e) => e.message)).toEqual([
+      `Kafka topic ${TOPIC}: 2 -> 64 partitions, one per consumer replica`,
+    ]);
+  });
+
   it('clears once they are added: a Normal event, no Degraded from this step', async () => {
     const p = pass(activity(Phase.Active, 3, Reason.PartitionsNotAdded), async () => 2);
     await growPartitions(p.ctx);
