@@ -27,6 +27,7 @@ import { lockActivitySkus } from './db/activity-skus-store.js';
 import {
   buyerSkuKey,
   clearReleaseAttempted,
+  closedByPaymentTimeout,
   findLifecycleByReservationId,
   closedUnsettledQuantity,
   findUnsettledClosedOfSku,
@@ -43,7 +44,12 @@ import {
   reopenClosedAsPaid,
   transitionOrder,
 } from './db/orders-store.js';
-import type { LifecycleOrderRow, StockReturnVia, TransitionResult } from './db/orders-store.js';
+import type {
+  ClosedReservation,
+  LifecycleOrderRow,
+  StockReturnVia,
+  TransitionResult,
+} from './db/orders-store.js';
 import { inSavepoint, inTransaction, isUniqueViolation } from './db/pool.js';
 import type { Pool, PoolClient, Queryable } from './db/pool.js';
 import { readWriteBack, returnStock, takeBackStock } from './db/stock-store.js';
@@ -55,6 +61,7 @@ import type { Metrics } from './metrics.js';
 import {
   cancelBeforeReserve,
   orderMessageOf,
+  paidReservationsAmong,
   readReservation,
   reclaimPaid,
   release,
@@ -879,6 +886,48 @@ async function beyondGuard(c: PoolClient, row: LifecycleOrderRow): Promise<strin
   return undefined;
 }
 
+/**
+ * The closed orders whose unit the write-back's snapshot holds for a payment: their reservations
+ * are PAID in Redis (reclaimPaid-5.lua took the unit for a payment in time whose transaction died
+ * before its commit; its provider retries). Read once the gate is frozen, so no reservation changes
+ * after; the write-back marks them in its transaction (core/db/stock-store.ts writeBack). Without
+ * the mark the retry, reaching PostgreSQL after the write-back, would take a second unit from
+ * activity_stock (or be refunded though paid in time).
+ */
+export async function ordersHeldForPayment(
+  redis: RedisClient,
+  pool: Queryable,
+  activityId: string,
+): Promise<ClosedReservation[]> {
+  const closed = await closedByPaymentTimeout(pool, activityId);
+  const paid = await paidReservationsAmong(redis, activityId, closed);
+  return closed.filter((o) => paid.has(o.reservationId));
+}
+
+/**
+ * A late payment for an order the write-back found held for it: the snapshot counted its unit
+ * held, so activity_stock has none of it to give back; the order is reopened, nothing else moves.
+ */
+async function reopenHeldForPayment(c: PoolClient, order: LifecycleOrderRow): Promise<LateReclaim> {
+  return inSavepoint<LateReclaim>(
+    c,
+    'late_payment_held',
+    async () => {
+      // Locked as every reopening locks it: the activity_skus row first (its trigger counts sold).
+      await lockActivitySkus(c, order.activityId, [order.skuId]);
+      const row = await reopenClosedAsPaid(c, order.id);
+      if (!row) return { keep: false, value: { reclaimed: false, why: 'the order is no longer CLOSED' } };
+      const beyond = await beyondGuard(c, row);
+      if (beyond) return { keep: false, value: { reclaimed: false, why: beyond } };
+      return { keep: true, value: { reclaimed: true, order: row, stock: 'still-held', source: 'postgres' } };
+    },
+    (err) =>
+      isUniqueViolation(err)
+        ? { reclaimed: false, why: 'the buyer holds this slot with another live order' }
+        : undefined,
+  );
+}
+
 /** A late payment's answer while a cache restore holds the cache: 503, the provider retries. */
 function restoring(): FlashSaleError {
   return new FlashSaleError(
@@ -918,6 +967,7 @@ export async function reclaimClosedOrder(
   logger?: Logger,
 ): Promise<LateReclaim> {
   if (order.status !== 'CLOSED') return { reclaimed: false, why: `order is ${order.status}` };
+  if (order.unitHeldForPayment) return reopenHeldForPayment(c, order);
   if (order.stockReturnVia === 'unresolved')
     return { reclaimed: false, why: 'its stock return is unresolved' };
   const reopen = async (): Promise<LifecycleOrderRow | 'slot-taken' | { beyond: string } | undefined> =>

@@ -637,6 +637,34 @@ async function firstRecord(
   return marker;
 }
 
+/** Reservations read at once by paidReservationsAmong. */
+const PAID_READ_CHUNK = 1_000;
+
+/**
+ * The ids among these reservations (with their buyer and SKU) that Redis holds PAID, each read in
+ * the one scope its buyer and SKU map to. The write-back reads the closed orders' reservations
+ * with it once the gate is frozen (core/order-lifecycle.ts ordersHeldForPayment).
+ */
+export async function paidReservationsAmong(
+  redis: RedisClient,
+  activityId: string,
+  owned: readonly { reservationId: string; userId: string; skuId: string }[],
+): Promise<Set<string>> {
+  const paid = new Set<string>();
+  if (owned.length === 0) return paid;
+  const layout = await bucketLayout(redis, activityId);
+  for (let i = 0; i < owned.length; i += PAID_READ_CHUNK) {
+    const chunk = owned.slice(i, i + PAID_READ_CHUNK);
+    const states = await Promise.all(
+      chunk.map((o) => redis.hget(layout.scopeFor(o.skuId, o.userId).reservation(o.reservationId), 'state')),
+    );
+    chunk.forEach((o, j) => {
+      if (states[j] === 'PAID') paid.add(o.reservationId);
+    });
+  }
+  return paid;
+}
+
 /**
  * Finds a reservation whose buyer and SKU are not known (a ledger entry the order-gap repair
  * found) in every scope of the activity, and says which scope holds it.

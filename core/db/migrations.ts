@@ -533,4 +533,17 @@ CREATE TABLE activity_registrations (
 );
 `,
   },
+  {
+    version: 16,
+    name: 'unit-held-for-payment',
+    sql: `
+-- A closed order whose reservation Redis held PAID when the write-back took its snapshot: a payment
+-- in time took the unit back (reclaimPaid-5.lua) and its transaction died before the commit. The
+-- snapshot counted the unit held, so activity_stock does not have it; the provider's retry reopens
+-- the order without taking a second unit (core/order-lifecycle.ts reclaimClosedOrder). Set by the
+-- write-back's transaction (core/db/stock-store.ts writeBack) with stock_return_via 'unresolved'
+-- (neither returned nor sold until the payment comes); cleared when the order is reopened.
+ALTER TABLE orders ADD COLUMN unit_held_for_payment boolean NOT NULL DEFAULT false;
+`,
+  },
 ];

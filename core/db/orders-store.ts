@@ -170,6 +170,11 @@ export interface LifecycleOrderRow extends OrderRow {
   closedAt: Date | null;
   stockReturnVia: StockReturnVia | null;
   stockReleaseAttemptedAt: Date | null;
+  /**
+   * The write-back's snapshot counted this closed order's unit held for an in-time payment whose
+   * transaction died (migration 16): its retry reopens the order without taking a second unit.
+   */
+  unitHeldForPayment: boolean;
 }
 
 /**
@@ -179,7 +184,8 @@ export interface LifecycleOrderRow extends OrderRow {
 const CLOSED_UNSETTLED = `status = 'CLOSED' AND NOT stock_returned AND stock_return_via IS NULL`;
 
 const LIFECYCLE_COLUMNS = `${COLUMNS}, reserved_at AS "reservedAt", paid_at AS "paidAt", closed_at AS "closedAt",
-  stock_return_via AS "stockReturnVia", stock_release_attempted_at AS "stockReleaseAttemptedAt"`;
+  stock_return_via AS "stockReturnVia", stock_release_attempted_at AS "stockReleaseAttemptedAt",
+  unit_held_for_payment AS "unitHeldForPayment"`;
 
 export type TransitionResult =
   | { applied: true; from: OrderStatus; to: OrderStatus; order: LifecycleOrderRow }
@@ -231,7 +237,8 @@ export async function reopenClosedAsPaid(
   orderId: string,
 ): Promise<LifecycleOrderRow | undefined> {
   const res = await db.query<LifecycleOrderRow>(
-    `UPDATE orders SET status = 'PAID', paid_at = now(), stock_returned = false, stock_return_via = NULL
+    `UPDATE orders SET status = 'PAID', paid_at = now(), stock_returned = false, stock_return_via = NULL,
+            unit_held_for_payment = false
       WHERE id = $1 AND status = 'CLOSED'
       RETURNING ${LIFECYCLE_COLUMNS}`,
     [orderId],
@@ -366,6 +373,50 @@ export async function clearReleaseAttempted(db: Queryable, orderId: string): Pro
       WHERE id = $1 AND stock_return_via IS NULL AND stock_release_attempted_at IS NOT NULL`,
     [orderId],
   );
+}
+
+/** A closed order as the write-back needs it to read its reservation in Redis. */
+export interface ClosedReservation {
+  id: string;
+  activityId: string;
+  reservationId: string;
+  userId: string;
+  skuId: string;
+}
+
+/**
+ * The activity's orders the payment timeout closed: the only ones a late payment can reopen
+ * (core/order-lifecycle.ts reclaimClosedOrder), so the only ones whose unit a payment can hold.
+ */
+export async function closedByPaymentTimeout(
+  db: Queryable,
+  activityId: string,
+): Promise<ClosedReservation[]> {
+  const res = await db.query<ClosedReservation>(
+    `SELECT id, activity_id AS "activityId", reservation_id AS "reservationId", user_id AS "userId",
+            sku_id AS "skuId"
+       FROM orders WHERE activity_id = $1 AND status = 'CLOSED' AND close_reason = 'PAYMENT_TIMEOUT'
+      ORDER BY id`,
+    [activityId],
+  );
+  return res.rows;
+}
+
+/**
+ * Records that the write-back's snapshot counted these closed orders' units held for a payment
+ * (migration 16): settled 'unresolved' (neither returned nor sold until the payment's retry
+ * reopens the order), so no later settlement returns the unit to activity_stock. Call in the
+ * write-back's transaction; returns the ids marked (those still CLOSED).
+ */
+export async function markHeldForPayment(db: Queryable, orderIds: readonly string[]): Promise<string[]> {
+  if (orderIds.length === 0) return [];
+  const res = await db.query<{ id: string }>(
+    `UPDATE orders SET unit_held_for_payment = true, stock_returned = false, stock_return_via = 'unresolved'
+      WHERE id = ANY($1::bigint[]) AND status = 'CLOSED'
+      RETURNING id`,
+    [orderIds],
+  );
+  return res.rows.map((r) => r.id);
 }
 
 /**

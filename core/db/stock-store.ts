@@ -1,6 +1,9 @@
 /** Every query on `activity_stock` and `activity_writebacks`: the write-back and its fence. */
 import type { Pool } from 'pg';
 import type { SkuStock } from '../activity-cache.js';
+import { appendJournal } from './journal-store.js';
+import { markHeldForPayment } from './orders-store.js';
+import type { ClosedReservation } from './orders-store.js';
 import { inTransaction } from './pool.js';
 import type { Queryable } from './pool.js';
 
@@ -12,6 +15,12 @@ export interface WriteBackInput {
   released: number;
   orders: number;
   writtenBy: string;
+  /**
+   * Closed orders whose reservation the snapshot holds PAID (core/order-lifecycle.ts
+   * ordersHeldForPayment): marked in the same transaction, so their payments' retries reopen them
+   * without taking a second unit.
+   */
+  heldForPayment?: readonly ClosedReservation[];
 }
 
 /**
@@ -65,6 +74,29 @@ export async function writeBack(
       `INSERT INTO activity_stock (activity_id, sku_id, initial_stock, remaining)
        SELECT $1, s, i, r FROM unnest($2::text[], $3::int[], $4::int[]) AS x(s, i, r)`,
       [input.activityId, skus.map((s) => s.skuId), skus.map((s) => s.initial), skus.map((s) => s.remaining)],
+    );
+    const held = input.heldForPayment ?? [];
+    const marked = new Set(
+      await markHeldForPayment(
+        c,
+        held.map((o) => o.id),
+      ),
+    );
+    await appendJournal(
+      c,
+      held
+        .filter((o) => marked.has(o.id))
+        .map((o) => ({
+          activityId: o.activityId,
+          reservationId: o.reservationId,
+          orderId: o.id,
+          event: 'STOCK_HELD_FOR_PAYMENT',
+          fromStatus: 'CLOSED',
+          toStatus: 'CLOSED',
+          detail: {
+            why: 'the write-back found its reservation PAID in Redis (a payment in time took the unit back)',
+          },
+        })),
     );
     return { written: true, trimmed };
   });

@@ -1,10 +1,13 @@
 /**
  * Step 8: WritingBack. The gate is frozen (Redis stock never changes again), then the remaining
  * stock and the final counters go to PostgreSQL in one transaction fenced by a unique row, so a
- * repeat after a crash writes nothing. From here on PostgreSQL is the source of truth.
+ * repeat after a crash writes nothing. From here on PostgreSQL is the source of truth. The same
+ * transaction marks the closed orders whose unit the snapshot holds for a payment (their
+ * reservations PAID in Redis), so a late payment's retry does not take a second unit.
  */
 import { readMeta, readStock, setGate } from '../../core/activity-cache.js';
 import { countOrders } from '../../core/db/orders-store.js';
+import { ordersHeldForPayment } from '../../core/order-lifecycle.js';
 import { readWriteBack, writeBack as writeBackStock } from '../../core/db/stock-store.js';
 import { EventReason, Phase } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
@@ -21,9 +24,10 @@ export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
     if (!meta) return ctx.transition(Phase.CleaningUp, 'nothing was loaded; nothing to write back');
     await setGate(redis, ctx.activityId, 'frozen');
     crashPoint('operator-after-freeze');
-    const [stock, orders] = await Promise.all([
+    const [stock, orders, heldForPayment] = await Promise.all([
       readStock(redis, ctx.activityId),
       countOrders(pool, ctx.activityId),
+      ordersHeldForPayment(redis, pool, ctx.activityId),
     ]);
     const { written, trimmed } = await writeBackStock(pool, {
       activityId: ctx.activityId,
@@ -33,6 +37,7 @@ export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
       released: stock.released,
       orders: orders.orders,
       writtenBy: identity,
+      heldForPayment,
     });
     crashPoint('operator-after-write-back');
     ctx.log.info({ written, trimmed }, 'write-back done');

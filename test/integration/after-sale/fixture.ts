@@ -19,6 +19,7 @@ import { createLogger } from '../../../core/logger.js';
 import type { Logger } from '../../../core/logger.js';
 import { createMetrics } from '../../../core/metrics.js';
 import type { Metrics } from '../../../core/metrics.js';
+import { ordersHeldForPayment } from '../../../core/order-lifecycle.js';
 import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
 import { locateReservation, orderMessageOf, reserve } from '../../../core/reservations.js';
 import { registerScripts } from '../../../core/scripts.js';
@@ -145,7 +146,8 @@ export async function openActivity(
 
 /**
  * What the operator's write-back does (operator/reconcile/write-back.ts): freeze the gate, then
- * write Redis' stock to PostgreSQL with `orders` as the order count.
+ * write Redis' stock to PostgreSQL with `orders` as the order count, marking the closed orders whose
+ * unit the snapshot holds for a payment.
  */
 export async function freezeAndWriteBack(
   f: Pick<Fixture, 'redis' | 'pool'>,
@@ -154,6 +156,7 @@ export async function freezeAndWriteBack(
 ): Promise<void> {
   await setGate(f.redis, activityId, 'frozen');
   const s = await readStock(f.redis, activityId);
+  const heldForPayment = await ordersHeldForPayment(f.redis, f.pool, activityId);
   await writeBack(f.pool, {
     activityId,
     generation: 1,
@@ -162,6 +165,7 @@ export async function freezeAndWriteBack(
     released: s.released,
     orders,
     writtenBy: 'test',
+    heldForPayment,
   });
 }
 

@@ -4,7 +4,7 @@
 // when it cannot, never an oversell); buyers read every state from PostgreSQL; a replay after the
 // cache is gone gets its order back and a new submission the answer of the sale window.
 import { pino } from 'pino';
-import { cleanupActivity, outboxStreams } from '../../../core/activity-cache.js';
+import { cleanupActivity, outboxStreams, setGate } from '../../../core/activity-cache.js';
 import { registerActivity } from '../../../core/db/activity-registry-store.js';
 import { lockActivitySkus, recordActivitySkus } from '../../../core/db/activity-skus-store.js';
 import { closeExpiredOrders, findOrderById } from '../../../core/db/orders-store.js';
@@ -231,6 +231,115 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       expect(await findOrderById(f.pool, id)).toMatchObject({ status: 'PAID', stockReturnVia: null });
       expect((await readReservation(f.redis, other.activityId, r2!))?.state).toBe('PAID');
       expect(await skuStock(f.redis, other.activityId, other.skuId)).toBe(2);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'an in-time payment whose transaction died after Redis took the unit back, retried only after the write-back: PAID, no second unit taken, plain SKU and stock bucket alike',
+    async () => {
+      const plain = await openActivity(f.redis, { stock: 3, price: '19.90', skuId: 'sku-held' }, f.pool);
+      const bucketed = await openActivity(
+        f.redis,
+        { stock: 4, price: '19.90', skuId: 'sku-held-bkt', buckets: 2 },
+        f.pool,
+      );
+      const item = (a: { skuId: string }, stock: number) => ({
+        skuId: a.skuId,
+        name: 'held',
+        price: '19.90',
+        stock,
+        limitPerUser: 1,
+      });
+      await recordActivitySkus(f.pool, plain.activityId, [item(plain, 3)], 'spec');
+      await recordActivitySkus(f.pool, bucketed.activityId, [item(bucketed, 4)], 'spec');
+      const [released, unreleased] = await reserveFor(f.redis, plain.activityId, plain.skuId, [
+        'held-released',
+        'held-unreleased',
+      ]);
+      const ids = await materialize(f.pool, f.redis, plain.activityId, [released!, unreleased!]);
+      const [inBucket] = await reserveFor(f.redis, bucketed.activityId, bucketed.skuId, ['held-bkt']);
+      const bucketId = (await materialize(f.pool, f.redis, bucketed.activityId, [inBucket!])).get(inBucket!)!;
+      expect((await locateReservation(f.redis, bucketed.activityId, inBucket!))!.scope.meta).not.toBe(
+        activityKeys(bucketed.activityId).meta,
+      );
+      const orderOf = { released: ids.get(released!)!, unreleased: ids.get(unreleased!)! };
+      // 'held-released' and the bucket's buyer: timed out, their units back in Redis (settled
+      // 'redis'); 'held-unreleased': closed by a sweeper that died before its release ran.
+      expect((await expireAndSweep(plain.activityId, orderOf.released)).settled.redis).toBe(1);
+      expect((await expireAndSweep(bucketed.activityId, bucketId)).settled.redis).toBe(1);
+      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = $1`, [
+        orderOf.unreleased,
+      ]);
+      expect(await closeExpiredOrders(f.pool, plain.activityId, 10, 'PAYMENT_TIMEOUT')).toHaveLength(1);
+      // Each buyer's payment, made in time, took the unit in Redis and died before its commit.
+      for (const [a, rsv, user] of [
+        [plain, released!, 'held-released'],
+        [plain, unreleased!, 'held-unreleased'],
+        [bucketed, inBucket!, 'held-bkt'],
+      ] as const) {
+        await reclaimPaid(f.redis, {
+          activityId: a.activityId,
+          reservationId: rsv,
+          userId: user,
+          skuId: a.skuId,
+        });
+      }
+      // The sale ends. The sweeper's pass after the freeze finds the unreleased one's reservation
+      // PAID and leaves it unresolved; then the write-back, whose snapshot holds all three units.
+      await setGate(f.redis, plain.activityId, 'frozen');
+      await sweepExpiredOrders({
+        ...f.deps,
+        activityId: plain.activityId,
+        batchSize: 10,
+        maxBatches: 1,
+        settleGraceSeconds: 0,
+      });
+      await freezeAndWriteBack(f, plain.activityId, 2);
+      await freezeAndWriteBack(f, bucketed.activityId, 1);
+      const stockOf = async (a: { activityId: string }) =>
+        (await readStockRows(f.pool, a.activityId)).reduce((n, r) => n + r.remaining, 0);
+      expect([await stockOf(plain), await stockOf(bucketed)]).toEqual([1, 3]);
+      for (const id of [orderOf.released, orderOf.unreleased, bucketId]) {
+        expect(await findOrderById(f.pool, id)).toMatchObject({
+          status: 'CLOSED',
+          unitHeldForPayment: true,
+          stockReturnVia: 'unresolved',
+        });
+      }
+      // No later settlement returns a held unit to activity_stock.
+      await sweepExpiredOrders({
+        ...f.deps,
+        activityId: plain.activityId,
+        batchSize: 10,
+        maxBatches: 1,
+        settleGraceSeconds: 0,
+      });
+      expect(await stockOf(plain)).toBe(1);
+
+      // The providers' retries: each order PAID, its unit the one the snapshot held.
+      for (const id of [orderOf.released, orderOf.unreleased, bucketId]) {
+        const r = await notify(
+          api,
+          paidBody(id, uniqueId('T'), new Date((await deadline(id)).getTime() - 5_000)),
+        );
+        expect(r).toEqual({ status: 200, body: { result: 'success', outcome: 'PAID' } });
+        expect(await findOrderById(f.pool, id)).toMatchObject({
+          status: 'PAID',
+          unitHeldForPayment: false,
+          stockReturnVia: null,
+        });
+        const paid = await f.pool.query<{ detail: Record<string, unknown> }>(
+          `SELECT detail FROM order_journal WHERE order_id = $1 AND event IN ('ORDER_PAID', 'STOCK_HELD_FOR_PAYMENT')
+            ORDER BY id`,
+          [id],
+        );
+        expect(paid.rows.map((j) => j.detail)).toEqual([
+          expect.objectContaining({ why: expect.stringMatching(/reservation PAID in Redis/) }),
+          expect.objectContaining({ late: true, stock: 'still-held', from: 'postgres' }),
+        ]);
+      }
+      expect([await stockOf(plain), await stockOf(bucketed)]).toEqual([1, 3]);
     },
     TIMEOUT_MS,
   );

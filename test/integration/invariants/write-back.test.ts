@@ -12,7 +12,13 @@ import { findLifecycleByReservationId, insertOrders } from '../../../core/db/ord
 import { activityKeys } from '../../../core/keys.js';
 import { createLogger } from '../../../core/logger.js';
 import { settleStock } from '../../../core/order-lifecycle.js';
-import { orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
+import {
+  orderMessageOf,
+  readReservation,
+  reclaimPaid,
+  release,
+  reserve,
+} from '../../../core/reservations.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
 import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
@@ -272,6 +278,59 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
         { skuId: 'c', initial: 5, remaining: 2 },
         { skuId: 'd', initial: 5, remaining: 3 },
       ]);
+    },
+    TIMEOUT_MS,
+  );
+
+  test(
+    'the write-back marks, in its transaction, the closed orders whose reservation a payment holds PAID; a repeat marks nothing',
+    async () => {
+      const id = uniqueId('wb-held');
+      const buy = await openSaleWithBuyer(id, ['e']);
+      const [held, returned, cancelled] = await buy('e', ['e1', 'e2', 'e3']);
+      await sql.query(
+        `UPDATE orders SET status = 'CLOSED', closed_at = now(),
+                close_reason = CASE user_id WHEN 'e3' THEN 'CANCELLED' ELSE 'PAYMENT_TIMEOUT' END
+          WHERE activity_id = $1`,
+        [id],
+      );
+      // e1: a payment in time took the unit (reclaimPaid-5.lua) and its transaction died. e2: its
+      // unit released. e3: cancelled by its buyer, its reservation PAID (no payment can reopen it).
+      await reclaimPaid(redis, { activityId: id, reservationId: held!, userId: 'e1', skuId: 'e' });
+      await release(redis, {
+        activityId: id,
+        reservationId: returned!,
+        userId: 'e2',
+        skuId: 'e',
+        reason: 'T',
+      });
+      await redis.hset(activityKeys(id).reservation(cancelled!), 'state', 'PAID');
+
+      await writeBack(await context(id, redis));
+      expect(await readStockRows(sql, id)).toEqual([{ skuId: 'e', initial: 5, remaining: 3 }]);
+      const orders = async () =>
+        Promise.all(
+          [held!, returned!, cancelled!].map(async (r) => {
+            const o = (await findLifecycleByReservationId(sql, r))!;
+            return [o.unitHeldForPayment, o.stockReturnVia];
+          }),
+        );
+      expect(await orders()).toEqual([
+        [true, 'unresolved'],
+        [false, null],
+        [false, null],
+      ]);
+      const journal = async () =>
+        (
+          await sql.query<{ reservation_id: string }>(
+            `SELECT reservation_id FROM order_journal WHERE activity_id = $1 AND event = 'STOCK_HELD_FOR_PAYMENT'`,
+            [id],
+          )
+        ).rows.map((r) => r.reservation_id);
+      expect(await journal()).toEqual([held]);
+      // A repeat (an operator killed after the commit) finds the fence: nothing marked twice.
+      await writeBack(await context(id, redis));
+      expect(await journal()).toEqual([held]);
     },
     TIMEOUT_MS,
   );
