@@ -189,6 +189,8 @@ export class Relay {
   private idle = false;
   /** The outbox streams worked (the activity's first), and when the list was read. */
   private streams: string[];
+  /** Streams whose group could not be created yet (no stream: the activity was not loaded). */
+  private readonly groupless = new Set<string>();
   private streamsReadAt = 0;
   /** Next stream to read (round robin) and the stream of the batch in hand. */
   private turn = 0;
@@ -234,20 +236,26 @@ export class Relay {
    * mark `gen`) and its cleanup has not begun: a relay (re)started before the load, during a
    * cleanup (which deletes the meta hash last) or after it would otherwise leave an outbox key
    * behind the cleanup that nothing deletes. A stream that does not exist yet gets its group when
-   * its first entry arrives (idleWhileGone).
+   * its first entry arrives (idleWhileGone), or at a refresh once the activity is loaded: a relay
+   * started before the load tries every groupless stream again, the activity's own too (which gets
+   * no entry when every SKU is bucketed).
    */
   private async refreshStreams(first = false): Promise<void> {
     this.streamsReadAt = Date.now();
     const streams = await outboxStreams(this.options.redis, this.options.activityId);
-    const fresh = streams.filter((stream) => first || !this.streams.includes(stream));
+    const fresh = streams.filter(
+      (stream) => first || !this.streams.includes(stream) || this.groupless.has(stream),
+    );
     const meta = fresh.length > 0 ? await readMeta(this.options.redis, this.options.activityId) : undefined;
     const loaded = meta !== undefined && meta.generation > 0 && meta.cleanupBeganMs === undefined;
     for (const stream of fresh) {
       try {
         await createStreamGroup(this.options.redis, stream, RELAY_GROUP, { mkstream: Boolean(loaded) });
+        this.groupless.delete(stream);
       } catch (err) {
         // Not loaded and no stream (yet, or any more): nothing to read until an entry creates it.
         if (!/requires the key to exist/i.test((err as Error).message)) throw err;
+        this.groupless.add(stream);
       }
     }
     this.streams = streams;
@@ -298,6 +306,9 @@ export class Relay {
         if (!this.running) break;
         // NOGROUP: the stream (and its group) is gone; UNBLOCKED: it was deleted under a blocked read.
         if (/^(NOGROUP|UNBLOCKED)/.test((err as Error).message)) {
+          // Nothing of ours is pending in a stream that is gone (or has no group): left out of the
+          // backlog, which is read first, the round-robin goes on to the other streams.
+          backlog.delete(this.stream);
           await this.idleWhileGone();
           continue;
         }

@@ -40,23 +40,42 @@ export async function startApi(
     const a = activityOfRestockChannel(channel);
     if (a) soldOut.restocked(a, sku);
   });
-  if (activityId) await sub.subscribe(activityKeys(activityId).restockChannel);
-  else await sub.psubscribe(RESTOCK_CHANNEL_PATTERN);
-  closers.push({ stage: 'clients', name: 'restock subscriber', close: () => sub.quit() });
+  let closed = false;
+  await subscribeWhenReachable(
+    () =>
+      activityId
+        ? sub.subscribe(activityKeys(activityId).restockChannel)
+        : sub.psubscribe(RESTOCK_CHANNEL_PATTERN),
+    logger,
+    () => closed,
+  );
+  closers.push({
+    stage: 'clients',
+    name: 'restock subscriber',
+    close: () => {
+      closed = true;
+      return sub.quit();
+    },
+  });
 
   // RESERVE_ACK unset: wait for a replica whenever there is one to fail over to.
   // On a cluster each reservation's WAIT goes to the node of its scope (ClusterReplicaAck).
-  const ackMode = cfg.RESERVE_ACK ?? (await defaultAckMode(redis, usesSentinel(ctx.redisConnection)));
-  const reservationAck = reservationAckOf(
-    redis,
-    ackMode,
-    cfg.RESERVE_ACK_REPLICAS,
-    cfg.RESERVE_ACK_TIMEOUT_MS,
-  );
-  logger.info(
-    { reserveAck: ackMode, replicas: cfg.RESERVE_ACK_REPLICAS, timeoutMs: cfg.RESERVE_ACK_TIMEOUT_MS },
-    'reservation acknowledgement',
-  );
+  let reservationAck = ctx.reservationAck;
+  try {
+    const ackMode = cfg.RESERVE_ACK ?? (await defaultAckMode(redis, usesSentinel(ctx.redisConnection)));
+    reservationAck = reservationAckOf(redis, ackMode, cfg.RESERVE_ACK_REPLICAS, cfg.RESERVE_ACK_TIMEOUT_MS);
+    logger.info(
+      { reserveAck: ackMode, replicas: cfg.RESERVE_ACK_REPLICAS, timeoutMs: cfg.RESERVE_ACK_TIMEOUT_MS },
+      'reservation acknowledgement',
+    );
+  } catch (err) {
+    // Redis unreachable at start: the after-sale role serves sales PostgreSQL holds alone and must
+    // start anyway (an activity's api is not ready without Redis). Decided at the first use.
+    logger.warn(
+      { err: (err as Error).message },
+      'reservation acknowledgement not decided at start (Redis unreachable); decided at its first use',
+    );
+  }
 
   const admission = new AdmissionControl({
     metrics,
@@ -116,4 +135,26 @@ export async function startApi(
       : [],
   });
   return { app, closers };
+}
+
+/**
+ * Subscribes to the restock channel(s): awaited when Redis answers, else retried in the
+ * background, so a pod started during a Redis outage still starts (the after-sale role answers
+ * from PostgreSQL for sales written back). Until it succeeds a sold-out flag ends only after
+ * SOLD_OUT_RECHECK_MS, as when a restock message is missed. Once subscribed, ioredis subscribes
+ * again by itself after every reconnection.
+ */
+async function subscribeWhenReachable(
+  subscribe: () => Promise<unknown>,
+  logger: RoleContext['logger'],
+  closed: () => boolean,
+): Promise<void> {
+  const retry = (delayMs: number, err: unknown): void => {
+    if (closed()) return;
+    logger.warn({ err: (err as Error).message, retryInMs: delayMs }, 'restock subscription failed; retrying');
+    setTimeout(() => {
+      if (!closed()) subscribe().catch((e: unknown) => retry(Math.min(delayMs * 2, 10_000), e));
+    }, delayMs).unref();
+  };
+  await subscribe().catch((err: unknown) => retry(500, err));
 }

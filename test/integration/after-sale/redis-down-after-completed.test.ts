@@ -2,7 +2,8 @@
 // must keep serving it when Redis goes away, as long after the sale as that happens. It stayed in
 // its Service only while Redis answered (its readiness probed Redis), and a payment it committed
 // was answered 503 for the Redis copy it then confirms (frozen or cleaned up, read by nobody), so
-// the provider's every redelivery got 503 too. A private Redis (test/env/start-redis.sh), killed.
+// the provider's every redelivery got 503 too. And a pod started during the outage exited at start
+// (its restock subscription awaited). A private Redis (test/env/start-redis.sh), killed.
 import { cleanupActivity, outboxStreams } from '../../../core/activity-cache.js';
 import { findOrderById } from '../../../core/db/orders-store.js';
 import { startRole, waitFor } from '../../../dev/roles.js';
@@ -29,6 +30,40 @@ describe('the after-sale role with Redis gone after Completed', () => {
   let redis: PrivateRedis | undefined;
   let f: Fixture | undefined;
   let role: RoleProcess | undefined;
+  let sale: { activityId: string; skuId: string; rids: string[]; orders: Map<string, string> } | undefined;
+  const roleEnv = (url: string) => ({
+    REDIS_URL: url,
+    JWT_HS256_SECRET: JWT_SECRET,
+    PAYMENT_HMAC_SECRET: PAY_SECRET,
+    PAYMENT_HMAC_APP_ID: APP_ID,
+    PAYMENT_HMAC_MERCHANT_ID: MERCHANT_ID,
+  });
+
+  // A sale Completed (relayed, written back, cleaned up) with three UNPAID orders; an after-sale
+  // process started; then Redis SIGKILLed.
+  beforeAll(async () => {
+    redis = startPrivateRedis('after-completed');
+    f = await setUp(4, redis.url);
+    const { activityId, skuId } = await openActivity(f.redis, { stock: 5, price: '9.90' }, f.pool);
+    const rids = await reserveFor(f.redis, activityId, skuId, ['payer', 'waiter', 'late-payer']);
+    const orders = await materialize(f.pool, f.redis, activityId, rids);
+    sale = { activityId, skuId, rids, orders };
+    for (const outbox of await outboxStreams(f.redis, activityId)) await f.redis.del(outbox);
+    await freezeAndWriteBack(f, activityId, 3);
+    await cleanupActivity(f.redis, activityId, 3600);
+
+    role = await startRole('after-sale', { databaseUrl: f.db.url, env: roleEnv(redis.url) });
+    f.redis.disconnect();
+    process.kill(redis.pid, 'SIGKILL');
+    await waitFor('the private Redis to die', async () => {
+      try {
+        process.kill(redis!.pid, 0);
+        return false;
+      } catch {
+        return true;
+      }
+    });
+  }, TIMEOUT_MS);
 
   afterAll(async () => {
     await role?.stop();
@@ -39,41 +74,12 @@ describe('the after-sale role with Redis gone after Completed', () => {
   it(
     'stays ready, takes a late payment (200, PAID) and answers buyers from PostgreSQL',
     async () => {
-      redis = startPrivateRedis('after-completed');
-      f = await setUp(4, redis.url);
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 5, price: '9.90' }, f.pool);
-      const rids = await reserveFor(f.redis, activityId, skuId, ['payer', 'waiter']);
-      const orders = await materialize(f.pool, f.redis, activityId, rids);
-      // The sale ends: relayed, written back, cleaned up (Completed).
-      for (const outbox of await outboxStreams(f.redis, activityId)) await f.redis.del(outbox);
-      await freezeAndWriteBack(f, activityId, 2);
-      await cleanupActivity(f.redis, activityId, 3600);
-
-      role = await startRole('after-sale', {
-        databaseUrl: f.db.url,
-        env: {
-          REDIS_URL: redis.url,
-          JWT_HS256_SECRET: JWT_SECRET,
-          PAYMENT_HMAC_SECRET: PAY_SECRET,
-          PAYMENT_HMAC_APP_ID: APP_ID,
-          PAYMENT_HMAC_MERCHANT_ID: MERCHANT_ID,
-        },
-      });
-      const api = { url: role.url, close: async () => undefined };
-      f.redis.disconnect();
-      process.kill(redis.pid, 'SIGKILL');
-      await waitFor('the private Redis to die', async () => {
-        try {
-          process.kill(redis!.pid, 0);
-          return false;
-        } catch {
-          return true;
-        }
-      });
+      const { activityId, skuId, rids, orders } = sale!;
+      const api = { url: role!.url, close: async () => undefined };
 
       // Ready on PostgreSQL alone, check after check.
       for (let i = 0; i < 3; i += 1) {
-        const ready = await fetch(`${role.url}/readyz`);
+        const ready = await fetch(`${role!.url}/readyz`);
         expect([ready.status, await ready.text()]).toEqual([
           200,
           expect.stringContaining('"status":"ready"'),
@@ -87,14 +93,37 @@ describe('the after-sale role with Redis gone after Completed', () => {
       expect([first.status, first.body.outcome ?? first.body.code]).toEqual([200, 'PAID']);
       const again = await notify(api, paid);
       expect(again.status).toBe(200);
-      expect((await findOrderById(f.pool, orderId))?.status).toBe('PAID');
+      expect((await findOrderById(f!.pool, orderId))?.status).toBe('PAID');
       // The buyers read their orders from PostgreSQL.
       const buyer = buyerOrders(api, activityId, skuId);
       const polled = await buyer.poll('payer', rids[0]!);
       expect([polled.status, polled.body.status]).toEqual([200, 'PAID']);
       const unpaid = await buyer.poll('waiter', rids[1]!);
       expect([unpaid.status, unpaid.body.status]).toEqual([200, 'UNPAID']);
-      expect(role.output()).not.toMatch(/"level":50/);
+      expect(role!.output()).not.toMatch(/"level":50/);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a pod started while Redis is still down (a restart, a reschedule) becomes ready and takes payments too',
+    async () => {
+      const { activityId, skuId, rids, orders } = sale!;
+      const reservationId = rids[2]!;
+      const orderId = orders.get(reservationId)!;
+      const late = await startRole('after-sale', { databaseUrl: f!.db.url, env: roleEnv(redis!.url) });
+      try {
+        const ready = await fetch(`${late.url}/readyz`);
+        expect(ready.status).toBe(200);
+        const api = { url: late.url, close: async () => undefined };
+        const paid = { orderId, tradeNo: 'T-started-without-redis', amount: '9.90' };
+        const first = await notify(api, paid);
+        expect([first.status, first.body.outcome ?? first.body.code]).toEqual([200, 'PAID']);
+        const polled = await buyerOrders(api, activityId, skuId).poll('late-payer', reservationId);
+        expect([polled.status, polled.body.status]).toEqual([200, 'PAID']);
+      } finally {
+        await late.stop();
+      }
     },
     TIMEOUT_MS,
   );

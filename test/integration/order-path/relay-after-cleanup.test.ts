@@ -3,7 +3,7 @@
 // resumes should the outbox come back. A relay started after the cleanup, or during one stopped
 // half-way, creates nothing either.
 import { Redis } from 'ioredis';
-import { cleanupActivity } from '../../../core/activity-cache.js';
+import { cleanupActivity, outboxStreams } from '../../../core/activity-cache.js';
 import { activityKeys } from '../../../core/keys.js';
 import { reserve } from '../../../core/reservations.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
@@ -116,6 +116,49 @@ describe('a relay after its activity was cleaned up', () => {
       // The cleanup completes: not a key of the activity is left but the retained results.
       await cleanupActivity(redis, id, 60);
       expect((await redis.keys(keys.scanPattern)).filter((key) => key !== keys.results)).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
+  it(
+    "a relay started before its activity's load relays every outbox once it is loaded, a stock bucket's too",
+    async () => {
+      await relay?.kill();
+      const id = uniqueId('early');
+      const items = [{ skuId: 'hot', name: '热门', price: '5.00', stock: 40, limitPerUser: 1, buckets: 4 }];
+      // Topics first (the operator's warm-up creates them before it loads the cache), no cache yet.
+      await setUpActivity(id, items);
+      const keys = activityKeys(id);
+      const loaded = [...(await redis.keys(keys.scanPattern)), ...(await redis.keys(keys.bucketScanPattern))];
+      await redis.unlink(...loaded);
+      relay = await startRole('relay', { activityId: id, databaseUrl: db.url, env: { LOG_LEVEL: 'info' } });
+      await waitFor('the relay idles', async () => relay?.output().includes("the activity's outbox is gone"));
+
+      // The operator loads the cache; the SKU is bucketed only, so the activity's own outbox gets
+      // no entry: the buyers' half messages are all in the buckets' outboxes.
+      await setUpActivity(id, items);
+      for (let i = 0; i < 12; i += 1) {
+        await reserve(redis, {
+          activityId: id,
+          userId: `early-${i}`,
+          skuId: 'hot',
+          quantity: 1,
+          requestId: `r${i}`,
+          traceId: `t${i}`,
+        });
+      }
+      const streams = await outboxStreams(redis, id);
+      expect(streams.length).toBeGreaterThan(1);
+      const backlog = async () => {
+        let n = 0;
+        for (const s of streams) n += await redis.xlen(s);
+        return n;
+      };
+      expect(await backlog()).toBe(12);
+      await waitFor('every outbox relayed', async () => (await backlog()) === 0, 20_000);
+      // The activity's own outbox got its relay group once the activity was loaded.
+      const groups = (await redis.xinfo('GROUPS', keys.outbox)) as unknown[][];
+      expect(groups.map((g) => g[1])).toEqual(['relay']);
+      expect(relay.proc.exitCode).toBeNull();
     },
     TIMEOUT_MS,
   );
