@@ -238,6 +238,22 @@ describe('FlashSaleActivity CRD on the API server', () => {
   );
 
   it(
+    'refuses a name the runtime Service cannot take (a leading digit, a dot), which the API server accepts for the resource itself',
+    async () => {
+      for (const name of [`1111-${uniqueId('sale')}`, `${uniqueId('sale')}.v2`]) {
+        const message = await refusal(create(name, valid()));
+        expect({ name, message }).toEqual({
+          name,
+          message: expect.stringMatching(
+            /metadata\.name must start with a lowercase letter .*DNS-1035 label/,
+          ),
+        });
+      }
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'lets stock only grow and keeps activityId immutable',
     async () => {
       await create('grow', { ...valid(), activityId: 'grow-1' });
