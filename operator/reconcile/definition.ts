@@ -70,6 +70,20 @@ export function phaseOfGate(phase: Phase, gate: GateState): Phase {
  * release policy. Safe while Active: extending endAt, adding stock, adding items. Once the sale
  * has ended nothing may change.
  */
+/** Differences named at most in one message (a status condition, an Event). */
+export const CHANGES_LISTED = 20;
+
+/**
+ * The differences as one message: the first CHANGES_LISTED, then how many more. A catalog of
+ * thousands of SKUs repriced at once would otherwise make a condition message longer than the CRD
+ * allows (32768), and every status write after it fail.
+ */
+export function listChanges(changes: readonly string[]): string {
+  const shown = changes.slice(0, CHANGES_LISTED).join('; ');
+  const more = changes.length - CHANGES_LISTED;
+  return more > 0 ? `${shown}; ... and ${more} more difference(s)` : shown;
+}
+
 export function diffDefinition(
   loaded: LoadedDefinition,
   desired: ActivityDefinition,

@@ -12,6 +12,7 @@
  * generation from PostgreSQL on the next pass. One that is newer (a status write lost after a
  * load) is recorded as it is.
  */
+import { boundedMessage } from '../api/v1alpha1/conditions.js';
 import { loadActivity } from '../../core/activity-cache.js';
 import { cacheGeneration } from '../../core/cache-restore.js';
 import { recordActivityItems } from '../../core/db/activity-items-store.js';
@@ -24,7 +25,7 @@ import type { LoadedDefinition } from '../../core/loaded-definition.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
-import { buildDefinition, diffDefinition, phaseOfGate } from './definition.js';
+import { buildDefinition, diffDefinition, listChanges, phaseOfGate } from './definition.js';
 import { planBuckets } from './plan-buckets.js';
 import { resolveItems } from './resolve-items.js';
 import { syncTrafficPolicy } from './traffic-policy.js';
@@ -63,7 +64,7 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
     if (diff.unsafe.length > 0) {
       return keep({
         kind: 'refused',
-        message: `refused spec generation ${desired.generation}: ${diff.unsafe.join('; ')}`,
+        message: `refused spec generation ${desired.generation}: ${listChanges(diff.unsafe)}`,
       });
     }
     if (diff.changes.length === 0) return keep({ kind: 'unchanged' });
@@ -142,7 +143,7 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
     case 'loaded':
       await recordCache(ctx);
       delete ctx.status.cache?.refusal;
-      await ctx.event('Normal', EventReason.SpecChangeApplied, outcome.changes.join('; ') || 'reloaded');
+      await ctx.event('Normal', EventReason.SpecChangeApplied, listChanges(outcome.changes) || 'reloaded');
       ctx.log.info({ changes: outcome.changes }, 'spec change applied to the cache');
       break;
     case 'unchanged':
@@ -153,7 +154,11 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
       await recordCache(ctx);
       ctx.status.cache = {
         ...ctx.status.cache,
-        refusal: { generation: ctx.generation, reason: Reason.SpecChangeRefused, message: outcome.message },
+        refusal: {
+          generation: ctx.generation,
+          reason: Reason.SpecChangeRefused,
+          message: boundedMessage(outcome.message),
+        },
       };
       await ctx.event('Warning', EventReason.SpecChangeRefused, outcome.message);
       ctx.log.warn({ message: outcome.message }, 'spec change refused');

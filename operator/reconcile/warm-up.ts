@@ -3,6 +3,7 @@
  * loading (once per generation: the load script's fence makes a repeat after a crash a no-op,
  * so live stock is never reset), then -> Ready once the runtime is available (observe-runtime.ts).
  */
+import { boundedMessage } from '../api/v1alpha1/conditions.js';
 import { claimCacheOwner } from '../../core/activity-cache.js';
 import { TopicBrokersError, TopicReplicationError } from '../../core/kafka.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
@@ -85,7 +86,11 @@ export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
     // Loaded by an earlier pass and then edited unsafely (e.g. stock lowered): keep what is loaded.
     ctx.status.cache = {
       ...ctx.status.cache,
-      refusal: { generation: ctx.generation, reason: Reason.SpecChangeRefused, message: outcome.message },
+      refusal: {
+        generation: ctx.generation,
+        reason: Reason.SpecChangeRefused,
+        message: boundedMessage(outcome.message),
+      },
     };
     await ctx.event('Warning', EventReason.SpecChangeRefused, outcome.message);
   }

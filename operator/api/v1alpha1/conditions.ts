@@ -23,6 +23,16 @@ export interface ConditionInput {
   message: string;
 }
 
+/** The CRD's (and metav1.Condition's) limit on a condition message. */
+export const CONDITION_MESSAGE_MAX = 32768;
+
+/** A message cut to `max` characters, saying so: a longer one would make the status write fail. */
+export function boundedMessage(message: string, max = CONDITION_MESSAGE_MAX): string {
+  if (message.length <= max) return message;
+  const kept = max - 64; // room for the note
+  return `${message.slice(0, kept)} ... (${message.length - kept} more characters)`;
+}
+
 /**
  * Sets a condition as meta.SetStatusCondition does: lastTransitionTime moves only when the status
  * changes; reason, message and observedGeneration are updated in place. Returns a new array.
@@ -43,7 +53,7 @@ export function setCondition(
     lastTransitionTime:
       previous && previous.status === input.status ? previous.lastTransitionTime : now.toISOString(),
     reason: input.reason,
-    message: input.message,
+    message: boundedMessage(input.message),
   };
   if (i >= 0) list[i] = next;
   else list.push(next);

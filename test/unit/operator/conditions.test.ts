@@ -1,4 +1,5 @@
 import {
+  CONDITION_MESSAGE_MAX,
   derivePhase,
   enterPhase,
   findCondition,
@@ -12,6 +13,14 @@ const t1 = new Date('2030-01-01T00:00:00Z');
 const t2 = new Date('2030-01-01T00:01:00Z');
 
 describe('conditions', () => {
+  it('cuts a message longer than the CRD allows, saying how much was left out (the status write would fail)', () => {
+    const long = 'x'.repeat(40_000);
+    const [c] = setCondition([], { type: 'Degraded', status: 'True', reason: 'R', message: long }, 1, t1);
+    expect(c!.message.length).toBeLessThanOrEqual(CONDITION_MESSAGE_MAX);
+    expect(c!.message).toMatch(/^x+ \.\.\. \(7296 more characters\)$/);
+    const [short] = setCondition([], { type: 'Degraded', status: 'True', reason: 'R', message: 'ok' }, 1, t1);
+    expect(short!.message).toBe('ok');
+  });
   it('moves lastTransitionTime only when the status changes (meta.SetStatusCondition)', () => {
     let list = setCondition([], { type: 'Ready', status: 'False', reason: 'A', message: 'a' }, 1, t1);
     list = setCondition(list, { type: 'Ready', status: 'False', reason: 'B', message: 'b' }, 2, t2);

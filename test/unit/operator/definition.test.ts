@@ -1,7 +1,13 @@
 import type { LoadedDefinition } from '../../../core/loaded-definition.js';
 import type { ActivityDefinition } from '../../../core/model.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
-import { diffDefinition, normalizePrice, phaseOfGate } from '../../../operator/reconcile/definition.js';
+import {
+  CHANGES_LISTED,
+  diffDefinition,
+  listChanges,
+  normalizePrice,
+  phaseOfGate,
+} from '../../../operator/reconcile/definition.js';
 
 const start = Date.parse('2030-01-01T10:00:00Z');
 const end = Date.parse('2030-01-01T11:00:00Z');
@@ -139,5 +145,16 @@ describe('normalizePrice', () => {
     ['999999999999.99', '999999999999.99'],
   ])('%s -> %s', (input, output) => {
     expect(normalizePrice(input)).toBe(output);
+  });
+});
+
+describe('listChanges', () => {
+  it('names at most CHANGES_LISTED differences, then how many more, so a large catalog cannot overflow a condition', () => {
+    const repriced = Array.from({ length: 5000 }, (_, i) => `sku sku-${i}: price 1.00 -> 2.00`);
+    const message = listChanges(repriced);
+    expect(message.split('; ')).toHaveLength(CHANGES_LISTED + 1);
+    expect(message).toMatch(/; \.\.\. and 4980 more difference\(s\)$/);
+    expect(message.length).toBeLessThan(2000);
+    expect(listChanges(repriced.slice(0, 2))).toBe(repriced.slice(0, 2).join('; '));
   });
 });
