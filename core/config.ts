@@ -17,7 +17,8 @@ export function readConfig<T extends z.ZodType>(schema: T, env: NodeJS.ProcessEn
 
 /** Helpers for environment values (always strings). */
 export const env = {
-  int: (def: number, min = 0) => z.coerce.number().int().min(min).default(def),
+  int: (def: number, min = 0, max = Number.MAX_SAFE_INTEGER) =>
+    z.coerce.number().int().min(min).max(max).default(def),
   bool: (def: boolean) =>
     z
       .enum(['true', 'false', '1', '0'])

@@ -17,12 +17,19 @@ import { recordRegistration } from './db/registrations-store.js';
 import type { Queryable } from './db/pool.js';
 import type { RedisClient } from './scripts.js';
 
+/** The bounds of a policy (the CRD's too); the operator's defaults are held to them at start. */
+export const POLICY_LIMITS = {
+  requests: 1_000_000,
+  perSeconds: 86_400,
+  orderCodesPerBuyerPerSku: 1000,
+} as const;
+
 export const rateLimitSchema = z
   .object({
     /** Requests allowed per window; 0 switches this limit off. */
-    requests: z.number().int().min(0).max(1_000_000),
+    requests: z.number().int().min(0).max(POLICY_LIMITS.requests),
     /** The window, in seconds. */
-    perSeconds: z.number().int().min(1).max(86_400),
+    perSeconds: z.number().int().min(1).max(POLICY_LIMITS.perSeconds),
   })
   .strict();
 
@@ -42,7 +49,7 @@ export const trafficPolicySchema = z
         /** Only buyers who registered before the sale started may reserve. */
         preRegistration: z.boolean(),
         /** One-time order codes one buyer may obtain per SKU (0 = no limit). */
-        orderCodesPerBuyerPerSku: z.number().int().min(0).max(1000),
+        orderCodesPerBuyerPerSku: z.number().int().min(0).max(POLICY_LIMITS.orderCodesPerBuyerPerSku),
       })
       .strict(),
   })

@@ -11,7 +11,7 @@ import { env, readConfig } from '../core/config.js';
 import { defaultMinInsyncReplicas, kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
 import { MAX_BUCKETS } from '../core/buckets.js';
 import { MAX_SEMI_SPACE_MIB } from '../core/young-generation.js';
-import { DEFAULT_TRAFFIC_POLICY } from '../core/traffic-policy.js';
+import { DEFAULT_TRAFFIC_POLICY, POLICY_LIMITS } from '../core/traffic-policy.js';
 import type { TrafficPolicy } from '../core/traffic-policy.js';
 
 const D = DEFAULT_TRAFFIC_POLICY;
@@ -209,11 +209,16 @@ export const operatorConfigSchema = z
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
     // Defaults of spec.trafficShaping and spec.eligibility (docs/operator.md).
     TRAFFIC_SHAPING_ENABLED: env.bool(D.shaping.enabled),
-    TRAFFIC_PER_BUYER_REQUESTS: env.int(D.shaping.perBuyer.requests, 0),
-    TRAFFIC_PER_BUYER_SECONDS: env.int(D.shaping.perBuyer.perSeconds, 1),
-    TRAFFIC_PER_ADDRESS_REQUESTS: env.int(D.shaping.perAddress.requests, 0),
-    TRAFFIC_PER_ADDRESS_SECONDS: env.int(D.shaping.perAddress.perSeconds, 1),
-    ORDER_CODES_PER_BUYER_PER_SKU: env.int(D.eligibility.orderCodesPerBuyerPerSku, 0),
+    // Held to the policy's bounds here: a default out of them would fail every activity's warm-up.
+    TRAFFIC_PER_BUYER_REQUESTS: env.int(D.shaping.perBuyer.requests, 0, POLICY_LIMITS.requests),
+    TRAFFIC_PER_BUYER_SECONDS: env.int(D.shaping.perBuyer.perSeconds, 1, POLICY_LIMITS.perSeconds),
+    TRAFFIC_PER_ADDRESS_REQUESTS: env.int(D.shaping.perAddress.requests, 0, POLICY_LIMITS.requests),
+    TRAFFIC_PER_ADDRESS_SECONDS: env.int(D.shaping.perAddress.perSeconds, 1, POLICY_LIMITS.perSeconds),
+    ORDER_CODES_PER_BUYER_PER_SKU: env.int(
+      D.eligibility.orderCodesPerBuyerPerSku,
+      0,
+      POLICY_LIMITS.orderCodesPerBuyerPerSku,
+    ),
     /**
      * Defaults of spec.bucketing: a SKU without its own bucket count and with at least this much
      * stock is split (0 = never); unset = 15,000 on a Redis Cluster of several primaries, else 0
