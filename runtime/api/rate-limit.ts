@@ -122,6 +122,12 @@ class BlockedBuyers {
     return 0;
   }
 
+  /** Lifts every block of the activity: its limits changed, and a block was for the old ones. */
+  forget(activityId: string): void {
+    const prefix = `${activityId}\n`;
+    for (const k of this.until.keys()) if (k.startsWith(prefix)) this.until.delete(k);
+  }
+
   private sweep(now: number): void {
     for (const [k, until] of this.until) if (until <= now) this.until.delete(k);
   }
@@ -196,6 +202,9 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
       known.label = labelFor(activityId, policy);
       return known;
     }
+    // New limits (an edit of spec.trafficShaping during the sale): a buyer this process refused
+    // under the old ones is judged by the new ones from the next request (their counters in Redis).
+    if (known !== undefined) blocked.forget(activityId);
     const k = activityKeys(activityId);
     const built: ActiveLimiters = {
       activityId,

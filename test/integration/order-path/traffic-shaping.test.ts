@@ -398,6 +398,39 @@ describe('traffic shaping and eligibility', () => {
     expect(await redis.hget(activityKeys(activityId).sku('tea'), 'stock')).toBe('9');
   }, 120_000);
 
+  test('a per-buyer limit relaxed during the sale frees the buyers it refused at once, not at the end of the old window', async () => {
+    const activityId = uniqueId('relaxed');
+    await setUpActivity(activityId, [item(10)]);
+    await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 2, perSeconds: 600 } }));
+    const api = await startRole('api', { activityId, databaseUrl: db.url });
+    roles.push(api);
+    const token = await tokenFor('eager-buyer');
+    const submit = (requestId: string) =>
+      send(`${api.url}/v1/activities/${activityId}/orders`, {
+        token,
+        body: { skuId: 'tea', quantity: 1, requestId },
+      });
+    expect((await submit('first')).status).toBe(202);
+    expect([(await submit('second')).code]).toEqual(['LIMIT_REACHED']);
+    const refused = await submit('third');
+    expect([refused.status, refused.code]).toEqual([429, 'RATE_LIMITED']);
+
+    // The operator writes the edited policy (the per-buyer limit switched off): within
+    // API_POLICY_REFRESH_MS the buyer is answered by the reservation path again.
+    await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 0, perSeconds: 10 } }));
+    let n = 0;
+    await waitFor(
+      'the relaxed limit lets the buyer through',
+      async () => {
+        n += 1;
+        const r = await submit(`after-${n}`);
+        return r.status === 409 && r.code === 'LIMIT_REACHED';
+      },
+      15_000,
+      250,
+    );
+  }, 120_000);
+
   test('deny list and pre-registration refuse with stable codes and change nothing', async () => {
     const activityId = uniqueId('elig');
     const activity = await setUpActivity(activityId, [item(10)], { open: false, startInMs: 3_600_000 });
