@@ -241,6 +241,17 @@ export async function setGate(redis: RedisClient, activityId: string, gate: Gate
   return String(r[1]) as GateState;
 }
 
+/**
+ * How many of the activity's stock buckets have a gate other than `gate`: a setGate that stopped
+ * half-way (a crash, a node that did not answer) moved some buckets and not the activity, whose
+ * gate alone then no longer tells whether every bucket follows it.
+ */
+export async function bucketsNotAt(redis: RedisClient, activityId: string, gate: GateState): Promise<number> {
+  const layout = await bucketLayout(redis, activityId);
+  const gates = await Promise.all(layout.allBuckets().map((b) => redis.hget(b.meta, 'gate')));
+  return gates.filter((g) => g !== null && g !== gate).length;
+}
+
 export interface SkuStock {
   skuId: string;
   initial: number;

@@ -3,7 +3,7 @@
  * Active the gate follows spec.paused. The instants come from the cache (what was loaded), which
  * is also what the reserve script checks, so the operator and the runtime agree on the window.
  */
-import { readMeta, setGate } from '../../core/activity-cache.js';
+import { bucketsNotAt, readMeta, setGate } from '../../core/activity-cache.js';
 import { EventReason, Phase } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
@@ -37,13 +37,21 @@ export async function openGate(ctx: ReconcileContext): Promise<StepResult> {
     return ctx.transition(Phase.Active, wanted === 'open' ? 'the sale is open' : 'the sale is paused');
   }
 
-  if (meta.gate !== wanted && (meta.gate === 'open' || meta.gate === 'paused' || meta.gate === 'pending')) {
+  const movable = meta.gate === 'open' || meta.gate === 'paused' || meta.gate === 'pending';
+  if (meta.gate !== wanted && movable) {
     await setGate(redis, ctx.activityId, wanted);
     await ctx.event(
       'Normal',
       wanted === 'paused' ? EventReason.SalePaused : EventReason.SaleResumed,
       wanted === 'paused' ? 'gate closed by spec.paused' : 'gate reopened',
     );
+    ctx.gateSeen = wanted;
+  } else if (movable && (await bucketsNotAt(redis, ctx.activityId, wanted)) > 0) {
+    // The activity's gate is as wanted but a bucket's is not: a setGate stopped after moving the
+    // buckets (they move first) and the spec was then set back. Each bucket's reserve script reads
+    // its own gate: finish the move.
+    ctx.log.warn({ wanted }, "a stock bucket's gate lags the activity's; moving it");
+    await setGate(redis, ctx.activityId, wanted);
     ctx.gateSeen = wanted;
   } else ctx.gateSeen = meta.gate;
   ctx.requeueAt(endMs);
