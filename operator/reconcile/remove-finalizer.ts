@@ -4,7 +4,11 @@
  * Pending (nothing was created yet), or Settling (its orders live on in PostgreSQL and the
  * platform after-sale role settles them).
  */
-import { EventReason, FINALIZER, Phase } from '../api/v1alpha1/types.js';
+import { deploymentName } from '../api/v1alpha1/funcs.js';
+import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
+import { EventReason, FIELD_MANAGER, FINALIZER, Phase, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
+import { ownerReference } from './runtime-objects.js';
+import { isApiStatus } from '../kube/activities.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { deleteActivityKeys } from './clean-up.js';
@@ -45,8 +49,36 @@ export async function removeFinalizer(ctx: ReconcileContext): Promise<StepResult
     await unregisterActivity(ctx.deps.pool, ctx.activityId, ctx.fsa.metadata.uid);
     await releaseUnusedClaim(ctx.deps.pool, ctx.activityId, ctx.fsa.metadata.uid);
   }
+  await adoptUnownedRuntime(ctx);
   await ctx.event('Normal', EventReason.FinalizerRemoved, `released after ${ctx.phase}`);
   await ctx.deps.activities.removeFinalizer(ctx.fsa);
   ctx.gone = true;
   return DONE;
+}
+
+/**
+ * The runtime Deployments scale-runtime made again without an owner reference during a foreground
+ * deletion: given back their owner reference before the finalizer goes, so garbage collection
+ * removes them with the activity (the operator deletes nothing itself: config/rbac/role.yaml).
+ */
+async function adoptUnownedRuntime(ctx: ReconcileContext): Promise<void> {
+  const ns = ctx.fsa.metadata.namespace;
+  for (const role of RUNTIME_ROLES) {
+    const name = deploymentName(ctx.fsa.metadata.name, role);
+    const live = ctx.deps.deployment(ns, name);
+    if (!live || (live.metadata?.ownerReferences ?? []).some((r) => r.uid === ctx.fsa.metadata.uid)) continue;
+    try {
+      await ctx.deps.apps.patchNamespacedDeployment(
+        {
+          name,
+          namespace: ns,
+          body: { metadata: { ownerReferences: [ownerReference(ctx.fsa)] } },
+          fieldManager: FIELD_MANAGER,
+        },
+        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+      );
+    } catch (err) {
+      if (!isApiStatus(err, 404)) throw err;
+    }
+  }
 }

@@ -78,11 +78,21 @@ export async function scaleRuntime(ctx: ReconcileContext): Promise<StepResult> {
       continue;
     }
     const desired = desiredDeployment(ctx.fsa, role, replicas[role], ctx.activityId, config, image);
-    // A resource being deleted gets no new Deployments (garbage collection would remove them).
-    const skip = deploymentUpToDate(live, desired) || (ctx.deleting && !live) || (terminal && !live);
+    // A foreground deletion (`kubectl delete --cascade=foreground`, Argo CD's prune) has garbage
+    // collection remove the runtime before the finalizer's drain, which needs the relay and the
+    // consumer: a Deployment the deleted activity still needs is made again without an owner
+    // reference (collection would remove an owned one again), given it back by remove-finalizer.
+    const orphan = ctx.deleting && !live && !terminal && replicas[role] > 0;
+    const skip =
+      deploymentUpToDate(live, desired) || (ctx.deleting && !live && !orphan) || (terminal && !live);
     if (!skip) {
+      const body: V1Deployment = orphan
+        ? { ...desired, metadata: { ...desired.metadata, ownerReferences: [] } }
+        : desired;
+      if (orphan)
+        ctx.log.warn({ role }, 'runtime deployment gone during deletion; recreated unowned to drain');
       await apps.patchNamespacedDeployment(
-        { name, namespace: ns, body: desired, fieldManager: FIELD_MANAGER, force: true },
+        { name, namespace: ns, body, fieldManager: FIELD_MANAGER, force: true },
         applyOptions,
       );
       ctx.log.debug({ role, replicas: replicas[role] }, 'runtime deployment applied');

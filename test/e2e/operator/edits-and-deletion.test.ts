@@ -305,6 +305,81 @@ describe('operator: edits, pause, deletion, failures', () => {
   );
 
   it(
+    'a foreground deletion (kubectl delete --cascade=foreground, Argo CD) still drains with its relay and consumer, and leaves no Deployment behind',
+    async () => {
+      const t0 = Date.now();
+      await createActivity(
+        a,
+        activityBody(ns.namespace, 'fg', {
+          warmUpAt: new Date(t0),
+          startAt: new Date(t0 + 2_000),
+          endAt: new Date(t0 + 10 * 60_000),
+          items: [{ skuId: 's', name: '月饼', price: '1', stock: 5 }],
+          drainTimeout: '10m',
+        }),
+      );
+      const active = await waitForPhase(a, ns.namespace, 'fg', Phase.Active, 60_000);
+      const id = active.status?.activityId ?? '';
+      // A reservation whose half message is still in the outbox: the drain needs the relay.
+      await reserve(redis, {
+        activityId: id,
+        userId: 'u1',
+        skuId: 's',
+        quantity: 1,
+        requestId: 'r1',
+        traceId: 't1',
+      });
+      await a.custom.deleteNamespacedCustomObject({
+        group: GROUP,
+        version: VERSION,
+        namespace: ns.namespace,
+        plural: PLURAL,
+        name: 'fg',
+        propagationPolicy: 'Foreground',
+      });
+      const deployments = async (): Promise<string[]> =>
+        (await a.apps.listNamespacedDeployment({ namespace: ns.namespace })).items
+          .map((d) => d.metadata?.name ?? '')
+          .filter((n) => n.startsWith('fg-'))
+          .sort();
+      // What garbage collection does for a foreground deletion, at once in a cluster whose
+      // collector has long watched the CRD (this one's may not have discovered it yet): the owned
+      // runtime goes. The drain gets it back, and keeps it.
+      for (const role of ['api', 'relay', 'consumer']) {
+        await a.apps.deleteNamespacedDeployment({ name: `fg-${role}`, namespace: ns.namespace });
+      }
+      await waitFor('draining with its runtime', async () => {
+        const fsa = await getActivity(a, ns.namespace, 'fg');
+        return fsa?.status?.phase === Phase.Draining &&
+          (await deployments()).join() === 'fg-api,fg-consumer,fg-relay'
+          ? true
+          : undefined;
+      });
+      await new Promise((r) => setTimeout(r, 3_000));
+      expect(await deployments()).toEqual(['fg-api', 'fg-consumer', 'fg-relay']);
+      expect((await getActivity(a, ns.namespace, 'fg'))?.status?.phase).toBe(Phase.Draining);
+
+      // The relay and consumer do their work (the test's pods run no process): the backlog goes.
+      await redis.del(activityKeys(id).outbox, activityKeys(id).ledger);
+      await waitFor(
+        'fg deleted',
+        async () => (await getActivity(a, ns.namespace, 'fg')) === undefined,
+        90_000,
+      );
+      expect(await readWriteBack(pg, id)).toBeDefined();
+      // None is left unowned: those not collected yet are owned by the deleted activity, and go
+      // with it (this cluster's collector may not have discovered the CRD yet).
+      const left = (await a.apps.listNamespacedDeployment({ namespace: ns.namespace })).items.filter((d) =>
+        d.metadata?.name?.startsWith('fg-'),
+      );
+      for (const d of left) {
+        expect(d.metadata?.ownerReferences?.map((r) => r.uid)).toEqual([active.metadata.uid]);
+      }
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'fails an activity whose window passed before it was loaded; restores one whose cache was lost',
     async () => {
       const t0 = Date.now();
