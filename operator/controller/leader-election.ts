@@ -1,8 +1,9 @@
 /**
  * Leader election with a coordination.k8s.io/v1 Lease, as client-go's leaderelection package does
  * it (the JS client has none): candidates try every `retryPeriod` to take a Lease whose holder has
- * not renewed it for `leaseDuration` (measured on the candidate's own clock from when it last saw
- * the record change, so clock skew does not matter); the leader renews every `retryPeriod` and
+ * not renewed it for `leaseDuration` (measured on the candidate's own monotonic clock from when it
+ * last saw the record change, so neither clock skew nor a stepped wall clock matters); the leader
+ * renews every `retryPeriod` and
  * steps down when it could not renew for `renewDeadline`. Every write carries the Lease's
  * resourceVersion, so two candidates can never both win. `release()` (on SIGTERM) empties the
  * holder so a successor takes over at once instead of after the lease duration.
@@ -32,7 +33,15 @@ export interface LeaderElectionOptions {
    * created (its namespace is missing, RBAC forbids it), or undefined once an attempt got through.
    */
   onBlocked?: (reason: string | undefined) => void;
+  /** Wall-clock milliseconds, written into the Lease (renewTime, acquireTime). */
   now?: () => number;
+  /**
+   * Monotonic milliseconds, for every duration this process measures (renew deadline, lease
+   * expiry as seen here): a wall clock stepped back (an NTP step) would keep a leader that cannot
+   * renew leading past its deadline, while a candidate takes the Lease. Default: `now` when given
+   * (tests), else performance.now().
+   */
+  elapsed?: () => number;
 }
 
 /** metav1.MicroTime wants exactly six fractional digits; the client sends Dates with three. */
@@ -72,10 +81,12 @@ export class LeaderElector {
   /** Set when the Lease shows another holder while this process believed it led. */
   private takenOver = false;
   private readonly now: () => number;
+  private readonly elapsed: () => number;
   private blocked: string | undefined;
 
   constructor(private readonly options: LeaderElectionOptions) {
     this.now = options.now ?? Date.now;
+    this.elapsed = options.elapsed ?? options.now ?? (() => performance.now());
   }
 
   get isLeader(): boolean {
@@ -104,7 +115,7 @@ export class LeaderElector {
       // A Lease write took effect at the latest when the attempt ended, at the earliest when it
       // began: the deadline counts from the beginning, so however late the answer came the leader
       // steps down before any candidate can see the Lease expire.
-      const attemptAt = this.now();
+      const attemptAt = this.elapsed();
       if (!this.leading) {
         let failed = false;
         const won = await within(
@@ -140,7 +151,7 @@ export class LeaderElector {
           },
         );
         if (renewed) this.lastRenewAt = attemptAt;
-        else if (this.takenOver || this.now() - this.lastRenewAt >= this.options.renewDeadlineMs) {
+        else if (this.takenOver || this.elapsed() - this.lastRenewAt >= this.options.renewDeadlineMs) {
           this.leading = false;
           this.options.log.error(
             { identity: this.options.identity, takenOver: this.takenOver },
@@ -222,9 +233,10 @@ export class LeaderElector {
     }
     const spec = lease.spec ?? {};
     const record = `${spec.holderIdentity ?? ''}|${String(timeOf(spec.renewTime) ?? '')}|${spec.leaseTransitions ?? 0}`;
+    const seenAt = this.elapsed();
     if (record !== this.observedRecord) {
       this.observedRecord = record;
-      this.observedAt = now;
+      this.observedAt = seenAt;
     }
     const holder = spec.holderIdentity ?? '';
     const heldByUs = holder === identity;
@@ -233,7 +245,7 @@ export class LeaderElector {
       this.takenOver = true; // released or taken by someone else: never take it back while leading
       return false;
     }
-    if (holder !== '' && !heldByUs && this.observedAt + leaseMs > now) return false;
+    if (holder !== '' && !heldByUs && this.observedAt + leaseMs > seenAt) return false;
     const transitions = (spec.leaseTransitions ?? 0) + (heldByUs ? 0 : 1);
     try {
       await api.replaceNamespacedLease({

@@ -76,6 +76,7 @@ function candidate(
   identity: string,
   clock = { now: 1_000_000 },
   renewDeadlineMs = 10_000,
+  monotonic?: { now: number },
 ): Candidate {
   const c: Candidate = { elector: undefined as unknown as LeaderElector, started: 0, stopped: 0, clock };
   c.elector = new LeaderElector({
@@ -94,6 +95,7 @@ function candidate(
       c.stopped += 1;
     },
     now: () => c.clock.now,
+    ...(monotonic ? { elapsed: () => monotonic.now } : {}),
   });
   return c;
 }
@@ -170,6 +172,23 @@ describe('LeaderElector', () => {
     a.clock.now += 10_000;
     await run;
     expect(a.stopped).toBe(1);
+    expect(a.elector.isLeader).toBe(false);
+  });
+
+  it('steps down at its renew deadline even when the wall clock is stepped back meanwhile (an NTP step)', async () => {
+    const fake = new FakeLeases();
+    const monotonic = { now: 5_000 };
+    const a = candidate(fake, 'a', { now: 1_000_000 }, 10_000, monotonic);
+    const run = a.elector.run();
+    await until('a leads', () => a.started === 1);
+    fake.failWritesOf.add('a');
+    const reads = fake.reads.get('a') ?? 0;
+    await until('a failed to renew a few times', () => (fake.reads.get('a') ?? 0) >= reads + 5);
+    // 10 s pass (the renew deadline); the wall clock meanwhile was stepped back 8 s.
+    monotonic.now += 10_000;
+    a.clock.now += 10_000 - 8_000;
+    await until('a stepped down', () => a.stopped === 1);
+    await run;
     expect(a.elector.isLeader).toBe(false);
   });
 
