@@ -196,6 +196,16 @@ describe('FlashSaleActivity CRD on the API server', () => {
       /spec\.runtime\.replicas\.active\.api.*greater than or equal to 0/,
     ],
     [
+      'warm-up without an api (the sale would never open, or open with no api)',
+      { ...valid(), runtime: { replicas: { warmUp: { api: 0 } } } },
+      /warmUp needs at least one api, one relay and one consumer/,
+    ],
+    [
+      'warm-up without any runtime',
+      { ...valid(), runtime: { replicas: { warmUp: { api: 0, relay: 0, consumer: 0 } } } },
+      /warmUp needs at least one api, one relay and one consumer/,
+    ],
+    [
       'draining without a consumer',
       { ...valid(), runtime: { replicas: { draining: { consumer: 0 } } } },
       /draining needs at least one relay and one consumer/,
