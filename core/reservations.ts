@@ -147,14 +147,30 @@ const NOTHING_RESERVED = new Set<string>([
  */
 export async function reserve(redis: RedisClient, input: ReserveInput): Promise<ReserveOutcome> {
   let claim: string | undefined;
+  let counted: WindowCount | undefined;
   try {
-    return await reserveClaimed(redis, input, (c) => (claim = c));
+    return await reserveClaimed(
+      redis,
+      input,
+      (c) => (claim = c),
+      (c) => (counted = c),
+    );
   } catch (err) {
     if (claim && err instanceof FlashSaleError && NOTHING_RESERVED.has(err.code)) {
       await runScript(redis, 'unclaimRequest', [claim], []);
     }
+    // Counted by a call of its own (a bucketed SKU's claim) before the one that failed: the
+    // caller gives the point back if it answers 5xx, as for a script that counts and fails.
+    if (counted && err instanceof Error) (err as Error & { [COUNTED]?: WindowCount })[COUNTED] = counted;
     throw err;
   }
+}
+
+const COUNTED = Symbol('windowCounted');
+
+/** The submission's count in the buyer's window when a failed reserve() had counted it already. */
+export function countedBeforeFailure(err: unknown): WindowCount | undefined {
+  return err instanceof Error ? (err as Error & { [COUNTED]?: WindowCount })[COUNTED] : undefined;
 }
 
 /**
@@ -168,6 +184,7 @@ async function reserveClaimed(
   redis: RedisClient,
   input: ReserveInput,
   claimed: (claimKey: string) => void,
+  countedApart: (count: WindowCount) => void,
 ): Promise<ReserveOutcome> {
   let layout = knownBucketLayout(input.activityId) ?? (await bucketLayout(redis, input.activityId));
   // The submission counts once in the buyer's window, however many attempts it takes.
@@ -192,7 +209,10 @@ async function reserveClaimed(
         [key, counter],
         [input.userId, input.skuId, input.quantity, window?.requests ?? 0, window?.perSeconds ?? 0],
       );
-      if (window) counted = countOf(reply[1], reply[2]);
+      if (window) {
+        counted = countOf(reply[1], reply[2]);
+        if (counted) countedApart(counted);
+      }
       if (reply[0] === 1) claimed(key);
       if (reply[0] === 2) claimMode = '1';
       if (reply[0] === 3) {
@@ -216,6 +236,7 @@ async function reserveClaimed(
         const data = (err.extra as { data?: unknown[] }).data ?? [];
         if (window && data.length >= 2) {
           counted = countOf(data[0], data[1]);
+          if (counted) countedApart(counted);
           window = undefined;
         }
         layout = await bucketLayout(redis, input.activityId, { refresh: true });

@@ -11,6 +11,7 @@ import { answerUnloadedSubmission, lookupOrder } from '../../core/order-view.js'
 import { localAck } from '../../core/durable-ack.js';
 import type { ReservationAck } from '../../core/durable-ack.js';
 import {
+  countedBeforeFailure,
   rateLimitedMs,
   reservationIdFor,
   reserve,
@@ -198,6 +199,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
       return;
     } catch (err) {
       if (refusedByScript(limit, res, activityId, userId, err)) return;
+      if (countedBeforeFailure(err)) limit?.counted(res);
       // The script counts before it reads the cache: a 5xx of the answer below gives it back.
       if (err instanceof FlashSaleError && err.code === 'NOT_LOADED' && window && window.requests > 0)
         limit?.counted(res);

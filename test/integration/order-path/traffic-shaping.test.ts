@@ -7,6 +7,7 @@ import { request } from 'undici';
 import { loadActivity, setGate } from '../../../core/activity-cache.js';
 import { serverSide } from '../../../bench/lib/fairness.js';
 import { activityKeys } from '../../../core/keys.js';
+import { bucketLayout } from '../../../core/buckets.js';
 import { syncDenyList, writeTrafficPolicy, DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
 import type { TrafficPolicy } from '../../../core/traffic-policy.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
@@ -396,6 +397,37 @@ describe('traffic shaping and eligibility', () => {
     // The first call counted and gave back; the retries were replays: the window is untouched.
     await waitFor('the point given back', async () => (await redis.get(counter)) === '0', 10_000, 50);
     expect(await redis.hget(activityKeys(activityId).sku('tea'), 'stock')).toBe('9');
+  }, 120_000);
+
+  test("a stock bucket's failed call gives back the point its claim counted: a buyer retrying through it is not rate-limited", async () => {
+    const activityId = uniqueId('bucket-giveback');
+    await setUpActivity(activityId, [{ ...item(10), buckets: 2 }]);
+    await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 3, perSeconds: 600 } }));
+    const api = await startRole('api', { activityId, databaseUrl: db.url });
+    roles.push(api);
+    // Every bucket's node fails the reservation's call (here: its meta hash is not a hash), after
+    // the claim in the activity's slot counted the submission.
+    const layout = await bucketLayout(redis, activityId);
+    const metas = layout.allBuckets().map((b) => b.meta);
+    const saved = await Promise.all(metas.map((m) => redis.hgetall(m)));
+    for (const m of metas) await redis.del(m).then(() => redis.set(m, 'broken'));
+    const token = await tokenFor('bucket-retrier');
+    const counter = activityKeys(activityId).rateLimitKey('buyer', 'bucket-retrier');
+    for (let i = 0; i < 4; i += 1) {
+      const r = await send(`${api.url}/v1/activities/${activityId}/orders`, {
+        token,
+        body: { skuId: 'tea', quantity: 1, requestId: 'r1' },
+      });
+      expect(r.status).toBeGreaterThanOrEqual(500);
+    }
+    await waitFor('every point given back', async () => (await redis.get(counter)) === '0', 10_000, 50);
+    // The bucket's node is back: the same submission reserves, nothing limited.
+    for (const [i, m] of metas.entries()) await redis.del(m).then(() => redis.hset(m, saved[i]!));
+    const r = await send(`${api.url}/v1/activities/${activityId}/orders`, {
+      token,
+      body: { skuId: 'tea', quantity: 1, requestId: 'r1' },
+    });
+    expect(r.status).toBe(202);
   }, 120_000);
 
   test('a per-buyer limit relaxed during the sale frees the buyers it refused at once, not at the end of the old window', async () => {
