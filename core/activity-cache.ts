@@ -252,6 +252,16 @@ export async function bucketsNotAt(redis: RedisClient, activityId: string, gate:
   return gates.filter((g) => g !== null && g !== gate).length;
 }
 
+/**
+ * How many of the activity's stock buckets have lost their meta hash (a node restarted without its
+ * data): their stock is unknown, so nothing can be written back for them.
+ */
+export async function bucketsLost(redis: RedisClient, activityId: string): Promise<number> {
+  const layout = await bucketLayout(redis, activityId);
+  const present = await Promise.all(layout.allBuckets().map((b) => redis.exists(b.meta)));
+  return present.filter((n) => n === 0).length;
+}
+
 export interface SkuStock {
   skuId: string;
   initial: number;

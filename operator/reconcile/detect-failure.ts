@@ -2,7 +2,7 @@
  * Step 2: states the lifecycle cannot recover from. A Failed activity's data is not touched any
  * more: its runtime is scaled to zero and it waits to be deleted.
  */
-import { readMeta } from '../../core/activity-cache.js';
+import { bucketsLost, readMeta } from '../../core/activity-cache.js';
 import { readWriteBack } from '../../core/db/stock-store.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
@@ -36,7 +36,22 @@ export async function detectFailure(ctx: ReconcileContext): Promise<StepResult> 
     case Phase.WritingBack: {
       // A loaded cache carries its load mark; a meta hash without one (what a cache restore's
       // hold writes into an empty Redis) has no stock to write back.
-      if (((await readMeta(redis, ctx.activityId))?.generation ?? 0) > 0) return CONTINUE;
+      const loaded = ((await readMeta(redis, ctx.activityId))?.generation ?? 0) > 0;
+      if (loaded && !(await readWriteBack(pool, ctx.activityId))) {
+        // A stock bucket's node lost its data (the activity's did not): freezing the gate would
+        // fail on it at every pass, and its stock is unknown.
+        const lost = await bucketsLost(redis, ctx.activityId);
+        if (lost > 0) {
+          return fail(
+            ctx,
+            Reason.CacheLost,
+            `${lost} stock bucket(s) of activity ${ctx.activityId} lost their Redis keys before stock ` +
+              'was written back; their remaining stock is unknown (check Redis persistence, then ' +
+              'reconcile PostgreSQL by hand)',
+          );
+        }
+      }
+      if (loaded) return CONTINUE;
       if (await readWriteBack(pool, ctx.activityId)) return CONTINUE;
       if (ctx.status.cache?.loadedGeneration === undefined) return CONTINUE; // never loaded (deleted early)
       return fail(

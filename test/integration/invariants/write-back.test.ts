@@ -26,6 +26,9 @@ import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js'
 import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { writeBack } from '../../../operator/reconcile/write-back.js';
+import { detectFailure } from '../../../operator/reconcile/detect-failure.js';
+import { bucketLayout } from '../../../core/buckets.js';
+import { stepContext } from '../../fixtures/step-context.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { loadOpenSale } from '../../fixtures/open-sale.js';
@@ -331,6 +334,44 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       // A repeat (an operator killed after the commit) finds the fence: nothing marked twice.
       await writeBack(await context(id, redis));
       expect(await journal()).toEqual([held]);
+    },
+    TIMEOUT_MS,
+  );
+
+  test(
+    "a stock bucket's keys lost before the write-back fail the activity CacheLost, not a write-back retried for ever",
+    async () => {
+      const id = uniqueId('wb-bucket-lost');
+      await loadOpenSale(redis, id, [
+        { skuId: 'hot', name: 'hot', price: '1.00', stock: 40, limitPerUser: 1, buckets: 2 },
+      ]);
+      const layout = await bucketLayout(redis, id);
+      const [, lost] = layout.allBuckets();
+      // Its node restarted without its data: every key of that bucket is gone.
+      await redis.del(lost!.meta);
+      const now = new Date();
+      const events: string[] = [];
+      const ctx = stepContext(
+        {
+          activityId: id,
+          now,
+          spec: {},
+          status: {
+            conditions: enterPhase(undefined, Phase.WritingBack, 'test', 1, now),
+            cache: { loads: 1, loadedGeneration: 1 },
+          },
+          deps: { redis, pool: sql },
+        },
+        events,
+      );
+      await detectFailure(ctx);
+      expect(ctx.transitioned).toBe(true);
+      const failed = ctx.status.conditions?.filter((c) => c.reason === 'CacheLost') ?? [];
+      expect(failed.length).toBeGreaterThan(0);
+      for (const c of failed)
+        expect(c.message).toMatch(/1 stock bucket\(s\) of activity .* lost their Redis keys/);
+      expect(events).toEqual(['Failed']);
+      expect(await readWriteBack(sql, id)).toBeUndefined();
     },
     TIMEOUT_MS,
   );
