@@ -196,6 +196,8 @@ describe('cleanup of an activity (real Redis)', () => {
           deps: {
             redis,
             activities: { removeFinalizer: async () => undefined },
+            // The informer's cache of runtime Deployments: none here (remove-finalizer reads it).
+            deployment: () => undefined,
             config: { cleanupRetryMs: 5_000 },
           },
         },
