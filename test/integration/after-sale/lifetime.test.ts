@@ -66,16 +66,19 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
     (await findOrderById(f.pool, orderId))!.expiresAt;
   const remaining = async (): Promise<number> =>
     (await readStockRows(f.pool, activityId)).reduce((n, r) => n + r.remaining, 0);
-  /** The order's payment deadline passed an hour ago; one sweep of its activity. */
-  const expireAndSweep = async (activity: string, orderId: string) => {
-    await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = $1`, [orderId]);
-    return sweepExpiredOrders({
+  /** One sweep of an activity's expired orders (a batch of 10, unsettled closures at once). */
+  const sweepOnce = (activity: string) =>
+    sweepExpiredOrders({
       ...f.deps,
       activityId: activity,
       batchSize: 10,
       maxBatches: 1,
       settleGraceSeconds: 0,
     });
+  /** The order's payment deadline passed an hour ago; one sweep of its activity. */
+  const expireAndSweep = async (activity: string, orderId: string) => {
+    await f.pool.query(`UPDATE orders SET expires_at = now() - interval '1 hour' WHERE id = $1`, [orderId]);
+    return sweepOnce(activity);
   };
   const sweep = () =>
     sweepExpiredOrders({
@@ -170,13 +173,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       await f.pool.query(`UPDATE orders SET expires_at = now() - interval '10 seconds' WHERE id = $1`, [
         slow,
       ]);
-      await sweepExpiredOrders({
-        ...f.deps,
-        activityId: other.activityId,
-        batchSize: 10,
-        maxBatches: 1,
-        settleGraceSeconds: 0,
-      });
+      await sweepOnce(other.activityId);
       const [second] = await reserveFor(f.redis, other.activityId, other.skuId, ['quick-buyer']);
       expect((await readReservation(f.redis, other.activityId, second!))?.state).toBe('RESERVED');
       const late = await notify(
@@ -215,13 +212,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
         skuId: other.skuId,
       });
       // The sweeper's next pass finds the reservation PAID: it leaves the unit to the payment.
-      const swept = await sweepExpiredOrders({
-        ...f.deps,
-        activityId: other.activityId,
-        batchSize: 10,
-        maxBatches: 1,
-        settleGraceSeconds: 0,
-      });
+      const swept = await sweepOnce(other.activityId);
       expect(swept.settled).toMatchObject({ unresolved: 0, redis: 0 });
       expect(await findOrderById(f.pool, id)).toMatchObject({ status: 'CLOSED', stockReturnVia: null });
 
@@ -288,13 +279,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       // The sale ends. The sweeper's pass after the freeze finds the unreleased one's reservation
       // PAID and leaves it unresolved; then the write-back, whose snapshot holds all three units.
       await setGate(f.redis, plain.activityId, 'frozen');
-      await sweepExpiredOrders({
-        ...f.deps,
-        activityId: plain.activityId,
-        batchSize: 10,
-        maxBatches: 1,
-        settleGraceSeconds: 0,
-      });
+      await sweepOnce(plain.activityId);
       await freezeAndWriteBack(f, plain.activityId, 2);
       await freezeAndWriteBack(f, bucketed.activityId, 1);
       const stockOf = async (a: { activityId: string }) =>
@@ -308,13 +293,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
         });
       }
       // No later settlement returns a held unit to activity_stock.
-      await sweepExpiredOrders({
-        ...f.deps,
-        activityId: plain.activityId,
-        batchSize: 10,
-        maxBatches: 1,
-        settleGraceSeconds: 0,
-      });
+      await sweepOnce(plain.activityId);
       expect(await stockOf(plain)).toBe(1);
 
       // The providers' retries: each order PAID, its unit the one the snapshot held.
