@@ -126,7 +126,10 @@ const schema = z
      * addresses/CIDRs (express `trust proxy`, e.g. `loopback,10.0.0.0/8`).
      */
     API_TRUST_PROXY: z.string().default(''),
-    /** Requests one api process works on at once before it sheds with 503 OVERLOADED; 0 = no cap. */
+    /**
+     * Requests one api process works on at once before it sheds with 503 OVERLOADED; 0 = no cap.
+     * A request with a body counts once its body is read (a slow client holds no place).
+     */
     API_MAX_IN_FLIGHT: env.int(1000, 0),
     /** Shed while the p99 event-loop delay of the last window exceeds this (ms); 0 = off. */
     API_MAX_EVENT_LOOP_DELAY_MS: env.int(1000, 0),

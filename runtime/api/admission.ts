@@ -5,11 +5,17 @@
  * fast refusal lets the buyer's client (or the gateway) retry another replica, while a slow
  * answer holds a connection and still ends in a timeout. Mounted after /healthz, /readyz and
  * /metrics, which stay answerable; readiness reports shedding (docs/operator.md).
+ *
+ * A request with a body counts in flight from the moment its body has been read (`bodyRead`,
+ * mounted after each body reader), not from its arrival: a body still on the wire costs this
+ * process nothing but a socket, and counting it let a few hundred clients that send their bodies
+ * slowly (or never) fill the cap and have every buyer refused OVERLOADED. The check at arrival
+ * still refuses early; the count after the body checks the cap again.
  */
-import type { ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { ELDHistogram } from 'node:perf_hooks';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
-import type { RequestHandler } from 'express';
+import type { RequestHandler, Response } from 'express';
 import type { Metrics } from '../../core/metrics.js';
 import { sendProblem } from './problem.js';
 
@@ -28,6 +34,17 @@ export interface AdmissionOptions {
 /** The counter a response counts in while it is in flight. */
 const IN_FLIGHT = Symbol('inFlight');
 type CountedResponse = ServerResponse & { [IN_FLIGHT]?: { inFlight: number } | undefined };
+/** Marks a response whose request was admitted but is counted only once its body is read. */
+const AWAITING_BODY = Symbol('awaitingBody');
+type AdmittedResponse = CountedResponse & { [AWAITING_BODY]?: boolean };
+
+/** type-is' hasBody: a Transfer-Encoding, or a Content-Length other than 0. */
+function carriesBody(req: IncomingMessage): boolean {
+  const h = req.headers;
+  if (h['transfer-encoding'] !== undefined) return true;
+  const length = h['content-length'];
+  return length !== undefined && length !== '0';
+}
 
 /**
  * 'close' fires for every response, finished or aborted: one listener shared by all responses
@@ -98,22 +115,57 @@ export class AdmissionControl {
     return this.lastDelayMs;
   }
 
+  private shed(res: Response, reason: ShedReason): void {
+    this.opts.metrics.shed.inc({ reason });
+    res.setHeader('retry-after', String(this.opts.retryAfterSeconds));
+    sendProblem(
+      res,
+      'OVERLOADED',
+      reason === 'in_flight' ? 'too many requests in progress; retry' : 'the server is saturated; retry',
+    );
+  }
+
+  private count(res: CountedResponse): void {
+    this.counter.inFlight += 1;
+    res[IN_FLIGHT] = this.counter;
+    res.on('close', released);
+  }
+
+  /**
+   * At arrival: refuses while shedding; counts a request without a body at once and leaves one
+   * with a body to `bodyRead`.
+   */
   middleware(): RequestHandler {
-    return (_req, res, next) => {
+    return (req, res, next) => {
       const reason = this.shedding();
       if (reason) {
-        this.opts.metrics.shed.inc({ reason });
-        res.setHeader('retry-after', String(this.opts.retryAfterSeconds));
-        sendProblem(
-          res,
-          'OVERLOADED',
-          reason === 'in_flight' ? 'too many requests in progress; retry' : 'the server is saturated; retry',
-        );
+        this.shed(res, reason);
         return;
       }
-      this.counter.inFlight += 1;
-      (res as CountedResponse)[IN_FLIGHT] = this.counter;
-      res.on('close', released);
+      if (carriesBody(req)) (res as AdmittedResponse)[AWAITING_BODY] = true;
+      else this.count(res);
+      next();
+    };
+  }
+
+  /**
+   * After a body reader: counts the request now that its body is here, or refuses it if the cap
+   * filled while the body was on the wire. Passes a request already counted (or never admitted
+   * here) through, so a route may sit behind more than one body reader.
+   */
+  bodyRead(): RequestHandler {
+    return (_req, res, next) => {
+      const admitted = res as AdmittedResponse;
+      if (admitted[AWAITING_BODY] !== true) {
+        next();
+        return;
+      }
+      admitted[AWAITING_BODY] = false;
+      if (this.opts.maxInFlight > 0 && this.counter.inFlight >= this.opts.maxInFlight) {
+        this.shed(res, 'in_flight');
+        return;
+      }
+      this.count(admitted);
       next();
     };
   }

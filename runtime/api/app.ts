@@ -128,7 +128,10 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
   if (opts.admission) app.use(opts.admission.middleware());
   const deps = { ...opts, policies: opts.policies ?? new PolicyCache(opts.redis, 1000, opts.logger) };
   const limits = rateLimitStages(deps);
-  const body = jsonBody(opts.bodyLimit);
+  // A request with a body counts in flight once the body is read (admission.ts).
+  const body = opts.admission
+    ? [jsonBody(opts.bodyLimit), opts.admission.bodyRead()]
+    : [jsonBody(opts.bodyLimit)];
   const auth = await bearerAuth(opts.auth);
   const orders = ordersRoutes({ ...deps, limit: limits.submit });
   // The order submission, most of a sale's requests, is one route with its whole handler stack:
@@ -140,7 +143,7 @@ export async function createApiApp(opts: ApiOptions): Promise<Express> {
     SUBMIT_ROUTE,
     jsonOnly,
     limits.beforeAuthHandler,
-    body,
+    ...body,
     auth,
     limits.submit.afterAuthHandler,
     orders.submit,

@@ -10,7 +10,7 @@
  *   503  transient failure (database or Redis): retry
  */
 import express, { Router } from 'express';
-import type { Request, Response } from 'express';
+import type { Request, RequestHandler, Response } from 'express';
 import { dependencyOutage, FlashSaleError } from '../../core/errors.js';
 import type { Logger } from '../../core/logger.js';
 import type { Acknowledgement, NotificationRequest } from '../../core/payment-provider.js';
@@ -25,6 +25,8 @@ export interface NotificationDeps<P extends SigningProvider> {
   /** Largest notification body accepted (default 64kb). */
   bodyLimit?: string | undefined;
   logger: Logger;
+  /** Runs once the body is read (the api's admission count, runtime/api/admission.ts). */
+  afterBody?: RequestHandler | undefined;
 }
 
 export interface NotificationRoute<P extends SigningProvider, N> {
@@ -52,44 +54,42 @@ export function notificationRouter<P extends SigningProvider, N>(
 ): Router {
   const providers = new Map(deps.providers.map((p) => [p.name, p]));
   const router = Router();
-  router.post(
-    route.path,
-    express.raw({ type: () => true, limit: deps.bodyLimit ?? '64kb' }),
-    async (req: Request, res: Response) => {
-      const provider = providers.get(String(req.params.provider));
-      if (!provider) throw new FlashSaleError('NOT_FOUND', 'unknown payment provider');
-      const count = (outcome: string): void => route.count?.(provider.name, outcome);
-      const traceId = res.locals.traceId as string;
-      let notice: N;
-      try {
-        notice = route.verify(provider, {
-          rawBody: Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0),
-          headers: req.headers,
-          now: new Date(),
-        });
-      } catch (err) {
+  const readBody: RequestHandler[] = [express.raw({ type: () => true, limit: deps.bodyLimit ?? '64kb' })];
+  if (deps.afterBody) readBody.push(deps.afterBody);
+  router.post(route.path, ...readBody, async (req: Request, res: Response) => {
+    const provider = providers.get(String(req.params.provider));
+    if (!provider) throw new FlashSaleError('NOT_FOUND', 'unknown payment provider');
+    const count = (outcome: string): void => route.count?.(provider.name, outcome);
+    const traceId = res.locals.traceId as string;
+    let notice: N;
+    try {
+      notice = route.verify(provider, {
+        rawBody: Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0),
+        headers: req.headers,
+        now: new Date(),
+      });
+    } catch (err) {
+      count(rejected(err));
+      deps.logger.warn(
+        { err: (err as Error).message, traceId, provider: provider.name },
+        route.refusedMessage,
+      );
+      throw err;
+    }
+    try {
+      const outcome = await route.apply(provider, notice, traceId);
+      count(outcome);
+      const ack = provider.acknowledge(outcome);
+      res.status(200).type(ack.contentType).send(ack.body);
+    } catch (err) {
+      if (err instanceof FlashSaleError) {
         count(rejected(err));
-        deps.logger.warn(
-          { err: (err as Error).message, traceId, provider: provider.name },
-          route.refusedMessage,
-        );
         throw err;
       }
-      try {
-        const outcome = await route.apply(provider, notice, traceId);
-        count(outcome);
-        const ack = provider.acknowledge(outcome);
-        res.status(200).type(ack.contentType).send(ack.body);
-      } catch (err) {
-        if (err instanceof FlashSaleError) {
-          count(rejected(err));
-          throw err;
-        }
-        count('error');
-        if (transient(err)) throw new FlashSaleError('UNAVAILABLE', 'a dependency is unavailable; retry');
-        throw err;
-      }
-    },
-  );
+      count('error');
+      if (transient(err)) throw new FlashSaleError('UNAVAILABLE', 'a dependency is unavailable; retry');
+      throw err;
+    }
+  });
   return router;
 }

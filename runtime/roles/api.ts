@@ -129,8 +129,9 @@ export async function startApi(
             metrics,
             providers,
             paidTimeToleranceSeconds: cfg.PAYMENT_SIGNATURE_TOLERANCE_SECONDS,
+            afterBody: admission.bodyRead(),
           }),
-          refundNotificationsRouter({ pool, logger, metrics, providers }),
+          refundNotificationsRouter({ pool, logger, metrics, providers, afterBody: admission.bodyRead() }),
         ]
       : [],
   });

@@ -545,45 +545,50 @@ describe('traffic shaping and eligibility', () => {
     const activityId = uniqueId('shed');
     await setUpActivity(activityId, [item(50)]);
     await writeTrafficPolicy(redis, activityId, policy({ enabled: false }));
-    const api = await startRole('api', { activityId, databaseUrl: db.url, env: { API_MAX_IN_FLIGHT: '2' } });
+    // Redis' command timeout well above the pause below: the held orders wait, they do not fail.
+    const api = await startRole('api', {
+      activityId,
+      databaseUrl: db.url,
+      env: { API_MAX_IN_FLIGHT: '2', REDIS_COMMAND_TIMEOUT_MS: '60000' },
+    });
     roles.push(api);
     const path = `/v1/activities/${activityId}/orders`;
 
-    // Two requests whose bodies never finish hold both admission slots, deterministically.
-    const { connect } = await import('node:net');
-    const holders = await Promise.all(
-      [0, 1].map(async () => {
-        const token = await tokenFor('slow');
-        const s = connect(api.port, '127.0.0.1');
-        await new Promise((r) => s.once('connect', r));
-        s.write(
-          `POST ${path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
-            `authorization: Bearer ${token}\r\ncontent-length: 100\r\n\r\n{"skuId":`,
-        );
-        return s;
-      }),
-    );
-    await waitFor(
-      'both slots taken',
-      async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 503,
-    );
-    const ready = await request(`${api.url}/readyz`);
-    expect([ready.statusCode, await ready.body.json()]).toEqual([
-      503,
-      { status: 'shedding', reason: 'in_flight' },
-    ]);
-    expect((await send(`${api.url}/healthz`, { method: 'GET' })).status).toBe(200);
-    const shed = await send(`${api.url}${path}`, {
-      token: await tokenFor('b0'),
-      body: { skuId: 'tea', quantity: 1, requestId: 'x' },
-    });
-    expect(shed).toEqual({
-      status: 503,
-      code: 'OVERLOADED',
-      retryAfter: '1',
-      contentType: expect.stringMatching(/^application\/problem\+json/),
-    });
-    for (const s of holders) s.destroy();
+    // Two orders whose reserve script Redis holds (CLIENT PAUSE WRITE: reads and PING still
+    // answered) take both admission slots, deterministically.
+    await redis.call('CLIENT', 'PAUSE', '60000', 'WRITE');
+    let held: Promise<Answer>[] = [];
+    try {
+      held = [0, 1].map(async (i) =>
+        send(`${api.url}${path}`, {
+          token: await tokenFor(`held-${i}`),
+          body: { skuId: 'tea', quantity: 1, requestId: `h${i}` },
+        }),
+      );
+      await waitFor(
+        'both slots taken',
+        async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 503,
+      );
+      const ready = await request(`${api.url}/readyz`);
+      expect([ready.statusCode, await ready.body.json()]).toEqual([
+        503,
+        { status: 'shedding', reason: 'in_flight' },
+      ]);
+      expect((await send(`${api.url}/healthz`, { method: 'GET' })).status).toBe(200);
+      const shed = await send(`${api.url}${path}`, {
+        token: await tokenFor('b0'),
+        body: { skuId: 'tea', quantity: 1, requestId: 'x' },
+      });
+      expect(shed).toEqual({
+        status: 503,
+        code: 'OVERLOADED',
+        retryAfter: '1',
+        contentType: expect.stringMatching(/^application\/problem\+json/),
+      });
+    } finally {
+      await redis.call('CLIENT', 'UNPAUSE');
+    }
+    expect((await Promise.all(held)).map((a) => a.status)).toEqual([202, 202]);
     await waitFor(
       'slots released',
       async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 200,
@@ -604,5 +609,89 @@ describe('traffic shaping and eligibility', () => {
     const metrics = await (await request(`${api.metricsUrl}/metrics`)).body.text();
     expect(metrics).toMatch(/flashsale_shed_total\{[^}]*reason="in_flight"[^}]*\} [1-9]/);
     expect(metrics).toMatch(/flashsale_event_loop_delay_seconds_count/);
+  }, 120_000);
+  test('a body still on the wire holds no admission slot: slow clients do not get buyers refused', async () => {
+    const activityId = uniqueId('slowbody');
+    await setUpActivity(activityId, [item(50)]);
+    await writeTrafficPolicy(redis, activityId, policy({ enabled: false }));
+    const api = await startRole('api', {
+      activityId,
+      databaseUrl: db.url,
+      env: { API_MAX_IN_FLIGHT: '2', REDIS_COMMAND_TIMEOUT_MS: '60000' },
+    });
+    roles.push(api);
+    const path = `/v1/activities/${activityId}/orders`;
+
+    // Five clients (more than the cap) send their headers and part of a body, then nothing.
+    const { connect } = await import('node:net');
+    const slow = await Promise.all(
+      [0, 1, 2, 3, 4].map(async (i) => {
+        const token = await tokenFor(`slow-${i}`);
+        const s = connect(api.port, '127.0.0.1');
+        await new Promise((r) => s.once('connect', r));
+        s.write(
+          `POST ${path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+            `authorization: Bearer ${token}\r\ncontent-length: 100\r\n\r\n{"skuId":`,
+        );
+        return s;
+      }),
+    );
+    try {
+      // Each reached the api (its request is being read) before the buyers come.
+      await new Promise((r) => setTimeout(r, 500));
+      const ready = await request(`${api.url}/readyz`);
+      expect(ready.statusCode).toBe(200);
+      await ready.body.text();
+      // One after another: never more than one buyer of ours in flight, so the cap is the slow
+      // clients' only.
+      const buyers: Answer[] = [];
+      for (const i of [0, 1, 2]) {
+        buyers.push(
+          await send(`${api.url}${path}`, {
+            token: await tokenFor(`buyer-${i}`),
+            body: { skuId: 'tea', quantity: 1, requestId: `b${i}` },
+          }),
+        );
+      }
+      expect(buyers.map((b) => `${b.status} ${b.code ?? ''}`.trim())).toEqual(['202', '202', '202']);
+      const metrics = await (await request(`${api.metricsUrl}/metrics`)).body.text();
+      expect(metrics).not.toMatch(/flashsale_shed_total\{[^}]*reason="in_flight"[^}]*\} [1-9]/);
+
+      // A slow body that arrives is counted then: refused if the cap filled meanwhile (two orders
+      // held in Redis by CLIENT PAUSE WRITE), and otherwise taken like any other order.
+      const finish = async (i: number): Promise<string> => {
+        const answer = new Promise<string>((resolve) => {
+          let text = '';
+          slow[i]!.on('data', (chunk: Buffer) => {
+            text += chunk.toString('utf8');
+            if (text.includes('\r\n\r\n')) resolve(text.split('\r\n')[0]!);
+          });
+        });
+        const whole = JSON.stringify({ skuId: 'tea', quantity: 1, requestId: `slow-${i}` });
+        slow[i]!.write(whole.slice('{"skuId":'.length).padEnd(100 - '{"skuId":'.length, ' '));
+        return answer;
+      };
+      await redis.call('CLIENT', 'PAUSE', '60000', 'WRITE');
+      let held: Promise<Answer>[] = [];
+      try {
+        held = [0, 1].map(async (i) =>
+          send(`${api.url}${path}`, {
+            token: await tokenFor(`held-${i}`),
+            body: { skuId: 'tea', quantity: 1, requestId: `h${i}` },
+          }),
+        );
+        await waitFor(
+          'both slots taken',
+          async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 503,
+        );
+        expect(await finish(1)).toBe('HTTP/1.1 503 Service Unavailable');
+      } finally {
+        await redis.call('CLIENT', 'UNPAUSE');
+      }
+      expect((await Promise.all(held)).map((a) => a.status)).toEqual([202, 202]);
+      expect(await finish(0)).toBe('HTTP/1.1 202 Accepted');
+    } finally {
+      for (const s of slow) s.destroy();
+    }
   }, 120_000);
 });
