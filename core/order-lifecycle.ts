@@ -996,6 +996,7 @@ export async function reclaimClosedOrder(
         reservationId: order.reservationId,
         userId: order.userId,
         skuId: order.skuId,
+        quantity: order.quantity,
       });
     } catch (err) {
       if (isCode(err, 'FROZEN')) {
@@ -1006,6 +1007,8 @@ export async function reclaimClosedOrder(
       }
       // The restore's hold began after the check above (reclaimPaid-5.lua reads its mark).
       if (isCode(err, 'PAUSED')) throw restoring();
+      // Units moving between a bucketed SKU's buckets, not yet safe to land: a retry, not a refund.
+      if (isCode(err, 'UNAVAILABLE')) throw err;
       if (err instanceof FlashSaleError) return { reclaimed: false, why: `Redis: ${err.code}` };
       throw err;
     }

@@ -552,26 +552,55 @@ export async function confirmPaid(
 export type ReclaimOutcome =
   { kind: 'taken-back'; stockAfter: number } | { kind: 'already-paid' } | { kind: 'still-held' };
 
+/** Refills of a bucketed SKU's home bucket one late payment tries before it is SOLD_OUT. */
+const RECLAIM_REFILLS = 8;
+
 /**
  * Takes a released reservation's unit back and marks it PAID, or marks a still-reserved one PAID
  * (reclaimPaid-5.lua): for a payment made in time for an order the timeout closed. Throws
  * SOLD_OUT, LIMIT_REACHED, FROZEN, ... when it cannot (nothing changed then).
+ *
+ * A bucketed SKU's unit went back to the buyer's home bucket; sold again there, the payment takes
+ * one moved in from another bucket (crash-safe transfers, as a reservation does), so a payment in
+ * time is refunded only when no bucket has a unit: not a phantom sold-out. Units only in flight
+ * between buckets, not yet safe to land, are UNAVAILABLE (the provider retries), not SOLD_OUT.
  */
 export async function reclaimPaid(
   redis: RedisClient,
-  input: { activityId: string; reservationId: string; userId: string; skuId: string },
+  input: { activityId: string; reservationId: string; userId: string; skuId: string; quantity: number },
 ): Promise<ReclaimOutcome> {
-  const k = (await bucketLayout(redis, input.activityId)).scopeFor(input.skuId, input.userId);
-  const reply = await runScript(
-    redis,
-    'reclaimPaid',
-    [k.meta, k.reservation(input.reservationId), k.sku(input.skuId), k.buyer(input.userId), k.counters],
-    [input.reservationId, input.userId, input.skuId],
-  );
-  if (reply[0] === 1) return { kind: 'taken-back', stockAfter: Number(reply[1]) };
-  if (reply[0] === 2) return { kind: 'already-paid' };
-  return { kind: 'still-held' };
+  const layout = await bucketLayout(redis, input.activityId);
+  const k = layout.scopeFor(input.skuId, input.userId);
+  for (let attempt = 0; ; attempt += 1) {
+    let reply: ScriptReply;
+    try {
+      reply = await runScript(
+        redis,
+        'reclaimPaid',
+        [k.meta, k.reservation(input.reservationId), k.sku(input.skuId), k.buyer(input.userId), k.counters],
+        [input.reservationId, input.userId, input.skuId],
+      );
+    } catch (err) {
+      if (!isSoldOut(err) || !(k instanceof BucketKeys) || attempt >= RECLAIM_REFILLS) throw err;
+      const moved = await refillBucket(redis, layout, input.skuId, k, input.quantity);
+      const stranded = moved === 0 ? await completeTransfers(redis, layout, input.skuId) : undefined;
+      if (stranded && stranded.landed === 0) {
+        if ((await unitsLeft(redis, layout, input.skuId)) < input.quantity) throw err;
+        if (stranded.unconfirmed > 0)
+          throw new FlashSaleError(
+            'UNAVAILABLE',
+            `${stranded.unconfirmed} unit(s) of ${input.skuId} are moving between stock buckets; retry`,
+          );
+      }
+      continue;
+    }
+    if (reply[0] === 1) return { kind: 'taken-back', stockAfter: Number(reply[1]) };
+    if (reply[0] === 2) return { kind: 'already-paid' };
+    return { kind: 'still-held' };
+  }
 }
+
+const isSoldOut = (err: unknown): boolean => err instanceof FlashSaleError && err.code === 'SOLD_OUT';
 
 export type { ReservationRecord } from './order-message.js';
 export { orderMessageOf } from './order-message.js';

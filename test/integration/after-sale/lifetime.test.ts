@@ -16,7 +16,8 @@ import {
   reclaimPaid,
   reservationIdFor,
 } from '../../../core/reservations.js';
-import { activityKeys } from '../../../core/keys.js';
+import { bucketLayout, unitsLeft } from '../../../core/buckets.js';
+import { activityKeys, BucketKeys } from '../../../core/keys.js';
 import { acceptPayment } from '../../../runtime/payments/apply.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { uniqueId } from '../../../dev/servers.js';
@@ -194,6 +195,52 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
   );
 
   it(
+    'while the cache is live, an in-time payment for a timed-out order of a bucketed SKU whose home bucket sold out takes a unit moved in from another bucket (no phantom refund)',
+    async () => {
+      // 4 units in 2 buckets of 2. The slow payer's unit goes back to its home bucket, which two
+      // buyers of the same home bucket then empty; the other bucket still has its 2 units.
+      const sale = await openActivity(f.redis, {
+        stock: 4,
+        price: '19.90',
+        skuId: 'sku-bkt-late',
+        buckets: 2,
+      });
+      const layout = await bucketLayout(f.redis, sale.activityId);
+      const home = (user: string): number => (layout.scopeFor(sale.skuId, user) as BucketKeys).index;
+      const payer = 'bkt-slow-payer';
+      const sameHome = Array.from({ length: 64 }, (_, i) => `bkt-buyer-${i}`)
+        .filter((u) => home(u) === home(payer))
+        .slice(0, 2);
+      expect(sameHome).toHaveLength(2);
+      const [first] = await reserveFor(f.redis, sale.activityId, sale.skuId, [payer]);
+      const slow = (await materialize(f.pool, f.redis, sale.activityId, [first!])).get(first!)!;
+      expect((await expireAndSweep(sale.activityId, slow)).settled.redis).toBe(1);
+      await reserveFor(f.redis, sale.activityId, sale.skuId, sameHome);
+      const bucketStock = async (): Promise<number[]> =>
+        Promise.all(
+          layout
+            .bucketsOf(sale.skuId)
+            .map(async (b) => Number((await f.redis.hget(b.sku(sale.skuId), 'stock')) ?? 0)),
+        );
+      const before = await bucketStock();
+      expect(before[home(payer)]).toBe(0);
+      expect(before.reduce((n, x) => n + x, 0)).toBe(2);
+
+      const late = await notify(
+        api,
+        paidBody(slow, uniqueId('T'), new Date((await deadline(slow)).getTime() - 1_000)),
+      );
+      expect(late).toEqual({ status: 200, body: { result: 'success', outcome: 'PAID' } });
+      expect(await findOrderById(f.pool, slow)).toMatchObject({ status: 'PAID' });
+      expect((await locateReservation(f.redis, sale.activityId, first!))?.record.state).toBe('PAID');
+      // Exactly one unit left the sale for the payment: 4 units, 3 sold, 1 left over the buckets.
+      expect((await bucketStock()).reduce((n, x) => n + x, 0)).toBe(1);
+      expect(await unitsLeft(f.redis, layout, sale.skuId)).toBe(1);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     "an in-time payment whose transaction died after Redis took the unit back is completed by the provider's retry, not refunded",
     async () => {
       const other = await openActivity(f.redis, { stock: 3, price: '19.90' });
@@ -210,6 +257,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
         reservationId: r2!,
         userId: u,
         skuId: other.skuId,
+        quantity: 1,
       });
       // The sweeper's next pass finds the reservation PAID: it leaves the unit to the payment.
       const swept = await sweepOnce(other.activityId);
@@ -274,6 +322,7 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
           reservationId: rsv,
           userId: user,
           skuId: a.skuId,
+          quantity: 1,
         });
       }
       // The sale ends. The sweeper's pass after the freeze finds the unreleased one's reservation

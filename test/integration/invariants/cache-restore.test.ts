@@ -954,7 +954,13 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     await untouched();
     // Redis itself refuses to take a unit back while a restore holds the cache.
     await expect(
-      reclaimPaid(redis, { activityId: id, reservationId: r.reservationId, userId: 'u1', skuId: 'a' }),
+      reclaimPaid(redis, {
+        activityId: id,
+        reservationId: r.reservationId,
+        userId: 'u1',
+        skuId: 'a',
+        quantity: 1,
+      }),
     ).rejects.toMatchObject({ code: 'PAUSED' });
 
     // Reloaded (the hold's mark gone from Redis), not resumed yet: still refused.

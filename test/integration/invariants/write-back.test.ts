@@ -299,7 +299,13 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       );
       // e1: a payment in time took the unit (reclaimPaid-5.lua) and its transaction died. e2: its
       // unit released. e3: cancelled by its buyer, its reservation PAID (no payment can reopen it).
-      await reclaimPaid(redis, { activityId: id, reservationId: held!, userId: 'e1', skuId: 'e' });
+      await reclaimPaid(redis, {
+        activityId: id,
+        reservationId: held!,
+        userId: 'e1',
+        skuId: 'e',
+        quantity: 1,
+      });
       await release(redis, {
         activityId: id,
         reservationId: returned!,
