@@ -12,6 +12,7 @@ import { readWriteBack, writeBack as writeBackStock } from '../../core/db/stock-
 import { EventReason, Phase } from '../api/v1alpha1/types.js';
 import { crashPoint } from '../../core/crash.js';
 import type { ReconcileContext, StepResult } from './context.js';
+import { detectFailure } from './detect-failure.js';
 import { CONTINUE } from './context.js';
 
 export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
@@ -21,7 +22,12 @@ export async function writeBack(ctx: ReconcileContext): Promise<StepResult> {
   let record = await readWriteBack(pool, ctx.activityId);
   if (!record) {
     const meta = await readMeta(redis, ctx.activityId);
-    if (!meta) return ctx.transition(Phase.CleaningUp, 'nothing was loaded; nothing to write back');
+    if (!meta) {
+      // Loaded once, gone since detect-failure looked at it this pass (Redis restarted empty):
+      // its stock is unknown, not nothing. Failing CacheLost is detect-failure's to say.
+      if (ctx.status.cache?.loadedGeneration !== undefined) return detectFailure(ctx);
+      return ctx.transition(Phase.CleaningUp, 'nothing was loaded; nothing to write back');
+    }
     await setGate(redis, ctx.activityId, 'frozen');
     crashPoint('operator-after-freeze');
     const [stock, orders, heldForPayment] = await Promise.all([

@@ -19,7 +19,7 @@ import {
   release,
   reserve,
 } from '../../../core/reservations.js';
-import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import { derivePhase, enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
 import type { EffectiveSchedule } from '../../../operator/api/v1alpha1/funcs.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
@@ -376,6 +376,39 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       expect(failed.length).toBeGreaterThan(0);
       for (const c of failed)
         expect(c.message).toMatch(/1 stock bucket\(s\) of activity .* lost their Redis keys/);
+      expect(events).toEqual(['Failed']);
+      expect(await readWriteBack(sql, id)).toBeUndefined();
+    },
+    TIMEOUT_MS,
+  );
+  test(
+    'a cache that vanishes between detect-failure and the write-back in one pass fails CacheLost, not a clean-up with nothing written back',
+    async () => {
+      const id = uniqueId('wb-vanished');
+      await loadOpenSale(redis, id, [{ skuId: 'v', name: 'v', price: '1.00', stock: 5, limitPerUser: 1 }]);
+      const now = new Date();
+      const events: string[] = [];
+      const ctx = stepContext(
+        {
+          activityId: id,
+          now,
+          spec: {},
+          status: {
+            conditions: enterPhase(undefined, Phase.WritingBack, 'test', 1, now),
+            cache: { loads: 1, loadedGeneration: 1 },
+          },
+          deps: { redis, pool: sql },
+        },
+        events,
+      );
+      // detect-failure sees the cache loaded; then Redis restarts without its data.
+      expect(await detectFailure(ctx)).toEqual({ done: false });
+      expect(ctx.transitioned).toBe(false);
+      await redis.del(...(await redis.keys(`${activityKeys(id).prefix}*`)));
+      await writeBack(ctx);
+      expect(ctx.transitioned).toBe(true);
+      expect(derivePhase(ctx.status.conditions)).toBe(Phase.Failed);
+      expect(ctx.status.conditions?.some((c) => c.reason === 'CacheLost')).toBe(true);
       expect(events).toEqual(['Failed']);
       expect(await readWriteBack(sql, id)).toBeUndefined();
     },
