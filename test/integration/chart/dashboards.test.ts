@@ -131,6 +131,10 @@ describe('dashboards: one activity identity', () => {
   // Completed it alone exports these, with the release's namespace, not the activity's, which the
   // $namespace variable lists. The activity id names the sale (its namespace included).
   const AFTER_SALE_METRICS = [
+    // Payments (orders PAID), timeout closures and cancellations after Completed.
+    'flashsale_orders_total',
+    'flashsale_orders_closed_total',
+    'flashsale_cancellations_total',
     'flashsale_refunds_total',
     'flashsale_refunds_failed',
     'flashsale_refund_pending_oldest_age_seconds',
