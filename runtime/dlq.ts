@@ -11,7 +11,8 @@
  * (instead of --activity).
  *
  * Replay produces the message's original key and value to the activity's order topic with the
- * idempotent producer (the dlq-* headers are replaced by dlq-replayed-from). Replaying is safe any
+ * idempotent producer, and only while the activity's consumer group has a member (else it refuses,
+ * exit 1: nothing would make the replayed message an order) (the dlq-* headers are replaced by dlq-replayed-from). Replaying is safe any
  * number of times: the consumer's unique keys (reservation id; live buyer slot) turn a repeated
  * message into the same single order. The DLQ itself is never modified: its retention ages
  * messages out, and `list` shows each message's replay command.
@@ -238,6 +239,20 @@ export const runDlqCli = cliCommand(USAGE, readArgs, async (args, env, out, err)
       })
     : args.refs.map((r) => byRef.get(r)!);
   if (args.command === 'replay') {
+    // A replay is handled once Kafka has it; only a consumer makes it an order. With none in the
+    // group (an activity Completed, its consumer scaled to zero) the order would never be written
+    // while the count of unhandled dead letters, and its alert, went to zero.
+    const readers =
+      chosen.length === 0 ? 1 : await withAdmin(kafka, (admin) => groupMembers(admin, topics.consumerGroup));
+    if (readers === 0) {
+      err(
+        `no consumer reads ${topics.orders} (its group ${topics.consumerGroup} has no member): ` +
+          'a replayed message would become no order, yet count as handled. Replay while the ' +
+          "activity's consumer runs (an activity stays in Settling, its consumer running, until " +
+          'its dead letters are handled); otherwise write the order by hand, then `ack` it\n',
+      );
+      return 1;
+    }
     const n = await replayMessages(kafka, topics.orders, chosen);
     out(`replayed ${n} message(s) from ${topics.dlq} into ${topics.orders}`);
   }
@@ -252,6 +267,12 @@ export const runDlqCli = cliCommand(USAGE, readArgs, async (args, env, out, err)
   );
   return 0;
 });
+
+/** Members of a consumer group now (0 for a group that is empty or never existed). */
+async function groupMembers(admin: Admin, groupId: string): Promise<number> {
+  const { groups } = await admin.describeGroups([groupId]);
+  return groups.find((g) => g.groupId === groupId)?.members.length ?? 0;
+}
 
 async function withAdmin<T>(kafka: Kafka, f: (admin: Admin) => Promise<T>): Promise<T> {
   const admin = kafka.admin();

@@ -243,6 +243,7 @@ export const statusMirror: Mirror<FlashSaleActivityStatus> = {
       refunding: int(false),
       refunded: int(false),
       unsettled: int(false),
+      deadLetters: int(false),
       lastPaymentDeadline: str(false),
     },
   },

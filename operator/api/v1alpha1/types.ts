@@ -354,6 +354,8 @@ export interface SettlementStatus {
   refunding?: number;
   refunded?: number;
   unsettled?: number;
+  /** Dead letters neither replayed nor acknowledged; left out while Kafka does not answer. */
+  deadLetters?: number;
   lastPaymentDeadline?: string;
 }
 

@@ -22,7 +22,11 @@ import {
 import { orderMessageOf, readReservation } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { runDlqCli } from '../../../runtime/dlq.js';
+import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import { Phase } from '../../../operator/api/v1alpha1/types.js';
+import { settle } from '../../../operator/reconcile/settle.js';
 import { runRuntimeCommand, runbookCommand } from '../../../dev/runbook.js';
+import { stepContext } from '../../fixtures/step-context.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
   TIMEOUT_MS,
@@ -203,6 +207,97 @@ describe('DLQ list / inspect / replay / ack', () => {
       expect(
         await runDlqCli(['replay', '--activity', activityId], { KAFKA_BROKERS: 'x:1' }, () => undefined),
       ).toBe(2);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a dead letter with no consumer to read its replay is refused and stays counted; the activity waits in Settling until it is handled',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      const [rid] = await reserveFor(f.redis, activityId, skuId, ['orphan-buyer']);
+      const message = orderMessageOf(activityId, (await readReservation(f.redis, activityId, rid!))!);
+      // Dead-lettered by the activity's consumer, which is gone now (scaled to zero).
+      await producer.send({
+        topic: topics.dlq,
+        acks: -1,
+        messages: [
+          {
+            key: message.userId,
+            value: JSON.stringify(message),
+            headers: { 'reservation-id': rid!, 'dlq-error': 'a defect since fixed', 'dlq-attempts': '2' },
+          },
+        ],
+      });
+      await until('the dead letter counted', async () =>
+        (await dlqUnhandled(admin, topics)) === 1 ? true : undefined,
+      );
+
+      // Settling, nothing unsettled in PostgreSQL: the dead letter alone keeps it from Completed.
+      const events: string[] = [];
+      const settling = () =>
+        stepContext(
+          {
+            activityId,
+            now: new Date(),
+            spec: {},
+            status: { conditions: enterPhase(undefined, Phase.Settling, 'test', 1, new Date()) },
+            deps: {
+              pool: f.pool,
+              kafka: { dlqUnhandled: (id: string) => dlqUnhandled(admin, topicsFor(id, prefix)) },
+              config: { settleCheckMs: 30_000 },
+            },
+          },
+          events,
+        );
+      const waiting = settling();
+      await settle(waiting);
+      expect(waiting.transitioned).toBe(false);
+      expect(waiting.status.settlement).toMatchObject({ unsettled: 0, deadLetters: 1 });
+      expect(events).toEqual([]);
+
+      // No member in the activity's consumer group: the replay is refused, nothing is produced,
+      // and the dead letter stays counted (its alert stays up).
+      const refused: string[] = [];
+      const env = { KAFKA_BROKERS: testEnv().kafkaBrokers.join(','), KAFKA_TOPIC_PREFIX: prefix };
+      expect(
+        await runDlqCli(
+          ['replay', '--all', '--activity', activityId],
+          env,
+          () => undefined,
+          (t) => refused.push(t),
+        ),
+      ).toBe(1);
+      expect(refused.join('')).toContain(`no consumer reads ${topics.orders}`);
+      expect(await topicDepth(admin, topics.orders)).toBe(0);
+      expect(await dlqUnhandled(admin, topics)).toBe(1);
+
+      // With the consumer running, as Settling keeps it: replayed, and the order is written.
+      const running = orderConsumerFor(f, kafka, activityId, topics, () =>
+        kafka.consumer({ groupId: topics.consumerGroup, maxWaitTimeInMs: 200 }),
+      );
+      await running.start();
+      try {
+        await until('the consumer in its group', async () => {
+          const { groups } = await admin.describeGroups([topics.consumerGroup]);
+          return (groups[0]?.members.length ?? 0) > 0 ? true : undefined;
+        });
+        const out: string[] = [];
+        expect(await runDlqCli(['replay', '--all', '--activity', activityId], env, (l) => out.push(l))).toBe(
+          0,
+        );
+        expect(out.join('\n')).toContain('replayed 1 message(s)');
+        await until('the replayed order written', async () =>
+          (await findLifecycleByReservationId(f.pool, rid!))?.status === 'UNPAID' ? true : undefined,
+        );
+      } finally {
+        await running.stop();
+      }
+      const handled = settling();
+      await settle(handled);
+      expect(handled.status.settlement).toMatchObject({ unsettled: 1, unpaid: 1, deadLetters: 0 });
     },
     TIMEOUT_MS,
   );
