@@ -70,7 +70,11 @@ export function decideGuard(
   held: ReadonlyMap<string, number>,
 ): Map<string, GuardReason> {
   const closes = new Map<string, GuardReason>();
-  const newestFirst = [...candidates].sort(
+  // A chunk can carry one reservation twice (a relay's re-publish, a gap repair's copy or a DLQ
+  // replay in the same fetch): one order, weighed once. Counted twice, a buyer's excess would be
+  // used up by one order's closes and an older order over the limit left live.
+  const unique = [...new Map(candidates.map((c) => [c.orderId, c])).values()];
+  const newestFirst = unique.sort(
     (a, b) => b.reservedAt - a.reservedAt || (a.reservationId < b.reservationId ? 1 : -1),
   );
   const sold = new Map([...skus].map(([s, v]) => [s, v.sold]));

@@ -46,6 +46,21 @@ describe('decideGuard (the PostgreSQL stock and buyer-limit guard)', () => {
     );
   });
 
+  it('weighs a reservation that came twice in the batch once: the older order over the limit is closed too', () => {
+    // limit 3: u1 holds 3 units in an order Redis forgot, plus this batch's ra and rb (rb twice).
+    const skus = new Map<string, GuardSku>([['a', { stock: 10, sold: 5, limitPerUser: 3 }]]);
+    const ra = c('a', 'u1', 1, 10);
+    const rb = c('b', 'u1', 1, 20);
+    const held = new Map([[buyerSkuKey('u1', 'a'), 5]]);
+    expect(decideGuard([ra, rb, { ...rb }], skus, held)).toEqual(
+      new Map([
+        ['b', BUYER_LIMIT_EXCEEDED],
+        ['a', BUYER_LIMIT_EXCEEDED],
+      ]),
+    );
+    expect(decideGuard([ra, rb, { ...rb }], skus, held)).toEqual(decideGuard([ra, rb], skus, held));
+  });
+
   it('limits a buyer by quantity, not by slot count, and the closes free stock for others', () => {
     // limit 2: u1 holds 2 units from an earlier order plus this batch's 2 (one per slot).
     const skus = new Map<string, GuardSku>([['a', { stock: 5, sold: 6, limitPerUser: 2 }]]);
