@@ -138,7 +138,24 @@ export const ORDER_BATCH_HEADER = 'orders';
  */
 export const ORDER_BATCH_MAX_BYTES = 512 * 1024;
 
-/** The order texts of a Kafka message's value: one per line when batched, else the whole value. */
-export function orderTextsOf(value: string, batched: boolean): string[] {
-  return batched ? value.split('\n') : [value];
+/** Most orders in one batch message (the relay's RELAY_ORDERS_PER_MESSAGE at most). */
+export const ORDER_BATCH_MAX_ORDERS = 10_000;
+
+/**
+ * The order texts of a Kafka message's value: one per line when batched, else the whole value.
+ * Undefined for a batch that is not one the relay writes: its `orders` header is not a count of
+ * 1..ORDER_BATCH_MAX_ORDERS, or the value does not hold that many lines. Such a message is dead-
+ * lettered whole, once, instead of line by line (a megabyte of newlines is a million "orders").
+ */
+export function orderTextsOf(value: string, batchHeader: string | undefined): string[] | undefined {
+  if (batchHeader === undefined) return [value];
+  const count = Number(batchHeader);
+  if (!Number.isInteger(count) || count < 1 || count > ORDER_BATCH_MAX_ORDERS) return undefined;
+  // Counted before splitting: a value of far more lines is refused without an array of them.
+  let lines = 1;
+  for (let at = value.indexOf('\n'); at !== -1; at = value.indexOf('\n', at + 1)) {
+    lines += 1;
+    if (lines > count) return undefined;
+  }
+  return lines === count ? value.split('\n') : undefined;
 }

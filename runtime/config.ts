@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { env, readConfig } from '../core/config.js';
 import { kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
+import { ORDER_BATCH_MAX_ORDERS } from '../core/order-message.js';
 import { redisEnvIssue, redisEnvShape } from '../core/redis.js';
 
 /**
@@ -166,7 +167,7 @@ const schema = z
      * batch message (runtime/relay/relay.ts). 1 sends one message per order, the only format that
      * consumers older than batches read: set it while such consumers still run (CHANGELOG).
      */
-    RELAY_ORDERS_PER_MESSAGE: z.coerce.number().int().min(1).max(10_000).default(500),
+    RELAY_ORDERS_PER_MESSAGE: z.coerce.number().int().min(1).max(ORDER_BATCH_MAX_ORDERS).default(500),
     /**
      * A half message pending this long on a silent relay (SIGKILLed, or its pod gone) is reclaimed
      * by another: a few seconds, so a crash does not hold orders back. A relay that is merely slow

@@ -19,7 +19,9 @@
  * Failures: transient ones (database or network: a connection lost, a server that cannot write
  * for now, disk full or read-only included; core/db/pool.ts isTransientDbError) are retried with
  * backoff for as long as it takes; a message that fails for any other reason is retried
- * CONSUMER_MAX_ATTEMPTS times and then sent to the DLQ with the error in its headers.
+ * CONSUMER_MAX_ATTEMPTS times and then sent to the DLQ with the error in its headers. One that is
+ * not an order message at all (or a batch message whose line count is not its header's) goes to
+ * the DLQ at once: it will not parse any better.
  *
  * kafkajs restarts its consumer only after a retriable crash. Some crashes during a broker
  * restart are classed non-retriable (KafkaJSGroupCoordinatorNotFound while the coordinator is
@@ -28,7 +30,7 @@
  * the uncommitted messages are redelivered and the unique keys absorb them.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Consumer, EachBatchPayload, KafkaMessage, Producer } from 'kafkajs';
+import type { Consumer, EachBatchPayload, KafkaMessage, Message, Producer } from 'kafkajs';
 import { recordResults } from '../../core/activity-cache.js';
 import type { StoredResult } from '../../core/activity-cache.js';
 import { crashPoint } from '../../core/crash.js';
@@ -41,7 +43,12 @@ import { inTransaction, isTransientDbError } from '../../core/db/pool.js';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
-import { ORDER_BATCH_HEADER, orderMessageSchema, orderTextsOf } from '../../core/order-message.js';
+import {
+  ORDER_BATCH_HEADER,
+  ORDER_BATCH_MAX_BYTES,
+  orderMessageSchema,
+  orderTextsOf,
+} from '../../core/order-message.js';
 import { refusalOf } from '../../core/order-refusal.js';
 import type { OrderMessage } from '../../core/order-message.js';
 import type { RedisClient } from '../../core/scripts.js';
@@ -67,6 +74,9 @@ export interface ConsumerOptions {
 }
 
 class PoisonMessage extends Error {}
+
+/** What a dead letter keeps of a value too large to be an order of ours (deadLetter). */
+const DLQ_VALUE_KEPT_BYTES = 64 * 1024;
 
 /**
  * Longest the consumer waits between two heartbeat calls while it sleeps. kafkajs 2.2.4 sends no
@@ -221,9 +231,21 @@ export class OrderConsumer {
 
   /** The orders of one Kafka message (several when it is a batch). */
   private parse(message: KafkaMessage): Parsed[] {
-    const batched = message.headers?.[ORDER_BATCH_HEADER] !== undefined;
-    const texts = orderTextsOf(message.value?.toString('utf8') ?? '', batched);
-    return texts.map((text, i) => this.parseOne(message, text, batched ? i : undefined));
+    const header = message.headers?.[ORDER_BATCH_HEADER];
+    const batch = header === undefined ? undefined : String(header);
+    const value = message.value?.toString('utf8') ?? '';
+    const texts = orderTextsOf(value, batch);
+    if (!texts) {
+      // Not a batch the relay writes: one dead letter for the whole message, not one per line.
+      return [
+        {
+          message,
+          text: value,
+          error: `not a batch of orders: its ${ORDER_BATCH_HEADER} header is ${batch}`,
+        },
+      ];
+    }
+    return texts.map((text, i) => this.parseOne(message, text, batch === undefined ? undefined : i));
   }
 
   private parseOne(message: KafkaMessage, text: string, index: number | undefined): Parsed {
@@ -287,19 +309,28 @@ export class OrderConsumer {
   }
 
   private async processChunk(chunk: Parsed[], p: EachBatchPayload): Promise<void> {
+    // An unparseable or invalid message will not parse next time either: dead-lettered at once,
+    // all of the chunk's in one send. Attempts with pauses for each would let a few thousand junk
+    // lines, from anyone who can write to the topic, hold every order behind them for minutes.
     const poison = chunk.filter((c) => c.error);
-    for (const c of poison) {
-      // An unparseable message will not parse next time either; it still gets its attempts so
-      // that every failure is counted the same way.
-      while (!(await this.failed(c, new PoisonMessage(c.error), p)));
+    if (poison.length > 0) {
+      await this.toDlq(
+        poison.map((c) => ({ c, err: new PoisonMessage(c.error) })),
+        p,
+        1,
+      );
       await this.beat(p);
     }
     let good: Parsed[] = [];
     for (let delay = 100; ; delay = Math.min(delay * 2, 5_000)) {
       try {
         const checked = await this.check(chunk.filter((c) => c.order));
-        for (const [c, err] of checked.refused) {
-          await this.toDlq(c, err, p, 1);
+        if (checked.refused.length > 0) {
+          await this.toDlq(
+            checked.refused.map(([c, err]) => ({ c, err })),
+            p,
+            1,
+          );
           await this.beat(p);
         }
         good = checked.good;
@@ -382,7 +413,7 @@ export class OrderConsumer {
       await this.pause(50 * n, p);
       return false;
     }
-    await this.toDlq(c, err, p, n);
+    await this.toDlq([{ c, err }], p, n);
     this.attempts.delete(key);
     return true;
   }
@@ -390,47 +421,76 @@ export class OrderConsumer {
   /**
    * A dead letter holds one order as a message of its own, so that `dlq replay` sends back that
    * order alone; one from a batch gets the key and headers a message of one order has, and the
-   * order's line in the batch.
+   * order's line in the batch. Several go in as few sends as the topic's message size allows (a
+   * send's messages of one partition are one record batch, which Kafka's `message.max.bytes`
+   * bounds): thousands of junk lines cost a few requests, not one round trip each.
    */
-  private async toDlq(c: Parsed, err: Error, p: EachBatchPayload, attempts: number): Promise<void> {
+  private async toDlq(
+    letters: { c: Parsed; err: Error }[],
+    p: EachBatchPayload,
+    attempts: number,
+  ): Promise<void> {
+    let group: Message[] = [];
+    let bytes = 0;
+    const flush = async (): Promise<void> => {
+      if (group.length === 0) return;
+      await this.options.dlqProducer.send({ topic: this.options.dlqTopic, acks: -1, messages: group });
+      group = [];
+      bytes = 0;
+    };
+    for (const { c, err } of letters) {
+      const letter = this.deadLetter(c, err, p, attempts);
+      const size = (letter.value as Buffer).length + 2048;
+      if (bytes + size > ORDER_BATCH_MAX_BYTES) await flush();
+      group.push(letter);
+      bytes += size;
+    }
+    await flush();
+    for (const { c, err } of letters) {
+      this.options.metrics.dlqSent.inc({
+        activity: this.options.activityId,
+        reason: (err instanceof RefusedMessage
+          ? 'refused'
+          : err instanceof PoisonMessage
+            ? 'invalid'
+            : 'failed') satisfies (typeof DLQ_REASONS)[number],
+      });
+      this.options.logger.error(
+        { offset: c.message.offset, index: c.index, partition: p.batch.partition, err: err.message },
+        'message sent to DLQ',
+      );
+    }
+  }
+
+  /**
+   * One dead letter. A value larger than a batch the relay writes is not an order of ours: its first
+   * DLQ_VALUE_KEPT_BYTES are kept (with its size in `dlq-truncated`), so that with the dlq-* headers
+   * it still fits the DLQ topic's message size, which a refused send would retry for ever.
+   */
+  private deadLetter(c: Parsed, err: Error, p: EachBatchPayload, attempts: number): Message {
     const fromBatch = c.index !== undefined;
-    await this.options.dlqProducer.send({
-      topic: this.options.dlqTopic,
-      acks: -1,
-      messages: [
-        {
-          key: fromBatch ? (c.order?.userId ?? null) : c.message.key,
-          value: fromBatch ? c.text : c.message.value,
-          headers: {
-            ...(fromBatch
-              ? {
-                  'trace-id': c.order?.traceId ?? '',
-                  'reservation-id': c.order?.reservationId ?? '',
-                  'dlq-original-index': String(c.index),
-                }
-              : c.message.headers),
-            'dlq-error': err.message.slice(0, 1000),
-            ...(err instanceof RefusedMessage ? { 'dlq-reason': err.reason } : {}),
-            'dlq-attempts': String(attempts),
-            'dlq-original-topic': p.batch.topic,
-            'dlq-original-partition': String(p.batch.partition),
-            'dlq-original-offset': c.message.offset,
-          },
-        },
-      ],
-    });
-    this.options.metrics.dlqSent.inc({
-      activity: this.options.activityId,
-      reason: (err instanceof RefusedMessage
-        ? 'refused'
-        : err instanceof PoisonMessage
-          ? 'invalid'
-          : 'failed') satisfies (typeof DLQ_REASONS)[number],
-    });
-    this.options.logger.error(
-      { offset: c.message.offset, index: c.index, partition: p.batch.partition, err: err.message },
-      'message sent to DLQ',
-    );
+    const value = fromBatch ? Buffer.from(c.text) : (c.message.value ?? Buffer.alloc(0));
+    const tooLarge = value.length > ORDER_BATCH_MAX_BYTES;
+    return {
+      key: fromBatch ? (c.order?.userId ?? null) : c.message.key,
+      value: tooLarge ? value.subarray(0, DLQ_VALUE_KEPT_BYTES) : value,
+      headers: {
+        ...(fromBatch
+          ? {
+              'trace-id': c.order?.traceId ?? '',
+              'reservation-id': c.order?.reservationId ?? '',
+              'dlq-original-index': String(c.index),
+            }
+          : c.message.headers),
+        'dlq-error': err.message.slice(0, 1000),
+        ...(err instanceof RefusedMessage ? { 'dlq-reason': err.reason } : {}),
+        ...(tooLarge ? { 'dlq-truncated': String(value.length) } : {}),
+        'dlq-attempts': String(attempts),
+        'dlq-original-topic': p.batch.topic,
+        'dlq-original-partition': String(p.batch.partition),
+        'dlq-original-offset': c.message.offset,
+      },
+    };
   }
 
   private async insert(orders: OrderMessage[]): Promise<GuardedOutcome> {

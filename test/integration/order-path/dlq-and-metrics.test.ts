@@ -1,5 +1,5 @@
-// A poison message ends in the DLQ with its retries counted, and /metrics
-// shows the metric names of README's metrics list.
+// A poison message ends in the DLQ at once (it will not parse any better on a retry), junk batch
+// messages hold no order behind them, and /metrics shows the metric names of README's metrics list.
 import pg from 'pg';
 import { createKafka, idempotentProducer } from '../../../core/kafka.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
@@ -45,7 +45,7 @@ describe('poison messages and metrics', () => {
     return lines.length ? lines.reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0) : NaN;
   };
 
-  test('a poison message goes to the DLQ after its attempts; good orders still flow', async () => {
+  test('a poison message goes to the DLQ at once; good orders still flow', async () => {
     const kafka = createKafka(testEnv().kafkaBrokers, 'poison-writer');
     const producer = idempotentProducer(kafka);
     await producer.connect();
@@ -81,7 +81,7 @@ describe('poison messages and metrics', () => {
       async () => (await sql.query('SELECT 1 FROM orders WHERE user_id = $1', ['grace'])).rowCount === 1,
     );
 
-    // The DLQ holds the poison message, with the error and attempts in its headers.
+    // The DLQ holds the poison message, with the error and its one attempt in its headers.
     const consumer = kafka.consumer({ groupId: uniqueId('dlq-reader') });
     await consumer.connect();
     await consumer.subscribe({ topic: activity.topics.dlq, fromBeginning: true });
@@ -97,7 +97,7 @@ describe('poison messages and metrics', () => {
     await consumer.disconnect();
     expect(seen).toHaveLength(1);
     expect(seen[0]!.value).toBe(poison);
-    expect(seen[0]!.headers['dlq-attempts']).toBe('3');
+    expect(seen[0]!.headers['dlq-attempts']).toBe('1');
     expect(seen[0]!.headers['dlq-error']).toMatch(/invalid order message/);
     expect(seen[0]!.headers['trace-id']).toBe('poison-trace');
     expect((await sql.query('SELECT 1 FROM orders WHERE reservation_id = $1', ['poison-1'])).rowCount).toBe(
@@ -118,9 +118,11 @@ describe('poison messages and metrics', () => {
       30_000,
       500,
     );
-    expect(metric(text, 'flashsale_consumer_retries_total', `reason="poison",activity="${activityId}"`)).toBe(
-      3,
-    );
+    // Not retried: no attempt, no pause.
+    // (no series at all: the counter has never moved for this activity)
+    expect(
+      metric(text, 'flashsale_consumer_retries_total', `reason="poison",activity="${activityId}"`) || 0,
+    ).toBe(0);
     expect(metric(text, 'flashsale_dlq_messages_total', `activity="${activityId}"`)).toBe(1);
     expect(metric(text, 'flashsale_reservations_total', `result="ok"`)).toBe(1);
     expect(metric(text, 'flashsale_relay_published_total', `activity="${activityId}"`)).toBe(1);
@@ -135,5 +137,65 @@ describe('poison messages and metrics', () => {
     ]) {
       expect(text).toContain(`${name}{`);
     }
+  });
+  test('junk batch messages are dead-lettered at once, a malformed batch whole: orders behind them flow', async () => {
+    const kafka = createKafka(testEnv().kafkaBrokers, 'junk-writer');
+    const producer = idempotentProducer(kafka);
+    await producer.connect();
+    await producer.send({
+      topic: activity.topics.orders,
+      acks: -1,
+      messages: [
+        // 2,000 lines under a header that says 5: not a batch the relay writes.
+        { key: 'junk', value: '\n'.repeat(1999), headers: { orders: '5', 'trace-id': 'junk-whole' } },
+        // A batch of three lines, none of them an order.
+        { key: 'junk', value: 'x\n\n{"y":1}', headers: { orders: '3', 'trace-id': 'junk-lines' } },
+      ],
+    });
+    await producer.disconnect();
+    const ok = await http.post(
+      `${all.url}/v1/activities/${activityId}/orders`,
+      { skuId: 'duck', quantity: 1, requestId: 'h1' },
+      await tokenFor('heidi'),
+    );
+    expect(ok.status).toBe(202);
+    await waitFor(
+      'the order behind the junk created',
+      async () => (await sql.query('SELECT 1 FROM orders WHERE user_id = $1', ['heidi'])).rowCount === 1,
+    );
+
+    const consumer = kafka.consumer({ groupId: uniqueId('junk-reader') });
+    await consumer.connect();
+    await consumer.subscribe({ topic: activity.topics.dlq, fromBeginning: true });
+    const seen: { value: string; headers: Record<string, string> }[] = [];
+    await consumer.run({
+      eachMessage: async ({ message }) => {
+        const headers: Record<string, string> = {};
+        for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
+        if (headers['dlq-original-index'] !== undefined || headers['trace-id']?.startsWith('junk'))
+          seen.push({ value: message.value?.toString('utf8') ?? '', headers });
+      },
+    });
+    await waitFor('the junk in the DLQ', async () => seen.length >= 4, 60_000);
+    await new Promise((r) => setTimeout(r, 1000));
+    await consumer.disconnect();
+    // One dead letter for the malformed batch (its whole value), one per line of the other.
+    const whole = seen.filter((m) => m.headers['trace-id'] === 'junk-whole');
+    expect(whole).toHaveLength(1);
+    expect(whole[0]!.value).toBe('\n'.repeat(1999));
+    expect(whole[0]!.headers['dlq-error']).toBe('not a batch of orders: its orders header is 5');
+    const lines = seen.filter((m) => m.headers['dlq-original-index'] !== undefined);
+    expect(lines.map((m) => [m.headers['dlq-original-index'], m.value]).sort()).toEqual([
+      ['0', 'x'],
+      ['1', ''],
+      ['2', '{"y":1}'],
+    ]);
+    expect(seen.map((m) => m.headers['dlq-attempts'])).toEqual(['1', '1', '1', '1']);
+    const r = await http.raw(`${all.metricsUrl}/metrics`, { method: 'GET' });
+    const text = String(r.json.raw ?? '');
+    // (no series at all: the counter has never moved for this activity)
+    expect(
+      metric(text, 'flashsale_consumer_retries_total', `reason="poison",activity="${activityId}"`) || 0,
+    ).toBe(0);
   });
 });

@@ -1,7 +1,12 @@
 // How the relay turns one outbox entry into a Kafka message (runtime/relay/relay.ts kafkaMessageOf):
 // from the entry's own fields, and by parsing the message only for entries of the earlier format;
 // and how it puts a read's entries into batch messages per partition (kafkaMessagesOf).
-import { ORDER_BATCH_HEADER, ORDER_BATCH_MAX_BYTES, orderTextsOf } from '../../../core/order-message.js';
+import {
+  ORDER_BATCH_HEADER,
+  ORDER_BATCH_MAX_BYTES,
+  ORDER_BATCH_MAX_ORDERS,
+  orderTextsOf,
+} from '../../../core/order-message.js';
 import { kafkaMessageOf, kafkaMessagesOf } from '../../../runtime/relay/relay.js';
 
 describe('kafkaMessageOf', () => {
@@ -69,7 +74,7 @@ describe('kafkaMessagesOf', () => {
       partition: m.partition,
       key: m.key,
       orders: m.headers?.[ORDER_BATCH_HEADER],
-      texts: orderTextsOf(String(m.value), m.headers?.[ORDER_BATCH_HEADER] !== undefined),
+      texts: orderTextsOf(String(m.value), m.headers?.[ORDER_BATCH_HEADER] as string | undefined),
     }));
     expect(batches).toEqual([
       {
@@ -113,5 +118,23 @@ describe('kafkaMessagesOf', () => {
     const batch = messages.find((m) => m.headers?.[ORDER_BATCH_HEADER] !== undefined);
     expect(batch?.value).toBe('{"userId":"a1"}\n{"userId":"a3"}');
     expect(messages).toHaveLength(2);
+  });
+});
+
+describe('orderTextsOf (the consumer reading a batch message)', () => {
+  it('takes a message without the header as one order, and a batch as its lines', () => {
+    expect(orderTextsOf('{"a":1}', undefined)).toEqual(['{"a":1}']);
+    expect(orderTextsOf('{"a":1}\n{"b":2}', '2')).toEqual(['{"a":1}', '{"b":2}']);
+  });
+
+  it('refuses, whole, a batch whose header is not a count its value holds', () => {
+    expect(orderTextsOf('{"a":1}\n{"b":2}', '3')).toBeUndefined();
+    expect(orderTextsOf('{"a":1}\n{"b":2}', '1')).toBeUndefined();
+    expect(orderTextsOf('\n'.repeat(1999), '5')).toBeUndefined();
+    expect(
+      orderTextsOf('\n'.repeat(ORDER_BATCH_MAX_ORDERS), String(ORDER_BATCH_MAX_ORDERS + 1)),
+    ).toBeUndefined();
+    for (const header of ['', '0', '-1', '1.5', 'many'])
+      expect(orderTextsOf('{"a":1}', header)).toBeUndefined();
   });
 });
