@@ -30,13 +30,29 @@ import type { RedisClient } from './scripts.js';
 
 export type AckMode = 'replica' | 'local';
 
+/** Where a write was answered: a connection (single primary) or a cluster node. */
+export type AnsweredOn = unknown;
+
 export interface ReservationAck {
-  /** Resolves once the reservation is as durable as configured; throws NOT_REPLICATED if not. */
-  confirm(activityId: string, reservationId: string, replayed: boolean, scope?: ScopeKeys): Promise<void>;
+  /**
+   * Resolves once the reservation is as durable as configured; throws NOT_REPLICATED if not.
+   * `answeredOn` (from `answeredOn()` as the write's answer arrived) is required to be where the
+   * WAIT runs: a write answered by a server the client has left since is never confirmed.
+   */
+  confirm(
+    activityId: string,
+    reservationId: string,
+    replayed: boolean,
+    scope?: ScopeKeys,
+    answeredOn?: AnsweredOn,
+  ): Promise<void>;
+  /** The connection (or node) a write of `scope` is answered on now: called as its answer arrives. */
+  answeredOn(activityId: string, scope?: ScopeKeys): AnsweredOn;
 }
 
 export const localAck: ReservationAck = {
   confirm: async () => undefined,
+  answeredOn: () => undefined,
 };
 
 export class ReplicaAck implements ReservationAck {
@@ -49,10 +65,23 @@ export class ReplicaAck implements ReservationAck {
     private readonly timeoutMs: number,
   ) {}
 
-  async confirm(activityId: string, reservationId: string, replayed: boolean): Promise<void> {
-    // Called as the script's answer arrives (no I/O in between): the connection that answered it.
+  answeredOn(): AnsweredOn {
+    return this.redis.stream;
+  }
+
+  async confirm(
+    activityId: string,
+    reservationId: string,
+    replayed: boolean,
+    _scope?: ScopeKeys,
+    answeredOn?: AnsweredOn,
+  ): Promise<void> {
+    // Called as the script's answer arrives (no I/O in between): the connection that answered it,
+    // unless the caller says which one did (writes answered earlier, confirmed together later).
     const connection = this.redis.stream;
     let acked = 0;
+    if (answeredOn !== undefined && answeredOn !== connection)
+      throw notReplicated(reservationId, acked, this.replicas, this.timeoutMs);
     try {
       // A replay wrote nothing on this connection, and the original may have been written by
       // another api process: one write here first, so the WAIT covers the primary's stream up to now.
@@ -133,17 +162,23 @@ export class ClusterReplicaAck implements ReservationAck {
     private readonly timeoutMs: number,
   ) {}
 
+  answeredOn(activityId: string, scope?: ScopeKeys): AnsweredOn {
+    return this.nodeOf((scope ?? activityKeys(activityId)).ackProbe);
+  }
+
   async confirm(
     activityId: string,
     reservationId: string,
     _replayed: boolean,
     scope?: ScopeKeys,
+    answeredOn?: AnsweredOn,
   ): Promise<void> {
     const probe = (scope ?? activityKeys(activityId)).ackProbe;
-    // Called as the script's answer arrives (no I/O in between): the node that answered it.
+    // Called as the script's answer arrives (no I/O in between): the node that answered it, unless
+    // the caller says which one did (writes answered earlier, confirmed together later).
     const node = this.nodeOf(probe);
     let acked = 0;
-    if (node !== undefined) {
+    if (node !== undefined && (answeredOn === undefined || answeredOn === node)) {
       try {
         acked = (await this.next(node, probe)).get(probe) ?? 0;
       } catch {
@@ -238,22 +273,37 @@ export async function defaultAckMode(redis: RedisClient, sentinel: boolean): Pro
  */
 export class AckDecidedOnFirstUse implements ReservationAck {
   private decided: Promise<ReservationAck> | undefined;
+  private resolved: ReservationAck | undefined;
 
   constructor(private readonly decide: () => Promise<ReservationAck>) {}
+
+  /** Undecided yet: a token no connection is, so writes answered before the decision are not confirmed. */
+  answeredOn(activityId: string, scope?: ScopeKeys): AnsweredOn {
+    return this.resolved ? this.resolved.answeredOn(activityId, scope) : UNDECIDED;
+  }
 
   async confirm(
     activityId: string,
     reservationId: string,
     replayed: boolean,
     scope?: ScopeKeys,
+    answeredOn?: AnsweredOn,
   ): Promise<void> {
-    this.decided ??= this.decide().catch((err: unknown) => {
-      this.decided = undefined;
-      throw err;
-    });
-    return (await this.decided).confirm(activityId, reservationId, replayed, scope);
+    this.decided ??= this.decide().then(
+      (ack) => {
+        this.resolved = ack;
+        return ack;
+      },
+      (err: unknown) => {
+        this.decided = undefined;
+        throw err;
+      },
+    );
+    return (await this.decided).confirm(activityId, reservationId, replayed, scope, answeredOn);
   }
 }
+
+const UNDECIDED: AnsweredOn = Symbol('undecided');
 
 /** Replicas the primary has right now (INFO replication), for `RESERVE_ACK` unset. */
 export async function connectedReplicas(redis: Redis): Promise<number> {

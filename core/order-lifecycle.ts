@@ -20,6 +20,7 @@
  */
 import { readMeta, readStock, unconfirmedReservations } from './activity-cache.js';
 import { bucketLayout } from './buckets.js';
+import type { BucketLayout } from './buckets.js';
 import { holdOffRestores, restoresOf } from './db/cache-restores-store.js';
 import { appendJournal } from './db/journal-store.js';
 import type { JournalEntry } from './db/journal-store.js';
@@ -54,7 +55,7 @@ import { inSavepoint, inTransaction, isUniqueViolation } from './db/pool.js';
 import type { Pool, PoolClient, Queryable } from './db/pool.js';
 import { readWriteBack, returnStock, takeBackStock } from './db/stock-store.js';
 import { localAck } from './durable-ack.js';
-import type { ReservationAck } from './durable-ack.js';
+import type { AnsweredOn, ReservationAck } from './durable-ack.js';
 import { FlashSaleError } from './errors.js';
 import type { Logger } from './logger.js';
 import type { Metrics } from './metrics.js';
@@ -77,6 +78,7 @@ import type {
   ReservationRecord,
 } from './reservations.js';
 import { groupByScope } from './keys.js';
+import type { ScopeKeys } from './keys.js';
 import { CANCEL_MARKER_STATE } from './order-message.js';
 import type { RedisClient } from './scripts.js';
 
@@ -463,27 +465,36 @@ async function settleInPostgres(deps: LifecycleDeps, o: SettleableOrder): Promis
 async function durablyReleased(
   deps: LifecycleDeps,
   activityId: string,
-  released: SettleableOrder[],
+  layout: BucketLayout,
+  released: { o: SettleableOrder; on: AnsweredOn }[],
 ): Promise<SettleableOrder[]> {
   const ack = deps.stockAck;
-  if (!ack || ack === localAck || released.length === 0) return released;
-  const layout = await bucketLayout(deps.redis, activityId);
+  if (!ack || ack === localAck || released.length === 0) return released.map((x) => x.o);
+  // By scope and by where each release was answered: a release answered by a server the client
+  // has left since (a failover between the release and its WAIT) is never confirmed by the WAIT of
+  // the server of the moment, which speaks for that server's writes only.
+  const groups: { scope: ScopeKeys; on: AnsweredOn; orders: SettleableOrder[] }[] = [];
+  for (const { scope, items } of groupByScope(released, (x) => layout.scopeFor(x.o.skuId, x.o.userId))) {
+    for (const { o, on } of items) {
+      const same = groups.find((g) => g.scope === scope && g.on === on);
+      if (same) same.orders.push(o);
+      else groups.push({ scope, on, orders: [o] });
+    }
+  }
   const confirmed = await Promise.all(
-    groupByScope(released, (o) => layout.scopeFor(o.skuId, o.userId)).map(
-      async ({ scope, items: orders }) => {
-        try {
-          // `replayed`: a probe write first, so the WAIT covers the releases however they were sent.
-          await ack.confirm(activityId, orders[0]!.reservationId, true, scope);
-          return orders;
-        } catch (err) {
-          deps.logger.warn(
-            { activity: activityId, orders: orders.map((o) => o.id), err: (err as Error).message },
-            'stock return deferred: the replicas did not confirm the release',
-          );
-          return [];
-        }
-      },
-    ),
+    groups.map(async ({ scope, on, orders }) => {
+      try {
+        // `replayed`: a probe write first, so the WAIT covers the releases however they were sent.
+        await ack.confirm(activityId, orders[0]!.reservationId, true, scope, on);
+        return orders;
+      } catch (err) {
+        deps.logger.warn(
+          { activity: activityId, orders: orders.map((o) => o.id), err: (err as Error).message },
+          'stock return deferred: the replicas did not confirm the release',
+        );
+        return [];
+      }
+    }),
   );
   return confirmed.flat();
 }
@@ -532,6 +543,7 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
         deps.pool,
         list.map((o) => o.id),
       );
+      const layout = await bucketLayout(deps.redis, activityId);
       const results = await mapLimit(list, RELEASE_CONCURRENCY, async (o) => {
         try {
           await release(deps.redis, {
@@ -542,7 +554,9 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
             reason: o.closeReason ?? 'CLOSED',
             ...guardRelease(o.closeReason),
           });
-          return { o, r: 'released' as const };
+          // As the answer arrives (no I/O in between): the connection or node that gave it.
+          const on = deps.stockAck?.answeredOn(activityId, layout.scopeFor(o.skuId, o.userId));
+          return { o, r: 'released' as const, on };
         } catch (err) {
           if (isCode(err, 'FROZEN')) return { o, r: 'frozen' as const };
           if (isCode(err, 'UNKNOWN_RESERVATION', 'MISMATCH', 'ALREADY_PAID'))
@@ -554,7 +568,8 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
       const released = await durablyReleased(
         deps,
         activityId,
-        results.filter((x) => x.r === 'released').map((x) => x.o),
+        layout,
+        results.flatMap((x) => (x.r === 'released' ? [{ o: x.o, on: x.on }] : [])),
       );
       summary.deferred += results.filter((x) => x.r === 'released').length - released.length;
       summary.redis += await settle(

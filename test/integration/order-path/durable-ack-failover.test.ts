@@ -8,67 +8,18 @@
 // first while its replica is stopped (SIGSTOP), so its WAIT blocks; the client is then moved to
 // the second primary, as ioredis' Sentinel connector moves it to a promoted replica, and the
 // queued WAIT is resent there, where it is answered at once.
-import { spawn } from 'node:child_process';
-import type { ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { ReplicaAck } from '../../../core/durable-ack.js';
-import { freePort, waitFor } from '../../../dev/roles.js';
-
-interface Server {
-  port: number;
-  dir: string;
-  process: ChildProcess;
-}
-
-async function redisServer(replicaOf?: number): Promise<Server> {
-  const port = await freePort();
-  // A replica's full sync writes an RDB file: into a directory of its own, not the working tree.
-  const dir = mkdtempSync(join(tmpdir(), 'fs-ack-redis-'));
-  const args = [
-    '--port',
-    String(port),
-    '--bind',
-    '127.0.0.1',
-    '--dir',
-    dir,
-    '--save',
-    '',
-    '--appendonly',
-    'no',
-  ];
-  if (replicaOf !== undefined) args.push('--replicaof', '127.0.0.1', String(replicaOf));
-  const process = spawn('redis-server', args, { stdio: 'ignore' });
-  const probe = new Redis({ port, host: '127.0.0.1', retryStrategy: () => 100 });
-  probe.on('error', () => undefined);
-  try {
-    await waitFor(
-      replicaOf === undefined ? `redis-server :${port}` : `redis-server :${port} in sync with :${replicaOf}`,
-      async () => {
-        const info = await probe.info('replication');
-        return replicaOf === undefined || /^master_link_status:up/m.test(info);
-      },
-      20_000,
-    );
-  } finally {
-    probe.disconnect();
-  }
-  return { port, dir, process };
-}
+import { redisServer, stopRedisServers } from '../../fixtures/redis-server.js';
+import type { RedisServer } from '../../fixtures/redis-server.js';
 
 describe('durable acknowledgement across a failover', () => {
-  const servers: Server[] = [];
+  const servers: RedisServer[] = [];
   let client: Redis | undefined;
 
   afterAll(() => {
     client?.disconnect();
-    for (const s of servers) {
-      s.process.kill('SIGCONT');
-      s.process.kill('SIGKILL');
-      rmSync(s.dir, { recursive: true, force: true });
-    }
+    stopRedisServers(servers);
   });
 
   it('a WAIT resent on another server never confirms the reservation: NOT_REPLICATED', async () => {

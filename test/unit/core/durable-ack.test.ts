@@ -11,6 +11,7 @@ describe('AckDecidedOnFirstUse', () => {
       confirm: async (activityId, reservationId, replayed) => {
         confirmed.push(`${activityId}/${reservationId}/${String(replayed)}`);
       },
+      answeredOn: () => 'the connection',
     };
     let decisions = 0;
     const ack = new AckDecidedOnFirstUse(async () => {
@@ -22,6 +23,8 @@ describe('AckDecidedOnFirstUse', () => {
     await Promise.all([ack.confirm('a1', 'r2', true), ack.confirm('a1', 'r3', false)]);
     await ack.confirm('a2', 'r4', true);
     expect(decisions).toBe(2);
+    // Where a write was answered is known only once decided: before, a token no connection is.
+    expect(ack.answeredOn('a1')).toBe('the connection');
     expect(confirmed).toEqual(['a1/r2/true', 'a1/r3/false', 'a2/r4/true']);
   });
 
@@ -30,6 +33,7 @@ describe('AckDecidedOnFirstUse', () => {
       confirm: async () => {
         throw Object.assign(new Error('not replicated'), { code: 'NOT_REPLICATED' });
       },
+      answeredOn: () => undefined,
     }));
     await expect(ack.confirm('a1', 'r1', true)).rejects.toMatchObject({ code: 'NOT_REPLICATED' });
   });
