@@ -89,6 +89,8 @@ export class ReconcileContext {
    * Undefined when the step did not get that far (a dependency failed earlier in the pass).
    */
   gateSeen: string | undefined;
+  /** Set by restore-metrics.ts when this pass exported the open restore from PostgreSQL. */
+  restoreExported = false;
 
   constructor(
     readonly deps: ReconcileDeps,

@@ -58,7 +58,8 @@ import { countRestore, exportOpenRestore } from './restore-metrics.js';
 import { resolveItems } from './resolve-items.js';
 import { syncTrafficPolicy } from './traffic-policy.js';
 
-const LIVE_PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
+/** The phases a cache restore runs in (restore-metrics.ts exports an open one in these only). */
+export const RESTORE_PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
 
 function condition(ctx: ReconcileContext, status: 'True' | 'False', reason: string, message: string): void {
   ctx.status.conditions = setCondition(
@@ -139,7 +140,7 @@ function describe(d: RestoreDivergence, loadedGeneration: number): string {
 
 export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
   // Also while the resource is being deleted: drain and write-back must find the cache whole.
-  if (!LIVE_PHASES.includes(ctx.phase)) return CONTINUE;
+  if (!RESTORE_PHASES.includes(ctx.phase)) return CONTINUE;
   // Never loaded: warm-up loads it; there is nothing to restore.
   const loadedGeneration = ctx.status.cache?.loadedGeneration;
   if (loadedGeneration === undefined) return CONTINUE;

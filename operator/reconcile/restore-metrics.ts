@@ -4,7 +4,9 @@
  * restore-cache.ts so the step itself only calls these at its transitions.
  */
 import { RESTORE_STEPS } from '../../core/db/cache-restores-store.js';
-import type { CacheRestoreRow, RestoreReason } from '../../core/db/cache-restores-store.js';
+import type { CacheRestoreRow, RestoreReason, RestoreStep } from '../../core/db/cache-restores-store.js';
+import { ConditionType, Reason } from '../api/v1alpha1/types.js';
+import type { FlashSaleActivityStatus } from '../api/v1alpha1/types.js';
 import type { ReconcileContext } from './context.js';
 import { activityLabels } from './update-status.js';
 
@@ -20,15 +22,49 @@ export function countRestore(ctx: ReconcileContext, reason: RestoreReason): void
  * `max by` reads them directly.
  */
 export function exportOpenRestore(ctx: ReconcileContext, row: CacheRestoreRow | undefined): void {
+  ctx.restoreExported = true;
+  setOpenRestore(
+    ctx,
+    row && row.step !== 'resumed' ? { step: row.step, detectedAt: row.detectedAt } : undefined,
+  );
+}
+
+/** The step a restore is at, by the CacheConsistent reason its pass recorded. */
+const STEP_OF_REASON: Readonly<Record<string, RestoreStep>> = {
+  [Reason.RestorePausing]: 'detected',
+  [Reason.RestoreDraining]: 'paused',
+  [Reason.RestoreReloading]: 'drained',
+  [Reason.RestoreResuming]: 'reloaded',
+};
+
+/**
+ * A pass that did not reach the restore step (PostgreSQL down: an earlier step's query failed)
+ * exports the open restore from the status instead: its CacheConsistent condition, False since
+ * the detection (lastTransitionTime), and the step its reason names. Without it an operator that
+ * restarts, or fails over to another replica, during such an outage exports no series, and
+ * FlashSaleCacheRestoreStuck is blind in the outage it exists for.
+ */
+export function exportOpenRestoreFromStatus(ctx: ReconcileContext, status: FlashSaleActivityStatus): void {
+  if (ctx.restoreExported) return;
+  const c = status.conditions?.find((x) => x.type === ConditionType.CacheConsistent);
+  const step = c?.status === 'False' ? STEP_OF_REASON[c.reason ?? ''] : undefined;
+  if (!step || !c?.lastTransitionTime) return;
+  setOpenRestore(ctx, { step, detectedAt: c.lastTransitionTime });
+}
+
+function setOpenRestore(
+  ctx: ReconcileContext,
+  open: { step: RestoreStep; detectedAt: string | Date } | undefined,
+): void {
   const { cacheRestoreOpenSeconds, cacheRestoreOpenSince } = ctx.deps.metrics;
   const labels = activityLabels(ctx);
   for (const step of RESTORE_STEPS) {
     cacheRestoreOpenSeconds.remove({ ...labels, step });
     cacheRestoreOpenSince.remove({ ...labels, step });
   }
-  if (!row || row.step === 'resumed') return;
-  const detectedMs = new Date(row.detectedAt).getTime();
+  if (!open) return;
+  const detectedMs = new Date(open.detectedAt).getTime();
   const age = Math.max(0, (ctx.now.getTime() - detectedMs) / 1000);
-  cacheRestoreOpenSeconds.set({ ...labels, step: row.step }, age);
-  cacheRestoreOpenSince.set({ ...labels, step: row.step }, detectedMs / 1000);
+  cacheRestoreOpenSeconds.set({ ...labels, step: open.step }, age);
+  cacheRestoreOpenSince.set({ ...labels, step: open.step }, detectedMs / 1000);
 }

@@ -13,6 +13,8 @@ import type { ConditionInput } from '../api/v1alpha1/conditions.js';
 import { ConditionType, Phase, Reason, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
 import type { BacklogStatus, FlashSaleActivityStatus, StockStatus } from '../api/v1alpha1/types.js';
 import type { ReconcileContext } from './context.js';
+import { RESTORE_PHASES } from './restore-cache.js';
+import { exportOpenRestoreFromStatus } from './restore-metrics.js';
 import { readSettlement } from './settle.js';
 
 const KAFKA_PHASES: readonly Phase[] = [
@@ -274,6 +276,7 @@ export async function updateStatus(ctx: ReconcileContext): Promise<void> {
   else delete status.nextCheckAt;
 
   exportActivityMetrics(ctx, phase, status);
+  if (RESTORE_PHASES.includes(phase)) exportOpenRestoreFromStatus(ctx, status);
 
   const updated = await ctx.deps.activities.patchStatus(ctx.fsa, status);
   if (updated) ctx.fsa = updated;

@@ -7,8 +7,15 @@ import type { OperatorMetrics } from '../../../core/metrics.js';
 import type { CacheRestoreRow, RestoreStep } from '../../../core/db/cache-restores-store.js';
 import type { FlashSaleActivity } from '../../../operator/api/v1alpha1/types.js';
 import type { ReconcileContext } from '../../../operator/reconcile/context.js';
+import { createLogger } from '../../../core/logger.js';
+import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import { activityIdOf } from '../../../operator/api/v1alpha1/funcs.js';
+import { FINALIZER, Phase } from '../../../operator/api/v1alpha1/types.js';
+import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
+import { Reconciler } from '../../../operator/reconcile/reconciler.js';
 import { exportOpenRestore } from '../../../operator/reconcile/restore-metrics.js';
 import { forgetActivityMetrics } from '../../../operator/reconcile/update-status.js';
+import { activityFixture } from './activity-fixture.js';
 
 const DETECTED = new Date('2030-01-01T10:00:00Z');
 const labels = { activity: 'shop.s1-aaaaaaaa', name: 's1', namespace: 'shop' };
@@ -95,5 +102,48 @@ describe('exportOpenRestore', () => {
     expect(await series(metrics, AGE)).toEqual([]);
     expect(await series(metrics, SINCE)).toEqual([]);
     expect(await metrics.registry.metrics()).not.toContain(SINCE + '{');
+  });
+});
+
+describe('a pass that stops before the restore step (PostgreSQL down)', () => {
+  it('exports the open restore from the status: FlashSaleCacheRestoreStuck is not blind after an operator restart', async () => {
+    // A fresh operator process (a restart, or another replica taking the lease) while PostgreSQL is
+    // down: every pass fails at claim-id, before restore-cache, which alone read the restore's row.
+    const metrics = createOperatorMetrics();
+    const detected = '2030-01-01T10:05:00.000Z';
+    const now = new Date('2030-01-01T10:40:00Z');
+    const base = activityFixture();
+    const fsa: FlashSaleActivity = {
+      ...base,
+      metadata: { ...base.metadata, finalizers: [FINALIZER] },
+      status: {
+        conditions: [
+          ...enterPhase(undefined, Phase.Active, 'selling', 3, new Date('2030-01-01T10:00:00Z')),
+          {
+            type: 'CacheConsistent',
+            status: 'False',
+            reason: 'RestoreDraining',
+            message: 'restore 1: waiting for the backlog',
+            lastTransitionTime: detected,
+            observedGeneration: 3,
+          },
+        ],
+      },
+    };
+    const down = (): Promise<never> => Promise.reject(new Error('connect ECONNREFUSED 127.0.0.1:5432'));
+    const deps = {
+      activities: { get: async () => fsa, patchStatus: async () => undefined },
+      pool: { query: down, connect: down },
+      metrics,
+      log: createLogger('restore-metrics-test', 'silent'),
+      config: { defaultWarmUpLead: '5m', statusRefreshMs: 0 },
+      now: () => now,
+      events: { record: async () => undefined },
+      identity: 'operator-test',
+    } as unknown as ReconcileDeps;
+    await expect(new Reconciler(deps).reconcile('shop/spring')).rejects.toThrow(/ECONNREFUSED/);
+    const id = { activity: activityIdOf(fsa), name: 'spring', namespace: 'shop' };
+    expect(await series(metrics, SINCE)).toEqual([[{ ...id, step: 'paused' }, Date.parse(detected) / 1000]]);
+    expect(await series(metrics, AGE)).toEqual([[{ ...id, step: 'paused' }, 35 * 60]]);
   });
 });
