@@ -20,8 +20,9 @@
  * Handled offsets: a replayed message, and one acknowledged with `ack` (looked at and decided not
  * to replay), is handled. Each partition's handled offset (a consumer group's committed offset,
  * core/kafka.ts `commitHandled`) moves over the handled messages that follow it in order; the
- * messages after it are `flashsale_dlq_unhandled`, which the DLQ alert watches. A handled message
- * behind an unhandled one is counted until that one is handled too (`list` marks both).
+ * messages after it are `flashsale_dlq_unhandled`, which the DLQ alert watches. A message behind
+ * one still unhandled cannot be recorded handled: `replay` and `ack` refuse it (exit 1, nothing
+ * done), naming the earlier ones to handle first or with it.
  */
 import { randomBytes } from 'node:crypto';
 import type { Admin, IHeaders, Kafka } from 'kafkajs';
@@ -232,12 +233,32 @@ export const runDlqCli = cliCommand(USAGE, readArgs, async (args, env, out, err)
   // --all takes what is not handled yet: a message acknowledged as refused, sent again, would be
   // refused again and dead-lettered anew, a new copy on every later --all. A message named by its
   // reference is taken whatever its state (replaying a valid order again is safe).
-  const chosen = args.all
-    ? await withAdmin(kafka, async (admin) => {
-        const handled = await handledOffsets(admin, topics);
-        return all.filter((m) => BigInt(m.offset) >= (handled.get(m.partition) ?? 0n));
-      })
-    : args.refs.map((r) => byRef.get(r)!);
+  const handled = await withAdmin(kafka, (admin) => handledOffsets(admin, topics));
+  const notHandled = (m: DlqMessage): boolean => BigInt(m.offset) >= (handled.get(m.partition) ?? 0n);
+  const chosen = args.all ? all.filter(notHandled) : args.refs.map((r) => byRef.get(r)!);
+  // The handled state is one offset per partition: a message handled behind one still unhandled
+  // could not be recorded, and would be counted, and sent again by a later --all, as if nobody had
+  // handled it. So the earlier unhandled ones are handled first, or named with it.
+  const named = new Set(chosen.map(ref));
+  const behind = chosen.flatMap((m) => {
+    if (!notHandled(m)) return [];
+    const before = all.filter(
+      (x) =>
+        x.partition === m.partition &&
+        BigInt(x.offset) < BigInt(m.offset) &&
+        notHandled(x) &&
+        !named.has(ref(x)),
+    );
+    return before.length > 0 ? [`${ref(m)} comes after ${before.map(ref).join(', ')}`] : [];
+  });
+  if (behind.length > 0) {
+    err(
+      `nothing done: ${behind.join('; ')}, not handled yet. The handled offset moves over a ` +
+        `partition's messages in order, so a later one cannot be recorded handled before them: ` +
+        `${args.command} (or replay) the earlier ones first, or name them in the same command\n`,
+    );
+    return 1;
+  }
   if (args.command === 'replay') {
     // A replay is handled once Kafka has it; only a consumer makes it an order. With none in the
     // group (an activity Completed, its consumer scaled to zero) the order would never be written

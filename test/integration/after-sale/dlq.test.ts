@@ -180,8 +180,9 @@ describe('DLQ list / inspect / replay / ack', () => {
       expect(await topicDepth(admin, topics.dlq)).toBe(1); // nothing new dead-lettered
       expect(await dlqUnhandled(admin, topics)).toBe(0);
 
-      // Two more dead letters (offsets 1 and 2). Acknowledging the later one alone does not hide
-      // the earlier one; acknowledging both does (nothing is replayed by ack).
+      // Two more dead letters (offsets 1 and 2). Acknowledging the later one alone is refused, since
+      // it could not be recorded (it would be counted, and sent again by --all, as if unhandled);
+      // acknowledging both is done (nothing is replayed by ack).
       await producer.send({
         topic: topics.dlq,
         acks: -1,
@@ -190,7 +191,16 @@ describe('DLQ list / inspect / replay / ack', () => {
       await until('the new dead letters counted', async () =>
         (await dlqUnhandled(admin, topics)) === 2 ? true : undefined,
       );
-      expect(await dlqCommand(activityId, 'ack', '0:2')).toContain('2 message(s) not handled');
+      const refusedAck: string[] = [];
+      expect(
+        await runDlqCli(
+          ['ack', '0:2', '--activity', activityId],
+          { KAFKA_BROKERS: testEnv().kafkaBrokers.join(','), KAFKA_TOPIC_PREFIX: prefix },
+          () => undefined,
+          (t) => refusedAck.push(t),
+        ),
+      ).toBe(1);
+      expect(refusedAck.join('')).toContain('nothing done: 0:2 comes after 0:1, not handled yet');
       expect(await dlqUnhandled(admin, topics)).toBe(2);
       expect(await dlqCommand(activityId, 'ack', '0:1', '0:2')).toContain(
         'handled offsets 0:3; 0 message(s) not handled',
