@@ -62,15 +62,22 @@ interface ActiveLimiters {
   address: RateLimiterAbstract | undefined;
 }
 
-function limiter(redis: RedisClient, keyPrefix: string, limit: RateLimit): RateLimiterAbstract | undefined {
+/** A per-buyer or per-address limiter on Redis (undefined for a limit of 0: none). Exported for tests. */
+export function redisLimiter(
+  redis: RedisClient,
+  keyPrefix: string,
+  limit: RateLimit,
+): RateLimiterAbstract | undefined {
   if (limit.requests === 0) return undefined;
   const figures = { points: limit.requests, duration: limit.perSeconds };
   return new RateLimiterRedis({
     storeClient: redis,
     keyPrefix,
     ...figures,
-    // Blocked in this process for the rest of the window once Redis says the window is used up.
-    inMemoryBlockOnConsumed: limit.requests,
+    // Blocked in this process for the rest of the window from the first request Redis refuses, not
+    // from the one that took the last point: that one may still fail (5xx) and give its point back,
+    // and a block the library set then would refuse the buyer's retry for our failure.
+    inMemoryBlockOnConsumed: limit.requests + 1,
     rejectIfRedisNotReady: true,
     insuranceLimiter: new RateLimiterMemory({ keyPrefix, ...figures }),
   });
@@ -211,8 +218,8 @@ export function rateLimitStages(deps: RateLimitDeps): RateLimitStages {
       label: labelFor(activityId, policy),
       policy,
       signature,
-      buyer: limiter(deps.redis, k.rateLimitPrefix('buyer'), policy.shaping.perBuyer),
-      address: limiter(deps.redis, k.rateLimitPrefix('address'), policy.shaping.perAddress),
+      buyer: redisLimiter(deps.redis, k.rateLimitPrefix('buyer'), policy.shaping.perBuyer),
+      address: redisLimiter(deps.redis, k.rateLimitPrefix('address'), policy.shaping.perAddress),
     };
     if (known === undefined && byActivity.size >= MAX_ACTIVITY_LIMITERS) {
       const oldest = byActivity.keys().next().value;

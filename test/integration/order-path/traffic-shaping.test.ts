@@ -13,6 +13,7 @@ import type { TrafficPolicy } from '../../../core/traffic-policy.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { JWT_SECRET, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
+import { redisLimiter } from '../../../runtime/api/rate-limit.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 
 /**
@@ -398,6 +399,25 @@ describe('traffic shaping and eligibility', () => {
     await waitFor('the point given back', async () => (await redis.get(counter)) === '0', 10_000, 50);
     expect(await redis.hget(activityKeys(activityId).sku('tea'), 'stock')).toBe('9');
   }, 120_000);
+
+  test('a point given back after a failure lifts the limit at once: the last point sets no block in memory', async () => {
+    // The limiter of the other limited routes (cancel, registration, order codes, the address).
+    const limiter = redisLimiter(redis, `${activityKeys(uniqueId('rl')).prefix}rl:buyer:`, {
+      requests: 2,
+      perSeconds: 600,
+    })!;
+    // Connected, as a role's client is before it serves (the limiter falls back to its in-memory
+    // insurance while the client is not ready).
+    expect(await redis.ping()).toBe('PONG');
+    await limiter.consume('b');
+    // The window's last point; this request then fails (5xx) and gives its point back.
+    await limiter.consume('b');
+    await limiter.reward('b', 1);
+    await expect(limiter.consume('b')).resolves.toMatchObject({ consumedPoints: 2 });
+    // Refused by Redis: from then on refused in this process without asking Redis.
+    await expect(limiter.consume('b')).rejects.toMatchObject({ consumedPoints: 3 });
+    await expect(limiter.consume('b')).rejects.toMatchObject({ consumedPoints: 0 });
+  });
 
   test("a stock bucket's failed call gives back the point its claim counted: a buyer retrying through it is not rate-limited", async () => {
     const activityId = uniqueId('bucket-giveback');
