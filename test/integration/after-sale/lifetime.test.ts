@@ -17,7 +17,8 @@ import {
   reservationIdFor,
 } from '../../../core/reservations.js';
 import { bucketLayout, unitsLeft } from '../../../core/buckets.js';
-import { activityKeys, BucketKeys } from '../../../core/keys.js';
+import { activityKeys } from '../../../core/keys.js';
+import type { BucketKeys } from '../../../core/keys.js';
 import { acceptPayment } from '../../../runtime/payments/apply.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { uniqueId } from '../../../dev/servers.js';
