@@ -48,6 +48,8 @@ export interface ReservationAck {
   ): Promise<void>;
   /** The connection (or node) a write of `scope` is answered on now: called as its answer arrives. */
   answeredOn(activityId: string, scope?: ScopeKeys): AnsweredOn;
+  /** Decides what is not decided yet (AckDecidedOnFirstUse), before writes whose answers it will judge. */
+  ready?(): Promise<void>;
 }
 
 export const localAck: ReservationAck = {
@@ -277,6 +279,10 @@ export class AckDecidedOnFirstUse implements ReservationAck {
 
   constructor(private readonly decide: () => Promise<ReservationAck>) {}
 
+  async ready(): Promise<void> {
+    await this.decidedAck();
+  }
+
   /** Undecided yet: a token no connection is, so writes answered before the decision are not confirmed. */
   answeredOn(activityId: string, scope?: ScopeKeys): AnsweredOn {
     return this.resolved ? this.resolved.answeredOn(activityId, scope) : UNDECIDED;
@@ -289,6 +295,10 @@ export class AckDecidedOnFirstUse implements ReservationAck {
     scope?: ScopeKeys,
     answeredOn?: AnsweredOn,
   ): Promise<void> {
+    return (await this.decidedAck()).confirm(activityId, reservationId, replayed, scope, answeredOn);
+  }
+
+  private decidedAck(): Promise<ReservationAck> {
     this.decided ??= this.decide().then(
       (ack) => {
         this.resolved = ack;
@@ -299,7 +309,7 @@ export class AckDecidedOnFirstUse implements ReservationAck {
         throw err;
       },
     );
-    return (await this.decided).confirm(activityId, reservationId, replayed, scope, answeredOn);
+    return this.decided;
   }
 }
 

@@ -344,7 +344,8 @@ function bytesOf(v: Message['key'] | Message['value']): number {
   return typeof v === 'string' ? Buffer.byteLength(v) : v.length;
 }
 
-function recordBytes(m: Message): number {
+/** A record's bytes in a produce request: key, value, headers and framing. */
+export function recordBytes(m: Message): number {
   let n = REQUEST_BYTES_PER_RECORD + bytesOf(m.key) + bytesOf(m.value);
   for (const [name, value] of Object.entries(m.headers ?? {})) {
     n += Buffer.byteLength(name);

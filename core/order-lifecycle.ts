@@ -544,6 +544,9 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
         list.map((o) => o.id),
       );
       const layout = await bucketLayout(deps.redis, activityId);
+      // Decided before the releases: a release answered before the decision is never confirmed
+      // (answeredOn), which would defer the first stock returns of every process start.
+      await deps.stockAck?.ready?.().catch(() => undefined);
       const results = await mapLimit(list, RELEASE_CONCURRENCY, async (o) => {
         try {
           await release(deps.redis, {

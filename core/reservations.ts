@@ -4,6 +4,7 @@
  */
 import { createHash } from 'node:crypto';
 import { bucketLayout, completeTransfers, knownBucketLayout, refillBucket, unitsLeft } from './buckets.js';
+import type { BucketLayout } from './buckets.js';
 import { FlashSaleError, scriptError } from './errors.js';
 import { activityKeys, BucketKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
@@ -243,26 +244,45 @@ async function reserveClaimed(
         continue;
       }
       if (err.code !== 'SOLD_OUT' || !(scope instanceof BucketKeys)) throw err;
-      const moved = await refillBucket(redis, layout, input.skuId, scope, input.quantity);
-      // Units stranded by a transfer whose process died half-way, or whose donor record was not
-      // confirmed on its node's replica, count too once they land.
-      const stranded = moved === 0 ? await completeTransfers(redis, layout, input.skuId) : undefined;
-      // Every donor was emptied by other refills meanwhile: sold out only if no bucket has a unit.
-      if (stranded && stranded.landed === 0) {
-        const left = await unitsLeft(redis, layout, input.skuId);
-        // The SKU's units left over all its buckets, as the script's SOLD_OUT carries its own.
-        if (left < input.quantity)
-          throw new FlashSaleError('SOLD_OUT', undefined, { script: 'reserve', data: [left] });
-        // Units left, but only in flight between buckets and not yet safe to land (a donor's
-        // replica lags): a retry, not a phantom SOLD_OUT, and not a loop of one-second WAITs.
-        if (stranded.unconfirmed > 0)
-          throw new FlashSaleError(
-            'UNAVAILABLE',
-            `${stranded.unconfirmed} unit(s) of ${input.skuId} are moving between stock buckets; retry`,
-          );
-      }
+      // The SKU's units left over all its buckets, as the script's SOLD_OUT carries its own.
+      await refillAfterSoldOut(
+        redis,
+        layout,
+        input.skuId,
+        scope,
+        input.quantity,
+        (left) => new FlashSaleError('SOLD_OUT', undefined, { script: 'reserve', data: [left] }),
+      );
     }
   }
+}
+
+/**
+ * After a stock bucket answered SOLD_OUT: moves units in from the other buckets (crash-safe
+ * transfers) so that the caller tries again, unless none has them. Units stranded by a transfer
+ * whose process died half-way, or whose donor record was not confirmed on its node's replica,
+ * count too once they land. Every donor emptied by other refills meanwhile: throws `soldOut(left)`
+ * only if no bucket has `quantity` units, and UNAVAILABLE (a retry, not a phantom SOLD_OUT, and not
+ * a loop of one-second WAITs) when the units left are only in flight and not yet safe to land.
+ */
+async function refillAfterSoldOut(
+  redis: RedisClient,
+  layout: BucketLayout,
+  skuId: string,
+  scope: BucketKeys,
+  quantity: number,
+  soldOut: (left: number) => Error,
+): Promise<void> {
+  const moved = await refillBucket(redis, layout, skuId, scope, quantity);
+  const stranded = moved === 0 ? await completeTransfers(redis, layout, skuId) : undefined;
+  if (!stranded || stranded.landed > 0) return;
+  const left = await unitsLeft(redis, layout, skuId);
+  if (left < quantity) throw soldOut(left);
+  if (stranded.unconfirmed > 0)
+    throw new FlashSaleError(
+      'UNAVAILABLE',
+      `${stranded.unconfirmed} unit(s) of ${skuId} are moving between stock buckets; retry`,
+    );
 }
 
 /** Reservations per call at most: a bound on one call's keys and on its time in Redis. */
@@ -582,16 +602,7 @@ export async function reclaimPaid(
       );
     } catch (err) {
       if (!isSoldOut(err) || !(k instanceof BucketKeys) || attempt >= RECLAIM_REFILLS) throw err;
-      const moved = await refillBucket(redis, layout, input.skuId, k, input.quantity);
-      const stranded = moved === 0 ? await completeTransfers(redis, layout, input.skuId) : undefined;
-      if (stranded && stranded.landed === 0) {
-        if ((await unitsLeft(redis, layout, input.skuId)) < input.quantity) throw err;
-        if (stranded.unconfirmed > 0)
-          throw new FlashSaleError(
-            'UNAVAILABLE',
-            `${stranded.unconfirmed} unit(s) of ${input.skuId} are moving between stock buckets; retry`,
-          );
-      }
+      await refillAfterSoldOut(redis, layout, input.skuId, k, input.quantity, () => err);
       continue;
     }
     if (reply[0] === 1) return { kind: 'taken-back', stockAfter: Number(reply[1]) };
@@ -600,7 +611,8 @@ export async function reclaimPaid(
   }
 }
 
-const isSoldOut = (err: unknown): boolean => err instanceof FlashSaleError && err.code === 'SOLD_OUT';
+const isSoldOut = (err: unknown): err is FlashSaleError =>
+  err instanceof FlashSaleError && err.code === 'SOLD_OUT';
 
 export type { ReservationRecord } from './order-message.js';
 export { orderMessageOf } from './order-message.js';

@@ -237,25 +237,29 @@ export const runDlqCli = cliCommand(USAGE, readArgs, async (args, env, out, err)
   const notHandled = (m: DlqMessage): boolean => BigInt(m.offset) >= (handled.get(m.partition) ?? 0n);
   const chosen = args.all ? all.filter(notHandled) : args.refs.map((r) => byRef.get(r)!);
   // The handled state is one offset per partition: a message handled behind one still unhandled
-  // could not be recorded, and would be counted, and sent again by a later --all, as if nobody had
-  // handled it. So the earlier unhandled ones are handled first, or named with it.
-  const named = new Set(chosen.map(ref));
-  const behind = chosen.flatMap((m) => {
-    if (!notHandled(m)) return [];
-    const before = all.filter(
-      (x) =>
-        x.partition === m.partition &&
-        BigInt(x.offset) < BigInt(m.offset) &&
-        notHandled(x) &&
-        !named.has(ref(x)),
-    );
-    return before.length > 0 ? [`${ref(m)} comes after ${before.map(ref).join(', ')}`] : [];
-  });
-  if (behind.length > 0) {
+  // cannot be recorded, and is counted, and taken by a later --all, as if nobody had handled it.
+  // An acknowledged one must not be sent again (it is refused anew, or becomes an order for a
+  // reservation released by hand), so `ack` refuses it; a replay may be repeated (one order of
+  // every copy), so it goes ahead, saying what stays counted.
+  const firstOpen = new Map<number, bigint>();
+  if (!args.all) {
+    const named = new Set(chosen.map(ref));
+    for (const m of all) {
+      if (!notHandled(m) || named.has(ref(m))) continue;
+      const o = BigInt(m.offset);
+      if (o < (firstOpen.get(m.partition) ?? o + 1n)) firstOpen.set(m.partition, o);
+    }
+  }
+  const behind = chosen.filter(
+    (m) => notHandled(m) && BigInt(m.offset) > (firstOpen.get(m.partition) ?? BigInt(m.offset)),
+  );
+  const after = (m: DlqMessage): string =>
+    `${ref(m)} comes after ${m.partition}:${firstOpen.get(m.partition)!}`;
+  if (behind.length > 0 && args.command === 'ack') {
     err(
-      `nothing done: ${behind.join('; ')}, not handled yet. The handled offset moves over a ` +
-        `partition's messages in order, so a later one cannot be recorded handled before them: ` +
-        `${args.command} (or replay) the earlier ones first, or name them in the same command\n`,
+      `nothing done: ${behind.map(after).join('; ')}, not handled yet. The handled offset moves over a ` +
+        "partition's messages in order, so a later one cannot be recorded handled before it: handle " +
+        'the earlier one first, or name it in the same command\n',
     );
     return 1;
   }
@@ -263,9 +267,10 @@ export const runDlqCli = cliCommand(USAGE, readArgs, async (args, env, out, err)
     // A replay is handled once Kafka has it; only a consumer makes it an order. With none in the
     // group (an activity Completed, its consumer scaled to zero) the order would never be written
     // while the count of unhandled dead letters, and its alert, went to zero.
-    const readers =
-      chosen.length === 0 ? 1 : await withAdmin(kafka, (admin) => groupMembers(admin, topics.consumerGroup));
-    if (readers === 0) {
+    if (
+      chosen.length > 0 &&
+      (await withAdmin(kafka, (admin) => groupMembers(admin, topics.consumerGroup))) === 0
+    ) {
       err(
         `no consumer reads ${topics.orders} (its group ${topics.consumerGroup} has no member): ` +
           'a replayed message would become no order, yet count as handled. Replay while the ' +
@@ -276,6 +281,10 @@ export const runDlqCli = cliCommand(USAGE, readArgs, async (args, env, out, err)
     }
     const n = await replayMessages(kafka, topics.orders, chosen);
     out(`replayed ${n} message(s) from ${topics.dlq} into ${topics.orders}`);
+    if (behind.length > 0)
+      out(
+        `still counted (handle the earlier ones, then replay or ack these again): ${behind.map(after).join('; ')}`,
+      );
   }
   // Only after the replay was acknowledged by Kafka: a replay that failed leaves them unhandled.
   const done = new Set(chosen.map(ref));

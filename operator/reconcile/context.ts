@@ -149,3 +149,17 @@ export class ReconcileContext {
     await this.deps.events.record(this.fsa, type, reason, message);
   }
 }
+
+/**
+ * The labels of every per-activity series of the operator: `activity` is the activity id, the
+ * label the runtime's series carry, so one selector finds both; `name` is the resource's name.
+ */
+export function activityLabels(ctx: Pick<ReconcileContext, 'fsa' | 'activityId'>): ActivityLabels {
+  return { activity: ctx.activityId, name: ctx.fsa.metadata.name, namespace: ctx.fsa.metadata.namespace };
+}
+
+export interface ActivityLabels {
+  activity: string;
+  name: string;
+  namespace: string;
+}

@@ -22,7 +22,7 @@ import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { deploymentUpToDate, desiredDeployment, runtimeImageOf } from './runtime-objects.js';
 import { runtimePinned } from './scale-runtime.js';
-import { activityLabels } from './update-status.js';
+import { activityLabels } from './context.js';
 
 export interface RoleRollout {
   role: RuntimeRole;

@@ -54,12 +54,9 @@ import { setCondition } from '../api/v1alpha1/conditions.js';
 import { ConditionType, EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
-import { countRestore, exportOpenRestore } from './restore-metrics.js';
+import { countRestore, exportOpenRestore, RESTORE_PHASES } from './restore-metrics.js';
 import { resolveItems } from './resolve-items.js';
 import { syncTrafficPolicy } from './traffic-policy.js';
-
-/** The phases a cache restore runs in (restore-metrics.ts exports an open one in these only). */
-export const RESTORE_PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
 
 function condition(ctx: ReconcileContext, status: 'True' | 'False', reason: string, message: string): void {
   ctx.status.conditions = setCondition(

@@ -5,10 +5,13 @@
  */
 import { RESTORE_STEPS } from '../../core/db/cache-restores-store.js';
 import type { CacheRestoreRow, RestoreReason, RestoreStep } from '../../core/db/cache-restores-store.js';
-import { ConditionType, Reason } from '../api/v1alpha1/types.js';
+import { ConditionType, Phase, Reason } from '../api/v1alpha1/types.js';
 import type { FlashSaleActivityStatus } from '../api/v1alpha1/types.js';
 import type { ReconcileContext } from './context.js';
-import { activityLabels } from './update-status.js';
+import { activityLabels } from './context.js';
+
+/** The phases a cache restore runs in (restore-cache.ts); an open one is exported in these only. */
+export const RESTORE_PHASES: readonly Phase[] = [Phase.Ready, Phase.Active, Phase.Draining];
 
 /** A restore was begun (its row inserted). */
 export function countRestore(ctx: ReconcileContext, reason: RestoreReason): void {

@@ -52,15 +52,22 @@ export async function settle(ctx: ReconcileContext): Promise<StepResult> {
   ctx.status.settlement = s;
   // Deleted with orders still unsettled: released from Settling by remove-finalizer.ts.
   if (ctx.deleting && (s.unsettled ?? 0) > 0) return CONTINUE;
-  // A dead letter is a reservation with no order yet: Completed scales the consumer to zero, and a
-  // replay with no consumer would write no order. So the activity waits, its consumer running,
-  // until every dead letter is replayed or acknowledged (a deletion does not wait for them).
-  const lettersHandled = s.deadLetters === 0 || ctx.deleting;
-  if (s.unsettled === 0 && lettersHandled) {
+  // A dead letter is a reservation with no order yet, and so is a message still in the order
+  // topic (a replayed dead letter the consumer has not written yet): Completed scales the consumer
+  // to zero, and nothing would write them. So the activity waits, its consumer running, until
+  // every dead letter is replayed or acknowledged and the consumer has caught up (unknown while
+  // Kafka does not answer: it waits). A deletion does not wait for them.
+  const caughtUp =
+    ctx.deleting ||
+    (s.deadLetters === 0 && (await ctx.deps.kafka.lag(ctx.activityId).catch(() => undefined)) === 0);
+  if (s.unsettled === 0 && caughtUp) {
+    // Deleted with dead letters left: said, since nothing of the sale's runtime remains to replay them.
+    const left = ctx.deleting && (s.deadLetters ?? 0) > 0;
     const message =
       `settled: ${s.paid ?? 0} paid, ${s.closed ?? 0} closed (stock returned), ${s.refunded ?? 0} refunded; ` +
+      (left ? `${s.deadLetters} dead letter(s) left unhandled (dlq in the after-sale Deployment); ` : '') +
       'runtime scaled to zero';
-    await ctx.event('Normal', EventReason.Settled, message);
+    await ctx.event(left ? 'Warning' : 'Normal', EventReason.Settled, message);
     await ctx.event('Normal', EventReason.Completed, 'the activity is complete; runtime scaled to zero');
     return ctx.transition(Phase.Completed, message);
   }

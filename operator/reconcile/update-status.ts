@@ -12,9 +12,9 @@ import { derivePhase, enterPhase, findCondition, setCondition } from '../api/v1a
 import type { ConditionInput } from '../api/v1alpha1/conditions.js';
 import { ConditionType, Phase, Reason, RUNTIME_ROLES } from '../api/v1alpha1/types.js';
 import type { BacklogStatus, FlashSaleActivityStatus, StockStatus } from '../api/v1alpha1/types.js';
-import type { ReconcileContext } from './context.js';
-import { RESTORE_PHASES } from './restore-cache.js';
-import { exportOpenRestoreFromStatus } from './restore-metrics.js';
+import { activityLabels } from './context.js';
+import type { ActivityLabels, ReconcileContext } from './context.js';
+import { exportOpenRestoreFromStatus, RESTORE_PHASES } from './restore-metrics.js';
 import { readSettlement } from './settle.js';
 
 const KAFKA_PHASES: readonly Phase[] = [
@@ -157,20 +157,6 @@ export function pausedCondition(ctx: ReconcileContext, phase: Phase): ConditionI
       'spec.paused is set, but the gate is still open: the operator has not reached it yet',
     );
   return off;
-}
-
-/**
- * The labels of every per-activity series of the operator: `activity` is the activity id, the
- * label the runtime's series carry, so one selector finds both; `name` is the resource's name.
- */
-export function activityLabels(ctx: Pick<ReconcileContext, 'fsa' | 'activityId'>): ActivityLabels {
-  return { activity: ctx.activityId, name: ctx.fsa.metadata.name, namespace: ctx.fsa.metadata.namespace };
-}
-
-export interface ActivityLabels {
-  activity: string;
-  name: string;
-  namespace: string;
 }
 
 const UNSETTLED = ['unpaid', 'closed_unsettled', 'refund_pending', 'refunding'] as const;

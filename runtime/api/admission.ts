@@ -126,6 +126,9 @@ export class AdmissionControl {
   }
 
   private count(res: CountedResponse): void {
+    // Closed already (its client left while the body was read): 'close' will not come again, and
+    // a count taken now would never be given back.
+    if (res.destroyed) return;
     this.counter.inFlight += 1;
     res[IN_FLIGHT] = this.counter;
     res.on('close', released);

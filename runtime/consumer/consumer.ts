@@ -38,17 +38,13 @@ import { KAFKA_DISCONNECT_GRACE_MS, settlesWithin } from '../../core/deadline.js
 import { readActivityItems } from '../../core/db/activity-items-store.js';
 import type { ActivityItem } from '../../core/db/activity-items-store.js';
 import { insertOrders } from '../../core/db/orders-store.js';
+import { PARTITION_REQUEST_MAX_BYTES, recordBytes } from '../../core/kafka.js';
 import type { InsertOutcome } from '../../core/db/orders-store.js';
 import { inTransaction, isTransientDbError } from '../../core/db/pool.js';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
-import {
-  ORDER_BATCH_HEADER,
-  ORDER_BATCH_MAX_BYTES,
-  orderMessageSchema,
-  orderTextsOf,
-} from '../../core/order-message.js';
+import { ORDER_BATCH_HEADER, orderMessageSchema, orderTextsOf } from '../../core/order-message.js';
 import { refusalOf } from '../../core/order-refusal.js';
 import type { OrderMessage } from '../../core/order-message.js';
 import type { RedisClient } from '../../core/scripts.js';
@@ -421,31 +417,20 @@ export class OrderConsumer {
   /**
    * A dead letter holds one order as a message of its own, so that `dlq replay` sends back that
    * order alone; one from a batch gets the key and headers a message of one order has, and the
-   * order's line in the batch. Several go in as few sends as the topic's message size allows (a
-   * send's messages of one partition are one record batch, which Kafka's `message.max.bytes`
-   * bounds): thousands of junk lines cost a few requests, not one round trip each.
+   * order's line in the batch. All of them in one send: the producer splits a send into requests
+   * the topic's message size takes (core/kafka.ts `requestsOf`), so thousands of junk lines cost a
+   * few requests, not one round trip each.
    */
   private async toDlq(
     letters: { c: Parsed; err: Error }[],
     p: EachBatchPayload,
     attempts: number,
   ): Promise<void> {
-    let group: Message[] = [];
-    let bytes = 0;
-    const flush = async (): Promise<void> => {
-      if (group.length === 0) return;
-      await this.options.dlqProducer.send({ topic: this.options.dlqTopic, acks: -1, messages: group });
-      group = [];
-      bytes = 0;
-    };
-    for (const { c, err } of letters) {
-      const letter = this.deadLetter(c, err, p, attempts);
-      const size = (letter.value as Buffer).length + 2048;
-      if (bytes + size > ORDER_BATCH_MAX_BYTES) await flush();
-      group.push(letter);
-      bytes += size;
-    }
-    await flush();
+    await this.options.dlqProducer.send({
+      topic: this.options.dlqTopic,
+      acks: -1,
+      messages: letters.map(({ c, err }) => this.deadLetter(c, err, p, attempts)),
+    });
     for (const { c, err } of letters) {
       this.options.metrics.dlqSent.inc({
         activity: this.options.activityId,
@@ -463,17 +448,25 @@ export class OrderConsumer {
   }
 
   /**
-   * One dead letter. A value larger than a batch the relay writes is not an order of ours: its first
-   * DLQ_VALUE_KEPT_BYTES are kept (with its size in `dlq-truncated`), so that with the dlq-* headers
-   * it still fits the DLQ topic's message size, which a refused send would retry for ever.
+   * One dead letter. A record larger than one produce request may carry (key, value and headers,
+   * PARTITION_REQUEST_MAX_BYTES) is not an order of ours: it keeps the first DLQ_VALUE_KEPT_BYTES
+   * of its value and the dlq-* headers only, its size in `dlq-truncated`, so that it fits the DLQ
+   * topic's message size, which a refused send (MESSAGE_TOO_LARGE) would retry for ever.
    */
   private deadLetter(c: Parsed, err: Error, p: EachBatchPayload, attempts: number): Message {
     const fromBatch = c.index !== undefined;
     const value = fromBatch ? Buffer.from(c.text) : (c.message.value ?? Buffer.alloc(0));
-    const tooLarge = value.length > ORDER_BATCH_MAX_BYTES;
-    return {
+    const dlqHeaders = {
+      'dlq-error': err.message.slice(0, 1000),
+      ...(err instanceof RefusedMessage ? { 'dlq-reason': err.reason } : {}),
+      'dlq-attempts': String(attempts),
+      'dlq-original-topic': p.batch.topic,
+      'dlq-original-partition': String(p.batch.partition),
+      'dlq-original-offset': c.message.offset,
+    };
+    const letter: Message = {
       key: fromBatch ? (c.order?.userId ?? null) : c.message.key,
-      value: tooLarge ? value.subarray(0, DLQ_VALUE_KEPT_BYTES) : value,
+      value,
       headers: {
         ...(fromBatch
           ? {
@@ -482,14 +475,15 @@ export class OrderConsumer {
               'dlq-original-index': String(c.index),
             }
           : c.message.headers),
-        'dlq-error': err.message.slice(0, 1000),
-        ...(err instanceof RefusedMessage ? { 'dlq-reason': err.reason } : {}),
-        ...(tooLarge ? { 'dlq-truncated': String(value.length) } : {}),
-        'dlq-attempts': String(attempts),
-        'dlq-original-topic': p.batch.topic,
-        'dlq-original-partition': String(p.batch.partition),
-        'dlq-original-offset': c.message.offset,
+        ...dlqHeaders,
       },
+    };
+    const size = recordBytes(letter);
+    if (size <= PARTITION_REQUEST_MAX_BYTES) return letter;
+    return {
+      key: null,
+      value: value.subarray(0, DLQ_VALUE_KEPT_BYTES),
+      headers: { ...dlqHeaders, 'dlq-truncated': String(size) },
     };
   }
 

@@ -12,6 +12,7 @@ import type { Admin, Kafka, Producer } from 'kafkajs';
 import { journalFor } from '../../../core/db/journal-store.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
 import {
+  consumerLag,
   createKafka,
   dlqUnhandled,
   ensureTopics,
@@ -22,7 +23,7 @@ import {
 import { orderMessageOf, readReservation } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { runDlqCli } from '../../../runtime/dlq.js';
-import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import { derivePhase, enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
 import { settle } from '../../../operator/reconcile/settle.js';
 import { runRuntimeCommand, runbookCommand } from '../../../dev/runbook.js';
@@ -90,6 +91,27 @@ describe('DLQ list / inspect / replay / ack', () => {
     expect({ args, code: r.code, stderr: r.stderr }).toEqual({ args, code: 0, stderr: '' });
     return r.stdout;
   };
+
+  /** The settle step of the operator (Settling) for the activity, with the real Kafka counts. */
+  const settling = (activityId: string, events: string[] = []) =>
+    stepContext(
+      {
+        activityId,
+        now: new Date(),
+        spec: {},
+        status: { conditions: enterPhase(undefined, Phase.Settling, 'test', 1, new Date()) },
+        deps: {
+          pool: f.pool,
+          kafka: {
+            dlqUnhandled: (id: string) => dlqUnhandled(admin, topicsFor(id, prefix)),
+            lag: (id: string) =>
+              consumerLag(admin, topicsFor(id, prefix).consumerGroup, topicsFor(id, prefix).orders),
+          },
+          config: { settleCheckMs: 30_000 },
+        },
+      },
+      events,
+    );
 
   it(
     'a fixed poison message replayed twice creates its order exactly once',
@@ -247,22 +269,7 @@ describe('DLQ list / inspect / replay / ack', () => {
 
       // Settling, nothing unsettled in PostgreSQL: the dead letter alone keeps it from Completed.
       const events: string[] = [];
-      const settling = () =>
-        stepContext(
-          {
-            activityId,
-            now: new Date(),
-            spec: {},
-            status: { conditions: enterPhase(undefined, Phase.Settling, 'test', 1, new Date()) },
-            deps: {
-              pool: f.pool,
-              kafka: { dlqUnhandled: (id: string) => dlqUnhandled(admin, topicsFor(id, prefix)) },
-              config: { settleCheckMs: 30_000 },
-            },
-          },
-          events,
-        );
-      const waiting = settling();
+      const waiting = settling(activityId, events);
       await settle(waiting);
       expect(waiting.transitioned).toBe(false);
       expect(waiting.status.settlement).toMatchObject({ unsettled: 0, deadLetters: 1 });
@@ -305,9 +312,35 @@ describe('DLQ list / inspect / replay / ack', () => {
       } finally {
         await running.stop();
       }
-      const handled = settling();
+      const handled = settling(activityId, events);
       await settle(handled);
       expect(handled.status.settlement).toMatchObject({ unsettled: 1, unpaid: 1, deadLetters: 0 });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'an order still in the topic (a replay the consumer has not written yet) keeps the activity in Settling',
+    async () => {
+      const { activityId } = await openActivity(f.redis, { stock: 5 }, f.pool);
+      const topics = topicsFor(activityId, prefix);
+      await ensureTopics(admin, topics, 1, 1);
+      // Replayed (handled), not read by the consumer yet: no order, no dead letter, no lag read 0.
+      await producer.send({ topic: topics.orders, acks: -1, messages: [{ key: 'k', value: '{}' }] });
+      const waiting = settling(activityId);
+      await settle(waiting);
+      expect(waiting.status.settlement).toMatchObject({ unsettled: 0, deadLetters: 0 });
+      expect(waiting.transitioned).toBe(false);
+      // The consumer read it (its group's offset at the end): Completed.
+      await admin.setOffsets({
+        groupId: topics.consumerGroup,
+        topic: topics.orders,
+        partitions: [{ partition: 0, offset: '1' }],
+      });
+      const done = settling(activityId);
+      await settle(done);
+      expect(done.transitioned).toBe(true);
+      expect(derivePhase(done.status.conditions)).toBe(Phase.Completed);
     },
     TIMEOUT_MS,
   );

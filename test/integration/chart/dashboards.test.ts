@@ -156,6 +156,17 @@ describe('dashboards: one activity identity', () => {
     },
   );
 
+  // Those series are selected by the activity id alone: "All" activities must mean the activities
+  // of the selected namespaces (the variable's own list), never every activity (allValue `.*`).
+  it.each(dashboards.map((f) => [path.basename(f), f]))(
+    "%s: All activities are the selected namespaces' activities",
+    (_name, file) => {
+      const activity = load(file).templating.list.find((v) => v.name === 'activity');
+      expect(activity).toBeDefined();
+      expect((activity as { allValue?: unknown }).allValue).toBeUndefined();
+    },
+  );
+
   it('the check fails on a query without the identity or by resource name', () => {
     const bad = [
       { where: 'x', expr: 'sum(rate(flashsale_reservations_total{namespace=~"$namespace"}[5m]))' },

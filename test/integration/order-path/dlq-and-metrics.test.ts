@@ -150,6 +150,13 @@ describe('poison messages and metrics', () => {
         { key: 'junk', value: '\n'.repeat(1999), headers: { orders: '5', 'trace-id': 'junk-whole' } },
         // A batch of three lines, none of them an order.
         { key: 'junk', value: 'x\n\n{"y":1}', headers: { orders: '3', 'trace-id': 'junk-lines' } },
+        // 600 KiB, with 300 KiB of headers: copied whole, with the dlq-* headers, such dead letters
+        // could pass the DLQ topic's message size, and a refused send is retried for ever.
+        {
+          key: 'junk',
+          value: 'z'.repeat(600 * 1024),
+          headers: { 'trace-id': 'junk-large', pad: 'p'.repeat(300 * 1024) },
+        },
       ],
     });
     await producer.disconnect();
@@ -172,11 +179,15 @@ describe('poison messages and metrics', () => {
       eachMessage: async ({ message }) => {
         const headers: Record<string, string> = {};
         for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
-        if (headers['dlq-original-index'] !== undefined || headers['trace-id']?.startsWith('junk'))
+        if (
+          headers['dlq-original-index'] !== undefined ||
+          headers['trace-id']?.startsWith('junk') ||
+          headers['dlq-truncated'] !== undefined
+        )
           seen.push({ value: message.value?.toString('utf8') ?? '', headers });
       },
     });
-    await waitFor('the junk in the DLQ', async () => seen.length >= 4, 60_000);
+    await waitFor('the junk in the DLQ', async () => seen.length >= 5, 60_000);
     await new Promise((r) => setTimeout(r, 1000));
     await consumer.disconnect();
     // One dead letter for the malformed batch (its whole value), one per line of the other.
@@ -190,7 +201,13 @@ describe('poison messages and metrics', () => {
       ['1', ''],
       ['2', '{"y":1}'],
     ]);
-    expect(seen.map((m) => m.headers['dlq-attempts'])).toEqual(['1', '1', '1', '1']);
+    // The large one keeps the first 64 KiB of its value and the dlq-* headers, and says its size.
+    const large = seen.filter((m) => m.headers['dlq-truncated'] !== undefined);
+    expect(large).toHaveLength(1);
+    expect(large[0]!.value).toBe('z'.repeat(64 * 1024));
+    expect(Number(large[0]!.headers['dlq-truncated'])).toBeGreaterThan(900 * 1024);
+    expect(large[0]!.headers.pad).toBeUndefined();
+    expect(seen.map((m) => m.headers['dlq-attempts'])).toEqual(['1', '1', '1', '1', '1']);
     const r = await http.raw(`${all.metricsUrl}/metrics`, { method: 'GET' });
     const text = String(r.json.raw ?? '');
     // (no series at all: the counter has never moved for this activity)

@@ -401,7 +401,7 @@ describe('traffic shaping and eligibility', () => {
   }, 120_000);
 
   test('a point given back after a failure lifts the limit at once: the last point sets no block in memory', async () => {
-    // The limiter of the other limited routes (cancel, registration, order codes, the address).
+    // The limiter of the other limited routes (registrations, order codes) and of addresses.
     const limiter = redisLimiter(redis, `${activityKeys(uniqueId('rl')).prefix}rl:buyer:`, {
       requests: 2,
       perSeconds: 600,

@@ -28,6 +28,17 @@ describe('AckDecidedOnFirstUse', () => {
     expect(confirmed).toEqual(['a1/r2/true', 'a1/r3/false', 'a2/r4/true']);
   });
 
+  it('decides on ready(), so that writes answered afterwards are judged by where they were answered', async () => {
+    const decided: ReservationAck = {
+      confirm: async () => undefined,
+      answeredOn: () => 'the connection',
+    };
+    const ack = new AckDecidedOnFirstUse(async () => decided);
+    expect(ack.answeredOn('a1')).not.toBe('the connection');
+    await ack.ready();
+    expect(ack.answeredOn('a1')).toBe('the connection');
+  });
+
   it('passes a NOT_REPLICATED of the decided acknowledgement through', async () => {
     const ack = new AckDecidedOnFirstUse(async () => ({
       confirm: async () => {
