@@ -1,7 +1,9 @@
 // kafkajs sends no heartbeat in the background: while a chunk is processed only the consumer's own
-// heartbeat calls keep its group membership alive. A chunk whose poison orders take longer than the
-// session timeout to retry and dead-letter one by one must not get the member evicted (its commit
-// would fail and the chunk come back, again and again, each round adding its poison to the DLQ).
+// heartbeat calls keep its group membership alive. A chunk whose failing orders take longer than
+// the session timeout to retry and dead-letter one by one must not get the member evicted (its
+// commit would fail and the chunk come back, again and again, each round adding its failures to the
+// DLQ). The failing orders are ones the database refuses (a CHECK constraint standing in for a
+// defect): those are retried with pauses, where text that is not an order goes to the DLQ at once.
 import pg from 'pg';
 import { createKafka, idempotentProducer, topicDepth } from '../../../core/kafka.js';
 import type { OrderMessage } from '../../../core/model.js';
@@ -15,9 +17,9 @@ import type { RoleProcess, TestActivity } from '../../../dev/roles.js';
 // The broker's group.min.session.timeout.ms is 6 s (test/env/start-kafka.sh keeps the default).
 const SESSION_TIMEOUT_MS = 6_000;
 const MAX_ATTEMPTS = 4;
-// Each unparseable order is retried MAX_ATTEMPTS times with sleeps of 50 ms x attempt (300 ms in
-// all) before its dead letter: 30 of them keep one chunk busy for about 9 s, well over the session.
-const POISON = 30;
+// Each refused order is retried MAX_ATTEMPTS times with sleeps of 50 ms x attempt (300 ms in all)
+// before its dead letter: 30 of them keep one chunk busy for about 9 s, well over the session.
+const FAILING = 30;
 
 describe('consumer heartbeats during a long chunk', () => {
   let db: FreshDatabase;
@@ -29,6 +31,10 @@ describe('consumer heartbeats during a long chunk', () => {
   beforeAll(async () => {
     db = await freshDatabase();
     sql = new pg.Pool({ connectionString: db.url, max: 2 });
+    // A defect that makes exactly these orders fail for a non-transient reason (check violation).
+    await sql.query(
+      `ALTER TABLE orders ADD CONSTRAINT heartbeat_test_defect CHECK (user_id NOT LIKE 'defect-%')`,
+    );
     activity = await setUpActivity(
       activityId,
       [{ skuId: 'duck', name: 'duck', price: '198.00', stock: 50, limitPerUser: 1 }],
@@ -58,16 +64,18 @@ describe('consumer heartbeats during a long chunk', () => {
   const order = (userId: string, over: Partial<OrderMessage> = {}): OrderMessage =>
     orderMessage(activityId, userId, { itemName: 'duck', ...over });
 
-  test('a chunk of poison orders longer than the session timeout: each dead-lettered once, the partition moves on', async () => {
+  test('a chunk of failing orders longer than the session timeout: each dead-lettered once, the partition moves on', async () => {
     const refused = [order('cheap-1', { unitPrice: '0.01' }), order('cheap-2', { unitPrice: '0.01' })];
     const lines = [
       JSON.stringify(order('before')),
-      ...Array.from({ length: POISON }, (_, i) => `not json ${i} {`),
+      ...Array.from({ length: FAILING }, (_, i) => JSON.stringify(order(`defect-${i}`))),
+      // Not an order at all: dead-lettered at once, and the chunk goes on.
+      'not json {',
       ...refused.map((o) => JSON.stringify(o)),
       JSON.stringify(order('after-1')),
       JSON.stringify(order('after-2')),
     ];
-    const deadLetters = POISON + refused.length;
+    const deadLetters = FAILING + 1 + refused.length;
     const kafka = createKafka(testEnv().kafkaBrokers, uniqueId('beat-writer'));
     const producer = idempotentProducer(kafka);
     await producer.connect();
@@ -116,7 +124,8 @@ describe('consumer heartbeats during a long chunk', () => {
         });
         return Number(t!.partitions.find((p) => p.partition === 0)!.offset) === end;
       });
-      // Each poison and refused order dead-lettered exactly once: the chunk was not processed twice.
+      // Each failing, unparseable and refused order dead-lettered exactly once: the chunk was not
+      // processed twice.
       expect(await topicDepth(admin, activity.topics.dlq)).toBe(deadLetters);
     } finally {
       await admin.disconnect();
