@@ -22,6 +22,7 @@ import { createLogger } from '../../core/logger.js';
 import { createMetrics } from '../../core/metrics.js';
 import type { OrderMessage } from '../../core/model.js';
 import { StockGuard } from '../../core/stock-guard.js';
+import { ephemeralRedisArgs } from '../../dev/ephemeral-redis.js';
 import { benchItem, openActivity } from './context.js';
 import type { Ctx } from './context.js';
 import { Buyers, describe, orderLoad } from './http-load.js';
@@ -184,25 +185,13 @@ async function waitCost(ctx: Ctx): Promise<NonNullable<DurabilityResult['wait']>
   mkdirSync(dir, { recursive: true });
   const pidFile = join(dir, 'redis.pid');
   await mustRun('redis-server', [
-    '--bind',
-    '127.0.0.1',
-    '--port',
-    String(port),
-    '--dir',
-    dir,
-    '--save',
-    '',
-    '--appendonly',
-    'no',
+    ...ephemeralRedisArgs(port, dir, primaryPort),
     '--daemonize',
     'yes',
     '--pidfile',
     pidFile,
     '--logfile',
     join(dir, 'redis.log'),
-    '--replicaof',
-    '127.0.0.1',
-    primaryPort,
   ]);
   const runs: WaitRun[] = [];
   try {

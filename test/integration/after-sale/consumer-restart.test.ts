@@ -5,19 +5,19 @@
 // non-retriable error, and the orders must still be written, exactly once.
 import kafkajs from 'kafkajs';
 import type { Admin, Consumer, ConsumerRunConfig, Kafka, Producer } from 'kafkajs';
-import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
-import { orderMessageOf, readReservation } from '../../../core/reservations.js';
+import { createKafka, idempotentProducer } from '../../../core/kafka.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
-  TIMEOUT_MS,
   countRows,
-  openActivity,
+  openActivityWithTopics,
   orderConsumerFor,
+  orderMessagesOf,
   reserveFor,
   setUp,
-  until,
+  TIMEOUT_MS,
   type Fixture,
+  until,
 } from './fixture.js';
 
 describe('consumer restart after a crash kafkajs does not restart', () => {
@@ -47,15 +47,12 @@ describe('consumer restart after a crash kafkajs does not restart', () => {
   it(
     'a fresh kafkajs consumer takes over and every order is written once',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 5 });
       const rids = await reserveFor(f.redis, activityId, skuId, ['b1', 'b2', 'b3']);
-      const messages = [];
-      for (const rid of rids) {
-        const m = orderMessageOf(activityId, (await readReservation(f.redis, activityId, rid))!);
-        messages.push({ key: m.userId, value: JSON.stringify(m) });
-      }
+      const messages = (await orderMessagesOf(f.redis, activityId, rids)).map((m) => ({
+        key: m.userId,
+        value: JSON.stringify(m),
+      }));
       await producer.send({ topic: topics.orders, acks: -1, messages });
 
       const created: Consumer[] = [];

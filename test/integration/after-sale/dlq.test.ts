@@ -15,12 +15,10 @@ import {
   consumerLag,
   createKafka,
   dlqUnhandled,
-  ensureTopics,
   idempotentProducer,
   topicDepth,
   topicsFor,
 } from '../../../core/kafka.js';
-import { orderMessageOf, readReservation } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { runDlqCli } from '../../../runtime/dlq.js';
 import { derivePhase, enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
@@ -30,15 +28,16 @@ import { runRuntimeCommand, runbookCommand } from '../../../dev/runbook.js';
 import { stepContext } from '../../fixtures/step-context.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
-  TIMEOUT_MS,
   countRows,
   observedConsumer,
+  openActivityWithTopics,
   orderConsumerFor,
-  openActivity,
+  orderMessagesOf,
   reserveFor,
   setUp,
-  until,
+  TIMEOUT_MS,
   type Fixture,
+  until,
 } from './fixture.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
@@ -116,11 +115,9 @@ describe('DLQ list / inspect / replay / ack', () => {
   it(
     'a fixed poison message replayed twice creates its order exactly once',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 5 });
       const [rid] = await reserveFor(f.redis, activityId, skuId, ['poisoned-buyer']);
-      const message = orderMessageOf(activityId, (await readReservation(f.redis, activityId, rid!))!);
+      const message = (await orderMessagesOf(f.redis, activityId, [rid!]))[0]!;
 
       // A defect that makes exactly this message fail for a non-transient reason (check violation).
       await f.pool.query(
@@ -246,11 +243,9 @@ describe('DLQ list / inspect / replay / ack', () => {
   it(
     'a dead letter with no consumer to read its replay is refused and stays counted; the activity waits in Settling until it is handled',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 5 });
       const [rid] = await reserveFor(f.redis, activityId, skuId, ['orphan-buyer']);
-      const message = orderMessageOf(activityId, (await readReservation(f.redis, activityId, rid!))!);
+      const message = (await orderMessagesOf(f.redis, activityId, [rid!]))[0]!;
       // Dead-lettered by the activity's consumer, which is gone now (scaled to zero).
       await producer.send({
         topic: topics.dlq,
@@ -322,9 +317,7 @@ describe('DLQ list / inspect / replay / ack', () => {
   it(
     'an order still in the topic (a replay the consumer has not written yet) keeps the activity in Settling',
     async () => {
-      const { activityId } = await openActivity(f.redis, { stock: 5 }, f.pool);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
+      const { activityId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 5 });
       // Replayed (handled), not read by the consumer yet: no order, no dead letter, no lag read 0.
       await producer.send({ topic: topics.orders, acks: -1, messages: [{ key: 'k', value: '{}' }] });
       const waiting = settling(activityId);

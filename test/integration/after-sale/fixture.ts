@@ -4,13 +4,13 @@
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import { Redis } from 'ioredis';
-import type { Consumer, ConsumerRunConfig, EachBatchPayload, Kafka } from 'kafkajs';
+import type { Admin, Consumer, ConsumerRunConfig, EachBatchPayload, Kafka } from 'kafkajs';
 import { SignJWT } from 'jose';
 import { loadActivity, readStock, recordResults, setGate } from '../../../core/activity-cache.js';
 import { writeBack } from '../../../core/db/stock-store.js';
 import { recordActivityItems } from '../../../core/db/activity-items-store.js';
 import { insertOrders } from '../../../core/db/orders-store.js';
-import { idempotentProducer } from '../../../core/kafka.js';
+import { ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
 import type { TopicNames } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { createPool, isTransientDbError } from '../../../core/db/pool.js';
@@ -21,7 +21,8 @@ import { createMetrics } from '../../../core/metrics.js';
 import type { Metrics } from '../../../core/metrics.js';
 import { ordersHeldForPayment } from '../../../core/order-lifecycle.js';
 import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
-import { locateReservation, orderMessageOf, reserve } from '../../../core/reservations.js';
+import { locateReservation, orderMessageOf, readReservation, reserve } from '../../../core/reservations.js';
+import type { OrderMessage } from '../../../core/model.js';
 import { registerScripts } from '../../../core/scripts.js';
 import { createApiApp } from '../../../runtime/api/app.js';
 import { OrderConsumer } from '../../../runtime/consumer/consumer.js';
@@ -142,6 +143,37 @@ export async function openActivity(
   });
   await setGate(redis, activityId, 'open');
   return { activityId, skuId };
+}
+
+/**
+ * `openActivity` with the activity's own order and DLQ topics under `topicPrefix` (one partition,
+ * one replica), for the tests that run a consumer or read the DLQ.
+ */
+export async function openActivityWithTopics(
+  f: Pick<Fixture, 'redis' | 'pool'>,
+  admin: Admin,
+  topicPrefix: string,
+  spec: ActivitySpec,
+): Promise<{ activityId: string; skuId: string; topics: TopicNames }> {
+  const opened = await openActivity(f.redis, spec, f.pool);
+  const topics = topicsFor(opened.activityId, topicPrefix);
+  await ensureTopics(admin, topics, 1, 1);
+  return { ...opened, topics };
+}
+
+/** The order message the relay would send for each reservation, from Redis' ledger, in order. */
+export async function orderMessagesOf(
+  redis: Redis,
+  activityId: string,
+  reservationIds: readonly string[],
+): Promise<OrderMessage[]> {
+  return Promise.all(
+    reservationIds.map(async (rid) => {
+      const reservation = await readReservation(redis, activityId, rid);
+      if (!reservation) throw new Error(`reservation ${rid} of ${activityId} not in Redis`);
+      return orderMessageOf(activityId, reservation);
+    }),
+  );
 }
 
 /**
@@ -352,6 +384,7 @@ export function notificationBody(n: Notification): string {
 export interface HttpReply {
   status: number;
   body: Record<string, unknown>;
+  headers: Record<string, string>;
 }
 
 async function reply(res: Response): Promise<HttpReply> {
@@ -362,7 +395,7 @@ async function reply(res: Response): Promise<HttpReply> {
   } catch {
     body = { text };
   }
-  return { status: res.status, body };
+  return { status: res.status, body, headers: Object.fromEntries(res.headers) };
 }
 
 /** Posts a notification signed like the provider does (or with the given signature header). */

@@ -10,7 +10,7 @@ import { writeBack } from '../../../core/db/stock-store.js';
 import { gapRepairOf } from '../../../core/db/gap-repairs-store.js';
 import { journalFor } from '../../../core/db/journal-store.js';
 import { findLifecycleByReservationId } from '../../../core/db/orders-store.js';
-import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
+import { createKafka, idempotentProducer, topicsFor } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import { closeOrder } from '../../../core/order-lifecycle.js';
 import { readReservation } from '../../../core/reservations.js';
@@ -22,21 +22,22 @@ import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import { cleanupKilledAtFirstDelete } from '../../fixtures/interrupted-cleanup.js';
 import {
-  TIMEOUT_MS,
   counters,
   countRows,
+  freezeAndWriteBack,
   materialize,
   notify,
+  observedConsumer,
   openActivity,
+  openActivityWithTopics,
+  orderConsumerFor,
   reserveFor,
   setUp,
   skuStock,
   startApi,
-  observedConsumer,
-  orderConsumerFor,
-  until,
+  TIMEOUT_MS,
   type Fixture,
-  freezeAndWriteBack,
+  until,
 } from './fixture.js';
 
 describe('reconciliation', () => {
@@ -311,9 +312,7 @@ describe('order-gap repair', () => {
   it(
     'a reservation whose outbox entry was deleted becomes exactly one order, even when re-published twice',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 }, f.pool);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 10 });
       const [rid] = await reserveFor(f.redis, activityId, skuId, ['lost-1']);
       // The half message is lost (e.g. the stream was trimmed by hand): only the ledger knows it.
       const k = activityKeys(activityId);
@@ -366,9 +365,7 @@ describe('order-gap repair', () => {
   it(
     'a send that fails (brokers away) does not use up the re-publication cap',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 }, f.pool);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 10 });
       const [rid] = await reserveFor(f.redis, activityId, skuId, ['outage']);
       await f.redis.del(activityKeys(activityId).outbox);
       // The real producer, failing as it does while no broker answers.
@@ -397,9 +394,10 @@ describe('order-gap repair', () => {
   it(
     'a reservation the consumer would refuse is not re-published (no dead letter per attempt) until its item is corrected',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 10, price: '19.90' }, f.pool);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, {
+        stock: 10,
+        price: '19.90',
+      });
       const [rid] = await reserveFor(f.redis, activityId, skuId, ['priced']);
       await f.redis.del(activityKeys(activityId).outbox);
       // PostgreSQL's item no longer matches the ledger's price: the consumer refuses the message

@@ -16,32 +16,27 @@ import type { LifecycleOrderRow } from '../../../core/db/orders-store.js';
 import { readResult, readStock, setGate } from '../../../core/activity-cache.js';
 import { readStockRows, writeBack } from '../../../core/db/stock-store.js';
 import { acceptPayment } from '../../../runtime/payments/apply.js';
-import { createKafka, ensureTopics, idempotentProducer, topicsFor } from '../../../core/kafka.js';
+import { createKafka, idempotentProducer, topicsFor } from '../../../core/kafka.js';
 import type { TopicNames } from '../../../core/kafka.js';
 import { activityKeys } from '../../../core/keys.js';
 import type { OrderMessage } from '../../../core/model.js';
 import { closeOrder, settleStock } from '../../../core/order-lifecycle.js';
-import {
-  orderMessageOf,
-  readReservation,
-  release,
-  reserve,
-  returnWithheld,
-} from '../../../core/reservations.js';
+import { readReservation, release, reserve, returnWithheld } from '../../../core/reservations.js';
 import { createLogger } from '../../../core/logger.js';
 import { auditStock } from '../../../runtime/jobs/stock-audit.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
 import {
-  TIMEOUT_MS,
-  countRows,
   counters,
-  openActivity,
+  countRows,
+  openActivityWithTopics,
   orderConsumerFor,
+  orderMessagesOf,
   reserveFor,
   setUp,
-  until,
+  TIMEOUT_MS,
   type Fixture,
+  until,
 } from './fixture.js';
 
 describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis)', () => {
@@ -79,11 +74,6 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   /** The SKU's stock as Redis counts it (unbucketed). */
   const redisStock = (activityId: string, skuId: string): Promise<string | null> =>
     f.redis.hget(activityKeys(activityId).sku(skuId), 'stock');
-
-  const messagesOf = async (activityId: string, rids: string[]): Promise<OrderMessage[]> =>
-    Promise.all(
-      rids.map(async (rid) => orderMessageOf(activityId, (await readReservation(f.redis, activityId, rid))!)),
-    );
 
   const send = async (topics: TopicNames, messages: OrderMessage[]): Promise<void> => {
     await producer.send({
@@ -147,15 +137,13 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'Redis stock raised behind its back: PostgreSQL keeps the stock, the excess is CLOSED, its units withheld, counted',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 5 }, f.pool);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 5 });
       await recordStock(activityId, skuId, 5);
       await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 7);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
       const buyers = Array.from({ length: 12 }, (_, i) => `buyer-${i}`);
       const rids = await reserveFor(f.redis, activityId, skuId, buyers);
       expect(rids).toHaveLength(12); // Redis sold 12 of a stock of 5
-      const messages = await messagesOf(activityId, rids);
+      const messages = await orderMessagesOf(f.redis, activityId, rids);
       await startConsumer(activityId, topics);
 
       // Two transactions: 4 orders, then 8 more and a redelivery of the first.
@@ -207,7 +195,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       await closeOrder(f.deps, first.id, 'CANCELLED', 'trace-cancel');
       expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ sold: 4 });
       const [late] = await reserveFor(f.redis, activityId, skuId, ['late-buyer']);
-      await send(topics, await messagesOf(activityId, [late!]));
+      await send(topics, await orderMessagesOf(f.redis, activityId, [late!]));
       await ordersOf(activityId, 13);
       expect((await findLifecycleByReservationId(f.pool, late!))?.status).toBe('UNPAID');
       expect(await f.redis.hget(sku, 'stock')).toBe('0');
@@ -221,13 +209,11 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'written back before the guard closed them: nothing goes to activity_stock, and a late payment is refunded',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 3 }, f.pool);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 3 });
       await recordStock(activityId, skuId, 3);
       await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 2);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
       const rids = await reserveFor(f.redis, activityId, skuId, ['w0', 'w1', 'w2', 'w3', 'w4']);
-      const messages = await messagesOf(activityId, rids);
+      const messages = await orderMessagesOf(f.redis, activityId, rids);
       // The sale ends before the consumer sees the orders: frozen, Redis' remaining stock (0)
       // written back, as operator/reconcile/write-back.ts does.
       await setGate(f.redis, activityId, 'frozen');
@@ -269,13 +255,11 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'a late in-time payment cannot take a unit Redis counts beyond PostgreSQL: refunded, nothing oversold',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 3 }, f.pool);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 3 });
       await recordStock(activityId, skuId, 3);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
       await startConsumer(activityId, topics);
       const rids = await reserveFor(f.redis, activityId, skuId, ['p0', 'p1', 'p2']);
-      await send(topics, await messagesOf(activityId, rids));
+      await send(topics, await orderMessagesOf(f.redis, activityId, rids));
       await ordersOf(activityId, 3);
       // Redis forgets a reservation's decrement (one unit more than PostgreSQL allows), and the
       // timeout closes p0's order: its unit goes back to Redis, which now counts 2.
@@ -285,7 +269,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       expect(await redisStock(activityId, skuId)).toBe('2');
       // A new buyer takes p0's unit: PostgreSQL's three units are live again.
       const [p3] = await reserveFor(f.redis, activityId, skuId, ['p3']);
-      await send(topics, await messagesOf(activityId, [p3!]));
+      await send(topics, await orderMessagesOf(f.redis, activityId, [p3!]));
       await ordersOf(activityId, 4);
       expect(await liveUnits(activityId)).toBe(3);
 
@@ -305,13 +289,14 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'duplicate reservations injected into Kafka: a buyer is limited by quantity, not by slots',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 10, limitPerUser: 2 }, f.pool);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, {
+        stock: 10,
+        limitPerUser: 2,
+      });
       await recordStock(activityId, skuId, 10, 2);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
       const [rid] = await reserveFor(f.redis, activityId, skuId, ['greedy'], 2);
       const [other] = await reserveFor(f.redis, activityId, skuId, ['modest']);
-      const [real, modest] = await messagesOf(activityId, [rid!, other!]);
+      const [real, modest] = await orderMessagesOf(f.redis, activityId, [rid!, other!]);
       // A second reservation of the same buyer that Redis no longer knows (as after a failover),
       // in the buyer's other slot: the slot key alone would let it become a second order.
       // A real submission of the buyer (its id derived from the buyer and a new requestId, as the
@@ -356,13 +341,11 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'Redis forgot a reservation and its buyer came back: the slot conflict is stored CLOSED, its unit withheld, the slot kept',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 4 }, f.pool);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 4 });
       await recordStock(activityId, skuId, 4);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
       await startConsumer(activityId, topics);
       const [first] = await reserveFor(f.redis, activityId, skuId, ['twin']);
-      await send(topics, await messagesOf(activityId, [first!]));
+      await send(topics, await orderMessagesOf(f.redis, activityId, [first!]));
       await ordersOf(activityId, 1);
       // A failover to a replica that missed the reservation: the buyer's slot and the stock
       // decrement are forgotten with it.
@@ -380,7 +363,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
         })
       ).reservationId;
       expect(await redisStock(activityId, skuId)).toBe('3');
-      await send(topics, await messagesOf(activityId, [again]));
+      await send(topics, await orderMessagesOf(f.redis, activityId, [again]));
       await ordersOf(activityId, 2);
 
       const closed = await until('the refused reservation settled', async () => {
@@ -464,10 +447,8 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     firstWave: LifecycleOrderRow[];
     secondWave: LifecycleOrderRow[];
   }> => {
-    const { activityId, skuId } = await openActivity(f.redis, spec, f.pool);
+    const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, spec);
     await recordStock(activityId, skuId, spec.stock, spec.limitPerUser);
-    const topics = topicsFor(activityId, prefix);
-    await ensureTopics(admin, topics, 1, 1);
     await startConsumer(activityId, topics);
     /** A buyer's second reservation of a wave and later ones: `-2`, `-3`…, the first none. */
     const nth = (buyers: string[], i: number): string => {
@@ -477,7 +458,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
     const firstIds = first.some((b, i) => nth(first, i) !== '')
       ? await reserveEach(activityId, skuId, first, (buyer, i) => `req-${buyer}${nth(first, i)}`)
       : await reserveFor(f.redis, activityId, skuId, first);
-    await send(topics, await messagesOf(activityId, firstIds));
+    await send(topics, await orderMessagesOf(f.redis, activityId, firstIds));
     await ordersOf(activityId, first.length);
     for (const [i, buyer] of first.entries()) await forget(activityId, skuId, buyer, firstIds[i]!);
     const secondIds = await reserveEach(
@@ -486,7 +467,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       second,
       (buyer, i) => `${buyer}-again${nth(second, i)}`,
     );
-    await send(topics, await messagesOf(activityId, secondIds));
+    await send(topics, await orderMessagesOf(f.redis, activityId, secondIds));
     const rowsOf = (ids: string[]): Promise<(LifecycleOrderRow | undefined)[]> =>
       Promise.all(ids.map((rid) => findLifecycleByReservationId(f.pool, rid)));
     const secondWave = await until('the second wave in PostgreSQL, its closures settled', async () => {
@@ -869,7 +850,7 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
       expect(await withheldReturnedFor(i!.id)).toBeNull();
       // k reaches PostgreSQL live, in the unit h freed there: 0 free on either side.
       const topics = topicsFor(activityId, prefix);
-      await send(topics, await messagesOf(activityId, [k!]));
+      await send(topics, await orderMessagesOf(f.redis, activityId, [k!]));
       const row = await until('k in PostgreSQL', () => findLifecycleByReservationId(f.pool, k!));
       expect(row.status).toBe('UNPAID');
       expect((await readActivitySkus(f.pool, activityId))[0]).toMatchObject({ stock: 2, sold: 2 });
@@ -936,13 +917,11 @@ describe('the PostgreSQL stock guard (real consumer, Kafka, PostgreSQL and Redis
   it(
     'an activity whose stock the operator did not record is guarded from the stock the cache was loaded with',
     async () => {
-      const { activityId, skuId } = await openActivity(f.redis, { stock: 3 }, f.pool);
+      const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 3 });
       await f.redis.hincrby(activityKeys(activityId).sku(skuId), 'stock', 2);
-      const topics = topicsFor(activityId, prefix);
-      await ensureTopics(admin, topics, 1, 1);
       const rids = await reserveFor(f.redis, activityId, skuId, ['c0', 'c1', 'c2', 'c3', 'c4']);
       await startConsumer(activityId, topics);
-      await send(topics, await messagesOf(activityId, rids));
+      await send(topics, await orderMessagesOf(f.redis, activityId, rids));
       await ordersOf(activityId, 5);
 
       expect(await readActivitySkus(f.pool, activityId)).toEqual([

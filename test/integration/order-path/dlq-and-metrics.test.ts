@@ -1,8 +1,8 @@
 // A poison message ends in the DLQ at once (it will not parse any better on a retry), junk batch
 // messages hold no order behind them, and /metrics shows the metric names of README's metrics list.
 import pg from 'pg';
-import { createKafka, idempotentProducer } from '../../../core/kafka.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import { readDeadLetters, sendToTopic } from '../../fixtures/kafka-topics.js';
+import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { httpClient, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
 import type { RoleProcess, TestActivity } from '../../../dev/roles.js';
@@ -46,9 +46,6 @@ describe('poison messages and metrics', () => {
   };
 
   test('a poison message goes to the DLQ at once; good orders still flow', async () => {
-    const kafka = createKafka(testEnv().kafkaBrokers, 'poison-writer');
-    const producer = idempotentProducer(kafka);
-    await producer.connect();
     const poison = JSON.stringify({
       reservationId: 'poison-1',
       activityId,
@@ -62,12 +59,9 @@ describe('poison messages and metrics', () => {
       traceId: 't',
       requestId: 'r',
     });
-    await producer.send({
-      topic: activity.topics.orders,
-      acks: -1,
-      messages: [{ key: 'eve', value: poison, headers: { 'trace-id': 'poison-trace' } }],
-    });
-    await producer.disconnect();
+    await sendToTopic(activity.topics.orders, [
+      { key: 'eve', value: poison, headers: { 'trace-id': 'poison-trace' } },
+    ]);
 
     const token = await tokenFor('grace');
     const ok = await http.post(
@@ -82,19 +76,7 @@ describe('poison messages and metrics', () => {
     );
 
     // The DLQ holds the poison message, with the error and its one attempt in its headers.
-    const consumer = kafka.consumer({ groupId: uniqueId('dlq-reader') });
-    await consumer.connect();
-    await consumer.subscribe({ topic: activity.topics.dlq, fromBeginning: true });
-    const seen: { value: string; headers: Record<string, string> }[] = [];
-    await consumer.run({
-      eachMessage: async ({ message }) => {
-        const headers: Record<string, string> = {};
-        for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
-        seen.push({ value: message.value?.toString('utf8') ?? '', headers });
-      },
-    });
-    await waitFor('poison message in the DLQ', async () => seen.length > 0, 60_000);
-    await consumer.disconnect();
+    const seen = await readDeadLetters(activity.topics.dlq, 1);
     expect(seen).toHaveLength(1);
     expect(seen[0]!.value).toBe(poison);
     expect(seen[0]!.headers['dlq-attempts']).toBe('1');
@@ -139,27 +121,19 @@ describe('poison messages and metrics', () => {
     }
   });
   test('junk batch messages are dead-lettered at once, a malformed batch whole: orders behind them flow', async () => {
-    const kafka = createKafka(testEnv().kafkaBrokers, 'junk-writer');
-    const producer = idempotentProducer(kafka);
-    await producer.connect();
-    await producer.send({
-      topic: activity.topics.orders,
-      acks: -1,
-      messages: [
-        // 2,000 lines under a header that says 5: not a batch the relay writes.
-        { key: 'junk', value: '\n'.repeat(1999), headers: { orders: '5', 'trace-id': 'junk-whole' } },
-        // A batch of three lines, none of them an order.
-        { key: 'junk', value: 'x\n\n{"y":1}', headers: { orders: '3', 'trace-id': 'junk-lines' } },
-        // 600 KiB, with 300 KiB of headers: copied whole, with the dlq-* headers, such dead letters
-        // could pass the DLQ topic's message size, and a refused send is retried for ever.
-        {
-          key: 'junk',
-          value: 'z'.repeat(600 * 1024),
-          headers: { 'trace-id': 'junk-large', pad: 'p'.repeat(300 * 1024) },
-        },
-      ],
-    });
-    await producer.disconnect();
+    await sendToTopic(activity.topics.orders, [
+      // 2,000 lines under a header that says 5: not a batch the relay writes.
+      { key: 'junk', value: '\n'.repeat(1999), headers: { orders: '5', 'trace-id': 'junk-whole' } },
+      // A batch of three lines, none of them an order.
+      { key: 'junk', value: 'x\n\n{"y":1}', headers: { orders: '3', 'trace-id': 'junk-lines' } },
+      // 600 KiB, with 300 KiB of headers: copied whole, with the dlq-* headers, such dead letters
+      // could pass the DLQ topic's message size, and a refused send is retried for ever.
+      {
+        key: 'junk',
+        value: 'z'.repeat(600 * 1024),
+        headers: { 'trace-id': 'junk-large', pad: 'p'.repeat(300 * 1024) },
+      },
+    ]);
     const ok = await http.post(
       `${all.url}/v1/activities/${activityId}/orders`,
       { skuId: 'duck', quantity: 1, requestId: 'h1' },
@@ -171,25 +145,15 @@ describe('poison messages and metrics', () => {
       async () => (await sql.query('SELECT 1 FROM orders WHERE user_id = $1', ['heidi'])).rowCount === 1,
     );
 
-    const consumer = kafka.consumer({ groupId: uniqueId('junk-reader') });
-    await consumer.connect();
-    await consumer.subscribe({ topic: activity.topics.dlq, fromBeginning: true });
-    const seen: { value: string; headers: Record<string, string> }[] = [];
-    await consumer.run({
-      eachMessage: async ({ message }) => {
-        const headers: Record<string, string> = {};
-        for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
-        if (
-          headers['dlq-original-index'] !== undefined ||
-          headers['trace-id']?.startsWith('junk') ||
-          headers['dlq-truncated'] !== undefined
-        )
-          seen.push({ value: message.value?.toString('utf8') ?? '', headers });
-      },
-    });
-    await waitFor('the junk in the DLQ', async () => seen.length >= 5, 60_000);
-    await new Promise((r) => setTimeout(r, 1000));
-    await consumer.disconnect();
+    const seen = await readDeadLetters(
+      activity.topics.dlq,
+      5,
+      ({ headers }) =>
+        headers['dlq-original-index'] !== undefined ||
+        headers['trace-id']?.startsWith('junk') === true ||
+        headers['dlq-truncated'] !== undefined,
+      1000,
+    );
     // One dead letter for the malformed batch (its whole value), one per line of the other.
     const whole = seen.filter((m) => m.headers['trace-id'] === 'junk-whole');
     expect(whole).toHaveLength(1);

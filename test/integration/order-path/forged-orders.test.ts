@@ -4,12 +4,12 @@
 // derived from its buyer never becomes an order: each lands in the DLQ with its reason, at once.
 // A message that fits becomes an order with the price and name from PostgreSQL.
 import pg from 'pg';
-import { createKafka, idempotentProducer, topicDepth } from '../../../core/kafka.js';
+import { readDeadLetters, sendToTopic } from '../../fixtures/kafka-topics.js';
 import type { OrderMessage } from '../../../core/model.js';
 import { orderMessage } from '../../fixtures/order-message.js';
 import { ORDER_BATCH_HEADER } from '../../../core/order-message.js';
 import { reservationIdFor } from '../../../core/reservations.js';
-import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import { freshDatabase, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { setUpActivity, startRole, waitFor } from '../../../dev/roles.js';
 import type { RoleProcess, TestActivity } from '../../../dev/roles.js';
@@ -57,41 +57,18 @@ describe('forged order messages', () => {
       ],
     ];
     const honest = message('honest', { quantity: 2, slot: 2 });
-    const kafka = createKafka(testEnv().kafkaBrokers, uniqueId('forger'));
-    const producer = idempotentProducer(kafka);
-    await producer.connect();
-    await producer.send({
-      topic: activity.topics.orders,
-      acks: -1,
-      messages: [...forged.map(([m]) => m), honest].map((m) => ({ key: m.userId, value: JSON.stringify(m) })),
-    });
-    await producer.disconnect();
+    await sendToTopic(
+      activity.topics.orders,
+      [...forged.map(([m]) => m), honest].map((m) => ({ key: m.userId, value: JSON.stringify(m) })),
+    );
 
     await waitFor(
       'the honest order',
       async () => (await sql.query('SELECT 1 FROM orders WHERE user_id = $1', ['honest'])).rowCount === 1,
     );
-    const admin = kafka.admin();
-    await admin.connect();
-    await waitFor(
-      'the forged messages in the DLQ',
-      async () => (await topicDepth(admin, activity.topics.dlq)) === forged.length,
-    );
-    await admin.disconnect();
-
-    const reader = kafka.consumer({ groupId: uniqueId('dlq-reader') });
-    await reader.connect();
-    await reader.subscribe({ topic: activity.topics.dlq, fromBeginning: true });
-    const seen = new Map<string, Record<string, string>>();
-    await reader.run({
-      eachMessage: async ({ message: m }) => {
-        const headers: Record<string, string> = {};
-        for (const [k, v] of Object.entries(m.headers ?? {})) headers[k] = String(v);
-        seen.set((JSON.parse(m.value?.toString('utf8') ?? '{}') as OrderMessage).userId, headers);
-      },
-    });
-    await waitFor('the DLQ read back', async () => seen.size === forged.length);
-    await reader.disconnect();
+    const letters = await readDeadLetters(activity.topics.dlq, forged.length, () => true, 1000);
+    expect(letters).toHaveLength(forged.length);
+    const seen = new Map(letters.map((d) => [(JSON.parse(d.value) as OrderMessage).userId, d.headers]));
 
     for (const [m, reason] of forged) {
       expect({ user: m.userId, reason: seen.get(m.userId)?.['dlq-reason'] }).toEqual({
@@ -124,17 +101,9 @@ describe('forged order messages', () => {
     const cheap = message('batch-cheap', { unitPrice: '0.01' });
     const second = message('batch-b');
     const lines = [JSON.stringify(first), JSON.stringify(cheap), 'not json {', JSON.stringify(second)];
-    const kafka = createKafka(testEnv().kafkaBrokers, uniqueId('batcher'));
-    const producer = idempotentProducer(kafka);
-    await producer.connect();
-    await producer.send({
-      topic: activity.topics.orders,
-      acks: -1,
-      messages: [
-        { key: null, value: lines.join('\n'), headers: { [ORDER_BATCH_HEADER]: String(lines.length) } },
-      ],
-    });
-    await producer.disconnect();
+    await sendToTopic(activity.topics.orders, [
+      { key: null, value: lines.join('\n'), headers: { [ORDER_BATCH_HEADER]: String(lines.length) } },
+    ]);
 
     await waitFor(
       'the batch orders',
@@ -142,24 +111,13 @@ describe('forged order messages', () => {
         (await sql.query('SELECT 1 FROM orders WHERE user_id = ANY($1)', [['batch-a', 'batch-b']]))
           .rowCount === 2,
     );
-    const reader = kafka.consumer({ groupId: uniqueId('dlq-reader') });
-    await reader.connect();
-    await reader.subscribe({ topic: activity.topics.dlq, fromBeginning: true });
-    const fromBatch: { key: string | null; value: string; headers: Record<string, string> }[] = [];
-    await reader.run({
-      eachMessage: async ({ message: m }) => {
-        const headers: Record<string, string> = {};
-        for (const [k, v] of Object.entries(m.headers ?? {})) headers[k] = String(v);
-        if (headers['dlq-original-index'] !== undefined)
-          fromBatch.push({
-            key: m.key?.toString('utf8') ?? null,
-            value: m.value?.toString('utf8') ?? '',
-            headers,
-          });
-      },
-    });
-    await waitFor('the batch dead letters', async () => fromBatch.length === 2, 60_000);
-    await reader.disconnect();
+    const fromBatch = await readDeadLetters(
+      activity.topics.dlq,
+      2,
+      (d) => d.headers['dlq-original-index'] !== undefined,
+      1000,
+    );
+    expect(fromBatch).toHaveLength(2);
     fromBatch.sort(
       (x, y) => Number(x.headers['dlq-original-index']) - Number(y.headers['dlq-original-index']),
     );

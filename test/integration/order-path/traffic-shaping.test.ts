@@ -118,6 +118,32 @@ describe('traffic shaping and eligibility', () => {
     return JSON.stringify({ keys: state, dumps, orders: orders.rows, journal: journal.rows });
   };
 
+  /**
+   * Runs `whileHeld` while two orders take both admission slots of an api whose cap is 2: Redis
+   * holds their reserve script (CLIENT PAUSE WRITE still answers reads and PING), so the slots
+   * stay taken, deterministically. Both orders are accepted once the pause ends.
+   */
+  const holdingTwoOrders = async (apiUrl: string, path: string, whileHeld: () => Promise<void>) => {
+    await redis.call('CLIENT', 'PAUSE', '60000', 'WRITE');
+    let held: Promise<Answer>[] = [];
+    try {
+      held = [0, 1].map(async (i) =>
+        send(`${apiUrl}${path}`, {
+          token: await tokenFor(`held-${i}`),
+          body: { skuId: 'tea', quantity: 1, requestId: `h${i}` },
+        }),
+      );
+      await waitFor(
+        'both slots taken',
+        async () => (await send(`${apiUrl}/readyz`, { method: 'GET' })).status === 503,
+      );
+      await whileHeld();
+    } finally {
+      await redis.call('CLIENT', 'UNPAUSE');
+    }
+    expect((await Promise.all(held)).map((a) => a.status)).toEqual([202, 202]);
+  };
+
   beforeAll(async () => {
     db = await freshDatabase();
     sql = new pg.Pool({ connectionString: db.url, max: 2 });
@@ -574,21 +600,7 @@ describe('traffic shaping and eligibility', () => {
     roles.push(api);
     const path = `/v1/activities/${activityId}/orders`;
 
-    // Two orders whose reserve script Redis holds (CLIENT PAUSE WRITE: reads and PING still
-    // answered) take both admission slots, deterministically.
-    await redis.call('CLIENT', 'PAUSE', '60000', 'WRITE');
-    let held: Promise<Answer>[] = [];
-    try {
-      held = [0, 1].map(async (i) =>
-        send(`${api.url}${path}`, {
-          token: await tokenFor(`held-${i}`),
-          body: { skuId: 'tea', quantity: 1, requestId: `h${i}` },
-        }),
-      );
-      await waitFor(
-        'both slots taken',
-        async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 503,
-      );
+    await holdingTwoOrders(api.url, path, async () => {
       const ready = await request(`${api.url}/readyz`);
       expect([ready.statusCode, await ready.body.json()]).toEqual([
         503,
@@ -605,10 +617,7 @@ describe('traffic shaping and eligibility', () => {
         retryAfter: '1',
         contentType: expect.stringMatching(/^application\/problem\+json/),
       });
-    } finally {
-      await redis.call('CLIENT', 'UNPAUSE');
-    }
-    expect((await Promise.all(held)).map((a) => a.status)).toEqual([202, 202]);
+    });
     await waitFor(
       'slots released',
       async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 200,
@@ -691,24 +700,9 @@ describe('traffic shaping and eligibility', () => {
         slow[i]!.write(whole.slice('{"skuId":'.length).padEnd(100 - '{"skuId":'.length, ' '));
         return answer;
       };
-      await redis.call('CLIENT', 'PAUSE', '60000', 'WRITE');
-      let held: Promise<Answer>[] = [];
-      try {
-        held = [0, 1].map(async (i) =>
-          send(`${api.url}${path}`, {
-            token: await tokenFor(`held-${i}`),
-            body: { skuId: 'tea', quantity: 1, requestId: `h${i}` },
-          }),
-        );
-        await waitFor(
-          'both slots taken',
-          async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 503,
-        );
+      await holdingTwoOrders(api.url, path, async () => {
         expect(await finish(1)).toBe('HTTP/1.1 503 Service Unavailable');
-      } finally {
-        await redis.call('CLIENT', 'UNPAUSE');
-      }
-      expect((await Promise.all(held)).map((a) => a.status)).toEqual([202, 202]);
+      });
       expect(await finish(0)).toBe('HTTP/1.1 202 Accepted');
     } finally {
       for (const s of slow) s.destroy();
