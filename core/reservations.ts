@@ -69,8 +69,11 @@ export type ReserveOutcome = (
   counted?: WindowCount | undefined;
 };
 
-/** The window's rest in ms a RATE_LIMITED from a script carries (its reply's next element). */
-export function rateLimitedMs(err: FlashSaleError): number {
+/**
+ * The wait in ms a refusal from a script carries (its reply's next element): the window's rest of
+ * a RATE_LIMITED, the time to the sale's end of a CANCEL_MARKER_LIMIT.
+ */
+export function retryAfterMs(err: FlashSaleError): number {
   const data = (err.extra as { data?: unknown[] }).data;
   const ms = Number(data?.[0]);
   return Number.isFinite(ms) && ms > 0 ? ms : 1000;

@@ -26,7 +26,8 @@
      {3}                      the sale has ended or is not loaded: nothing can arrive, nothing written
     -11 FROZEN                stock was written back
     -14 MISMATCH              a reservation of another buyer exists under this id
-    -19 CANCEL_MARKER_LIMIT   this buyer left the most markers allowed
+    -19 CANCEL_MARKER_LIMIT   this buyer left the most markers allowed; the reply's next element is
+                              the ms until the sale's end, when no submission can reserve any more
 ]]
 local user = ARGV[1]
 local grace, maxMarkers = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -47,7 +48,7 @@ local endMs = tonumber(meta[2])
 if not meta[1] or meta[1] == 'closed' or not endMs or now >= endMs then return {3} end
 
 local markers = tonumber(redis.call('HGET', KEYS[3], 'cancelMarkers') or '0')
-if markers >= maxMarkers then return {-19} end
+if markers >= maxMarkers then return {-19, endMs - now} end
 
 local ttl = math.ceil((endMs - now) / 1000) + grace
 redis.call('HSET', KEYS[2], 'state', 'CANCELLED', 'user', user, 'releasedAt', now, 'reason', ARGV[2])

@@ -53,6 +53,12 @@ const refuseMediaType = (): FlashSaleError =>
 /** res.locals key: the request's media type was checked already (an optional-body route). */
 const MEDIA_TYPE_CHECKED = 'mediaTypeChecked';
 
+/**
+ * `application/json`, with or without parameters: not `application/json-patch+json` or
+ * `application/json-seq`, which body-parser leaves unread (the route would see no body at all).
+ */
+const JSON_MEDIA_TYPE = /^application\/json\s*(?:;|$)/i;
+
 /** Only JSON bodies are read; anything else on a write is refused before authentication work. */
 const jsonOnly: RequestHandler = (req, res, next) => {
   if (
@@ -61,7 +67,7 @@ const jsonOnly: RequestHandler = (req, res, next) => {
     req.headers['content-length'] !== '0'
   ) {
     const type = req.headers['content-type'] ?? '';
-    if (req.method !== 'DELETE' && !/^application\/json\b/i.test(type)) {
+    if (req.method !== 'DELETE' && !JSON_MEDIA_TYPE.test(type)) {
       next(refuseMediaType());
       return;
     }
@@ -108,7 +114,7 @@ function noBodyOrRefuse(req: Request, next: NextFunction): void {
 const jsonOrNoBody: RequestHandler = (req, res, next) => {
   res.locals[MEDIA_TYPE_CHECKED] = true;
   const h = req.headers;
-  if (/^application\/json\b/i.test(h['content-type'] ?? '')) {
+  if (JSON_MEDIA_TYPE.test(h['content-type'] ?? '')) {
     next();
     return;
   }

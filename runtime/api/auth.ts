@@ -252,7 +252,8 @@ export async function createTokenVerifier(cfg: AuthConfig): Promise<TokenVerifie
   return async (token) => verify(token);
 }
 
-const BEARER = /^Bearer ([A-Za-z0-9._-]+)$/;
+/** RFC 9110 §11.1: the scheme is case-insensitive, one or more spaces before the token. */
+export const BEARER = /^Bearer +([A-Za-z0-9._-]+)$/i;
 
 export async function bearerAuth(cfg: AuthConfig): Promise<RequestHandler> {
   const verify = createSyncTokenVerifier(cfg);

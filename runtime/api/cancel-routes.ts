@@ -8,7 +8,8 @@
  * 200 { reservationId, outcome: cancelled | already-cancelled | tombstoned, orderId? }
  * 409 ALREADY_PAID for a paid order; 404 UNKNOWN_RESERVATION for somebody else's or an unknown
  * reservation id, and for an unknown requestId after the sale (nothing can arrive any more);
- * 429 CANCEL_MARKER_LIMIT when this buyer left the most markers allowed.
+ * 429 CANCEL_MARKER_LIMIT when this buyer left the most markers allowed, with Retry-After: the
+ * seconds until the sale's end, from when nothing can arrive any more (then 404).
  *
  * Only the requestId form can leave a cancel marker ("tombstoned"), and only under the id derived
  * from this buyer's own requestId: a made-up reservation id writes nothing to Redis or PostgreSQL.
@@ -18,6 +19,7 @@ import type { Request, Response } from 'express';
 import { FlashSaleError } from '../../core/errors.js';
 import { cancelReservation } from '../../core/order-lifecycle.js';
 import type { CancelInput, CancelOutcome, LifecycleDeps } from '../../core/order-lifecycle.js';
+import { retryAfterMs } from '../../core/reservations.js';
 import type { CancelMarkerPolicy } from '../../core/reservations.js';
 import { parse, requestIdQuery, reservationParam, servedActivity } from './schemas.js';
 
@@ -57,6 +59,10 @@ export function cancelRouter(deps: CancelDeps): Router {
     } catch (err) {
       if (err instanceof FlashSaleError && err.code === 'ALREADY_PAID') {
         deps.metrics?.cancellations.inc({ activity: activityId, outcome: 'already_paid' });
+      }
+      // Once the sale ends no submission can reserve, so the cancellation is answered then.
+      if (err instanceof FlashSaleError && err.code === 'CANCEL_MARKER_LIMIT') {
+        res.setHeader('retry-after', String(Math.ceil(retryAfterMs(err) / 1000)));
       }
       throw err;
     }

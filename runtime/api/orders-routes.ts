@@ -12,7 +12,7 @@ import { localAck } from '../../core/durable-ack.js';
 import type { ReservationAck } from '../../core/durable-ack.js';
 import {
   countedBeforeFailure,
-  rateLimitedMs,
+  retryAfterMs,
   reservationIdFor,
   reserve,
   soldOutCheck,
@@ -104,7 +104,7 @@ function refusedByScript(
   err: unknown,
 ): boolean {
   if (!(err instanceof FlashSaleError) || err.code !== 'RATE_LIMITED' || !limit) return false;
-  limit.refuse(res, activityId, userId, rateLimitedMs(err));
+  limit.refuse(res, activityId, userId, retryAfterMs(err));
   return true;
 }
 

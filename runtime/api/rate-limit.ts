@@ -30,6 +30,7 @@ import type { RedisClient } from '../../core/scripts.js';
 import type { BuyerWindow } from '../../core/reservations.js';
 import type { RateLimit, TrafficPolicy } from '../../core/traffic-policy.js';
 import type { PolicyCache } from './policy-cache.js';
+import { BEARER } from './auth.js';
 import { GIVE_BACK, sendProblem } from './problem.js';
 import { servedActivity } from './schemas.js';
 
@@ -95,8 +96,8 @@ export function retryAfterSeconds(res: RateLimiterRes): number {
  * its owner would get instead of a 401; it can neither create nor lift a block.
  */
 export function claimedBuyer(authorization: string | undefined): string | undefined {
-  if (!authorization?.startsWith('Bearer ')) return undefined;
-  const payload = authorization.slice(7).split('.')[1];
+  const token = BEARER.exec(authorization ?? '')?.[1];
+  const payload = token?.split('.')[1];
   if (!payload || payload.length > 4096) return undefined;
   try {
     const sub = (JSON.parse(Buffer.from(payload, 'base64url').toString('utf8')) as { sub?: unknown }).sub;

@@ -161,6 +161,10 @@ describe('cancel markers', () => {
       }
       const over = await buyer.cancelByRequest('hoarder', `h-${max}`);
       expect([over.status, over.body.code]).toEqual([429, 'CANCEL_MARKER_LIMIT']);
+      // Retry-After: until the sale ends (in an hour), when nothing can arrive any more.
+      const retryAfter = Number(over.headers['retry-after']);
+      expect(retryAfter).toBeGreaterThan(3_500);
+      expect(retryAfter).toBeLessThanOrEqual(3_600);
       expect(await activityKeyCount()).toBe(keysBefore + max - 1);
       expect(await journalRows()).toBe(journalBefore + max - 1);
       // Another buyer is not affected by the hoarder's bound.

@@ -13,7 +13,7 @@ import {
   cancelBeforeReserve,
   confirmPaid,
   locateReservation,
-  rateLimitedMs,
+  retryAfterMs,
   readReservation,
   release,
   RESERVATIONS_PER_CALL,
@@ -110,7 +110,7 @@ describe('script guards at their boundaries (real Redis)', () => {
       return `ok:${(await call()).kind}`;
     } catch (err) {
       if (err instanceof FlashSaleError) {
-        if (err.code === 'RATE_LIMITED') lastRetryMs = rateLimitedMs(err);
+        if (err.code === 'RATE_LIMITED') lastRetryMs = retryAfterMs(err);
         return err.code;
       }
       throw err;

@@ -297,6 +297,40 @@ describe('input at the edges: never a 500, never a partial write', () => {
         code: 'UNSUPPORTED_MEDIA_TYPE',
       });
     }
+    // `application/json-…` types are not JSON to body-parser: refused, never taken as no body (a
+    // refund requested on a body nobody read).
+    const orders = `POST /v1/activities/${activityId}/orders HTTP/1.1`;
+    const submission = JSON.stringify({ skuId: 'sku-1', quantity: 1, requestId: 'json-type' });
+    for (const type of ['application/json-patch+json', 'application/json-seq']) {
+      const r = await refund(o, '{"bogus":1}', [`content-type: ${type}`]);
+      const s = await rawRequest(
+        api,
+        orders,
+        [
+          `authorization: Bearer ${await buyerToken('json-type')}`,
+          `content-type: ${type}`,
+          `content-length: ${Buffer.byteLength(submission)}`,
+        ],
+        submission,
+      );
+      expect({ type, refund: [r.status, r.code], submit: [s.status, s.code] }).toEqual({
+        type,
+        refund: [415, 'UNSUPPORTED_MEDIA_TYPE'],
+        submit: [415, 'UNSUPPORTED_MEDIA_TYPE'],
+      });
+    }
+    // The scheme is case-insensitive (RFC 9110 §11.1); the JSON type takes parameters.
+    const lower = await rawRequest(
+      api,
+      orders,
+      [
+        `authorization: bearer ${await buyerToken('json-type')}`,
+        'content-type: Application/JSON ; charset=utf-8',
+        `content-length: ${Buffer.byteLength(submission)}`,
+      ],
+      submission,
+    );
+    expect(lower.status).toBe(202);
     const malformed = await refund(o, '{"reason":');
     expect([malformed.status, malformed.code, malformed.detail]).toEqual([
       400,
