@@ -6,7 +6,7 @@
  * another still has units.
  */
 import { randomUUID } from 'node:crypto';
-import { activityKeys, homeBucket, ActivityKeys } from './keys.js';
+import { ACK_PROBE_TTL_SECONDS, activityKeys, homeBucket, ActivityKeys } from './keys.js';
 import type { BucketKeys, ScopeKeys } from './keys.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
@@ -239,7 +239,11 @@ async function donorRecordDurable(
   if (!info || Number(info[0]) !== 1) return false;
   if (/^connected_slaves:0\b/m.test(String(info[1]))) return true;
   const waited = await replies(
-    redis.pipeline().hexists(from.transfers, record).incr(from.ackProbe).wait(1, 1000),
+    redis
+      .pipeline()
+      .hexists(from.transfers, record)
+      .set(from.ackProbe, '1', 'EX', ACK_PROBE_TTL_SECONDS)
+      .wait(1, 1000),
   );
   return waited !== undefined && Number(waited[0]) === 1 && Number(waited[2]) >= 1;
 }
@@ -338,19 +342,24 @@ export async function unitsInFlight(
 }
 
 /**
- * An upper bound of the units a SKU has left in all its buckets, from each bucket's counters
- * (loaded - reserved + released; transfers move units without touching them). The counters only
- * grow, and each is read once, so the sum is never below what was left when the last one was read:
- * when it is below the quantity asked for, the SKU was sold out at that instant. (Summing the
- * buckets' stock instead could miss units moving between two buckets while they are read.)
+ * An upper bound of the units a SKU has left in all its buckets, from the buckets' counters
+ * (loaded - reserved + released; transfers move units without touching them). Both counters only
+ * grow, so every bucket's `reserved` is read first and every `released` after: the sum is then at
+ * least what was left at any instant between the two reads, and when it is below the quantity
+ * asked for, the SKU had fewer units than that at such an instant. (Reading each bucket's pair in
+ * turn would not do: a release in a bucket read already, then a reservation of the last unit of
+ * one read later, gives a sum below any instant's; summing the buckets' stock could miss units
+ * moving between two buckets while they are read.)
  */
 export async function unitsLeft(redis: RedisClient, layout: BucketLayout, skuId: string): Promise<number> {
-  const figures = await Promise.all(
-    layout.bucketsOf(skuId).map((b) => redis.hmget(b.counters, 'initial', 'reserved', 'released')),
+  const buckets = layout.bucketsOf(skuId);
+  const reserved = await Promise.all(buckets.map((b) => redis.hget(b.counters, 'reserved')));
+  const loadedAndReleased = await Promise.all(
+    buckets.map((b) => redis.hmget(b.counters, 'initial', 'released')),
   );
-  return figures.reduce(
-    (n, [initial, reserved, released]) =>
-      n + Number(initial ?? 0) - Number(reserved ?? 0) + Number(released ?? 0),
+  return loadedAndReleased.reduce(
+    (n, [initial, released], i) =>
+      n + Number(initial ?? 0) - Number(reserved[i] ?? 0) + Number(released ?? 0),
     0,
   );
 }

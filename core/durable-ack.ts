@@ -23,7 +23,7 @@
 import calculateSlot from 'cluster-key-slot';
 import type { Cluster, Redis } from 'ioredis';
 import { FlashSaleError } from './errors.js';
-import { activityKeys } from './keys.js';
+import { ACK_PROBE_TTL_SECONDS, activityKeys } from './keys.js';
 import type { ScopeKeys } from './keys.js';
 import { isCluster } from './redis.js';
 import type { RedisClient } from './scripts.js';
@@ -87,7 +87,7 @@ export class ReplicaAck implements ReservationAck {
     try {
       // A replay wrote nothing on this connection, and the original may have been written by
       // another api process: one write here first, so the WAIT covers the primary's stream up to now.
-      if (replayed) await this.redis.incr(activityKeys(activityId).ackProbe);
+      if (replayed) await this.redis.set(activityKeys(activityId).ackProbe, '1', 'EX', ACK_PROBE_TTL_SECONDS);
       if (this.redis.stream === connection) {
         const waited = await this.next();
         if (waited.connection === connection) acked = waited.acked;
@@ -238,7 +238,11 @@ export class ClusterReplicaAck implements ReservationAck {
       .find((n) => `${n.options.host ?? ''}:${n.options.port ?? ''}` === node);
     if (here.length === 0 || !connection) return acked;
     const replies =
-      (await connection.pipeline().incr(here[0]!).wait(this.replicas, this.timeoutMs).exec()) ?? [];
+      (await connection
+        .pipeline()
+        .set(here[0]!, '1', 'EX', ACK_PROBE_TTL_SECONDS)
+        .wait(this.replicas, this.timeoutMs)
+        .exec()) ?? [];
     for (const [err] of replies) if (err) throw err;
     const n = Number(replies[1]?.[1] ?? 0);
     for (const k of here) acked.set(k, n);

@@ -31,6 +31,12 @@ function assertSafe(kind: string, id: string): string {
  * The keys one reserve script call touches: the activity's own (`ActivityKeys`), or one stock
  * bucket's (`BucketKeys`). Every key of a scope shares its hash tag (one slot).
  */
+/**
+ * Lifetime of an ack probe write. The probe may be written after the activity's cleanup deleted
+ * its keys (a replica wait that was already under way); it must not outlive the activity then.
+ */
+export const ACK_PROBE_TTL_SECONDS = 600;
+
 export class ScopeKeys {
   readonly activityId: string;
   /** Prefix shared by every key of this scope. */
@@ -82,7 +88,7 @@ export class ScopeKeys {
     return `${this.prefix}code:${code}`;
   }
   /**
-   * Counter the api increments before a replayed reservation's replica wait: a write on its own
+   * Key written (SET … EX ACK_PROBE_TTL_SECONDS) before a replica wait: a write on its own
    * connection, so Redis WAIT covers every earlier write on the primary (the original included).
    */
   get ackProbe(): string {

@@ -233,7 +233,19 @@ async function reserveClaimed(
       if (outcome.kind === 'unclaimed') throw new Error(claimRefusal);
       return outcome.counted || !counted ? outcome : { ...outcome, counted };
     } catch (err) {
-      if (!(err instanceof FlashSaleError) || attempt >= 200) throw err;
+      if (!(err instanceof FlashSaleError)) throw err;
+      if (attempt >= 200) {
+        // Outrun by other buyers' refills this often: the bucket's own SOLD_OUT speaks for the
+        // bucket only, never for the SKU (a phantom sold-out the api would flag for everyone).
+        if (!(err.code === 'SOLD_OUT' && scope instanceof BucketKeys)) throw err;
+        const left = await unitsLeft(redis, layout, input.skuId);
+        if (left < input.quantity)
+          throw new FlashSaleError('SOLD_OUT', undefined, { script: 'reserve', data: [left] });
+        throw new FlashSaleError(
+          'UNAVAILABLE',
+          `units of ${input.skuId} keep moving between stock buckets; retry`,
+        );
+      }
       if (err.code === 'BUCKETED') {
         // A SKU bucketed by a load this process has not seen: read the layout again. The
         // activity-scope call counted the submission already.

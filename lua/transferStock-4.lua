@@ -32,6 +32,7 @@
                          an older record carries none)
      {0, 0}       in: superseded, the recipient was rebuilt by a restore after the donor's step
      -3 PAUSED        out: the bucket is held for a cache restore; nothing taken
+     -9 NOT_LOADED    the bucket's meta hash is gone or its cleanup began; nothing written
     -11 FROZEN        stock was written back; nothing moves any more
     -16 BAD_ARGUMENT  unknown side or units
 ]]
@@ -44,8 +45,11 @@ if done then
   local n, _, e = string.match(done, '^(%d+)|(%d+)|?(%d*)$')
   return {1, tonumber(n), e}
 end
-local meta = redis.call('HMGET', KEYS[1], 'gate', 'restoring', 'epoch')
+local meta = redis.call('HMGET', KEYS[1], 'gate', 'restoring', 'epoch', 'cleanupBegan')
 if meta[1] == 'frozen' then return {-11} end
+-- Cleaned up (or being cleaned up): a late step must never re-create a bucket's keys, which
+-- nothing would delete again (the write-back counted units in flight as remaining already).
+if not meta[1] or meta[4] then return {-9} end
 local epoch = tonumber(meta[3] or '0')
 
 if side == 'out' then

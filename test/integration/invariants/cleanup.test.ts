@@ -7,6 +7,9 @@ import { Redis } from 'ioredis';
 import { cleanupActivity, recordResults } from '../../../core/activity-cache.js';
 import { FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
+import type { BucketKeys } from '../../../core/keys.js';
+import { bucketLayout } from '../../../core/buckets.js';
+import { runScript } from '../../../core/scripts.js';
 import { reservationIdFor, reserve } from '../../../core/reservations.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
 import { Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
@@ -170,6 +173,33 @@ describe('cleanup of an activity (real Redis)', () => {
       expect(await redis.exists(k.results)).toBe(1);
       expect(await redis.ttl(k.results)).toBeGreaterThan(0);
       expect(await keysOf(id)).toEqual([k.results]);
+    },
+    TIMEOUT_MS,
+  );
+
+  test(
+    "a stock transfer's late step after the cleanup re-creates no key of its buckets",
+    async () => {
+      const id = uniqueId('cleanup-xfer');
+      await loadOpenSale(redis, id, [
+        { skuId: 'hot', name: 'hot', price: '1.00', stock: 4, limitPerUser: 1, buckets: 2 },
+      ]);
+      const [from, to] = (await bucketLayout(redis, id)).bucketsOf('hot') as [BucketKeys, BucketKeys];
+      const step = (b: BucketKeys, side: 'out' | 'in', other: BucketKeys) =>
+        runScript(
+          redis,
+          'transferStock',
+          [b.meta, b.sku('hot'), b.transfers, b.counters],
+          [side, 'x1', 1, other.index, 'hot', '0'],
+        );
+      // The donor's step ran; the process then waited (a replica wait) while the sale was cleaned up.
+      expect((await step(from, 'out', to))[1]).toBe(1);
+      await cleanupActivity(redis, id, RETENTION_SECONDS);
+      const bucketKeys = [to.meta, to.sku('hot'), to.transfers, to.counters, from.sku('hot'), from.transfers];
+      expect(await redis.exists(...bucketKeys)).toBe(0);
+      await expect(step(to, 'in', from)).rejects.toMatchObject({ code: 'NOT_LOADED' });
+      await expect(step(from, 'out', to)).rejects.toMatchObject({ code: 'NOT_LOADED' });
+      expect(await redis.exists(...bucketKeys)).toBe(0);
     },
     TIMEOUT_MS,
   );

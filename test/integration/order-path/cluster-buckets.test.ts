@@ -495,6 +495,8 @@ describe('Redis Cluster: a hot SKU in 8 stock buckets', () => {
 
       const t = await transferStock(redis, b0, b1, 2);
       expect([t.moved, t.landed]).toEqual([2, false]);
+      // The replica wait's probe write expires: it may land after the activity's cleanup.
+      expect(await redis.ttl(b0.ackProbe)).toBeGreaterThan(0);
       expect([await stock(b0), await stock(b1)]).toEqual([2, 4]);
       expect(await completeTransfers(redis, layout, 'hot')).toEqual({ landed: 0, unconfirmed: 2 });
       expect(await stock(b1)).toBe(4);

@@ -3,12 +3,16 @@
 import calculateSlot from 'cluster-key-slot';
 import {
   AUTO_BUCKET_STOCK_THRESHOLD,
+  BucketLayout,
   MAX_BUCKETS,
   bucketShare,
   chooseBuckets,
   defaultAutoBucketing,
+  unitsLeft,
 } from '../../../core/buckets.js';
+import type { RedisClient } from '../../../core/scripts.js';
 import { activityKeys, homeBucket } from '../../../core/keys.js';
+import type { BucketKeys } from '../../../core/keys.js';
 
 describe('stock buckets (core/keys.ts, core/buckets.ts)', () => {
   it('puts every key of a bucket in one slot, and bucket i of n in the i-th n-th of the slot space', () => {
@@ -95,5 +99,32 @@ describe('stock buckets (core/keys.ts, core/buckets.ts)', () => {
     expect(chooseBuckets(AUTO_BUCKET_STOCK_THRESHOLD - 1, undefined, defaultAutoBucketing(3))).toBe(1);
     expect(chooseBuckets(AUTO_BUCKET_STOCK_THRESHOLD, undefined, defaultAutoBucketing(3))).toBe(6);
     expect(chooseBuckets(10_000_000, undefined, defaultAutoBucketing(1))).toBe(1);
+  });
+
+  it('reads units left as an upper bound while a release and a reservation race the read', async () => {
+    const layout = new BucketLayout('sale-race', new Map([['hot', 2]]), 1);
+    const [a, b] = layout.bucketsOf('hot') as [BucketKeys, BucketKeys];
+    // Bucket a sold its unit, bucket b has one: one unit left.
+    const counters = new Map<string, Record<string, string>>([
+      [a.counters, { initial: '1', reserved: '1', released: '0' }],
+      [b.counters, { initial: '1', reserved: '0', released: '0' }],
+    ]);
+    let reads = 0;
+    // Right after the reader's first read: a's unit is released, then b's unit reserved. One unit
+    // was left at every instant, so no read may find the SKU sold out.
+    const read = <T>(value: T): T => {
+      reads += 1;
+      if (reads === 1) {
+        counters.get(a.counters)!.released = '1';
+        counters.get(b.counters)!.reserved = '1';
+      }
+      return value;
+    };
+    const redis = {
+      hget: async (key: string, field: string) => read(counters.get(key)?.[field] ?? null),
+      hmget: async (key: string, ...fields: string[]) =>
+        read(fields.map((f) => counters.get(key)?.[f] ?? null)),
+    } as unknown as RedisClient;
+    expect(await unitsLeft(redis, layout, 'hot')).toBe(1);
   });
 });
