@@ -159,7 +159,8 @@ async function main(): Promise<void> {
       process.exit(1);
     }, SHUTDOWN_TIMEOUT_MS);
     force.unref();
-    elector?.stop();
+    // The Lease stays renewed while the passes in flight finish; released (not left to expire)
+    // right after them, so a standby takes over at once and never beside one of them.
     await stopOperator({
       stopPasses: () => ctl.stop(),
       releaseLease: async () => elector?.release(),

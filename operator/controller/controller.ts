@@ -3,7 +3,14 @@
  * handlers only enqueue a key; workers that take keys from the queue and reconcile them; requeue at
  * the instant the reconcile asks for, rate-limited retries after an error.
  */
-import type { AppsV1Api, KubeConfig, KubernetesObject, V1Deployment } from '@kubernetes/client-node';
+import type {
+  AppsV1Api,
+  Informer,
+  KubeConfig,
+  KubernetesObject,
+  ObjectCache,
+  V1Deployment,
+} from '@kubernetes/client-node';
 import type { Logger } from '../../core/logger.js';
 import type { OperatorMetrics } from '../../core/metrics.js';
 import { objectKey } from '../api/v1alpha1/funcs.js';
@@ -11,7 +18,7 @@ import { GROUP, KIND, PLURAL, VERSION } from '../api/v1alpha1/types.js';
 import type { ActivityClient } from '../kube/activities.js';
 import type { Reconciler } from '../reconcile/reconciler.js';
 import { MANAGED_BY_SELECTOR } from '../reconcile/runtime-objects.js';
-import type { InformerEvent } from './informer.js';
+import type { InformerEvent, ResilientInformerOptions } from './informer.js';
 import { ResilientInformer } from './informer.js';
 import { WorkQueue } from './work-queue.js';
 
@@ -28,6 +35,8 @@ export interface ControllerOptions {
   retryMaxMs: number;
   metrics: OperatorMetrics;
   log: Logger;
+  /** Builds each informer (tests substitute a fake); default: client-node's makeInformer. */
+  makeInformer?: <T extends KubernetesObject>(o: ResilientInformerOptions<T>) => Informer<T> & ObjectCache<T>;
 }
 
 /**
@@ -68,6 +77,7 @@ export class Controller {
           relistMs: options.relistMs,
           onEvent: (event, obj) => this.onActivity(event, obj),
           log: options.log,
+          ...(options.makeInformer ? { make: options.makeInformer } : {}),
         }),
       );
       this.deploymentInformers.set(
@@ -84,6 +94,7 @@ export class Controller {
           relistMs: options.relistMs,
           onEvent: (_event, obj) => this.onDeployment(obj),
           log: options.log,
+          ...(options.makeInformer ? { make: options.makeInformer } : {}),
         }),
       );
     }
@@ -126,8 +137,10 @@ export class Controller {
     if (!this.running) return;
     this.running = false;
     this.queue.shutDown();
-    await Promise.all([...this.activityInformers, ...this.deploymentInformers.values()].map((i) => i.stop()));
+    // The passes in flight finish with the informers' cache still filled: a pass that found its
+    // Deployments gone from it would apply them afresh (unpinned, or without their owner).
     await Promise.all(this.workers.splice(0));
+    await Promise.all([...this.activityInformers, ...this.deploymentInformers.values()].map((i) => i.stop()));
   }
 
   private onActivity(event: InformerEvent, fsa: KubernetesObject): void {

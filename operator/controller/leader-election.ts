@@ -83,6 +83,8 @@ export class LeaderElector {
   private readonly now: () => number;
   private readonly elapsed: () => number;
   private blocked: string | undefined;
+  /** The acquire or renew attempt under way, if any (release() waits for it). */
+  private attempt: Promise<unknown> | undefined;
 
   constructor(private readonly options: LeaderElectionOptions) {
     this.now = options.now ?? Date.now;
@@ -119,7 +121,7 @@ export class LeaderElector {
       if (!this.leading) {
         let failed = false;
         const won = await within(
-          this.tryAcquireOrRenew(),
+          this.attempted(),
           this.options.renewDeadlineMs,
           'lease acquire attempt',
         ).catch((err: unknown) => {
@@ -144,12 +146,10 @@ export class LeaderElector {
         // An API server that does not answer must not hold the leader past its renew deadline:
         // a candidate takes the Lease once it expires, and this process must have stopped by then.
         const left = Math.max(0, this.options.renewDeadlineMs - (attemptAt - this.lastRenewAt));
-        const renewed = await within(this.tryAcquireOrRenew(), left, 'lease renewal').catch(
-          (err: unknown) => {
-            this.options.log.warn({ err: String(err) }, 'lease renewal failed');
-            return false;
-          },
-        );
+        const renewed = await within(this.attempted(), left, 'lease renewal').catch((err: unknown) => {
+          this.options.log.warn({ err: String(err) }, 'lease renewal failed');
+          return false;
+        });
         if (renewed) this.lastRenewAt = attemptAt;
         else if (this.takenOver || this.elapsed() - this.lastRenewAt >= this.options.renewDeadlineMs) {
           this.leading = false;
@@ -170,9 +170,21 @@ export class LeaderElector {
     this.stopped = true;
   }
 
-  /** Gives the Lease up (holder emptied) if this process holds it. */
+  private attempted(): Promise<boolean> {
+    const attempt = this.tryAcquireOrRenew();
+    this.attempt = attempt;
+    return attempt;
+  }
+
+  /**
+   * Gives the Lease up (holder emptied) if this process holds it. Until then the run loop keeps
+   * renewing it (a stopping operator's passes may still be running). A renewal under way is waited
+   * for first: one that read the Lease after this release emptied it would take it again, and a
+   * standby would wait for it to expire.
+   */
   async release(): Promise<void> {
     this.stopped = true;
+    await this.attempt?.catch(() => undefined);
     if (!this.leading) return;
     this.leading = false;
     try {

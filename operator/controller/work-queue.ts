@@ -98,8 +98,14 @@ export class WorkQueue {
     return this.failures.get(key) ?? 0;
   }
 
-  /** Waits for the next key; undefined once the queue shuts down. Call done(key) afterwards. */
+  /**
+   * Waits for the next key; undefined once the queue shuts down, even with keys still queued: a
+   * stopping operator's informers are stopping too, and a pass that read their emptied cache would
+   * act on runtime Deployments it no longer sees (the next leader relists and passes every key).
+   * Call done(key) afterwards.
+   */
   get(): Promise<string | undefined> {
+    if (this.shuttingDown) return Promise.resolve(undefined);
     const key = this.queue.shift();
     if (key !== undefined) {
       this.queued.delete(key);
@@ -107,7 +113,6 @@ export class WorkQueue {
       this.options.onDepth?.(this.queue.length);
       return Promise.resolve(key);
     }
-    if (this.shuttingDown) return Promise.resolve(undefined);
     return new Promise((resolve) => this.waiters.push(resolve));
   }
 

@@ -16,6 +16,8 @@ class FakeLeases {
   failWritesOf = new Set<string>();
   /** Callers whose reads the server never answers (a partition: the request is sent, no reply). */
   unansweredReadsOf = new Set<string>();
+  /** Callers whose reads are answered only once the promise settles (with the Lease as it is then). */
+  heldReadsOf = new Map<string, Promise<void>>();
   writes: string[] = [];
 
   api(caller: string): CoordinationV1Api {
@@ -23,6 +25,7 @@ class FakeLeases {
       readNamespacedLease: async () => {
         this.reads.set(caller, (this.reads.get(caller) ?? 0) + 1);
         if (this.unansweredReadsOf.has(caller)) return new Promise<V1Lease>(() => undefined);
+        await this.heldReadsOf.get(caller);
         if (!this.lease) throw new ApiError(404);
         return structuredClone(this.lease);
       },
@@ -125,6 +128,28 @@ describe('LeaderElector', () => {
     expect(fake.lease?.spec?.leaseTransitions).toBe(1);
     expect(a.stopped).toBe(0); // a released; it did not lose the Lease
     b.elector.stop();
+  });
+
+  it('a renewal under way when the leader releases the Lease neither takes it back nor spoils the release', async () => {
+    const fake = new FakeLeases();
+    const a = candidate(fake, 'a');
+    void a.elector.run();
+    await until('a leads', () => a.started === 1);
+    let answer = (): void => undefined;
+    fake.heldReadsOf.set(
+      'a',
+      new Promise<void>((resolve) => {
+        answer = resolve;
+      }),
+    );
+    const readsBefore = fake.reads.get('a') ?? 0;
+    await until('a renewal under way', () => (fake.reads.get('a') ?? 0) > readsBefore);
+    const released = a.elector.release();
+    answer();
+    await released;
+    expect(fake.holder).toBe('');
+    expect(fake.writes.at(-1)).toBe('a:');
+    expect(a.stopped).toBe(0);
   });
 
   it('takes over a dead leader only after the lease duration, measured on its own clock', async () => {

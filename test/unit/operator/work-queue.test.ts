@@ -106,6 +106,15 @@ describe('WorkQueue', () => {
     await expect(q.get()).resolves.toBeUndefined();
   });
 
+  it('hands out no queued key after shutdown: only the passes in flight finish', async () => {
+    const q = queue();
+    q.add('a');
+    q.add('b');
+    expect(await q.get()).toBe('a');
+    q.shutDown();
+    await expect(q.get()).resolves.toBeUndefined();
+  });
+
   it('drop() cancels a key timer and its failures', () => {
     const q = queue();
     q.addRateLimited('a');

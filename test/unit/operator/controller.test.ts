@@ -1,0 +1,86 @@
+// The controller's stop (operator/controller/controller.ts) with fake informers: the passes in
+// flight finish with the Deployment cache still filled, and no queued key is passed after it.
+import type { Informer, KubeConfig, KubernetesObject, ObjectCache } from '@kubernetes/client-node';
+import { createLogger } from '../../../core/logger.js';
+import { createOperatorMetrics } from '../../../core/metrics.js';
+import { Controller } from '../../../operator/controller/controller.js';
+import type { ControllerOptions } from '../../../operator/controller/controller.js';
+
+/** An informer that lists `objects` at once and answers from them until stopped. */
+class ListedInformer<T extends KubernetesObject> implements Informer<T>, ObjectCache<T> {
+  private readonly callbacks = new Map<string, ((arg: unknown) => void)[]>();
+  private listed = false;
+  constructor(private readonly objects: T[]) {}
+  on(verb: string, cb: (arg: never) => void): void {
+    this.callbacks.set(verb, [...(this.callbacks.get(verb) ?? []), cb as unknown as (arg: unknown) => void]);
+  }
+  off(): void {}
+  async start(): Promise<void> {
+    this.listed = true;
+    for (const cb of this.callbacks.get('connect') ?? []) cb(undefined);
+  }
+  async stop(): Promise<void> {
+    this.listed = false;
+  }
+  get(name: string, namespace?: string): T | undefined {
+    if (!this.listed) return undefined;
+    return this.objects.find((o) => o.metadata?.name === name && o.metadata?.namespace === namespace);
+  }
+  list(): readonly T[] {
+    return this.listed ? this.objects : [];
+  }
+}
+
+describe('Controller.stop', () => {
+  it('lets the passes in flight finish with the Deployment cache still filled, and starts no other', async () => {
+    const deployment = { metadata: { name: 'flashsale-a-api', namespace: 'ns' } };
+    let release = (): void => undefined;
+    const held = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const passed: string[] = [];
+    const seenAtEnd: (KubernetesObject | undefined)[] = [];
+    const ref: { controller?: Controller } = {};
+    const reconciler = {
+      reconcile: async (key: string) => {
+        passed.push(key);
+        await held;
+        // What scale-runtime reads at the end of a pass.
+        seenAtEnd.push(ref.controller!.deployment('ns', 'flashsale-a-api'));
+        return {};
+      },
+    };
+    const options = {
+      kubeConfig: {} as KubeConfig,
+      activities: {},
+      apps: {},
+      reconciler,
+      namespaces: ['ns'],
+      workers: 1,
+      relistMs: 600_000,
+      retryBaseMs: 10,
+      retryMaxMs: 100,
+      metrics: createOperatorMetrics(),
+      log: createLogger('test', 'silent'),
+      makeInformer: <T extends KubernetesObject>() =>
+        new ListedInformer<T>(
+          // Both informers list it (no event fires); only the Deployment one is read.
+          [deployment as unknown as T],
+        ),
+    } as unknown as ControllerOptions;
+    const controller = new Controller(options);
+    ref.controller = controller;
+    await controller.start();
+    controller.queue.add('ns/a');
+    controller.queue.add('ns/b');
+    for (let i = 0; i < 100 && passed.length === 0; i += 1) await new Promise((r) => setTimeout(r, 5));
+    expect(passed).toEqual(['ns/a']);
+
+    const stopped = controller.stop();
+    await new Promise((r) => setTimeout(r, 20));
+    release();
+    await stopped;
+    expect(seenAtEnd).toEqual([deployment]);
+    expect(passed).toEqual(['ns/a']);
+  });
+});
