@@ -36,8 +36,21 @@ export async function detectFailure(ctx: ReconcileContext): Promise<StepResult> 
     case Phase.WritingBack: {
       // A loaded cache carries its load mark; a meta hash without one (what a cache restore's
       // hold writes into an empty Redis) has no stock to write back.
-      const loaded = ((await readMeta(redis, ctx.activityId))?.generation ?? 0) > 0;
+      const cached = (await readMeta(redis, ctx.activityId))?.generation ?? 0;
+      const loaded = cached > 0;
       if (loaded && !(await readWriteBack(pool, ctx.activityId))) {
+        // Behind the generation the operator loaded (a failover to a lagging replica, or an old
+        // snapshot, after the drain's last check): its stock and items are not the sale's.
+        const expected = ctx.status.cache?.loadedGeneration;
+        if (expected !== undefined && cached < expected) {
+          return fail(
+            ctx,
+            Reason.CacheLost,
+            `the Redis cache of activity ${ctx.activityId} is behind: it holds generation ${cached}, ` +
+              `generation ${expected} was loaded; its stock is not the sale's, so nothing is written ` +
+              'back (check Redis persistence and failovers, then reconcile PostgreSQL by hand)',
+          );
+        }
         // A stock bucket's node lost its data (the activity's did not): freezing the gate would
         // fail on it at every pass, and its stock is unknown.
         const lost = await bucketsLost(redis, ctx.activityId);

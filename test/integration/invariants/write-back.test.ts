@@ -103,6 +103,24 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
     };
   }
 
+  /** A pass of a sale in WritingBack whose cache was loaded once, as the step functions meet it. */
+  const writingBackStep = (activityId: string, events: string[], loadedGeneration = 1) => {
+    const now = new Date();
+    return stepContext(
+      {
+        activityId,
+        now,
+        spec: {},
+        status: {
+          conditions: enterPhase(undefined, Phase.WritingBack, 'test', 1, now),
+          cache: { loads: 1, loadedGeneration },
+        },
+        deps: { redis, pool: sql },
+      },
+      events,
+    );
+  };
+
   async function context(activityId: string, r: Redis, events: string[] = []): Promise<ReconcileContext> {
     const now = new Date();
     const fsa = {
@@ -355,21 +373,8 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       const [, lost] = layout.allBuckets();
       // Its node restarted without its data: every key of that bucket is gone.
       await redis.del(lost!.meta);
-      const now = new Date();
       const events: string[] = [];
-      const ctx = stepContext(
-        {
-          activityId: id,
-          now,
-          spec: {},
-          status: {
-            conditions: enterPhase(undefined, Phase.WritingBack, 'test', 1, now),
-            cache: { loads: 1, loadedGeneration: 1 },
-          },
-          deps: { redis, pool: sql },
-        },
-        events,
-      );
+      const ctx = writingBackStep(id, events);
       await detectFailure(ctx);
       expect(ctx.transitioned).toBe(true);
       const failed = ctx.status.conditions?.filter((c) => c.reason === 'CacheLost') ?? [];
@@ -386,21 +391,8 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
     async () => {
       const id = uniqueId('wb-vanished');
       await loadOpenSale(redis, id, [{ skuId: 'v', name: 'v', price: '1.00', stock: 5, limitPerUser: 1 }]);
-      const now = new Date();
       const events: string[] = [];
-      const ctx = stepContext(
-        {
-          activityId: id,
-          now,
-          spec: {},
-          status: {
-            conditions: enterPhase(undefined, Phase.WritingBack, 'test', 1, now),
-            cache: { loads: 1, loadedGeneration: 1 },
-          },
-          deps: { redis, pool: sql },
-        },
-        events,
-      );
+      const ctx = writingBackStep(id, events);
       // detect-failure sees the cache loaded; then Redis restarts without its data.
       expect(await detectFailure(ctx)).toEqual({ done: false });
       expect(ctx.transitioned).toBe(false);
@@ -410,6 +402,25 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       expect(derivePhase(ctx.status.conditions)).toBe(Phase.Failed);
       expect(ctx.status.conditions?.some((c) => c.reason === 'CacheLost')).toBe(true);
       expect(events).toEqual(['Failed']);
+      expect(await readWriteBack(sql, id)).toBeUndefined();
+    },
+    TIMEOUT_MS,
+  );
+  test(
+    'a cache behind the loaded generation (a lagging replica promoted after the drain) fails CacheLost; nothing is frozen or written back',
+    async () => {
+      const id = uniqueId('wb-behind');
+      // Generation 1 in Redis; the operator had loaded generation 2 (a stock increase).
+      await loadOpenSale(redis, id, [{ skuId: 'g', name: 'g', price: '1.00', stock: 5, limitPerUser: 1 }]);
+      const events: string[] = [];
+      const ctx = writingBackStep(id, events, 2);
+      await detectFailure(ctx);
+      expect(ctx.transitioned).toBe(true);
+      expect(derivePhase(ctx.status.conditions)).toBe(Phase.Failed);
+      const failed = ctx.status.conditions?.find((c) => c.reason === 'CacheLost');
+      expect(failed?.message).toMatch(/is behind: it holds generation 1, generation 2 was loaded/);
+      expect(events).toEqual(['Failed']);
+      expect(await redis.hget(activityKeys(id).meta, 'gate')).toBe('open');
       expect(await readWriteBack(sql, id)).toBeUndefined();
     },
     TIMEOUT_MS,
