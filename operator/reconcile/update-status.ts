@@ -99,7 +99,7 @@ async function readFigures(
   return { ...(stock ? { stock } : {}), backlog };
 }
 
-function degradedCondition(ctx: ReconcileContext, status: FlashSaleActivityStatus): ConditionInput {
+export function degradedCondition(ctx: ReconcileContext, status: FlashSaleActivityStatus): ConditionInput {
   const c = (reason: string, message: string): ConditionInput => ({
     type: ConditionType.Degraded,
     status: 'True',
@@ -119,6 +119,27 @@ function degradedCondition(ctx: ReconcileContext, status: FlashSaleActivityStatu
     status: 'False',
     reason: Reason.AsExpected,
     message: 'no problem seen',
+  };
+}
+
+/** SpecAccepted: False while an edit of this generation stands refused, whatever Degraded says. */
+export function specAcceptedCondition(
+  ctx: ReconcileContext,
+  status: FlashSaleActivityStatus,
+): ConditionInput {
+  const refusal = status.cache?.refusal;
+  if (refusal?.generation === ctx.generation && refusal.message)
+    return {
+      type: ConditionType.SpecAccepted,
+      status: 'False',
+      reason: Reason.SpecChangeRefused,
+      message: refusal.message,
+    };
+  return {
+    type: ConditionType.SpecAccepted,
+    status: 'True',
+    reason: Reason.SpecAccepted,
+    message: 'no edit of this generation was refused',
   };
 }
 
@@ -243,6 +264,7 @@ export async function updateStatus(ctx: ReconcileContext): Promise<void> {
     }
   }
   let conditions = setCondition(status.conditions, degradedCondition(ctx, status), ctx.generation, now);
+  conditions = setCondition(conditions, specAcceptedCondition(ctx, status), ctx.generation, now);
   conditions = setCondition(conditions, pausedCondition(ctx, phase), ctx.generation, now);
   // Keep a stable order: lifecycle conditions first, then Degraded, Paused and RuntimeReady.
   const order: string[] = [

@@ -63,6 +63,12 @@ export const ConditionType = {
    * under way (False, the reason names its step): operator/reconcile/restore-cache.ts.
    */
   CacheConsistent: 'CacheConsistent',
+  /**
+   * Whether this generation's spec was accepted (True) or an edit of it refused (False,
+   * `SpecChangeRefused`): its own condition, since Degraded holds one reason and another one
+   * (PartitionsCapped, RuntimeNotReady…) would hide the refusal there.
+   */
+  SpecAccepted: 'SpecAccepted',
 } as const;
 export type ConditionType = (typeof ConditionType)[keyof typeof ConditionType];
 
@@ -86,6 +92,7 @@ export const Reason = {
   InProgress: 'InProgress',
   // Degraded
   AsExpected: 'AsExpected',
+  SpecAccepted: 'SpecAccepted',
   DrainTimedOut: 'DrainTimedOut',
   SpecChangeRefused: 'SpecChangeRefused',
   CleanupBlocked: 'CleanupBlocked',

@@ -204,6 +204,11 @@ describe('operator: edits, pause, deletion, failures', () => {
       expect(degraded).toMatchObject({ status: 'True', reason: 'SpecChangeRefused', observedGeneration: 4 });
       expect(degraded?.message).toMatch(/sku oil: stock 4 -> 2 \(stock can only grow\)/);
       expect(degraded?.message).toMatch(/sku rice: price 59\.90 -> 49\.90/);
+      expect(findCondition(z.status?.conditions, 'SpecAccepted')).toMatchObject({
+        status: 'False',
+        reason: 'SpecChangeRefused',
+        message: degraded?.message,
+      });
       expect(z.status?.cache).toMatchObject({ loadedGeneration: 3, syncedGeneration: 4, loads: 3 });
       expect(await readMeta(redis, id)).toMatchObject({ loads: 3, generation: 3 });
       const kept = await readLoadedDefinition(redis, id);
