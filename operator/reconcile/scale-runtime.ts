@@ -82,7 +82,9 @@ export async function scaleRuntime(ctx: ReconcileContext): Promise<StepResult> {
     // collection remove the runtime before the finalizer's drain, which needs the relay and the
     // consumer: a Deployment the deleted activity still needs is made again without an owner
     // reference (collection would remove an owned one again), given it back by remove-finalizer.
-    const orphan = ctx.deleting && !live && !terminal && replicas[role] > 0;
+    // Not in Settling: a deleted activity is let go from there without its runtime (the platform
+    // after-sale role settles its orders), so one made again would only outlive it.
+    const orphan = ctx.deleting && !live && !terminal && ctx.phase !== Phase.Settling && replicas[role] > 0;
     const skip =
       deploymentUpToDate(live, desired) || (ctx.deleting && !live && !orphan) || (terminal && !live);
     if (!skip) {
