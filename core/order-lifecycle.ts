@@ -1025,6 +1025,11 @@ export async function reclaimClosedOrder(
       }
       // The restore's hold began after the check above (reclaimPaid-5.lua reads its mark).
       if (isCode(err, 'PAUSED')) throw restoring();
+      // Redis lost the sale (its meta hash is gone) and the operator has not opened the restore
+      // yet: the reservation is missing, not sold again. The restore brings it back (its unit
+      // free once the order closed); answered as during the restore, not refunded.
+      if (isCode(err, 'UNKNOWN_RESERVATION', 'NOT_LOADED') && !(await readMeta(redis, order.activityId)))
+        throw restoring();
       // Units moving between a bucketed SKU's buckets, not yet safe to land: a retry, not a refund.
       if (isCode(err, 'UNAVAILABLE')) throw err;
       if (err instanceof FlashSaleError) return { reclaimed: false, why: `Redis: ${err.code}` };

@@ -196,6 +196,31 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
   );
 
   it(
+    'an in-time payment for a timed-out order of a sale whose Redis lost its data (no restore opened yet) is answered 503, not refunded',
+    async () => {
+      const lost = await openActivity(f.redis, { stock: 2, price: '19.90' });
+      const [r] = await reserveFor(f.redis, lost.activityId, lost.skuId, ['lost-cache-payer']);
+      const id = (await materialize(f.pool, f.redis, lost.activityId, [r!])).get(r!)!;
+      await f.pool.query(`UPDATE orders SET expires_at = now() - interval '10 seconds' WHERE id = $1`, [id]);
+      await sweepOnce(lost.activityId);
+      // Redis restarts without its data; the operator has not noticed yet.
+      await f.redis.del(...(await f.redis.keys(`${activityKeys(lost.activityId).prefix}*`)));
+      const paid = paidBody(id, uniqueId('T'), new Date((await deadline(id)).getTime() - 1_000));
+      const r1 = await notify(api, paid);
+      expect([r1.status, r1.body.code]).toEqual([503, 'UNAVAILABLE']);
+      expect(r1.headers['retry-after']).toBeDefined();
+      expect((await findOrderById(f.pool, id))?.status).toBe('CLOSED');
+      const journal = await f.pool.query<{ event: string }>(
+        `SELECT event FROM order_journal WHERE order_id = $1 AND event LIKE 'PAYMENT%'`,
+        [id],
+      );
+      expect(journal.rows).toEqual([]);
+      expect(await paymentsForOrder(f.pool, id)).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'while the cache is live, an in-time payment for a timed-out order of a bucketed SKU whose home bucket sold out takes a unit moved in from another bucket (no phantom refund)',
     async () => {
       // 4 units in 2 buckets of 2. The slow payer's unit goes back to its home bucket, which two

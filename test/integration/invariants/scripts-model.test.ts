@@ -171,8 +171,10 @@ async function answerOf(call: () => Promise<string>): Promise<string> {
     return await call();
   } catch (e) {
     if (!(e instanceof FlashSaleError)) throw e;
-    // RATE_LIMITED carries the window's rest in ms, from the Redis clock: not compared.
-    const data = e.code === 'RATE_LIMITED' ? [] : ((e.extra.data as (string | number)[] | undefined) ?? []);
+    // RATE_LIMITED carries the window's rest in ms, CANCEL_MARKER_LIMIT the ms to the sale's end,
+    // both from the Redis clock: not compared.
+    const timed = e.code === 'RATE_LIMITED' || e.code === 'CANCEL_MARKER_LIMIT';
+    const data = timed ? [] : ((e.extra.data as (string | number)[] | undefined) ?? []);
     return ['ERR', e.code, ...data.map(String)].join(' ');
   }
 }
