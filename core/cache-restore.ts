@@ -192,7 +192,18 @@ export async function holdForRestore(redis: RedisClient, t: RestoreTarget): Prom
   // Every bucket too (each bucket's reserve script reads its own gate), before the activity's.
   const layout = await restoreLayout(redis, t);
   await Promise.all(layout.allBuckets().map((b) => runScript(redis, 'holdForRestore', [b.meta], args)));
-  const r = await runScript(redis, 'holdForRestore', [activityKeys(t.activityId).meta], args);
+  const k = activityKeys(t.activityId);
+  const r = await runScript(redis, 'holdForRestore', [k.meta], args);
+  // An activity meta hash that came back empty (on a cluster, only the activity's node may lose
+  // its data) no longer names the buckets, whose outboxes may still hold half messages: the relay,
+  // the half-message gauge and gap repair find their streams from it, and this restore waits for
+  // those outboxes to drain. Named again here, as the load had them (HSET only on the hash the
+  // hold just wrote or found).
+  if (layout.counts.size > 0)
+    await redis.hset(
+      k.meta,
+      Object.fromEntries([...layout.counts].map(([sku, n]) => [k.bucketField(sku), String(n)])),
+    );
   return String(r[1]);
 }
 

@@ -7,7 +7,14 @@
 import { DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
 import { Redis } from 'ioredis';
 import pg from 'pg';
-import { loadActivity, readMeta, readStock, setGate } from '../../../core/activity-cache.js';
+import {
+  loadActivity,
+  outboxStreams,
+  readMeta,
+  readOutbox,
+  readStock,
+  setGate,
+} from '../../../core/activity-cache.js';
 import {
   bucketLayout,
   completeTransfers,
@@ -677,6 +684,12 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     const fsa = activeResource(id, items, settings);
     await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0 });
     expect((await openRestore(sql, id))?.step).toBe('paused');
+    // The held meta names the buckets again: the relay (which re-reads its streams from it), the
+    // half-message gauge and gap repair see the buckets' outboxes, which the restore waits for.
+    expect((await outboxStreams(redis, id)).sort()).toEqual(
+      [k.outbox, ...layout.allBuckets().map((b) => b.outbox)].sort(),
+    );
+    expect((await readOutbox(redis, id)).halfMessages).toBe(3);
     // Settled, consumer lag 0, the activity's outbox empty: still waiting for the buckets'.
     const ctx = await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0 });
     expect((await openRestore(sql, id))?.step).toBe('paused');
