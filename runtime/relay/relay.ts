@@ -370,12 +370,14 @@ export class Relay {
       '0-0',
       'COUNT',
       this.options.batchSize,
-    )) as [string, StreamEntry[], string[]?];
+    )) as [string, (StreamEntry | null)[], string[]?];
     const claimed = reply[1] ?? [];
-    // Entries whose payload vanished (deleted while pending) are only acknowledged.
+    // Entries whose payload vanished (deleted while pending) are only acknowledged: Redis 7 lists
+    // their ids apart. Redis 6.2 gives no id, only a nil in their place (or an id with a nil
+    // payload): they stay pending, claimed again, never published, never a reason to fail.
     const deleted = reply[2] ?? [];
     if (deleted.length > 0) await this.options.redis.xack(this.stream, RELAY_GROUP, ...deleted);
-    return claimed.filter((e) => e[1] !== null);
+    return claimed.filter((e): e is StreamEntry => e !== null && e[1] !== null);
   }
 
   private async publish(entries: StreamEntry[], reclaimed: boolean): Promise<void> {
