@@ -3,6 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { z } from 'zod';
 import type { ConnectionOptions } from 'node:tls';
 import kafkajs, { Kafka, Partitioners, logLevel } from 'kafkajs';
+import { KAFKA_DISCONNECT_GRACE_MS, settlesWithin } from './deadline.js';
 import { fixKafkajsIdleLoop } from './kafkajs-idle-loop.js';
 import { kafkajsLogCreator } from './kafka-log.js';
 import type { Logger } from './logger.js';
@@ -303,6 +304,60 @@ export const KAFKA_METADATA_MAX_AGE_MS = 5_000;
  * timeout ends).
  */
 export const KAFKA_SEND_MAX_RETRY_MS = 1_000;
+
+/** What a job that sends now and then uses of a producer. */
+export type Sender = Pick<Producer, 'send'>;
+
+/**
+ * A producer made afresh after any failed send, as the relay's is. kafkajs takes an idempotent
+ * producer's id once, at connect; a broker that lost it (a restart, or an idle producer's id
+ * expired) answers UNKNOWN_PRODUCER_ID or OUT_OF_ORDER_SEQUENCE_NUMBER, which it does not retry, and
+ * the same producer would then fail every send until the process restarts. For jobs whose sends are
+ * rare (gap repair), so their producer is idle for long.
+ */
+export class RenewingProducer implements Sender {
+  private current: Promise<Producer> | undefined;
+  constructor(private readonly create: () => Producer) {}
+
+  /** Connects now (a start that finds Kafka away fails as before); a send would otherwise. */
+  async connect(): Promise<void> {
+    await this.producer();
+  }
+
+  async send(record: ProducerRecord): Promise<RecordMetadata[]> {
+    const current = this.producer();
+    const producer = await current;
+    try {
+      return await producer.send(record);
+    } catch (err) {
+      if (this.current === current) this.current = undefined;
+      void settlesWithin(producer.disconnect(), KAFKA_DISCONNECT_GRACE_MS);
+      throw err;
+    }
+  }
+
+  async disconnect(): Promise<void> {
+    const current = this.current;
+    this.current = undefined;
+    if (current) await (await current.catch(() => undefined))?.disconnect();
+  }
+
+  private producer(): Promise<Producer> {
+    if (!this.current) {
+      const made = (async () => {
+        const p = this.create();
+        await p.connect();
+        return p;
+      })();
+      // A connect that failed is tried again by the next call.
+      made.catch(() => {
+        if (this.current === made) this.current = undefined;
+      });
+      this.current = made;
+    }
+    return this.current;
+  }
+}
 
 /**
  * An idempotent producer (acks from all in-sync replicas, one request in flight). Retries are

@@ -5,7 +5,7 @@
  * replica may run them: the sweeper's SKIP LOCKED batches, the conditional settlement and the
  * bounded re-publication claims make concurrent runs safe.
  */
-import type { Producer } from 'kafkajs';
+import type { Sender } from '../../core/kafka.js';
 import cron from 'node-cron';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
@@ -43,7 +43,7 @@ export interface AfterSaleJobsDeps {
   logger: Logger;
   metrics: Metrics;
   /** Connected idempotent producer for order-gap re-publication. */
-  producer: Producer;
+  producer: Sender;
   /** How durable a stock return to Redis must be before it is recorded (LifecycleDeps.stockAck). */
   stockAck?: ReservationAck | undefined;
 }

@@ -21,7 +21,7 @@
  *     (`GAP_COMPENSATED`, core/order-lifecycle.ts guardRelease).
  * Every action is journaled and counted (flashsale_order_gap_repairs_total{action}).
  */
-import type { Producer } from 'kafkajs';
+import type { Sender } from '../../core/kafka.js';
 import { appendJournal } from '../../core/db/journal-store.js';
 import {
   claimFrozenReturn,
@@ -45,7 +45,7 @@ import type { ReservationRecord } from '../../core/reservations.js';
 export interface GapRepairDeps extends LifecycleDeps {
   activityId: string;
   topic: string;
-  producer: Producer;
+  producer: Sender;
   republishIntervalSeconds: number;
   maxRepublish: number;
 }

@@ -6,7 +6,7 @@
  */
 import cron from 'node-cron';
 import { KAFKA_DISCONNECT_GRACE_MS, settlesWithin } from '../../core/deadline.js';
-import { idempotentProducer, topicsFor } from '../../core/kafka.js';
+import { idempotentProducer, RenewingProducer, topicsFor } from '../../core/kafka.js';
 import type { AfterSaleConfig, JobsConfig } from '../config.js';
 import { scheduleAfterSaleJobs } from '../jobs/after-sale.js';
 import { gaugeSampler } from '../jobs/gauges.js';
@@ -42,7 +42,8 @@ export async function startJobs(
     },
     { name: `gauges-${activityId}`, noOverlap: true },
   );
-  const gapProducer = idempotentProducer(kafka);
+  // Replaced after a failed send: its sends are rare, its producer id is the kind a broker forgets.
+  const gapProducer = new RenewingProducer(() => idempotentProducer(kafka));
   await gapProducer.connect();
   const afterSale = scheduleAfterSaleJobs({
     cfg,
