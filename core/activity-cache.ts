@@ -442,20 +442,31 @@ export async function unconfirmedReservations(
   activityId: string,
   olderThanMs: number,
   limit = 1000,
+  offset = 0,
 ): Promise<{ reservationId: string; reservedAt: number; scope: ScopeKeys }[]> {
   const layout = await bucketLayout(redis, activityId);
   const out: { reservationId: string; reservedAt: number; scope: ScopeKeys }[] = [];
+  // The first `offset` entries (scope after scope, oldest first in each) are passed over.
+  let skip = offset;
   for (const scope of layout.allScopes()) {
     if (out.length >= limit) break;
+    if (skip > 0) {
+      const inScope = await redis.zcount(scope.ledger, '-inf', `(${olderThanMs}`);
+      if (inScope <= skip) {
+        skip -= inScope;
+        continue;
+      }
+    }
     const flat = await redis.zrangebyscore(
       scope.ledger,
       '-inf',
       `(${olderThanMs}`,
       'WITHSCORES',
       'LIMIT',
-      0,
+      skip,
       limit - out.length,
     );
+    skip = 0;
     for (let i = 0; i + 1 < flat.length; i += 2)
       out.push({ reservationId: flat[i]!, reservedAt: Number(flat[i + 1]), scope });
   }

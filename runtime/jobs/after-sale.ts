@@ -14,7 +14,7 @@ import type { ReservationAck } from '../../core/durable-ack.js';
 import type { RedisClient } from '../../core/scripts.js';
 import { activitiesWithAfterSaleWork } from '../../core/db/orders-store.js';
 import { purgeEndedRegistrations } from '../../core/db/registrations-store.js';
-import { checkOrderGap } from './gauges.js';
+import { checkOrderGap, GapPage } from './gauges.js';
 import { repairOrderGap } from './gap-repair.js';
 import { sweepExpiredOrders } from './payment-timeout.js';
 import { auditStock } from './stock-audit.js';
@@ -88,16 +88,21 @@ export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promi
     ),
   ];
   if (cfg.ORDER_GAP_REPAIR) {
+    const gapPage = new GapPage();
     tasks.push(
       cron.schedule(
         cfg.JOBS_GAUGE_CRON,
         job('order-gap-repair', async () => {
-          const gap = await checkOrderGap({
-            activityId,
-            redis: d.redis,
-            pool: d.pool,
-            gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
-          });
+          const gap = await checkOrderGap(
+            {
+              activityId,
+              redis: d.redis,
+              pool: d.pool,
+              gapThresholdSeconds: cfg.ORDER_GAP_THRESHOLD_SECONDS,
+            },
+            Date.now(),
+            gapPage,
+          );
           if (gap.missing.length === 0) return;
           await repairOrderGap(
             {

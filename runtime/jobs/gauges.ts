@@ -38,15 +38,35 @@ export interface OrderGapReport {
   missing: string[];
 }
 
+/** Reservations one gap check reads at most. */
+export const GAP_PAGE_SIZE = 1000;
+
+/**
+ * Where the gap repair's next check reads the ledgers from. Entries the repair holds back on
+ * purpose (refused by the consumer, re-published the most times, no reservation hash) stay in the
+ * ledger; read from the oldest each time, 1,000 of them would hide every later reservation from
+ * the repair. The repair turns the page: after a full page the next check reads the next one, after
+ * a short page it starts again from the oldest. A read position only (the ledgers stay the truth);
+ * per process and activity.
+ */
+export class GapPage {
+  offset = 0;
+  constructor(readonly size = GAP_PAGE_SIZE) {}
+}
+
 export async function checkOrderGap(
   d: Omit<GaugeDeps, 'admin' | 'topics' | 'metrics'>,
   now = Date.now(),
+  page?: GapPage,
 ): Promise<OrderGapReport> {
   const olderThan = now - d.gapThresholdSeconds * 1000;
+  const size = page?.size ?? GAP_PAGE_SIZE;
+  const offset = page?.offset ?? 0;
   const [candidates, total] = await Promise.all([
-    unconfirmedReservations(d.redis, d.activityId, olderThan, 1000),
+    unconfirmedReservations(d.redis, d.activityId, olderThan, size, offset),
     countUnconfirmed(d.redis, d.activityId, olderThan),
   ]);
+  if (page) page.offset = candidates.length < size ? 0 : offset + size;
   if (candidates.length === 0) return { gap: 0, repairedResults: 0, missing: [] };
   const rows = await findByReservationIds(
     d.pool,

@@ -15,7 +15,7 @@ import { activityKeys } from '../../../core/keys.js';
 import { closeOrder } from '../../../core/order-lifecycle.js';
 import { readReservation } from '../../../core/reservations.js';
 import type { OrderConsumer } from '../../../runtime/consumer/consumer.js';
-import { checkOrderGap } from '../../../runtime/jobs/gauges.js';
+import { checkOrderGap, GapPage } from '../../../runtime/jobs/gauges.js';
 import { repairOrderGap } from '../../../runtime/jobs/gap-repair.js';
 import type { GapRepairDeps } from '../../../runtime/jobs/gap-repair.js';
 import { auditStock } from '../../../runtime/jobs/stock-audit.js';
@@ -253,6 +253,32 @@ describe('order-gap repair', () => {
     republishIntervalSeconds: 0,
     maxRepublish: 5,
   });
+
+  it(
+    'reservations the repair holds back do not hide later ones from it: the check turns the page',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 }, f.pool);
+      // Four reservations without an order (no consumer runs): as if the oldest three were held
+      // back for good (refused, re-published the most times), with a page of three.
+      const rids = await reserveFor(f.redis, activityId, skuId, ['held-0', 'held-1', 'held-2', 'later']);
+      const page = new GapPage(3);
+      const check = async () =>
+        (
+          await checkOrderGap(
+            { activityId, redis: f.redis, pool: f.pool, gapThresholdSeconds: 0 },
+            Date.now() + 1,
+            page,
+          )
+        ).missing;
+      const first = await check();
+      const second = await check();
+      expect([first.length, second.length]).toEqual([3, 1]);
+      expect([...first, ...second].sort()).toEqual([...rids].sort());
+      // A short page starts again from the oldest.
+      expect(await check()).toEqual(first);
+    },
+    TIMEOUT_MS,
+  );
 
   it(
     'an invalid ledger entry found after the freeze: its unit back in activity_stock once written back, exactly once, and cleanup runs',
