@@ -8,7 +8,6 @@ import { cleanupActivity, recordResults } from '../../../core/activity-cache.js'
 import { FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
 import type { BucketKeys } from '../../../core/keys.js';
-import { bucketLayout } from '../../../core/buckets.js';
 import { runScript } from '../../../core/scripts.js';
 import { reservationIdFor, reserve } from '../../../core/reservations.js';
 import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
@@ -17,7 +16,7 @@ import type { ReconcileContext } from '../../../operator/reconcile/context.js';
 import { cleanUp } from '../../../operator/reconcile/clean-up.js';
 import { removeFinalizer } from '../../../operator/reconcile/remove-finalizer.js';
 import { testEnv, uniqueId } from '../../../dev/servers.js';
-import { loadOpenSale } from '../../fixtures/open-sale.js';
+import { loadBucketedSale, loadOpenSale } from '../../fixtures/open-sale.js';
 import { stepContext } from '../../fixtures/step-context.js';
 
 const TIMEOUT_MS = 60_000;
@@ -181,10 +180,7 @@ describe('cleanup of an activity (real Redis)', () => {
     "a stock transfer's late step after the cleanup re-creates no key of its buckets",
     async () => {
       const id = uniqueId('cleanup-xfer');
-      await loadOpenSale(redis, id, [
-        { skuId: 'hot', name: 'hot', price: '1.00', stock: 4, limitPerUser: 1, buckets: 2 },
-      ]);
-      const [from, to] = (await bucketLayout(redis, id)).bucketsOf('hot') as [BucketKeys, BucketKeys];
+      const [from, to] = (await loadBucketedSale(redis, id, 4)) as [BucketKeys, BucketKeys];
       const step = (b: BucketKeys, side: 'out' | 'in', other: BucketKeys) =>
         runScript(
           redis,

@@ -27,11 +27,10 @@ import { ReconcileContext } from '../../../operator/reconcile/context.js';
 import type { ReconcileDeps } from '../../../operator/reconcile/context.js';
 import { writeBack } from '../../../operator/reconcile/write-back.js';
 import { detectFailure } from '../../../operator/reconcile/detect-failure.js';
-import { bucketLayout } from '../../../core/buckets.js';
 import { stepContext } from '../../fixtures/step-context.js';
 import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
-import { loadOpenSale } from '../../fixtures/open-sale.js';
+import { loadBucketedSale, loadOpenSale } from '../../fixtures/open-sale.js';
 
 const TIMEOUT_MS = 60_000;
 
@@ -119,6 +118,14 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
       },
       events,
     );
+  };
+
+  /** A one-SKU sale loaded at generation 1, in a WritingBack pass that loaded `loadedGeneration`. */
+  const openSaleWritingBack = async (prefix: string, loadedGeneration = 1) => {
+    const id = uniqueId(prefix);
+    await loadOpenSale(redis, id, [{ skuId: 'v', name: 'v', price: '1.00', stock: 5, limitPerUser: 1 }]);
+    const events: string[] = [];
+    return { id, events, ctx: writingBackStep(id, events, loadedGeneration) };
   };
 
   async function context(activityId: string, r: Redis, events: string[] = []): Promise<ReconcileContext> {
@@ -366,11 +373,7 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
     "a stock bucket's keys lost before the write-back fail the activity CacheLost, not a write-back retried for ever",
     async () => {
       const id = uniqueId('wb-bucket-lost');
-      await loadOpenSale(redis, id, [
-        { skuId: 'hot', name: 'hot', price: '1.00', stock: 40, limitPerUser: 1, buckets: 2 },
-      ]);
-      const layout = await bucketLayout(redis, id);
-      const [, lost] = layout.allBuckets();
+      const [, lost] = await loadBucketedSale(redis, id, 40);
       // Its node restarted without its data: every key of that bucket is gone.
       await redis.del(lost!.meta);
       const events: string[] = [];
@@ -389,10 +392,7 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
   test(
     'a cache that vanishes between detect-failure and the write-back in one pass fails CacheLost, not a clean-up with nothing written back',
     async () => {
-      const id = uniqueId('wb-vanished');
-      await loadOpenSale(redis, id, [{ skuId: 'v', name: 'v', price: '1.00', stock: 5, limitPerUser: 1 }]);
-      const events: string[] = [];
-      const ctx = writingBackStep(id, events);
+      const { id, events, ctx } = await openSaleWritingBack('wb-vanished');
       // detect-failure sees the cache loaded; then Redis restarts without its data.
       expect(await detectFailure(ctx)).toEqual({ done: false });
       expect(ctx.transitioned).toBe(false);
@@ -409,11 +409,8 @@ describe('write-back (operator step, real Redis and PostgreSQL)', () => {
   test(
     'a cache behind the loaded generation (a lagging replica promoted after the drain) fails CacheLost; nothing is frozen or written back',
     async () => {
-      const id = uniqueId('wb-behind');
       // Generation 1 in Redis; the operator had loaded generation 2 (a stock increase).
-      await loadOpenSale(redis, id, [{ skuId: 'g', name: 'g', price: '1.00', stock: 5, limitPerUser: 1 }]);
-      const events: string[] = [];
-      const ctx = writingBackStep(id, events, 2);
+      const { id, events, ctx } = await openSaleWritingBack('wb-behind', 2);
       await detectFailure(ctx);
       expect(ctx.transitioned).toBe(true);
       expect(derivePhase(ctx.status.conditions)).toBe(Phase.Failed);
