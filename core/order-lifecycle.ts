@@ -791,21 +791,22 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
   const { activityId, userId, traceId } = input;
   const reservationId = cancelTargetId(input);
   for (let attempt = 0; attempt < 5; attempt += 1) {
-    const [rsv, order] = await Promise.all([
-      readReservation(deps.redis, activityId, reservationId, { userId }),
-      findLifecycleByReservationId(deps.pool, reservationId),
-    ]);
-    if (
-      (rsv && rsv.userId !== userId) ||
-      (order && (order.userId !== userId || order.activityId !== activityId))
-    ) {
+    // Both read at once; a paid or closed order is answered from PostgreSQL alone, so a Redis
+    // outage (after the sale, say) does not turn those answers into 503s.
+    const reading = readReservation(deps.redis, activityId, reservationId, { userId });
+    reading.catch(() => undefined);
+    const order = await findLifecycleByReservationId(deps.pool, reservationId);
+    if (order && (order.userId !== userId || order.activityId !== activityId))
       throw new FlashSaleError('UNKNOWN_RESERVATION');
-    }
     if (order) {
       if (PAID_STATUSES.includes(order.status))
         throw new FlashSaleError('ALREADY_PAID', undefined, { orderId: order.id });
       if (order.status === 'CLOSED') {
-        if (!order.stockReturned && order.stockReturnVia === null) await settleStock(deps, [order]);
+        // A nudge only: the sweeper settles it too, so an unreachable Redis does not fail the answer.
+        if (!order.stockReturned && order.stockReturnVia === null)
+          await settleStock(deps, [order]).catch((err: unknown) =>
+            deps.logger.warn({ err: (err as Error).message, orderId: order.id }, 'stock return deferred'),
+          );
         return {
           reservationId,
           outcome: 'already-cancelled',
@@ -818,6 +819,8 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
         return { reservationId, outcome: 'cancelled', orderId: order.id, inFlight: false };
       continue; // paid or closed meanwhile: the next round reports it
     }
+    const rsv = await reading;
+    if (rsv && rsv.userId !== userId) throw new FlashSaleError('UNKNOWN_RESERVATION');
     // This buyer's cancel marker, and the cancellation named the requestId: marked again below,
     // since the cancellation that left it may have stopped before the buyer's other scopes.
     const markerToComplete = rsv?.state === CANCEL_MARKER_STATE && 'requestId' in input.target;

@@ -100,6 +100,9 @@ describe('the after-sale role with Redis gone after Completed', () => {
       expect([polled.status, polled.body.status]).toEqual([200, 'PAID']);
       const unpaid = await buyer.poll('waiter', rids[1]!);
       expect([unpaid.status, unpaid.body.status]).toEqual([200, 'UNPAID']);
+      // A cancellation PostgreSQL decides alone is answered as such, not 503.
+      const cancelPaid = await buyer.cancel('payer', rids[0]!);
+      expect([cancelPaid.status, cancelPaid.body.code]).toEqual([409, 'ALREADY_PAID']);
       expect(role!.output()).not.toMatch(/"level":50/);
     },
     TIMEOUT_MS,
