@@ -531,7 +531,16 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
       summary.deferred += list.length;
       continue;
     }
-    const meta = await readMeta(deps.redis, activityId);
+    let meta: Awaited<ReturnType<typeof readMeta>>;
+    // Redis away after the write-back committed (after the sale, say): PostgreSQL settles what it
+    // can prove alone, below, instead of failing every sweep until Redis is back.
+    let redisAway = false;
+    try {
+      meta = await readMeta(deps.redis, activityId);
+    } catch (err) {
+      if (!(await readWriteBack(deps.pool, activityId))) throw err;
+      redisAway = true;
+    }
     let frozen: SettleableOrder[] = list;
     // Whether the gate of these orders is known frozen: read so, or answered so by release-6.lua.
     let provenFrozen = meta?.gate === 'frozen';
@@ -618,6 +627,15 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
     );
     for (const o of frozen.filter((x) => !guardRelease(x.closeReason))) {
       try {
+        if (redisAway) {
+          // No release was ever attempted: the unit was held when the gate froze, so the write-back
+          // counted it held, and it goes back in PostgreSQL. One attempted needs Redis to tell
+          // whether it ran before the freeze (then the snapshot counted it free already).
+          const row = await findLifecycleByReservationId(deps.pool, o.reservationId);
+          if (row && !row.stockReleaseAttemptedAt && (await settleInPostgres(deps, o))) toPostgres += 1;
+          else summary.deferred += 1;
+          continue;
+        }
         const rsv = await readReservation(deps.redis, activityId, o.reservationId, {
           userId: o.userId,
           skuId: o.skuId,

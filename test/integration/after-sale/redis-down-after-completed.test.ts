@@ -6,6 +6,8 @@
 // (its restock subscription awaited). A private Redis (test/env/start-redis.sh), killed.
 import { cleanupActivity, outboxStreams } from '../../../core/activity-cache.js';
 import { findOrderById } from '../../../core/db/orders-store.js';
+import { readStockRows } from '../../../core/db/stock-store.js';
+import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import { startRole, waitFor } from '../../../dev/roles.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 import { startPrivateRedis } from '../../fixtures/private-redis.js';
@@ -127,6 +129,36 @@ describe('the after-sale role with Redis gone after Completed', () => {
       } finally {
         await late.stop();
       }
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'an order that times out while Redis is away gets its unit back in PostgreSQL: the sweep does not wait for Redis',
+    async () => {
+      const { activityId, rids, orders } = sale!;
+      const orderId = orders.get(rids[1]!)!;
+      const remaining = async () =>
+        (await readStockRows(f!.pool, activityId)).reduce((n, r) => n + r.remaining, 0);
+      const before = await remaining();
+      await f!.pool.query(`UPDATE orders SET expires_at = now() - interval '10 seconds' WHERE id = $1`, [
+        orderId,
+      ]);
+      // This process's Redis client is disconnected: every command fails, as with Redis away.
+      const swept = await sweepExpiredOrders({
+        ...f!.deps,
+        activityId,
+        batchSize: 10,
+        maxBatches: 1,
+        settleGraceSeconds: 0,
+      });
+      expect([swept.closed, swept.settled.postgres, swept.settled.deferred]).toEqual([1, 1, 0]);
+      expect(await findOrderById(f!.pool, orderId)).toMatchObject({
+        status: 'CLOSED',
+        stockReturned: true,
+        stockReturnVia: 'postgres',
+      });
+      expect(await remaining()).toBe(before + 1);
     },
     TIMEOUT_MS,
   );
