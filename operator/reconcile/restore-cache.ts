@@ -260,7 +260,18 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
     // the registration requirement, the deny flags nor the rate windows (the `policy` key), which
     // sync-spec would write only on the next pass. Opened first, the gate would admit unregistered
     // and denied buyers, with the api on default windows, until then.
-    await syncTrafficPolicy(ctx);
+    // Without its deny list the rebuilt cache holds no deny flag (an emptied Redis lost them, a
+    // cache back from a snapshot lacks the later ones): the gate stays paused until the list is
+    // back, rather than readmitting denied buyers.
+    if (!(await syncTrafficPolicy(ctx))) {
+      condition(
+        ctx,
+        'False',
+        Reason.RestoreResuming,
+        `restore ${row.epoch}: waiting for the deny list (${ctx.degraded?.message ?? 'unavailable'}); the gate stays paused`,
+      );
+      return DONE;
+    }
     await endHold(redis, t);
     const gate = gateAfterRestore(ctx);
     await setGate(redis, ctx.activityId, gate);

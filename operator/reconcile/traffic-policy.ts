@@ -49,15 +49,16 @@ function statusOf(err: unknown): number | undefined {
 /**
  * Writes the policy and makes the deny flags equal to the named ConfigMap's list. A missing
  * ConfigMap or key keeps the flags already in Redis and reports Degraded/DenyListUnavailable: an
- * accidental deletion must not readmit every denied buyer mid-sale.
+ * accidental deletion must not readmit every denied buyer mid-sale. Returns false then (the flags
+ * are whatever Redis still holds: none after a cache restore rebuilt an emptied Redis).
  */
-export async function syncTrafficPolicy(ctx: ReconcileContext): Promise<void> {
+export async function syncTrafficPolicy(ctx: ReconcileContext): Promise<boolean> {
   const { redis, core, config } = ctx.deps;
   await writeTrafficPolicy(redis, ctx.activityId, policyFromSpec(ctx.fsa.spec, config.trafficPolicy));
   const ref = ctx.fsa.spec.eligibility?.denyListRef;
   if (!ref) {
     await syncDenyList(redis, ctx.activityId, []);
-    return;
+    return true;
   }
   const key = ref.key || 'denied';
   let text: string | undefined;
@@ -73,10 +74,11 @@ export async function syncTrafficPolicy(ctx: ReconcileContext): Promise<void> {
       message: `deny list ConfigMap ${ref.name} (key ${key}) not found; keeping the buyers denied so far`,
     };
     ctx.requeueAfter(config.cleanupRetryMs);
-    return;
+    return false;
   }
   const outcome = await syncDenyList(redis, ctx.activityId, parseDenyList(text));
   if (outcome.added + outcome.removed > 0) {
     ctx.log.info({ ...outcome, configMap: ref.name }, 'deny list applied');
   }
+  return true;
 }

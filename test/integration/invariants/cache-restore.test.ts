@@ -4,7 +4,7 @@
 // the reload writes initial − live orders − proven in-flight reservations, each order's
 // reservation in the state PostgreSQL decides, and each buyer's held quantity and slots; the
 // restore's step only moves forward, one open restore per activity.
-import { DEFAULT_TRAFFIC_POLICY } from '../../../core/traffic-policy.js';
+import { DEFAULT_TRAFFIC_POLICY, syncDenyList } from '../../../core/traffic-policy.js';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import {
@@ -562,7 +562,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
   const operatorPass = async (
     fsa: FlashSaleActivity,
     schedule: { startAt: Date; endAt: Date },
-    opts: { restoreSettleMs?: number; pool?: Pool } = {},
+    opts: { restoreSettleMs?: number; pool?: Pool; deps?: Record<string, unknown> } = {},
   ): Promise<ReconcileContext> => {
     const log = createLogger('restore-step-test', 'silent');
     const deps = {
@@ -580,6 +580,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       } as OperatorConfig,
       metrics: createOperatorMetrics(),
       events: { record: async () => undefined },
+      ...opts.deps,
     } as unknown as ReconcileDeps;
     const ctx = new ReconcileContext(deps, fsa, fsa.metadata.name!, schedule as EffectiveSchedule, log);
     ctx.ownsActivityId = true;
@@ -646,6 +647,53 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       String(endAt.getTime()),
     ]);
     expect((await openRestore(sql, id))?.step).toBe('paused');
+  });
+  test('a restore whose deny list ConfigMap is gone keeps the gate paused: the rebuilt cache readmits no denied buyer', async () => {
+    const id = uniqueId('rsd');
+    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 1 }];
+    const settings = { requireOrderCode: false, reopenOnRelease: false };
+    const { start: startAt, end: endAt } = await openSale(id, items, settings);
+    await registerActivity(sql, {
+      activityId: id,
+      owner: 'default/rsd',
+      ownerUid: id,
+      startAt,
+      endAt,
+      ...settings,
+    });
+    await syncDenyList(redis, id, ['mallory']);
+    // Redis loses the activity (and its deny flags); the ConfigMap was deleted meanwhile.
+    const k = activityKeys(id);
+    await redis.del(...(await redis.keys(k.scanPattern)));
+    const fsa = activeResource(id, items, settings);
+    (fsa.spec as unknown as Record<string, unknown>).eligibility = { denyListRef: { name: 'deny' } };
+    const gone = {
+      readNamespacedConfigMap: async () => {
+        throw Object.assign(new Error('configmaps "deny" not found'), { code: 404 });
+      },
+    };
+    let ctx: ReconcileContext | undefined;
+    for (let pass = 0; pass < 6; pass += 1)
+      ctx = await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0, deps: { core: gone } });
+    expect((await openRestore(sql, id))?.step).toBe('reloaded');
+    expect(await redis.hget(k.meta, 'gate')).toBe('paused');
+    expect(ctx!.status.conditions?.find((c) => c.type === 'CacheConsistent')?.message).toMatch(
+      /waiting for the deny list .*the gate stays paused/,
+    );
+    // The list back: the restore resumes with the buyer denied again.
+    const back = { readNamespacedConfigMap: async () => ({ data: { denied: 'mallory\n' } }) };
+    await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0, deps: { core: back } });
+    expect(await openRestore(sql, id)).toBeUndefined();
+    expect(await redis.hget(k.meta, 'gate')).toBe('open');
+    const denied = reserve(redis, {
+      activityId: id,
+      userId: 'mallory',
+      skuId: 'a',
+      quantity: 1,
+      requestId: 'm',
+      traceId: 't',
+    });
+    await expect(denied).rejects.toMatchObject({ code: 'BUYER_DENIED' });
   });
   test("the operator's restore waits for the stock buckets' outboxes, not only the activity's", async () => {
     const id = uniqueId('rso');
