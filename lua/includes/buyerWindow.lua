@@ -1,5 +1,5 @@
 -- The per-buyer rate limit's fixed window (docs/operator.md "Traffic shaping and eligibility"),
--- counted exactly as rate-limiter-flexible's RateLimiterRedis counts it (its incr/ttl script), so
+-- counted exactly as the api's RateLimiterRedis counts it (runtime/api/rate-limit.ts WINDOW_SCRIPT), so
 -- the api's other limited routes, which still use that library, share this counter and window:
 -- an integer string that lives `seconds` from its first point, one point per submission, kept
 -- counting past the limit. `k` is the counter's index in KEYS. Returns the points of this window
@@ -15,8 +15,10 @@ local function countWindow(k, seconds)
   if full then return 0, 0 end
   local consumed = redis.call('INCRBY', KEYS[k], 1)
   local ttl = redis.call('PTTL', KEYS[k])
-  if ttl == -1 then
-    redis.call('EXPIRE', KEYS[k], seconds)
+  -- Never longer than the window asked for now: a window shortened mid-sale (spec.trafficShaping
+  -- edited) applies to a buyer counting in a longer one too, not only after it ends.
+  if ttl == -1 or ttl > 1000 * seconds then
+    redis.call('PEXPIRE', KEYS[k], 1000 * seconds)
     ttl = 1000 * seconds
   end
   return consumed, ttl

@@ -14,6 +14,7 @@ import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
 import type { FreshDatabase } from '../../../dev/servers.js';
 import { JWT_SECRET, pool, setUpActivity, startRole, tokenFor, waitFor } from '../../../dev/roles.js';
 import { redisLimiter } from '../../../runtime/api/rate-limit.js';
+import { runScript } from '../../../core/scripts.js';
 import type { RoleProcess } from '../../../dev/roles.js';
 
 /**
@@ -443,6 +444,25 @@ describe('traffic shaping and eligibility', () => {
     // Refused by Redis: from then on refused in this process without asking Redis.
     await expect(limiter.consume('b')).rejects.toMatchObject({ consumedPoints: 3 });
     await expect(limiter.consume('b')).rejects.toMatchObject({ consumedPoints: 0 });
+  });
+
+  test('a window shortened mid-sale applies at once to a buyer counting in the longer one', async () => {
+    const key = `${activityKeys(uniqueId('rl-short')).prefix}rl:buyer:`;
+    // The limiter of the other limited routes: refused under {2 per hour}, then eased to {2 per 2 s}.
+    const hourly = redisLimiter(redis, key, { requests: 2, perSeconds: 3600 })!;
+    await hourly.consume('b');
+    await hourly.consume('b');
+    const refused = await hourly.consume('b').catch((r: { msBeforeNext: number }) => r);
+    expect(refused.msBeforeNext).toBeGreaterThan(3_000_000);
+    const eased = redisLimiter(redis, key, { requests: 2, perSeconds: 2 })!;
+    const still = await eased.consume('b').catch((r: { msBeforeNext: number }) => r);
+    expect(still.msBeforeNext).toBeLessThanOrEqual(2_000);
+    // The reserve path's counter (lua/includes/buyerWindow.lua, here through countWindow-1.lua).
+    const counter = activityKeys(uniqueId('rl-short')).rateLimitKey('buyer', 'b');
+    await runScript(redis, 'countWindow', [counter], [2, 3600]);
+    const [, , ttl] = await runScript(redis, 'countWindow', [counter], [2, 2]);
+    expect(Number(ttl)).toBeLessThanOrEqual(2_000);
+    expect(await redis.pttl(counter)).toBeLessThanOrEqual(2_000);
   });
 
   test("a stock bucket's failed call gives back the point its claim counted: a buyer retrying through it is not rate-limited", async () => {
