@@ -632,7 +632,15 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
           // counted it held, and it goes back in PostgreSQL. One attempted needs Redis to tell
           // whether it ran before the freeze (then the snapshot counted it free already).
           const row = await findLifecycleByReservationId(deps.pool, o.reservationId);
-          if (row && !row.stockReleaseAttemptedAt && (await settleInPostgres(deps, o))) toPostgres += 1;
+          // Nor one whose unit the write-back held for a late payment (its reservation PAID in
+          // Redis, the payment's transaction not committed): that is Redis's to tell too.
+          if (
+            row &&
+            !row.stockReleaseAttemptedAt &&
+            !row.unitHeldForPayment &&
+            (await settleInPostgres(deps, o))
+          )
+            toPostgres += 1;
           else summary.deferred += 1;
           continue;
         }
@@ -968,6 +976,12 @@ async function reopenHeldForPayment(c: PoolClient, order: LifecycleOrderRow): Pr
 }
 
 /** A late payment's answer while a cache restore holds the cache: 503, the provider retries. */
+/** Whether the meta hash of the scope an order's reservation lives in is there. */
+async function scopeLoaded(redis: RedisClient, order: LifecycleOrderRow): Promise<boolean> {
+  const scope = (await bucketLayout(redis, order.activityId)).scopeFor(order.skuId, order.userId);
+  return (await redis.exists(scope.meta)) === 1;
+}
+
 function restoring(): FlashSaleError {
   return new FlashSaleError(
     'UNAVAILABLE',
@@ -1046,10 +1060,11 @@ export async function reclaimClosedOrder(
       }
       // The restore's hold began after the check above (reclaimPaid-5.lua reads its mark).
       if (isCode(err, 'PAUSED')) throw restoring();
-      // Redis lost the sale (its meta hash is gone) and the operator has not opened the restore
+      // Redis lost the sale (the meta hash of the reservation's scope is gone: the activity's, or
+      // on a cluster its stock bucket's node alone) and the operator has not opened the restore
       // yet: the reservation is missing, not sold again. The restore brings it back (its unit
       // free once the order closed); answered as during the restore, not refunded.
-      if (isCode(err, 'UNKNOWN_RESERVATION', 'NOT_LOADED') && !(await readMeta(redis, order.activityId)))
+      if (isCode(err, 'UNKNOWN_RESERVATION', 'NOT_LOADED') && !(await scopeLoaded(redis, order)))
         throw restoring();
       // Units moving between a bucketed SKU's buckets, not yet safe to land: a retry, not a refund.
       if (isCode(err, 'UNAVAILABLE')) throw err;

@@ -130,8 +130,14 @@ async function main(): Promise<void> {
         },
         onBlocked: (reason) => metrics.leaderElectionBlocked.set(reason ? 1 : 0),
         onStoppedLeading: () => {
-          // As controller-runtime does: a replica that lost the Lease exits and starts afresh.
           metrics.leader.set(0);
+          // Lost while stopping (a renewal that missed its deadline during the stop's last passes):
+          // the stop goes on and exits as it would; an exit 1 here would cut its passes short.
+          if (stopping) {
+            log.warn('lost the leader Lease while stopping');
+            return;
+          }
+          // As controller-runtime does: a replica that lost the Lease exits and starts afresh.
           log.error('lost the leader Lease; exiting');
           process.exit(1);
         },

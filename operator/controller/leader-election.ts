@@ -184,7 +184,8 @@ export class LeaderElector {
    */
   async release(): Promise<void> {
     this.stopped = true;
-    await this.attempt?.catch(() => undefined);
+    if (this.attempt)
+      await within(this.attempt, this.options.renewDeadlineMs, 'lease renewal').catch(() => undefined);
     if (!this.leading) return;
     this.leading = false;
     try {

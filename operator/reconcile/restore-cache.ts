@@ -261,9 +261,12 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
     // sync-spec would write only on the next pass. Opened first, the gate would admit unregistered
     // and denied buyers, with the api on default windows, until then.
     // Without its deny list the rebuilt cache holds no deny flag (an emptied Redis lost them, a
-    // cache back from a snapshot lacks the later ones): the gate stays paused until the list is
-    // back, rather than readmitting denied buyers.
-    if (!(await syncTrafficPolicy(ctx))) {
+    // cache back from a snapshot lacks the later ones): a gate that admits buyers now or later
+    // stays paused until the list is back, rather than readmitting denied buyers. A closed one
+    // (the sale ended, or the resource is being deleted) admits nobody: the restore resumes, so
+    // the drain, the write-back and the finalizer are not held by a missing ConfigMap.
+    const gate = gateAfterRestore(ctx);
+    if (!(await syncTrafficPolicy(ctx)) && gate !== 'closed') {
       condition(
         ctx,
         'False',
@@ -273,7 +276,6 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
       return DONE;
     }
     await endHold(redis, t);
-    const gate = gateAfterRestore(ctx);
     await setGate(redis, ctx.activityId, gate);
     crashPoint('operator-after-restore-resume');
     const r = row;

@@ -66,8 +66,11 @@ export async function checkOrderGap(
     unconfirmedReservations(d.redis, d.activityId, olderThan, size, offset),
     countUnconfirmed(d.redis, d.activityId, olderThan),
   ]);
-  if (page) page.offset = candidates.length < size ? 0 : offset + size;
-  if (candidates.length === 0) return { gap: 0, repairedResults: 0, missing: [] };
+
+  if (candidates.length === 0) {
+    if (page) page.offset = 0;
+    return { gap: 0, repairedResults: 0, missing: [] };
+  }
   const rows = await findByReservationIds(
     d.pool,
     candidates.map((c) => c.reservationId),
@@ -86,6 +89,9 @@ export async function checkOrderGap(
     })),
   );
   const found = new Set(rows.map((r) => r.reservationId));
+  // The entries found leave the ledger (their results confirm them): the next page starts after
+  // the ones that stay.
+  if (page) page.offset = candidates.length < size ? 0 : offset + candidates.length - rows.length;
   const missing = candidates.map((c) => c.reservationId).filter((rid) => !found.has(rid));
   return { gap: Math.max(0, total - rows.length), repairedResults: rows.length, missing };
 }

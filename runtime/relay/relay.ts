@@ -373,9 +373,12 @@ export class Relay {
     )) as [string, (StreamEntry | null)[], string[]?];
     const claimed = reply[1] ?? [];
     // Entries whose payload vanished (deleted while pending) are only acknowledged: Redis 7 lists
-    // their ids apart. Redis 6.2 gives no id, only a nil in their place (or an id with a nil
-    // payload): they stay pending, claimed again, never published, never a reason to fail.
-    const deleted = reply[2] ?? [];
+    // their ids apart; Redis 6.2 answers an id with a nil payload (acknowledged too), or a bare nil
+    // with no id, which stays pending, claimed again, never published, never a reason to fail.
+    const deleted = [
+      ...(reply[2] ?? []),
+      ...claimed.flatMap((e) => (e !== null && e[1] === null ? [e[0]] : [])),
+    ];
     if (deleted.length > 0) await this.options.redis.xack(this.stream, RELAY_GROUP, ...deleted);
     return claimed.filter((e): e is StreamEntry => e !== null && e[1] !== null);
   }

@@ -395,7 +395,11 @@ async function reply(res: Response): Promise<HttpReply> {
   } catch {
     body = { text };
   }
-  return { status: res.status, body, headers: Object.fromEntries(res.headers) };
+  const out = { status: res.status, body };
+  // Not enumerable: tests compare whole replies by status and body (toEqual), and read a header
+  // (Retry-After) by name when it is what they are about.
+  Object.defineProperty(out, 'headers', { value: Object.fromEntries(res.headers), enumerable: false });
+  return out as HttpReply;
 }
 
 /** Posts a notification signed like the provider does (or with the given signature header). */

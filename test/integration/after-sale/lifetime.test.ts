@@ -195,16 +195,27 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
     TIMEOUT_MS,
   );
 
-  it(
-    'an in-time payment for a timed-out order of a sale whose Redis lost its data (no restore opened yet) is answered 503, not refunded',
-    async () => {
-      const lost = await openActivity(f.redis, { stock: 2, price: '19.90' });
-      const [r] = await reserveFor(f.redis, lost.activityId, lost.skuId, ['lost-cache-payer']);
+  it.each([
+    ['every key of the sale', 0],
+    ["only the keys of its stock bucket (one cluster node's)", 2],
+  ])(
+    'an in-time payment for a timed-out order whose Redis lost %s (no restore opened yet) is answered 503, not refunded',
+    async (_lost, buckets) => {
+      const lost = await openActivity(f.redis, {
+        stock: 4,
+        price: '19.90',
+        ...(buckets > 0 ? { skuId: 'sku-lost-bucket', buckets } : {}),
+      });
+      const payer = `lost-cache-payer-${buckets}`;
+      const [r] = await reserveFor(f.redis, lost.activityId, lost.skuId, [payer]);
       const id = (await materialize(f.pool, f.redis, lost.activityId, [r!])).get(r!)!;
       await f.pool.query(`UPDATE orders SET expires_at = now() - interval '10 seconds' WHERE id = $1`, [id]);
       await sweepOnce(lost.activityId);
-      // Redis restarts without its data; the operator has not noticed yet.
-      await f.redis.del(...(await f.redis.keys(`${activityKeys(lost.activityId).prefix}*`)));
+      // Redis restarts without its data (or one node of a cluster does); the operator has not
+      // noticed yet.
+      const scope = (await bucketLayout(f.redis, lost.activityId)).scopeFor(lost.skuId, payer);
+      await f.redis.del(...(await f.redis.keys(`${scope.prefix}*`)));
+      if (buckets > 0) expect(await f.redis.exists(activityKeys(lost.activityId).meta)).toBe(1);
       const paid = paidBody(id, uniqueId('T'), new Date((await deadline(id)).getTime() - 1_000));
       const r1 = await notify(api, paid);
       expect([r1.status, r1.body.code]).toEqual([503, 'UNAVAILABLE']);

@@ -695,6 +695,35 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     });
     await expect(denied).rejects.toMatchObject({ code: 'BUYER_DENIED' });
   });
+  test('a restore of a sale that has ended resumes closed without its deny list: the drain is not held', async () => {
+    const id = uniqueId('rsdd');
+    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 1 }];
+    const settings = { requireOrderCode: false, reopenOnRelease: false };
+    const { start: startAt, end: endAt } = await openSale(id, items, settings);
+    await registerActivity(sql, {
+      activityId: id,
+      owner: 'default/rsdd',
+      ownerUid: id,
+      startAt,
+      endAt,
+      ...settings,
+    });
+    const k = activityKeys(id);
+    await redis.del(...(await redis.keys(k.scanPattern)));
+    const fsa = activeResource(id, items, settings);
+    fsa.status!.conditions = enterPhase(undefined, Phase.Draining, 'test', 1, new Date());
+    (fsa.spec as unknown as Record<string, unknown>).eligibility = { denyListRef: { name: 'deny' } };
+    const gone = {
+      readNamespacedConfigMap: async () => {
+        throw Object.assign(new Error('configmaps "deny" not found'), { code: 404 });
+      },
+    };
+    for (let pass = 0; pass < 6 && (pass === 0 || (await openRestore(sql, id))); pass += 1)
+      await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0, deps: { core: gone } });
+    expect(await openRestore(sql, id)).toBeUndefined();
+    expect(await redis.hget(k.meta, 'gate')).toBe('closed');
+  });
+
   test("the operator's restore waits for the stock buckets' outboxes, not only the activity's", async () => {
     const id = uniqueId('rso');
     const items: CatalogItem[] = [

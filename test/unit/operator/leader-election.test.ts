@@ -152,6 +152,20 @@ describe('LeaderElector', () => {
     expect(a.stopped).toBe(0);
   });
 
+  it('a release waits for a renewal the API server does not answer no longer than the renew deadline', async () => {
+    const fake = new FakeLeases();
+    const a = candidate(fake, 'a', { now: 1_000_000 }, 50);
+    void a.elector.run();
+    await until('a leads', () => a.started === 1);
+    fake.unansweredReadsOf.add('a');
+    const readsBefore = fake.reads.get('a') ?? 0;
+    await until('a renewal under way', () => (fake.reads.get('a') ?? 0) > readsBefore);
+    // The API server answers again, but never the renewal already sent.
+    fake.unansweredReadsOf.delete('a');
+    await a.elector.release();
+    expect(fake.holder).toBe('');
+  }, 10_000);
+
   it('takes over a dead leader only after the lease duration, measured on its own clock', async () => {
     const fake = new FakeLeases();
     const clock = { now: 1_000_000 };
