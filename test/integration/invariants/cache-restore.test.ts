@@ -606,6 +606,37 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
       },
     }) as unknown as FlashSaleActivity;
 
+  /**
+   * A one-SKU sale in `phase` whose Redis lost every key (the buyer `mallory` denied before), its
+   * resource naming a deny-list ConfigMap that is gone (`gone`, a CoreV1Api that answers 404).
+   */
+  const emptiedWithoutDenyList = async (prefix: string, phase: Phase) => {
+    const id = uniqueId(prefix);
+    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 1 }];
+    const settings = { requireOrderCode: false, reopenOnRelease: false };
+    const { start: startAt, end: endAt } = await openSale(id, items, settings);
+    await registerActivity(sql, {
+      activityId: id,
+      owner: `default/${id}`,
+      ownerUid: id,
+      startAt,
+      endAt,
+      ...settings,
+    });
+    await syncDenyList(redis, id, ['mallory']);
+    const k = activityKeys(id);
+    await redis.del(...(await redis.keys(k.scanPattern)));
+    const fsa = activeResource(id, items, settings);
+    fsa.status!.conditions = enterPhase(undefined, phase, 'test', 1, new Date());
+    (fsa.spec as unknown as Record<string, unknown>).eligibility = { denyListRef: { name: 'deny' } };
+    const gone = {
+      readNamespacedConfigMap: async () => {
+        throw Object.assign(new Error('configmaps "deny" not found'), { code: 404 });
+      },
+    };
+    return { id, k, fsa, startAt, endAt, gone };
+  };
+
   test("the operator's restore puts back the loaded generation's order-code and reopen settings, not a refused spec edit", async () => {
     const id = uniqueId('rss');
     const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 2 }];
@@ -649,29 +680,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect((await openRestore(sql, id))?.step).toBe('paused');
   });
   test('a restore whose deny list ConfigMap is gone keeps the gate paused: the rebuilt cache readmits no denied buyer', async () => {
-    const id = uniqueId('rsd');
-    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 1 }];
-    const settings = { requireOrderCode: false, reopenOnRelease: false };
-    const { start: startAt, end: endAt } = await openSale(id, items, settings);
-    await registerActivity(sql, {
-      activityId: id,
-      owner: 'default/rsd',
-      ownerUid: id,
-      startAt,
-      endAt,
-      ...settings,
-    });
-    await syncDenyList(redis, id, ['mallory']);
-    // Redis loses the activity (and its deny flags); the ConfigMap was deleted meanwhile.
-    const k = activityKeys(id);
-    await redis.del(...(await redis.keys(k.scanPattern)));
-    const fsa = activeResource(id, items, settings);
-    (fsa.spec as unknown as Record<string, unknown>).eligibility = { denyListRef: { name: 'deny' } };
-    const gone = {
-      readNamespacedConfigMap: async () => {
-        throw Object.assign(new Error('configmaps "deny" not found'), { code: 404 });
-      },
-    };
+    const { id, k, fsa, startAt, endAt, gone } = await emptiedWithoutDenyList('rsd', Phase.Active);
     let ctx: ReconcileContext | undefined;
     for (let pass = 0; pass < 6; pass += 1)
       ctx = await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0, deps: { core: gone } });
@@ -696,28 +705,7 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     await expect(denied).rejects.toMatchObject({ code: 'BUYER_DENIED' });
   });
   test('a restore of a sale that has ended resumes closed without its deny list: the drain is not held', async () => {
-    const id = uniqueId('rsdd');
-    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 1 }];
-    const settings = { requireOrderCode: false, reopenOnRelease: false };
-    const { start: startAt, end: endAt } = await openSale(id, items, settings);
-    await registerActivity(sql, {
-      activityId: id,
-      owner: 'default/rsdd',
-      ownerUid: id,
-      startAt,
-      endAt,
-      ...settings,
-    });
-    const k = activityKeys(id);
-    await redis.del(...(await redis.keys(k.scanPattern)));
-    const fsa = activeResource(id, items, settings);
-    fsa.status!.conditions = enterPhase(undefined, Phase.Draining, 'test', 1, new Date());
-    (fsa.spec as unknown as Record<string, unknown>).eligibility = { denyListRef: { name: 'deny' } };
-    const gone = {
-      readNamespacedConfigMap: async () => {
-        throw Object.assign(new Error('configmaps "deny" not found'), { code: 404 });
-      },
-    };
+    const { id, k, fsa, startAt, endAt, gone } = await emptiedWithoutDenyList('rsdd', Phase.Draining);
     for (let pass = 0; pass < 6 && (pass === 0 || (await openRestore(sql, id))); pass += 1)
       await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0, deps: { core: gone } });
     expect(await openRestore(sql, id)).toBeUndefined();
