@@ -199,9 +199,10 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
       return;
     } catch (err) {
       if (refusedByScript(limit, res, activityId, userId, err)) return;
+      // Counted by a call before the one that failed (a bucket's claim), or by the failing script
+      // itself, which counts before it reads the cache: either way once, given back on a 5xx.
       if (countedBeforeFailure(err)) limit?.counted(res);
-      // The script counts before it reads the cache: a 5xx of the answer below gives it back.
-      if (err instanceof FlashSaleError && err.code === 'NOT_LOADED' && window && window.requests > 0)
+      else if (err instanceof FlashSaleError && err.code === 'NOT_LOADED' && window && window.requests > 0)
         limit?.counted(res);
       if (!(err instanceof FlashSaleError) || err.code !== 'NOT_LOADED') {
         if (err instanceof FlashSaleError) {

@@ -496,6 +496,31 @@ describe('traffic shaping and eligibility', () => {
     expect(r.status).toBe(202);
   }, 120_000);
 
+  test("a stock bucket whose keys are gone answers from the sale's window; a 5xx of that answer gives back the claim's one point, not two", async () => {
+    const activityId = uniqueId('bucket-unloaded');
+    await setUpActivity(activityId, [{ ...item(10), buckets: 2 }]);
+    await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 3, perSeconds: 600 } }));
+    const api = await startRole('api', { activityId, databaseUrl: db.url });
+    roles.push(api);
+    // The buckets' node came back empty (NOT_LOADED after the claim counted), and the answer for
+    // an unloaded sale fails (here: the results hash is not a hash).
+    const layout = await bucketLayout(redis, activityId);
+    for (const b of layout.allBuckets()) await redis.del(b.meta);
+    const results = activityKeys(activityId).results;
+    await redis.del(results).then(() => redis.set(results, 'broken'));
+    const token = await tokenFor('unloaded-retrier');
+    const counter = activityKeys(activityId).rateLimitKey('buyer', 'unloaded-retrier');
+    const r = await send(`${api.url}/v1/activities/${activityId}/orders`, {
+      token,
+      body: { skuId: 'tea', quantity: 1, requestId: 'r1' },
+    });
+    expect(r.status).toBeGreaterThanOrEqual(500);
+    await waitFor('the point given back', async () => (await redis.get(counter)) !== '1', 10_000, 50);
+    // Given back once: the buyer's window holds what it held before, no point beyond the limit.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(await redis.get(counter)).toBe('0');
+  }, 120_000);
+
   test('a per-buyer limit relaxed during the sale frees the buyers it refused at once, not at the end of the old window', async () => {
     const activityId = uniqueId('relaxed');
     await setUpActivity(activityId, [item(10)]);
