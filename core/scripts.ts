@@ -76,6 +76,13 @@ function sources(): Map<string, ScriptSource> {
   return cached;
 }
 
+/** One script's text with its includes spliced in (for a library that runs a script of its own). */
+export function scriptSource(name: string): ScriptSource {
+  const source = sources().get(name);
+  if (!source) throw new Error(`unknown script ${name}`);
+  return source;
+}
+
 const registered = new WeakSet<object>();
 
 type Invoker = (...args: (string | number)[]) => Promise<unknown>;

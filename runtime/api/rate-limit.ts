@@ -26,6 +26,7 @@ import { activityKeys } from '../../core/keys.js';
 import type { Logger } from '../../core/logger.js';
 import { UNKNOWN_ACTIVITY_LABEL } from '../../core/metrics.js';
 import type { Metrics } from '../../core/metrics.js';
+import { scriptSource } from '../../core/scripts.js';
 import type { RedisClient } from '../../core/scripts.js';
 import type { BuyerWindow } from '../../core/reservations.js';
 import type { RateLimit, TrafficPolicy } from '../../core/traffic-policy.js';
@@ -63,23 +64,6 @@ interface ActiveLimiters {
   address: RateLimiterAbstract | undefined;
 }
 
-/**
- * rate-limiter-flexible's incr/ttl script, with the window's rest capped to the window asked for now
- * (as lua/includes/buyerWindow.lua, which counts in the same keys): a window shortened mid-sale
- * applies to a buyer counting in a longer one at once. Without the cap the counter kept the old
- * window's expiry (SET … NX), and a buyer refused under a too strict limit stayed refused for up to
- * the old window after the operator eased it.
- */
-const WINDOW_SCRIPT = `redis.call('set', KEYS[1], 0, 'EX', ARGV[2], 'NX')
-local consumed = redis.call('incrby', KEYS[1], ARGV[1])
-local ttl = redis.call('pttl', KEYS[1])
-local window = 1000 * tonumber(ARGV[2])
-if ttl == -1 or ttl > window then
-  redis.call('pexpire', KEYS[1], window)
-  ttl = window
-end
-return {consumed, ttl}`;
-
 /** A per-buyer or per-address limiter on Redis (undefined for a limit of 0: none). Exported for tests. */
 export function redisLimiter(
   redis: RedisClient,
@@ -97,7 +81,9 @@ export function redisLimiter(
     // and a block the library set then would refuse the buyer's retry for our failure.
     inMemoryBlockOnConsumed: limit.requests + 1,
     rejectIfRedisNotReady: true,
-    customIncrTtlLuaScript: WINDOW_SCRIPT,
+    // lua/limiterWindow-1.lua: the rule the reservation's scripts count by in the same keys
+    // (lua/includes/buyerWindow.lua), so a window shortened mid-sale applies at once on every route.
+    customIncrTtlLuaScript: scriptSource('limiterWindow').lua,
     insuranceLimiter: new RateLimiterMemory({ keyPrefix, ...figures }),
   });
 }

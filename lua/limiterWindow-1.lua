@@ -1,0 +1,19 @@
+--[[
+  The per-buyer window of the api's other limited routes (registrations, order codes), as
+  rate-limiter-flexible's `customIncrTtlLuaScript` (runtime/api/rate-limit.ts redisLimiter): the
+  same counter and the same rule as the reservation's scripts count in (includes/buyerWindow), so
+  one window spans every limited route and a window eased mid-sale applies at once on all of them.
+
+  Input (as the library calls its script):
+    KEYS[1] the counter
+    ARGV[1] points to count (negative: points given back, the library's reward)
+    ARGV[2] window seconds (>= 1)
+
+  Output:
+    {consumed, ttlMs}   the points of this window and the milliseconds until it ends;
+                        {0, 0}: nothing counted, Redis is at its maxmemory
+]]
+--- @include "includes/buyerWindow"
+
+local consumed, ttl = countWindow(1, tonumber(ARGV[2]), tonumber(ARGV[1]))
+return {consumed, ttl}
