@@ -262,6 +262,20 @@ export async function bucketsLost(redis: RedisClient, activityId: string): Promi
   return present.filter((n) => n === 0).length;
 }
 
+/**
+ * Whether the meta hash of the scope a buyer's reservation of a SKU lives in is there: the
+ * activity's, or on a cluster the stock bucket's, whose node alone can come back empty.
+ */
+export async function scopeLoaded(
+  redis: RedisClient,
+  activityId: string,
+  skuId: string,
+  userId: string,
+): Promise<boolean> {
+  const scope = (await bucketLayout(redis, activityId)).scopeFor(skuId, userId);
+  return (await redis.exists(scope.meta)) === 1;
+}
+
 export interface SkuStock {
   skuId: string;
   initial: number;

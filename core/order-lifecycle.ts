@@ -18,7 +18,7 @@
  * - An order the PostgreSQL stock guard closed (`OVERSELL_PREVENTED`, `BUYER_LIMIT_EXCEEDED`)
  *   is settled 'withheld': its unit is not returned anywhere (see `guardRelease`).
  */
-import { readMeta, readStock, unconfirmedReservations } from './activity-cache.js';
+import { readMeta, readStock, scopeLoaded, unconfirmedReservations } from './activity-cache.js';
 import { bucketLayout } from './buckets.js';
 import type { BucketLayout } from './buckets.js';
 import { holdOffRestores, restoresOf } from './db/cache-restores-store.js';
@@ -531,6 +531,11 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
       summary.deferred += list.length;
       continue;
     }
+    // Read once per activity and sweep, when first needed: a record read as missing only defers a
+    // return to the next sweep, and a committed one is never taken back.
+    let writeBack: ReturnType<typeof readWriteBack> | undefined;
+    const writtenBack = (): ReturnType<typeof readWriteBack> =>
+      (writeBack ??= readWriteBack(deps.pool, activityId));
     let meta: Awaited<ReturnType<typeof readMeta>>;
     // Redis away after the write-back committed (after the sale, say): PostgreSQL settles what it
     // can prove alone, below, instead of failing every sweep until Redis is back.
@@ -538,7 +543,7 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
     try {
       meta = await readMeta(deps.redis, activityId);
     } catch (err) {
-      if (!(await readWriteBack(deps.pool, activityId))) throw err;
+      if (!(await writtenBack())) throw err;
       redisAway = true;
     }
     let frozen: SettleableOrder[] = list;
@@ -547,7 +552,7 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
     // Once the write-back is committed PostgreSQL holds the stock, whatever the gate says: a Redis
     // back from a snapshot older than the freeze (a restart, a lagging replica) shows the gate it
     // had before, and a release there would return a unit activity_stock never sees.
-    if (meta && meta.gate !== 'frozen' && !(await readWriteBack(deps.pool, activityId))) {
+    if (meta && meta.gate !== 'frozen' && !(await writtenBack())) {
       await markReleaseAttempted(
         deps.pool,
         list.map((o) => o.id),
@@ -655,7 +660,7 @@ export async function settleStock(deps: LifecycleDeps, orders: SettleableOrder[]
           summary.unresolved += await settle(deps, [o], 'unresolved', 'reservation is PAID in Redis');
         } else if (!rsv) {
           const row = await findLifecycleByReservationId(deps.pool, o.reservationId);
-          if (row?.stockReleaseAttemptedAt && !meta && !(await readWriteBack(deps.pool, activityId))) {
+          if (row?.stockReleaseAttemptedAt && !meta && !(await writtenBack())) {
             // No cache and no write-back: Redis lost the sale's data mid-sale (cleanup comes only
             // after the write-back), and the cache restore has not opened yet. It rebuilds this
             // closed order's reservation RELEASED with its unit free, and the release finds that.
@@ -976,12 +981,6 @@ async function reopenHeldForPayment(c: PoolClient, order: LifecycleOrderRow): Pr
 }
 
 /** A late payment's answer while a cache restore holds the cache: 503, the provider retries. */
-/** Whether the meta hash of the scope an order's reservation lives in is there. */
-async function scopeLoaded(redis: RedisClient, order: LifecycleOrderRow): Promise<boolean> {
-  const scope = (await bucketLayout(redis, order.activityId)).scopeFor(order.skuId, order.userId);
-  return (await redis.exists(scope.meta)) === 1;
-}
-
 function restoring(): FlashSaleError {
   return new FlashSaleError(
     'UNAVAILABLE',
@@ -1064,7 +1063,10 @@ export async function reclaimClosedOrder(
       // on a cluster its stock bucket's node alone) and the operator has not opened the restore
       // yet: the reservation is missing, not sold again. The restore brings it back (its unit
       // free once the order closed); answered as during the restore, not refunded.
-      if (isCode(err, 'UNKNOWN_RESERVATION', 'NOT_LOADED') && !(await scopeLoaded(redis, order)))
+      if (
+        isCode(err, 'UNKNOWN_RESERVATION', 'NOT_LOADED') &&
+        !(await scopeLoaded(redis, order.activityId, order.skuId, order.userId))
+      )
         throw restoring();
       // Units moving between a bucketed SKU's buckets, not yet safe to land: a retry, not a refund.
       if (isCode(err, 'UNAVAILABLE')) throw err;
