@@ -46,11 +46,43 @@ function statusOf(err: unknown): number | undefined {
   return Number.isFinite(n) ? n : undefined;
 }
 
+/** What the deny list's ConfigMap gave: its list's text, or why there is none to apply. */
+export type DenyListRead = { text: string } | { unavailable: string };
+
 /**
- * Writes the policy and makes the deny flags equal to the named ConfigMap's list. A missing
- * ConfigMap or key keeps the flags already in Redis and reports Degraded/DenyListUnavailable: an
- * accidental deletion must not readmit every denied buyer mid-sale. Returns false then (the flags
- * are whatever Redis still holds: none after a cache restore rebuilt an emptied Redis).
+ * Reads the deny list's key from its ConfigMap. A ConfigMap or key that is missing, or that the
+ * operator may not read (403: a Role trimmed below config/rbac/role.yaml, or a name the API server
+ * takes for another resource, stored before the CRD refused such names), is unavailable: reported,
+ * never a failed pass, which would hold the warm-up, the drain and a cache restore behind the deny
+ * list. Any other error (the API server away) fails the pass, which is retried.
+ */
+export async function readDenyList(
+  core: Pick<ReconcileContext['deps']['core'], 'readNamespacedConfigMap'>,
+  namespace: string,
+  ref: { name: string; key?: string | undefined },
+): Promise<DenyListRead> {
+  const key = ref.key || 'denied';
+  try {
+    const text = (await core.readNamespacedConfigMap({ name: ref.name, namespace })).data?.[key];
+    if (text !== undefined) return { text };
+    return { unavailable: `deny list ConfigMap ${ref.name} (key ${key}) not found` };
+  } catch (err) {
+    const status = statusOf(err);
+    if (status === 404) return { unavailable: `deny list ConfigMap ${ref.name} (key ${key}) not found` };
+    if (status === 403)
+      return {
+        unavailable: `deny list ConfigMap ${ref.name} (key ${key}) cannot be read: the operator is forbidden to get it`,
+      };
+    throw err;
+  }
+}
+
+/**
+ * Writes the policy and makes the deny flags equal to the named ConfigMap's list. A ConfigMap or
+ * key that is missing or unreadable (readDenyList) keeps the flags already in Redis and reports
+ * Degraded/DenyListUnavailable: an accidental deletion must not readmit every denied buyer
+ * mid-sale. Returns false then (the flags are whatever Redis still holds: none after a cache
+ * restore rebuilt an emptied Redis).
  */
 export async function syncTrafficPolicy(ctx: ReconcileContext): Promise<boolean> {
   const { redis, core, config } = ctx.deps;
@@ -60,23 +92,16 @@ export async function syncTrafficPolicy(ctx: ReconcileContext): Promise<boolean>
     await syncDenyList(redis, ctx.activityId, []);
     return true;
   }
-  const key = ref.key || 'denied';
-  let text: string | undefined;
-  try {
-    const cm = await core.readNamespacedConfigMap({ name: ref.name, namespace: ctx.fsa.metadata.namespace });
-    text = cm.data?.[key];
-  } catch (err) {
-    if (statusOf(err) !== 404) throw err;
-  }
-  if (text === undefined) {
+  const read = await readDenyList(core, ctx.fsa.metadata.namespace ?? '', ref);
+  if ('unavailable' in read) {
     ctx.degraded = {
       reason: Reason.DenyListUnavailable,
-      message: `deny list ConfigMap ${ref.name} (key ${key}) not found; keeping the buyers denied so far`,
+      message: `${read.unavailable}; keeping the buyers denied so far`,
     };
     ctx.requeueAfter(config.cleanupRetryMs);
     return false;
   }
-  const outcome = await syncDenyList(redis, ctx.activityId, parseDenyList(text));
+  const outcome = await syncDenyList(redis, ctx.activityId, parseDenyList(read.text));
   if (outcome.added + outcome.removed > 0) {
     ctx.log.info({ ...outcome, configMap: ref.name }, 'deny list applied');
   }

@@ -221,6 +221,16 @@ describe('FlashSaleActivity CRD on the API server', () => {
       /spec\.cleanup\.policy.*Unsupported value: "Shred"/,
     ],
     ['unsafe activity id', { ...valid(), activityId: 'a/b' }, /spec\.activityId.*should match/],
+    [
+      'deny list in another namespace (the API server would read a subresource)',
+      { ...valid(), eligibility: { denyListRef: { name: 'ops/deny' } } },
+      /spec\.eligibility\.denyListRef\.name.*should match/,
+    ],
+    [
+      'deny list key no ConfigMap can hold',
+      { ...valid(), eligibility: { denyListRef: { name: 'deny', key: 'a b' } } },
+      /spec\.eligibility\.denyListRef\.key.*should match/,
+    ],
   ];
 
   it(

@@ -2,7 +2,7 @@
 // defaults) and the deny-list format it reads from a ConfigMap. Pure functions.
 import { DEFAULT_TRAFFIC_POLICY, trafficPolicySchema } from '../../../core/traffic-policy.js';
 import { loadOperatorConfig } from '../../../operator/config.js';
-import { parseDenyList, policyFromSpec } from '../../../operator/reconcile/traffic-policy.js';
+import { parseDenyList, policyFromSpec, readDenyList } from '../../../operator/reconcile/traffic-policy.js';
 import type { FlashSaleActivitySpec } from '../../../operator/api/v1alpha1/types.js';
 
 const base: FlashSaleActivitySpec = {
@@ -102,5 +102,39 @@ describe('trafficPolicySchema', () => {
     };
     expect(trafficPolicySchema.safeParse(bad).success).toBe(false);
     expect(trafficPolicySchema.safeParse({ ...DEFAULT_TRAFFIC_POLICY, extra: 1 }).success).toBe(false);
+  });
+});
+
+describe('readDenyList', () => {
+  // client-node's ApiException carries the HTTP status as `code`.
+  const failing = (code: number) => ({
+    readNamespacedConfigMap: () => Promise.reject(Object.assign(new Error(`HTTP ${code}`), { code })),
+  });
+  const holding = (data: Record<string, string>) => ({
+    readNamespacedConfigMap: () => Promise.resolve({ data }),
+  });
+
+  it("gives the key's text", async () => {
+    await expect(readDenyList(holding({ denied: 'eve' }), 'ns', { name: 'deny' })).resolves.toEqual({
+      text: 'eve',
+    });
+  });
+
+  it('says unavailable, never fails the pass, for a ConfigMap or key missing or forbidden to the operator', async () => {
+    await expect(readDenyList(holding({}), 'ns', { name: 'deny', key: 'k' })).resolves.toEqual({
+      unavailable: 'deny list ConfigMap deny (key k) not found',
+    });
+    await expect(readDenyList(failing(404), 'ns', { name: 'deny' })).resolves.toEqual({
+      unavailable: 'deny list ConfigMap deny (key denied) not found',
+    });
+    // A Role trimmed below the shipped one, or a name stored before the CRD refused it.
+    await expect(readDenyList(failing(403), 'ns', { name: 'ops/deny' })).resolves.toEqual({
+      unavailable:
+        'deny list ConfigMap ops/deny (key denied) cannot be read: the operator is forbidden to get it',
+    });
+  });
+
+  it('fails the pass (retried) when the API server does not answer', async () => {
+    await expect(readDenyList(failing(503), 'ns', { name: 'deny' })).rejects.toThrow('HTTP 503');
   });
 });
