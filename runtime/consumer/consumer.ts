@@ -57,7 +57,8 @@ export interface ConsumerOptions {
   dlqTopic: string;
   /** Called at start and again after each crash kafkajs does not restart by itself. */
   createConsumer: () => Consumer;
-  dlqProducer: Producer;
+  /** Dead letters' producer: a RenewingProducer in the role (a fresh one after a failed send). */
+  dlqProducer: Pick<Producer, 'connect' | 'disconnect' | 'send'>;
   pool: Pool;
   redis: RedisClient;
   metrics: Metrics;

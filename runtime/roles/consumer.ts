@@ -5,7 +5,7 @@
  * settles once it consumes or failed to connect at all; the caller awaits it after starting the
  * rest, so such a failure still ends the process (its restart is the recovery).
  */
-import { KAFKA_METADATA_MAX_AGE_MS, idempotentProducer } from '../../core/kafka.js';
+import { KAFKA_METADATA_MAX_AGE_MS, RenewingProducer, idempotentProducer } from '../../core/kafka.js';
 import type { TopicNames } from '../../core/kafka.js';
 import type { ConsumerConfig } from '../config.js';
 import { OrderConsumer } from '../consumer/consumer.js';
@@ -33,7 +33,10 @@ export function startConsumer(
         // within this age instead of kafkajs' 5 minutes, while the relay already writes to them.
         metadataMaxAge: KAFKA_METADATA_MAX_AGE_MS,
       }),
-    dlqProducer: idempotentProducer(kafka),
+    // Replaced after a failed send: dead letters are rare, so its producer id is the kind a broker
+    // forgets (core/kafka.ts RenewingProducer), and a producer kept after that would fail the
+    // partition's every chunk that has a dead letter until the pod restarts.
+    dlqProducer: new RenewingProducer(() => idempotentProducer(kafka)),
     pool,
     redis: ctx.redis,
     metrics: ctx.metrics,

@@ -133,6 +133,21 @@ describe('architecture invariants (ARCHITECTURE.md)', () => {
     expect(bad).toEqual([]);
   });
 
+  test('a long-lived Kafka producer is made afresh after a failed send (a broker may forget its producer id)', () => {
+    // kafkajs does not retry UNKNOWN_PRODUCER_ID / OUT_OF_ORDER_SEQUENCE_NUMBER: a role that keeps
+    // one producer fails its every later send. A role's producer comes from a factory (the relay's
+    // createProducer) or a RenewingProducer; the dlq command's lives for one command.
+    const oneShot = new Set(['runtime/dlq.ts']);
+    const bad = tsFiles('runtime')
+      .filter((f) => !oneShot.has(f))
+      .flatMap((f) =>
+        [...code(f).matchAll(/(.{0,40})\bidempotentProducer\(/g)]
+          .filter((m) => !/\(\)\s*=>\s*$/.test(m[1]!))
+          .map((m) => `${f}: ${m[0].trim()}`),
+      );
+    expect(bad).toEqual([]);
+  });
+
   test('the operator never imports runtime/', () => {
     const bad = tsFiles('operator').flatMap((f) =>
       imports(f)
