@@ -565,6 +565,20 @@ export async function markWithheldReturned(
   return res.rows.map((r) => r.id);
 }
 
+/**
+ * Closed orders not settled yet whose stock release was attempted: only their reservation in Redis
+ * tells whether the release ran (the unit free in Redis) or not (held), so the activity's cleanup
+ * waits for them (operator/reconcile/clean-up.ts).
+ */
+export async function countReleasesUnproven(db: Queryable, activityId: string): Promise<number> {
+  const res = await db.query<{ n: string }>(
+    `SELECT count(*)::text AS n FROM orders
+      WHERE activity_id = $1 AND ${CLOSED_UNSETTLED} AND stock_release_attempted_at IS NOT NULL`,
+    [activityId],
+  );
+  return Number(res.rows[0]?.n ?? 0);
+}
+
 /** Closed orders whose stock is not settled yet and were closed at least `graceSeconds` ago. */
 export async function findUnsettledClosedOrders(
   db: Queryable,

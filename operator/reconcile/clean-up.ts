@@ -7,6 +7,7 @@
  * orders only, and Completed scales the relay and consumer that would write the rest to zero.
  */
 import { assertNothingInFlight, cleanupActivity } from '../../core/activity-cache.js';
+import { countReleasesUnproven } from '../../core/db/orders-store.js';
 import { FlashSaleError } from '../../core/errors.js';
 import { parseDuration } from '../api/v1alpha1/funcs.js';
 import { EventReason, Phase, Reason } from '../api/v1alpha1/types.js';
@@ -19,6 +20,16 @@ export async function deleteActivityKeys(ctx: ReconcileContext): Promise<boolean
   ctx.requireOwnership();
   const retentionMs = parseDuration(ctx.fsa.spec.cleanup.resultRetention);
   return blockedWhileInFlight(ctx, async () => {
+    // A release attempted before the freeze that did not answer (Redis full, a timeout) is proven
+    // by its reservation alone: RELEASED, the write-back counted the unit free; RESERVED, held, and
+    // it goes back in PostgreSQL. The settlement sweeper reads it; once the keys are gone the unit
+    // could only be flagged unresolved, one unit short for good.
+    const unproven = await countReleasesUnproven(ctx.deps.pool, ctx.activityId);
+    if (unproven > 0)
+      throw new FlashSaleError(
+        'UNAVAILABLE',
+        `cleanup refused: ${unproven} closed order(s) whose stock release was attempted are not settled yet (the settlement sweeper reads their reservations first)`,
+      );
     const outcome = await cleanupActivity(ctx.deps.redis, ctx.activityId, Math.ceil(retentionMs / 1000));
     crashPoint('operator-after-cleanup');
     ctx.status.cleanup = {

@@ -13,6 +13,9 @@ import type { Pool } from '../../../core/db/pool.js';
 import { readStockRows } from '../../../core/db/stock-store.js';
 import { activityKeys } from '../../../core/keys.js';
 import { readReservation } from '../../../core/reservations.js';
+import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import { Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
+import { cleanUp } from '../../../operator/reconcile/clean-up.js';
 import { sweepEveryActivity } from '../../../runtime/jobs/after-sale.js';
 import { sweepExpiredOrders } from '../../../runtime/jobs/payment-timeout.js';
 import {
@@ -30,6 +33,7 @@ import {
   type Fixture,
   freezeAndWriteBack,
 } from './fixture.js';
+import { stepContext } from '../../fixtures/step-context.js';
 
 describe('payment-timeout sweeper', () => {
   let f: Fixture;
@@ -298,6 +302,60 @@ describe('payment-timeout sweeper', () => {
       expect(await journalCounts(activityId)).toEqual([[1, 1, n]]);
       await Promise.all([sweep(activityId, replicaPools[0]!), sweep(activityId, replicaPools[1]!)]);
       expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'cleanup waits for a release attempted before the freeze to be proven: the sweeper reads its reservation first, and the unit goes back to PostgreSQL, not flagged',
+    async () => {
+      const initial = 5;
+      const { activityId, skuId } = await openActivity(f.redis, { stock: initial });
+      const [failed, keeper] = await reserveFor(f.redis, activityId, skuId, ['failed', 'keeper']);
+      const ids = await materialize(f.pool, f.redis, activityId, [failed!, keeper!]);
+      // The relay's part: the half messages are in Kafka.
+      const outbox = activityKeys(activityId).outbox;
+      await f.redis.xdel(outbox, ...(await f.redis.xrange(outbox, '-', '+')).map(([id]) => id));
+      // Closed while draining; its release was attempted and failed without running (Redis at its
+      // maxmemory, a timeout): the reservation is still RESERVED when the gate freezes.
+      await f.pool.query(
+        `UPDATE orders SET status = 'CLOSED', closed_at = now(), close_reason = 'PAYMENT_TIMEOUT',
+                stock_release_attempted_at = now() WHERE id = $1`,
+        [ids.get(failed!)],
+      );
+      await freezeAndWriteBack(f, activityId, 2);
+      expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial - 2);
+
+      // The operator's next pass would clean up: it waits, the reservation still to be read.
+      const events: string[] = [];
+      const now = new Date();
+      const cleaning = () =>
+        stepContext(
+          {
+            activityId,
+            now,
+            spec: { cleanup: { policy: 'Delete', resultRetention: '15m' } },
+            status: {
+              conditions: enterPhase(undefined, Phase.CleaningUp, 'test', 1, now),
+              timestamps: { warmingUp: now.toISOString() },
+            },
+            deps: { redis: f.redis, pool: f.pool, config: { cleanupRetryMs: 5_000 } },
+          },
+          events,
+        );
+      const blocked = cleaning();
+      await cleanUp(blocked);
+      expect([blocked.degraded?.reason, blocked.transitioned]).toEqual([Reason.CleanupBlocked, false]);
+      expect(blocked.degraded?.message).toMatch(/1 closed order\(s\) whose stock release was attempted/);
+      expect((await readReservation(f.redis, activityId, failed!))?.state).toBe('RESERVED');
+
+      // The sweeper reads it RESERVED under the frozen gate: held by the snapshot, back in PostgreSQL.
+      const r = await sweep(activityId, f.pool);
+      expect(r.settled).toMatchObject({ postgres: 1, unresolved: 0 });
+      const done = cleaning();
+      await cleanUp(done);
+      expect([done.degraded, done.transitioned]).toEqual([undefined, true]);
+      expect((await readStockRows(f.pool, activityId))[0]?.remaining).toBe(initial - 1);
     },
     TIMEOUT_MS,
   );

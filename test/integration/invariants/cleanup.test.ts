@@ -4,6 +4,7 @@
 // starts the same) and keeps the buyers' results with a TTL. Named by mutants in
 // test/faults/mutants/.
 import { Redis } from 'ioredis';
+import pg from 'pg';
 import { cleanupActivity, recordResults } from '../../../core/activity-cache.js';
 import { FlashSaleError } from '../../../core/errors.js';
 import { activityKeys } from '../../../core/keys.js';
@@ -15,7 +16,8 @@ import { Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
 import type { ReconcileContext } from '../../../operator/reconcile/context.js';
 import { cleanUp } from '../../../operator/reconcile/clean-up.js';
 import { removeFinalizer } from '../../../operator/reconcile/remove-finalizer.js';
-import { testEnv, uniqueId } from '../../../dev/servers.js';
+import { freshDatabase, testEnv, uniqueId } from '../../../dev/servers.js';
+import type { FreshDatabase } from '../../../dev/servers.js';
 import { loadBucketedSale, loadOpenSale } from '../../fixtures/open-sale.js';
 import { stepContext } from '../../fixtures/step-context.js';
 
@@ -24,11 +26,18 @@ const RETENTION_SECONDS = 900;
 
 describe('cleanup of an activity (real Redis)', () => {
   let redis: Redis;
-  beforeAll(() => {
+  // The operator's step reads the orders (releases attempted, not yet proven) in PostgreSQL.
+  let db: FreshDatabase;
+  let pool: pg.Pool;
+  beforeAll(async () => {
     redis = new Redis(testEnv().redisUrl, { maxRetriesPerRequest: 2 });
+    db = await freshDatabase();
+    pool = new pg.Pool({ connectionString: db.url, max: 2 });
   });
   afterAll(async () => {
     await redis.quit();
+    await pool?.end();
+    await db?.drop();
   });
 
   async function keysOf(activityId: string): Promise<string[]> {
@@ -221,6 +230,7 @@ describe('cleanup of an activity (real Redis)', () => {
           },
           deps: {
             redis,
+            pool,
             activities: { removeFinalizer: async () => undefined },
             // The informer's cache of runtime Deployments: none here (remove-finalizer reads it).
             deployment: () => undefined,
