@@ -601,11 +601,13 @@ export async function cleanupActivity(
       } while (cursor !== '0');
     }
   }
-  deleted += await redis.unlink(k.meta);
-  forgetBucketLayout(activityId);
+  // The results' TTL before the meta hash goes: a cleanup that dies after the meta hash is not run
+  // again (nothing marks the activity as loaded), and would leave the results for ever.
   if ((await redis.exists(k.results)) === 1) {
     await redis.expire(k.results, Math.max(1, retentionSeconds));
     retained = 1;
   }
+  deleted += await redis.unlink(k.meta);
+  forgetBucketLayout(activityId);
   return { deleted, retained };
 }

@@ -214,7 +214,7 @@ describe('cleanup of an activity (real Redis)', () => {
     function context(
       activityId: string,
       events: string[],
-      opts: { policy?: 'Delete' | 'Retain'; phase?: Phase; deleted?: boolean } = {},
+      opts: { policy?: 'Delete' | 'Retain'; phase?: Phase; deleted?: boolean; client?: Redis } = {},
     ): ReconcileContext {
       const now = new Date();
       return stepContext(
@@ -229,7 +229,7 @@ describe('cleanup of an activity (real Redis)', () => {
             timestamps: { warmingUp: now.toISOString() },
           },
           deps: {
-            redis,
+            redis: opts.client ?? redis,
             pool,
             activities: { removeFinalizer: async () => undefined },
             // The informer's cache of runtime Deployments: none here (remove-finalizer reads it).
@@ -308,6 +308,36 @@ describe('cleanup of an activity (real Redis)', () => {
         await removeFinalizer(deleting);
         expect(deleting.gone).toBe(true);
         expect(await keysOf(id)).toEqual([activityKeys(id).results]);
+      },
+      TIMEOUT_MS,
+    );
+
+    test(
+      "a deletion's cleanup of the keys Retain kept, killed before the results' TTL, still leaves the results to expire",
+      async () => {
+        const { id, rid } = await withReservation();
+        await relayAll(id);
+        await confirm(id, rid);
+        const kept = context(id, [], { policy: 'Retain' });
+        await cleanUp(kept);
+        expect(kept.transitioned).toBe(true);
+        expect(await redis.ttl(activityKeys(id).results)).toBe(-1);
+
+        // The operator dies at the results' EXPIRE; the next leader's pass resumes the deletion.
+        const dying = new Proxy(redis, {
+          get(target, prop, receiver) {
+            if (prop === 'expire') return () => Promise.reject(new Error('operator killed'));
+            const v: unknown = Reflect.get(target, prop, receiver);
+            return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+          },
+        });
+        const killed = context(id, [], { phase: Phase.Completed, deleted: true, client: dying });
+        await expect(removeFinalizer(killed)).rejects.toThrow('operator killed');
+        const resumed = context(id, [], { phase: Phase.Completed, deleted: true });
+        await removeFinalizer(resumed);
+        expect(resumed.gone).toBe(true);
+        expect(await keysOf(id)).toEqual([activityKeys(id).results]);
+        expect(await redis.ttl(activityKeys(id).results)).toBeGreaterThan(0);
       },
       TIMEOUT_MS,
     );
