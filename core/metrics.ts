@@ -3,6 +3,7 @@
  * checks use them): they are defined here and nowhere else.
  */
 import client from 'prom-client';
+import type { StockReturnVia } from './db/orders-store.js';
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
@@ -18,6 +19,24 @@ export const UNKNOWN_ACTIVITY_LABEL = '_unknown';
  * every series of one sale carries the same identity as the operator's (docs/install.md
  * "Monitoring"). A metric's own `activity` label wins (an api serving other activities).
  */
+/** Where a closed order's stock can go: flashsale_stock_returns_total's `via`. */
+const STOCK_RETURN_VIAS = [
+  'redis',
+  'postgres',
+  'unresolved',
+  'withheld',
+] as const satisfies readonly StockReturnVia[];
+
+/**
+ * Exports an activity's stock-return counters from 0. Prometheus takes a series' first sample as
+ * its baseline, so an `increase()` or `rate()` over a series born with its first event (prom-client
+ * makes a labelled series at its first `inc`) never counts that event: a dashboard's count of
+ * settled or unresolved returns showed 0 for a process's first batch.
+ */
+export function stockReturnsFromZero(metrics: Metrics, activityId: string): void {
+  for (const via of STOCK_RETURN_VIAS) metrics.stockReturns.inc({ activity: activityId, via }, 0);
+}
+
 export function createMetrics(component: string, activityId?: string) {
   const registry = new client.Registry();
   registry.setDefaultLabels(activityId ? { component, activity: activityId } : { component });

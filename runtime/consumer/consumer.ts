@@ -134,9 +134,13 @@ export class OrderConsumer {
 
   constructor(private readonly options: ConsumerOptions) {
     this.guard = new StockGuard(options);
-    // Exported from 0, so that the first dead letter is an increase the new-dead-letters alert sees.
+    // Exported from 0, so that the first dead letter is an increase the new-dead-letters alert sees,
+    // and the first chunk of orders one the dashboards' increase() and rate() count
+    // (core/metrics.ts stockReturnsFromZero says why).
     for (const reason of DLQ_REASONS)
       options.metrics.dlqSent.inc({ activity: options.activityId, reason }, 0);
+    for (const status of ['UNPAID', 'CLOSED'] as const)
+      options.metrics.orders.inc({ activity: options.activityId, status }, 0);
   }
 
   async start(): Promise<void> {

@@ -9,6 +9,7 @@ import type { Sender } from '../../core/kafka.js';
 import cron from 'node-cron';
 import type { Pool } from '../../core/db/pool.js';
 import type { Logger } from '../../core/logger.js';
+import { stockReturnsFromZero } from '../../core/metrics.js';
 import type { Metrics } from '../../core/metrics.js';
 import type { ReservationAck } from '../../core/durable-ack.js';
 import type { RedisClient } from '../../core/scripts.js';
@@ -71,6 +72,7 @@ function countedRun(
 export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promise<void> } {
   const { cfg, activityId } = d;
   const base = lifecycleDepsOf(d);
+  stockReturnsFromZero(d.metrics, activityId);
   const job = (name: string, fn: () => Promise<unknown>) => countedRun(d, name, fn);
   const tasks = [
     cron.schedule(
@@ -206,6 +208,9 @@ export async function sweepEveryActivity(
   const swept: string[] = [];
   const failed: string[] = [];
   for (const activityId of activities) {
+    // From 0 once this role first sees the activity: its orders settle a grace period after they
+    // close (STOCK_SETTLE_GRACE_SECONDS), so the series is scraped at 0 before they count.
+    stockReturnsFromZero(d.metrics, activityId);
     try {
       await sweepActivity(d, activityId);
       swept.push(activityId);

@@ -45,6 +45,22 @@ describe('poison messages and metrics', () => {
     return lines.length ? lines.reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0) : NaN;
   };
 
+  test('the counters the dashboards read with increase() and rate() are exported from 0 before their first event', async () => {
+    // Prometheus takes a series' first sample as its baseline: a series born with its first event
+    // (the consumer's first chunk of orders, the relay's first batch) would never be counted.
+    const r = await http.raw(`${all.metricsUrl}/metrics`, { method: 'GET' });
+    const text = String(r.json.raw ?? '');
+    const a = `activity="${activityId}"`;
+    expect({
+      unpaid: metric(text, 'flashsale_orders_total', `${a},status="UNPAID"`),
+      closed: metric(text, 'flashsale_orders_total', `${a},status="CLOSED"`),
+      published: metric(text, 'flashsale_relay_published_total', a),
+      reclaimed: metric(text, 'flashsale_relay_reclaimed_total', a),
+      unresolved: metric(text, 'flashsale_stock_returns_total', `${a},via="unresolved"`),
+      returned: metric(text, 'flashsale_stock_returns_total', `${a},via="redis"`),
+    }).toEqual({ unpaid: 0, closed: 0, published: 0, reclaimed: 0, unresolved: 0, returned: 0 });
+  });
+
   test('a poison message goes to the DLQ at once; good orders still flow', async () => {
     const poison = JSON.stringify({
       reservationId: 'poison-1',
