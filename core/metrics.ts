@@ -155,8 +155,11 @@ export function createMetrics(component: string, activityId?: string) {
     }),
     jobRuns: new client.Counter({
       name: 'flashsale_job_runs_total',
-      help: 'Scheduled job runs by job and result',
-      labelNames: ['job', 'result'],
+      help: 'Scheduled job runs by task and result',
+      // Not `job`: Prometheus sets that label on every target, and the runtime's PodMonitor does not
+      // honour a pod's own labels (a tenant's pod could forge them), so a `job` label would be
+      // renamed `exported_job` and every task would read as the PodMonitor's job.
+      labelNames: ['task', 'result'],
       registers: r,
     }),
     payments: new client.Counter({

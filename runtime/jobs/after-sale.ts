@@ -50,7 +50,7 @@ export interface AfterSaleJobsDeps {
 }
 
 /**
- * A cron task's body: runs `fn` and counts the run in flashsale_job_runs_total{job, result}; a
+ * A cron task's body: runs `fn` and counts the run in flashsale_job_runs_total{task, result}; a
  * failure is logged and the task goes on at its next tick.
  */
 function countedRun(
@@ -61,9 +61,9 @@ function countedRun(
   return async () => {
     try {
       await fn();
-      d.metrics.jobRuns.inc({ job: name, result: 'ok' });
+      d.metrics.jobRuns.inc({ task: name, result: 'ok' });
     } catch (err) {
-      d.metrics.jobRuns.inc({ job: name, result: 'error' });
+      d.metrics.jobRuns.inc({ task: name, result: 'error' });
       d.logger.warn({ job: name, err: (err as Error).message }, 'job failed');
     }
   };
@@ -82,7 +82,7 @@ export function scheduleAfterSaleJobs(d: AfterSaleJobsDeps): { stop: () => Promi
     ),
     cron.schedule(
       cfg.RECONCILIATION_CRON,
-      // The job label stays `reconciliation`: it is a series of flashsale_job_runs_total.
+      // The task label stays `reconciliation`: it is a series of flashsale_job_runs_total.
       job('reconciliation', () =>
         auditStock({ ...base, activityId, reportRetentionDays: cfg.RECONCILIATION_REPORT_RETENTION_DAYS }),
       ),

@@ -161,9 +161,9 @@ export function startRefundWorker(d: RefundWorkerDeps): { stop: () => Promise<vo
     async () => {
       try {
         await runRefundWorker(d);
-        d.metrics.jobRuns.inc({ job: 'refunds', result: 'ok' });
+        d.metrics.jobRuns.inc({ task: 'refunds', result: 'ok' });
       } catch (err) {
-        d.metrics.jobRuns.inc({ job: 'refunds', result: 'error' });
+        d.metrics.jobRuns.inc({ task: 'refunds', result: 'error' });
         d.logger.warn({ job: 'refunds', err: (err as Error).message }, 'job failed');
       }
     },

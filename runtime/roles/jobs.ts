@@ -37,7 +37,7 @@ export async function startJobs(
     cfg.JOBS_GAUGE_CRON,
     async () => {
       const r = await sampleGauges();
-      metrics.jobRuns.inc({ job: 'gauges', result: r.failed.length === 0 ? 'ok' : 'error' });
+      metrics.jobRuns.inc({ task: 'gauges', result: r.failed.length === 0 ? 'ok' : 'error' });
       for (const f of r.failed) logger.warn({ sampler: f.sampler, err: f.error }, 'gauge sampler failed');
     },
     { name: `gauges-${activityId}`, noOverlap: true },

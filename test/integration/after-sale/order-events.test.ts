@@ -469,7 +469,7 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
           'refund worker runs and the waiting events on /metrics',
           async () => {
             const t = await metricsOf(role.metricsUrl);
-            return sample(t, 'flashsale_job_runs_total', { job: 'refunds', result: 'ok' }) >= 2 &&
+            return sample(t, 'flashsale_job_runs_total', { task: 'refunds', result: 'ok' }) >= 2 &&
               sample(t, 'flashsale_order_events_unpublished', relayed) >= 2 &&
               sample(t, 'flashsale_order_events_oldest_unpublished_age_seconds', relayed) > 0
               ? t
@@ -496,7 +496,7 @@ describe('order events: transactional outbox -> Kafka, at least once and in orde
           'the relay-less pod running its refund worker',
           async () => {
             const t = await metricsOf(noRelay.metricsUrl);
-            return sample(t, 'flashsale_job_runs_total', { job: 'refunds', result: 'ok' }) >= 2
+            return sample(t, 'flashsale_job_runs_total', { task: 'refunds', result: 'ok' }) >= 2
               ? t
               : undefined;
           },

@@ -15,7 +15,7 @@ import {
   renderChart,
   scrapedMetrics,
 } from './chart-helpers.js';
-import { contractViolations, selectors } from './promql.js';
+import { TARGET_LABELS, contractViolations, selectors } from './promql.js';
 
 interface Query {
   source: string;
@@ -96,6 +96,14 @@ describe('metrics contract: dashboards and alerts use only metrics the code expo
   it.each(dashboards.map((f) => [path.basename(f), f]))('dashboard %s', (_name, file) => {
     const queries = dashboardQueries(file);
     expect(contractViolations(queries, exported)).toEqual([]);
+  });
+
+  it("no runtime metric has a label Prometheus sets on its targets (the runtime's PodMonitor does not honour a pod's labels)", async () => {
+    const runtime = await scrapedMetrics(createMetrics('api', 'shop.s1-aaaaaaaa').registry);
+    const clashes = [...runtime].flatMap(([name, labels]) =>
+      [...labels].filter((l) => TARGET_LABELS.includes(l)).map((l) => `${name}{${l}}`),
+    );
+    expect(clashes).toEqual([]);
   });
 
   it('alert rules', () => {
