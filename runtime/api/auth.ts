@@ -226,10 +226,13 @@ export function createSyncTokenVerifier(cfg: AuthConfig): SyncTokenVerifier {
   const entries = keys.map((k) => ({ ...k, verify: verifierFor(k) }));
   const byKid = new Map(entries.filter((k) => k.kid !== undefined).map((k) => [k.kid!, k]));
   const only = entries.length === 1 ? entries[0]! : undefined;
-  // A single configured key (not a key set) accepts any kid: the header need not be read.
+  // A single configured key (not a key set) accepts any kid: the header need not be read. A key
+  // set of one key takes a token that names no kid (docs/install.md: a kid is needed only with
+  // several keys), and refuses one naming another key.
   const fixed = only?.kid === undefined ? only : undefined;
   return (token) => {
-    const entry = fixed ?? byKid.get(decodePart(token.split('.', 1)[0]).kid as string);
+    const kid = fixed ? undefined : decodePart(token.split('.', 1)[0]).kid;
+    const entry = fixed ?? (kid === undefined ? only : byKid.get(kid as string));
     if (!entry) throw new Error('no key for this token ("kid")');
     let payload: Record<string, unknown>;
     try {

@@ -109,6 +109,23 @@ describe('buyer tokens', () => {
     await expect(verify(await sign(a.privateKey))).rejects.toThrow();
   });
 
+  test('a key set of one key verifies a token that names no kid (as docs/install.md says); another kid is refused', async () => {
+    const a = rsaPair(2048);
+    const b = rsaPair(2048);
+    const jwks = JSON.stringify({
+      keys: [{ ...(await exportJWK(a.publicKey)), kid: 'k-2026-01', alg: 'RS256', use: 'sig' }],
+    });
+    const verify = await createTokenVerifier({ JWT_JWKS: jwks });
+    const sign = (key: typeof a.privateKey, kid?: string) =>
+      build(fresh())
+        .setProtectedHeader(kid ? { alg: 'RS256', kid } : { alg: 'RS256' })
+        .sign(key);
+    await expect(verify(await sign(a.privateKey))).resolves.toBe('alice');
+    await expect(verify(await sign(a.privateKey, 'k-2026-01'))).resolves.toBe('alice');
+    await expect(verify(await sign(a.privateKey, 'k-other'))).rejects.toThrow(/kid/);
+    await expect(verify(await sign(b.privateKey))).rejects.toThrow();
+  });
+
   test('a key set is checked at start: kids required and distinct, key sizes, no private keys', async () => {
     const small = rsaPair(1024);
     const ok = rsaPair(2048);
