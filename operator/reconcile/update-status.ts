@@ -113,7 +113,16 @@ export function degradedCondition(ctx: ReconcileContext, status: FlashSaleActivi
   const refusal = status.cache?.refusal;
   if (refusal?.generation === ctx.generation && refusal.message)
     return c(Reason.SpecChangeRefused, refusal.message);
-  if (status.drain?.timedOut && status.drain.leftover) return c(Reason.DrainTimedOut, status.drain.leftover);
+  // What the drain left is gone once the cleanup ran (it waits until nothing is in flight): from
+  // Settling on the leftover is history (status.drain keeps it), not a problem to chase.
+  const phase = derivePhase(status.conditions);
+  if (
+    status.drain?.timedOut &&
+    status.drain.leftover &&
+    phase !== Phase.Settling &&
+    phase !== Phase.Completed
+  )
+    return c(Reason.DrainTimedOut, status.drain.leftover);
   return {
     type: ConditionType.Degraded,
     status: 'False',

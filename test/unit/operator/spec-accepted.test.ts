@@ -1,8 +1,9 @@
-// A refused edit stays visible (operator/reconcile/update-status.ts): SpecAccepted is False with
+// Degraded's reasons (operator/reconcile/update-status.ts). A refused edit stays visible (operator/reconcile/update-status.ts): SpecAccepted is False with
 // SpecChangeRefused for as long as the refusal stands for this generation, even when Degraded,
 // which holds one reason, shows another problem of the pass.
 import type { FlashSaleActivityStatus } from '../../../operator/api/v1alpha1/types.js';
-import { Reason } from '../../../operator/api/v1alpha1/types.js';
+import { enterPhase } from '../../../operator/api/v1alpha1/conditions.js';
+import { Phase, Reason } from '../../../operator/api/v1alpha1/types.js';
 import type { ReconcileContext } from '../../../operator/reconcile/context.js';
 import { degradedCondition, specAcceptedCondition } from '../../../operator/reconcile/update-status.js';
 
@@ -30,5 +31,28 @@ describe('SpecAccepted', () => {
       reason: 'SpecAccepted',
     });
     expect(specAcceptedCondition(ctxOf(5), {})).toMatchObject({ status: 'True', reason: 'SpecAccepted' });
+  });
+});
+
+describe('Degraded after a drain that timed out', () => {
+  const drained = (phase: Phase): FlashSaleActivityStatus => ({
+    conditions: enterPhase(undefined, phase, 'm', 1, new Date()),
+    drain: { timedOut: true, leftover: '2 half message(s) not yet in Kafka' },
+  });
+
+  it('is DrainTimedOut while the leftover can still matter (WritingBack, CleaningUp, Failed)', () => {
+    for (const phase of [Phase.WritingBack, Phase.CleaningUp, Phase.Failed])
+      expect({ phase, reason: degradedCondition(ctxOf(1), drained(phase)).reason }).toEqual({
+        phase,
+        reason: 'DrainTimedOut',
+      });
+  });
+
+  it('clears once the cleanup found nothing in flight (Settling, Completed): the leftover is history', () => {
+    for (const phase of [Phase.Settling, Phase.Completed])
+      expect({ phase, condition: degradedCondition(ctxOf(1), drained(phase)) }).toEqual({
+        phase,
+        condition: expect.objectContaining({ status: 'False', reason: 'AsExpected' }),
+      });
   });
 });
