@@ -227,3 +227,29 @@ database URL, the api no Kafka brokers or Kafka credentials. Args: dict "shared"
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
+
+{{/*
+The TCP ports the NetworkPolicies let the operator, the runtime and the after-sale pods reach their
+data stores on: networkPolicy.dataStorePorts, then every port the connection values name (the
+PostgreSQL and Redis URLs, runtime.redis.sentinels and clusterNodes, runtime.kafka.brokers), so a
+Sentinel on 26379 or brokers on a TLS port are not cut off by the default list. Ports the chart
+cannot see (an existingSecret's URLs, the data nodes a Sentinel or a cluster announces) belong in
+dataStorePorts. A JSON list.
+*/}}
+{{- define "flashsale.dataStorePorts" -}}
+{{- $ports := list -}}
+{{- range .Values.networkPolicy.dataStorePorts }}{{ $ports = append $ports (int .) }}{{ end -}}
+{{- $r := .Values.runtime -}}
+{{- $addresses := list -}}
+{{- range (concat ($r.redis.sentinels | default list) ($r.redis.clusterNodes | default list) ($r.kafka.brokers | default list)) }}
+{{- $addresses = append $addresses (toString .) -}}
+{{- end -}}
+{{- range (list $r.database.url $r.database.migrationUrl $r.redis.url) }}
+{{- if . }}{{ $addresses = append $addresses (urlParse .).host }}{{ end -}}
+{{- end -}}
+{{- range $addresses }}
+{{- $port := splitList ":" . | last -}}
+{{- if and (contains ":" .) (regexMatch "^[0-9]+$" $port) }}{{ $ports = append $ports (int $port) }}{{ end -}}
+{{- end -}}
+{{- $ports | uniq | toJson -}}
+{{- end -}}

@@ -444,6 +444,32 @@ describe('least privilege', () => {
     const off = parseManifests(renderChart(helm, [], [...connection, 'networkPolicy.enabled=false']));
     expect(off.filter((o) => o.kind === 'NetworkPolicy')).toEqual([]);
   });
+
+  it('lets every pod reach the ports the connection values name (Sentinels, brokers, URLs), beside dataStorePorts', () => {
+    const objects = parseManifests(
+      renderChart(
+        helm,
+        [],
+        [
+          ...connection,
+          'runtime.redis.url=rediss://:secret@redis:6380/0',
+          'runtime.redis.sentinels={sentinel-0.redis:26379,sentinel-1.redis:26379}',
+          'runtime.redis.sentinelMaster=sales',
+          'runtime.kafka.brokers={b-1.kafka:9094,b-2.kafka:9094}',
+        ],
+      ),
+    );
+    const dataStorePorts = (name: string, egress: number) =>
+      (
+        at(findObject(objects, 'NetworkPolicy', name), `spec.egress.${egress}.ports`) as { port: number }[]
+      ).map((p) => p.port);
+    const expected = [5432, 6379, 9092, 26379, 9094, 6380];
+    expect({
+      runtime: dataStorePorts('-runtime', 1),
+      afterSale: dataStorePorts('-after-sale', 1),
+      operator: dataStorePorts('-operator', 2),
+    }).toEqual({ runtime: expected, afterSale: expected, operator: expected });
+  });
 });
 
 describe('monitoring reaches every pod that serves /metrics', () => {
