@@ -67,9 +67,9 @@ chart-lint: ## helm lint --strict the chart with the default (plus connection se
 	bash test/env/build-kube.sh helm >/dev/null
 	for v in test/integration/chart/values-connection.yaml examples/values-small.yaml examples/values-large.yaml; do $(HELM) lint --strict charts/flashsale --kube-version 1.34.0 $${v:+-f $$v} || exit 1; done
 
-chart-sync: ## Copy crds/ and config/rbac/role.yaml into the chart (after editing either; a test fails on drift)
+chart-sync: ## Copy crds/ and config/rbac/role.yaml, tenant_role.yaml into the chart (after editing either; a test fails on drift)
 	cp crds/flashsale.io_flashsaleactivities.yaml charts/flashsale/files/crds/
-	cp config/rbac/role.yaml charts/flashsale/files/rbac/
+	cp config/rbac/role.yaml config/rbac/tenant_role.yaml charts/flashsale/files/rbac/
 
 images: ## Build the runtime and operator images (needs a Docker engine; docs/images.md)
 	docker build --target runtime -t flashsale-runtime:0.1.0 .

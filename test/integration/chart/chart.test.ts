@@ -89,10 +89,19 @@ describe('chart sources', () => {
   });
 
   it('ships the repository RBAC rules unchanged (charts/flashsale/files/rbac is a copy of config/rbac/)', () => {
-    // On failure: cp config/rbac/role.yaml charts/flashsale/files/rbac/
-    expect(readText(path.join(chartDir, 'files', 'rbac', 'role.yaml'))).toBe(
-      readText(path.join(repoRoot, 'config', 'rbac', 'role.yaml')),
-    );
+    // On failure: make chart-sync
+    for (const file of ['role.yaml', 'tenant_role.yaml'])
+      expect(readText(path.join(chartDir, 'files', 'rbac', file))).toBe(
+        readText(path.join(repoRoot, 'config', 'rbac', file)),
+      );
+  });
+
+  it("renders the tenants' ClusterRole with the rules of config/rbac/tenant_role.yaml", () => {
+    const config = parseManifests(readText(path.join(repoRoot, 'config', 'rbac', 'tenant_role.yaml')));
+    const chart = parseManifests(renderChart(helm, []));
+    const tenant = findObject(chart, 'ClusterRole', '-tenant');
+    expect(tenant.metadata.name).toBe('flashsale-tenant');
+    expect(at(tenant, 'rules')).toEqual(at(findObject(config, 'ClusterRole', 'flashsale-tenant'), 'rules'));
   });
 
   it('grants exactly the RBAC rules of config/rbac (least privilege, in step with the operator)', () => {
