@@ -41,6 +41,11 @@ export interface InsertOutcome {
  * Inserts a batch of orders with one statement. The database's unique keys decide: a redelivered
  * message inserts nothing, and a second live order for the same buyer slot is refused.
  *
+ * The payment deadline is the reservation's time plus the payment timeout, but never less than
+ * half the timeout after the order is written: a buyer pays an order (its id), so one that reached
+ * PostgreSQL late (a consumer outage, a dead letter replayed) would otherwise be closed by the next
+ * sweep before its buyer could pay it.
+ *
  * With `journal`, the same statement also appends each inserted order's journal row (event and
  * status given). One statement instead of two matters on a hot SKU: the statement's trigger
  * (activity_skus sold) locks the SKU's row at the end of the statement until the commit, so
@@ -64,7 +69,8 @@ export async function insertOrders(
      INSERT INTO orders (reservation_id, activity_id, user_id, sku_id, slot, quantity, unit_price, amount,
                          item_name, status, trace_id, reserved_at, expires_at)
      SELECT r, a, u, s, sl, q, p, p * q, n, 'UNPAID', t, to_timestamp(ts / 1000.0),
-            to_timestamp(ts / 1000.0) + make_interval(secs => $11)
+            GREATEST(to_timestamp(ts / 1000.0) + make_interval(secs => $11),
+                     now() + make_interval(secs => $11 / 2.0))
        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::int[], $7::numeric[],
                    $8::text[], $9::text[], $10::bigint[]) AS x(r, a, u, s, sl, q, p, n, t, ts)
      ON CONFLICT DO NOTHING

@@ -37,6 +37,38 @@ describe('orders-store insertOrders (real PostgreSQL)', () => {
     });
 
   test(
+    'the payment deadline is the reservation plus the timeout, and at least half the timeout after an order written late',
+    async () => {
+      const a = uniqueId('os-late');
+      const now = Date.now();
+      await insertOrders(
+        sql,
+        [
+          message(a, `${a}-on-time`, { userId: 'u1', reservedAt: now - 1_000 }),
+          // Written an hour after its reservation (a consumer outage, a replayed dead letter).
+          message(a, `${a}-late`, { userId: 'u2', reservedAt: now - 3_600_000 }),
+        ],
+        900,
+      );
+      const rows = await sql.query<{ reservation_id: string; reserved: number; expires: number }>(
+        `SELECT reservation_id, extract(epoch FROM reserved_at) * 1000 AS reserved,
+                extract(epoch FROM expires_at) * 1000 AS expires
+           FROM orders WHERE activity_id = $1 ORDER BY reservation_id`,
+        [a],
+      );
+      const [late, onTime] = rows.rows.map((r) => ({
+        ...r,
+        reserved: Number(r.reserved),
+        expires: Number(r.expires),
+      }));
+      expect(onTime!.expires - onTime!.reserved).toBe(900_000);
+      expect(late!.expires).toBeGreaterThanOrEqual(now + 450_000 - 5_000);
+      expect(late!.expires).toBeLessThanOrEqual(Date.now() + 450_000 + 5_000);
+    },
+    TIMEOUT_MS,
+  );
+
+  test(
     'the amount is unit price x quantity, computed in SQL, for one and for several units',
     async () => {
       const a = uniqueId('os');
