@@ -27,14 +27,15 @@ import type { ReconcileContext, StepResult } from './context.js';
 import { CONTINUE, DONE } from './context.js';
 import { buildDefinition, diffDefinition, listChanges, phaseOfGate } from './definition.js';
 import { planBuckets } from './plan-buckets.js';
-import { resolveItems } from './resolve-items.js';
+import { catalogProblems, resolveItems } from './resolve-items.js';
 import { syncTrafficPolicy } from './traffic-policy.js';
 
 export type SyncOutcome =
   | { kind: 'loaded'; first: boolean; changes: string[] }
   | { kind: 'unchanged' }
   | { kind: 'refused'; message: string }
-  | { kind: 'empty' };
+  | { kind: 'empty' }
+  | { kind: 'invalid'; message: string };
 
 /**
  * Brings the cache to the spec's generation when that is safe in the current phase. Idempotent:
@@ -47,6 +48,13 @@ export async function syncCache(ctx: ReconcileContext, phase: Phase): Promise<Sy
   const { redis } = ctx.deps;
   const resolved = await resolveItems(ctx);
   if (resolved.length === 0) return { kind: 'empty' };
+  // A catalog's rows were never admitted by the CRD: refused whole, nothing loaded or changed.
+  const problems = catalogProblems(resolved);
+  if (problems.length > 0)
+    return {
+      kind: 'invalid',
+      message: `catalog "${ctx.fsa.spec.catalogRef?.name ?? ''}": ${problems.slice(0, 3).join('; ')}${problems.length > 3 ? ` (and ${problems.length - 3} more)` : ''}`,
+    };
   const loaded = await readLoadedDefinition(redis, ctx.activityId);
   const items = await planBuckets(ctx, resolved, loaded);
   const desired = buildDefinition(ctx.fsa, ctx.activityId, items);
@@ -167,6 +175,13 @@ export async function syncSpec(ctx: ReconcileContext): Promise<StepResult> {
       ctx.degraded = {
         reason: Reason.CatalogEmpty,
         message: `catalog "${ctx.fsa.spec.catalogRef?.name ?? ''}" has no items; keeping what is loaded`,
+      };
+      ctx.requeueAfter(ctx.deps.config.cleanupRetryMs);
+      break;
+    case 'invalid':
+      ctx.degraded = {
+        reason: Reason.CatalogInvalid,
+        message: boundedMessage(`${outcome.message}; keeping what is loaded`),
       };
       ctx.requeueAfter(ctx.deps.config.cleanupRetryMs);
       break;

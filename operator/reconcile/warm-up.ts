@@ -74,6 +74,11 @@ export async function warmUp(ctx: ReconcileContext): Promise<StepResult> {
 
   await register(ctx);
   const outcome = await syncCache(ctx, Phase.WarmingUp);
+  if (outcome.kind === 'invalid') {
+    ctx.degraded = { reason: Reason.CatalogInvalid, message: boundedMessage(`${outcome.message}; retrying`) };
+    ctx.requeueAfter(ctx.deps.config.cleanupRetryMs);
+    return DONE;
+  }
   if (outcome.kind === 'empty') {
     ctx.degraded = {
       reason: Reason.CatalogEmpty,

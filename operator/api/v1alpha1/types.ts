@@ -128,6 +128,8 @@ export const Reason = {
   ScheduleMissed: 'ScheduleMissed',
   ActivityIdInUse: 'ActivityIdInUse',
   CatalogEmpty: 'CatalogEmpty',
+  /** Rows of the catalogRef the CRD would refuse inline (an unsafe sku id, an empty name). */
+  CatalogInvalid: 'CatalogInvalid',
   /** The activity's Kafka topics exist with less replication than the operator's settings. */
   TopicsUnderReplicated: 'TopicsUnderReplicated',
   /** Fewer Kafka brokers are available than the replication factor the topics are created with. */

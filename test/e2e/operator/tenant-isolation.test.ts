@@ -291,7 +291,28 @@ describe('operator: tenant isolation', () => {
       expect(empty.status?.phase).toBe(Phase.WarmingUp);
       const id = empty.status?.activityId ?? '';
       expect(await readLoadedDefinition(redis, id)).toBeUndefined();
-      // Its own namespace's catalog of that name is what it loads.
+      // A row the CRD would refuse inline (no name: the consumer would dead-letter every order of
+      // it) holds the warm-up with a condition naming it; nothing is loaded.
+      await upsertCatalogItems(pg, [
+        {
+          namespace: ns.namespace,
+          catalog,
+          skuId: 'tea',
+          name: '',
+          price: '5.00',
+          stock: 3,
+          limitPerUser: 1,
+        },
+      ]);
+      const invalid = await waitFor('catalog reported invalid', async () => {
+        const fsa = await getActivity(a, ns.namespace, 'shop');
+        const c = findCondition(fsa?.status?.conditions, 'Degraded');
+        return c?.reason === 'CatalogInvalid' ? { fsa, c } : undefined;
+      });
+      expect(invalid.c.message).toMatch(/sku tea: name must be 1 to 200 characters/);
+      expect(invalid.fsa?.status?.phase).toBe(Phase.WarmingUp);
+      expect(await readLoadedDefinition(redis, id)).toBeUndefined();
+      // Its own namespace's catalog of that name, mended, is what it loads.
       await upsertCatalogItems(pg, [
         {
           namespace: ns.namespace,

@@ -1,6 +1,7 @@
 import type { LoadedDefinition } from '../../../core/loaded-definition.js';
 import type { ActivityDefinition } from '../../../core/model.js';
 import { Phase } from '../../../operator/api/v1alpha1/types.js';
+import { catalogProblems } from '../../../operator/reconcile/resolve-items.js';
 import {
   CHANGES_LISTED,
   diffDefinition,
@@ -156,5 +157,27 @@ describe('listChanges', () => {
     expect(message).toMatch(/; \.\.\. and 4980 more difference\(s\)$/);
     expect(message.length).toBeLessThan(2000);
     expect(listChanges(repriced.slice(0, 2))).toBe(repriced.slice(0, 2).join('; '));
+  });
+});
+
+describe('catalogProblems', () => {
+  const item = { skuId: 'tea', name: '茶', price: '5.00', stock: 3, limitPerUser: 1 };
+  it('finds none in rows the CRD would admit inline', () => {
+    expect(catalogProblems([item, { ...item, skuId: 'A.b_c-9', name: 'x'.repeat(200) }])).toEqual([]);
+  });
+  it('names each row the CRD would refuse: an unsafe sku id, an empty or too long name', () => {
+    expect(
+      catalogProblems([
+        { ...item, skuId: 'a:b*' },
+        { ...item, skuId: '' },
+        { ...item, name: '' },
+        { ...item, skuId: 'long', name: 'x'.repeat(201) },
+      ]),
+    ).toEqual([
+      'sku id "a:b*" does not match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$',
+      'sku id "" does not match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$',
+      'sku tea: name must be 1 to 200 characters (has 0)',
+      'sku long: name must be 1 to 200 characters (has 201)',
+    ]);
   });
 });
