@@ -324,22 +324,21 @@ describe('operator: the whole lifecycle of one activity', () => {
       expect(events.filter((e) => e.type !== 'Normal')).toEqual([]);
 
       // kubectl shows the printer columns.
-      const kubectl = testEnv().kubectl;
-      if (kubectl) {
-        const out = spawnSync(kubectl, ['get', 'fsa', '-n', ns.namespace], {
-          encoding: 'utf8',
-          env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
-        });
-        expect(out.stdout.split('\n')[0]).toMatch(
-          /NAME\s+PHASE\s+START\s+END\s+REMAINING\s+RUNTIME\s+ORDER-GAP\s+UNSETTLED\s+AGE\s+ID/,
-        );
-        expect(out.stdout).toMatch(
-          new RegExp(
-            `${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+21\\s+False\\s+0\\s+0\\s+\\S+\\s+${activityId}\\s*$`,
-            'm',
-          ),
-        );
-      }
+      // The test environment's kubectl (test/env/build-kube.sh), else the one on PATH: never skipped.
+      const kubectl = testEnv().kubectl ?? 'kubectl';
+      const out = spawnSync(kubectl, ['get', 'fsa', '-n', ns.namespace], {
+        encoding: 'utf8',
+        env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
+      });
+      expect(out.stdout.split('\n')[0]).toMatch(
+        /NAME\s+PHASE\s+START\s+END\s+REMAINING\s+RUNTIME\s+ORDER-GAP\s+UNSETTLED\s+AGE\s+ID/,
+      );
+      expect(out.stdout).toMatch(
+        new RegExp(
+          `${name}\\s+Completed\\s+\\S+\\s+\\S+\\s+21\\s+False\\s+0\\s+0\\s+\\S+\\s+${activityId}\\s*$`,
+          'm',
+        ),
+      );
 
       // The operator's own endpoints.
       const base = `http://127.0.0.1:${operator?.port ?? 0}`;

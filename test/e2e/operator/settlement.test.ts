@@ -289,19 +289,17 @@ describe('operator + after-sale role: an activity is Completed only once its ord
         refundPending: 1,
         unsettled: 1,
       });
-      const kubectl = testEnv().kubectl;
-      if (kubectl) {
-        const out = spawnSync(kubectl, ['get', 'fsa', '-n', ns.namespace], {
-          encoding: 'utf8',
-          env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
-        });
-        expect(out.stdout.split('\n')[0]).toMatch(
-          /PHASE\s+START\s+END\s+REMAINING\s+RUNTIME\s+ORDER-GAP\s+UNSETTLED\s+AGE/,
-        );
-        expect(out.stdout).toMatch(
-          new RegExp(`${name}\\s+Settling\\s+\\S+\\s+\\S+\\s+7\\s+\\S+\\s+0\\s+1\\s`),
-        );
-      }
+      // The test environment's kubectl (test/env/build-kube.sh), else the one on PATH: never skipped.
+      const kubectl = testEnv().kubectl ?? 'kubectl';
+      const out = spawnSync(kubectl, ['get', 'fsa', '-n', ns.namespace], {
+        encoding: 'utf8',
+        env: { ...process.env, KUBECONFIG: testEnv().kubeconfig },
+      });
+      expect(out.stdout.split('\n')[0]).toMatch(
+        /PHASE\s+START\s+END\s+REMAINING\s+RUNTIME\s+ORDER-GAP\s+UNSETTLED\s+AGE/,
+      );
+      expect(out.stdout).toMatch(new RegExp(`${name}\\s+Settling\\s+\\S+\\s+\\S+\\s+7\\s+\\S+\\s+0\\s+1\\s`));
+
       // Nothing is scaled down while something is left to settle.
       for (const role of ['api', 'relay', 'consumer']) {
         const d = await a.apps.readNamespacedDeployment({ name: `${name}-${role}`, namespace: ns.namespace });

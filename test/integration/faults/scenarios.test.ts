@@ -290,7 +290,7 @@ describe('fault scenarios (windows 1-11 of docs/faults.md)', () => {
       const pay = Promise.allSettled(
         orderIds.map((id, i) => acceptPayment(deps, 'hmac', notice(id, `trade-${i}`), `pay-${i}`)),
       );
-      await Promise.all([sweep(), sweep(), pay]);
+      const [, , paid] = await Promise.all([sweep(), sweep(), pay]);
       await sweep();
       const rows = await pool.query<{ status: string; n: number }>(
         'SELECT status, count(*)::int AS n FROM orders WHERE activity_id = $1 GROUP BY status',
@@ -298,6 +298,25 @@ describe('fault scenarios (windows 1-11 of docs/faults.md)', () => {
       );
       const by = new Map(rows.rows.map((r) => [r.status, r.n]));
       expect((by.get('PAID') ?? 0) + (by.get('CLOSED') ?? 0)).toBe(40);
+      // Every notification was answered, and its answer is its order's fate: PAID where the payment
+      // won, a refund where the close did (a broken payment path must not pass as "closes won").
+      const statusOf = new Map(
+        (
+          await pool.query<{ id: string; status: string }>(
+            'SELECT id::text, status FROM orders WHERE activity_id = $1',
+            [activityId],
+          )
+        ).rows.map((r) => [r.id, r.status]),
+      );
+      const answers = paid.map((r, i) =>
+        r.status === 'fulfilled'
+          ? `${r.value.outcome === 'PAID' ? 'PAID' : 'CLOSED'} ${statusOf.get(orderIds[i]!)}`
+          : `rejected: ${(r.reason as Error).message}`,
+      );
+      expect(answers.filter((a) => a !== 'PAID PAID' && a !== 'CLOSED CLOSED')).toEqual([]);
+      expect(
+        paid.filter((r) => r.status === 'fulfilled' && r.value.outcome === 'REFUND_PENDING').length,
+      ).toBe(by.get('CLOSED') ?? 0);
       const applied = await pool.query<{ n: number }>(
         `SELECT count(*)::int AS n FROM payments WHERE activity_id = $1 AND state = 'APPLIED'`,
         [activityId],
