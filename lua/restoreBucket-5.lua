@@ -1,8 +1,8 @@
 --[[
   Reload step of a cache restore for one stock bucket of a bucketed SKU (core/cache-restore.ts,
-  ARCHITECTURE.md "Stock buckets"): writes the bucket as PostgreSQL proves it, absolutely, fenced
-  by the restore epoch on the bucket's own meta, so a repeat after a crash writes the same values
-  or nothing. The bucket's stock is its share of the SKU's remaining units; its counters carry the
+  ARCHITECTURE.md "Stock buckets"): writes the bucket as PostgreSQL proves it, absolutely. An
+  earlier restore's epoch never overwrites a later one's mark on the bucket's meta; the same
+  epoch's repeat writes again from its own snapshot (lua/restoreStock-var.lua says why). The bucket's stock is its share of the SKU's remaining units; its counters carry the
   reservations of the buyers whose home bucket it is, and the difference between the two as units
   moved by the restore (transferredIn / transferredOut), so the buckets' counters still sum to the
   SKU's remaining units (core/buckets.ts unitsLeft). Transfer records are dropped: the remaining
@@ -30,14 +30,14 @@
 
   Output:
      {1}                  written
-     {2}                  this epoch (or a later one) is already marked on the bucket: nothing written
+     {2}                  a later epoch is already marked on the bucket: nothing written
     -16 BAD_ARGUMENT      malformed figures or epoch
 ]]
 --- @include "includes/nowMs"
 
 local epoch = tonumber(ARGV[1])
 if not epoch or epoch < 1 or #ARGV ~= 11 then return {-16} end
-if tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') >= epoch then return {2} end
+if tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') > epoch then return {2} end
 local initial, stock = tonumber(ARGV[4]), tonumber(ARGV[8])
 local reserved, released = tonumber(ARGV[9]), tonumber(ARGV[10])
 if not initial or not stock or not reserved or not released or not tonumber(ARGV[11])

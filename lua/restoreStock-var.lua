@@ -1,7 +1,11 @@
 --[[
   Reload step of a cache restore (core/cache-restore.ts): writes each SKU's stock as PostgreSQL
-  proves it (initial − live orders − reservations still in flight), absolutely, fenced per SKU by
-  the restore epoch, so a repeat after a crash writes the same values or nothing. The last chunk
+  proves it (initial − live orders − reservations still in flight), absolutely. An earlier
+  restore's epoch never overwrites a later one's mark; the same epoch's repeat (the operator died
+  before recording the step, or Redis lost the reload) writes every SKU again from its own
+  snapshot, the one its reservations are rewritten from: orders closed or paid between the two
+  reads must move the stock too, or a unit is lost for good. Nothing else writes the stock
+  meanwhile (the gate is paused since the hold; releases wait for the resume). The last chunk
   sets the counters and marks the cache with the epoch (`epoch`, `restoredAt`): from then on the
   cache is restored, and only then may the gate open again. The gate itself is not moved here.
 
@@ -22,14 +26,14 @@
 
   Output:
      {1, written, skipped}
-     {2}                  this epoch (or a later one) is already marked: nothing written
+     {2}                  a later epoch is already marked: nothing written
     -16 BAD_ARGUMENT      malformed group or epoch
 ]]
 --- @include "includes/nowMs"
 
 local epoch = tonumber(ARGV[1])
 if not epoch or epoch < 1 then return {-16} end
-if tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') >= epoch then return {2} end
+if tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') > epoch then return {2} end
 local n = #KEYS - 3
 if #ARGV ~= 7 + 6 * n then return {-16} end
 
@@ -40,7 +44,7 @@ for i = 1, n do
   local initial, remaining = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 6])
   if not initial or not remaining or remaining < 0 or remaining > initial then return {-16} end
   local key = KEYS[3 + i]
-  if tonumber(redis.call('HGET', key, 'repoch') or '0') >= epoch then
+  if tonumber(redis.call('HGET', key, 'repoch') or '0') > epoch then
     skipped = skipped + 1
   else
     redis.call('HSET', key, 'stock', remaining, 'initial', initial, 'limit', ARGV[base + 3],

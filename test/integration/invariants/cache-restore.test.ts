@@ -961,6 +961,33 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect((await checkCache(redis, sql, id, epoch, 10)).kind).toBe('consistent');
   });
 
+  test('an order closed between a reload and its repeat (the operator died before recording it) gets its unit back: the repeat writes the stock of its own snapshot', async () => {
+    const { id, start, end, r } = await saleWithOneOrder('rsx', 2);
+    const order = (await findLifecycleByReservationId(sql, r.reservationId))!;
+    const { t, epoch } = await loseAndHold(id, start, end);
+    // The first reload counts the order live; the operator dies before recording the step.
+    const first = await reloadFromPostgres(redis, sql, t);
+    expect(first.skus.map((s) => s.remaining)).toEqual([9]);
+    // The payment timeout closes the order meanwhile; its stock return waits for the resume.
+    const deps = lifecycle();
+    const closed = await closeOrder(deps, order.id, 'PAYMENT_TIMEOUT', 't-sweep');
+    expect(closed.settle).toMatchObject({ redis: 0, deferred: 1 });
+    // The next leader repeats the reload from a snapshot where the order is closed: its
+    // reservation comes back RELEASED, so its stock must too (else no release ever returns it).
+    const again = await reloadFromPostgres(redis, sql, t);
+    expect(again.skus.map((s) => s.remaining)).toEqual([10]);
+    expect(await redis.hget(activityKeys(id).reservation(r.reservationId), 'state')).toBe('RELEASED');
+    expect(await advanceRestore(sql, id, epoch, 'drained', again)).toBe(true);
+    expect(await advanceRestore(sql, id, epoch, 'reloaded')).toBe(true);
+    await setGate(redis, id, 'open');
+
+    const row = (await findLifecycleByReservationId(sql, r.reservationId))!;
+    expect(await settleStock(deps, [row])).toMatchObject({ redis: 1, deferred: 0 });
+    const stock = await readStock(redis, id);
+    expect(stock.skus.map((s) => [s.skuId, s.initial, s.remaining])).toEqual([['a', 10, 10]]);
+    expect((await checkCache(redis, sql, id, epoch, 10)).kind).toBe('consistent');
+  });
+
   test('an order paid while the reload reads its snapshot comes back PAID: no release can return its unit', async () => {
     const { id, start, end, r } = await saleWithOneOrder('rsq', 1);
     const order = (await findLifecycleByReservationId(sql, r.reservationId))!;
