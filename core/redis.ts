@@ -217,7 +217,9 @@ export function createNodeRedis(conn: RedisConnection, options: RedisOptions = {
       ...(u?.username ? { username: decodeURIComponent(u.username) } : {}),
       ...(u?.password ? { password: decodeURIComponent(u.password) } : {}),
       ...(u && u.pathname.length > 1 ? { db: Number(u.pathname.slice(1)) } : {}),
-      ...(u?.protocol === 'rediss:' ? { tls: {} } : {}),
+      // ioredis ignores `tls` for the data nodes a Sentinel names unless told to use it: without
+      // the flag a rediss:// URL connected in plain text (refused by a TLS-only node).
+      ...(u?.protocol === 'rediss:' ? { tls: {}, enableTLSForSentinelMode: true } : {}),
       failoverDetector: true,
       ...options,
     });

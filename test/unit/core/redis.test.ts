@@ -1,6 +1,7 @@
 import { loadRuntimeConfig } from '../../../runtime/config.js';
 import { loadOperatorConfig } from '../../../operator/config.js';
 import {
+  createNodeRedis,
   describeRedis,
   parseSentinels,
   redisConnectionOf,
@@ -99,5 +100,17 @@ describe('Redis topology from the environment (core/redis.ts)', () => {
         CONSUMER_HEARTBEAT_INTERVAL_MS: '3000',
       }),
     ).toThrow(/CONSUMER_HEARTBEAT_INTERVAL_MS must be at most a third/);
+  });
+
+  it('a rediss:// URL with Sentinels reaches the data nodes over TLS (ioredis needs enableTLSForSentinelMode)', () => {
+    const sentinels = [{ host: 's1', port: 26379 }];
+    const options = (url: string) => {
+      const client = createNodeRedis({ url, sentinels, sentinelMaster: 'sales' }, { lazyConnect: true });
+      const o = client.options as { tls?: unknown; enableTLSForSentinelMode?: boolean };
+      client.disconnect();
+      return { tls: o.tls !== undefined, sentinelTls: o.enableTLSForSentinelMode === true };
+    };
+    expect(options('rediss://:pw@x/0')).toEqual({ tls: true, sentinelTls: true });
+    expect(options('redis://:pw@x/0')).toEqual({ tls: false, sentinelTls: false });
   });
 });
