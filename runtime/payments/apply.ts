@@ -64,26 +64,35 @@ export function paidInTime(
   return notice.paidAt.getTime() <= order.expiresAt.getTime() + toleranceSeconds * 1000;
 }
 
+/** How deep a notification's fields may nest: storing them (JSON.stringify) recurses. */
+export const NOTIFICATION_MAX_DEPTH = 64;
+
 /**
  * Where in `value` (strings, object keys, nested objects and arrays) there is text PostgreSQL
- * cannot store, as a dotted path (`` for `value` itself), or undefined. Iterative: a signed body
- * may nest deeply.
+ * cannot store, or nesting deeper than NOTIFICATION_MAX_DEPTH, as a dotted path (`` for `value`
+ * itself) and why, or undefined. Iterative: a signed body may nest deeply, and storing one nested
+ * too deep would overflow the stack (a 500 the provider retries for ever).
  */
-function unstorableTextPath(value: unknown): string | undefined {
-  const stack: [unknown, string][] = [[value, '']];
+function unstorablePath(value: unknown): { path: string; message: string } | undefined {
+  const stack: [unknown, string, number][] = [[value, '', 0]];
   for (let item = stack.pop(); item !== undefined; item = stack.pop()) {
-    const [v, path] = item;
+    const [v, path, depth] = item;
     if (typeof v === 'string') {
-      if (!isStorableText(v)) return path;
+      if (!isStorableText(v)) return { path, message: UNSTORABLE_TEXT };
     } else if (v !== null && typeof v === 'object') {
+      if (depth >= NOTIFICATION_MAX_DEPTH)
+        return { path, message: `nested deeper than ${NOTIFICATION_MAX_DEPTH} levels` };
       for (const [k, child] of Object.entries(v)) {
-        if (!isStorableText(k)) return path === '' ? '(a key)' : `${path}.(a key)`;
-        stack.push([child, path === '' ? k : `${path}.${k}`]);
+        if (!isStorableText(k))
+          return { path: path === '' ? '(a key)' : `${path}.(a key)`, message: UNSTORABLE_TEXT };
+        stack.push([child, path === '' ? k : `${path}.${k}`, depth + 1]);
       }
     }
   }
   return undefined;
 }
+
+const UNSTORABLE_TEXT = 'no U+0000 and no unpaired surrogate (text the database can store)';
 
 /**
  * Steps 1-5 above, in one transaction; throws (and writes nothing) for unknown orders and trade
@@ -101,14 +110,10 @@ export async function applyPayment(
   live?: { redis: RedisClient; logger: Logger },
 ): Promise<ApplyResult> {
   const unstorable =
-    unstorableTextPath(notice.fields) ??
-    unstorableTextPath({ tradeNo: notice.tradeNo, providerStatus: notice.providerStatus });
+    unstorablePath(notice.fields) ??
+    unstorablePath({ tradeNo: notice.tradeNo, providerStatus: notice.providerStatus });
   if (unstorable !== undefined) {
-    throw new FlashSaleError('VALIDATION_ERROR', 'the notification is not valid', {
-      errors: [
-        { path: unstorable, message: 'no U+0000 and no unpaired surrogate (text the database can store)' },
-      ],
-    });
+    throw new FlashSaleError('VALIDATION_ERROR', 'the notification is not valid', { errors: [unstorable] });
   }
   return inTransaction(pool, async (c) => {
     const order = await lockOrder(c, notice.orderId);

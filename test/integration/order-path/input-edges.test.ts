@@ -177,6 +177,8 @@ describe('input at the edges: never a 500, never a partial write', () => {
       '"meta":{"tags":["ok","\\udfff"]}',
       '"\\u0000":1',
       '"meta":{"a\\ud800":"x"}',
+      // Nested too deep to store (JSON.stringify recurses): refused, not a 500 retried for ever.
+      `"meta":${'['.repeat(20_000)}${']'.repeat(20_000)}`,
     ];
     for (const extra of extras) {
       const r = await notify(api, `${base},${extra}}`);
