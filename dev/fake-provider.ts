@@ -11,7 +11,8 @@ import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { signNotification } from '../runtime/payments/hmac-provider.js';
 
-export type FakeMode = 'ok' | 'fail' | 'hang' | 'processing' | 'refuse';
+/** `refuse-garbled`: a refusal whose message holds a NUL and half a surrogate pair (a gateway's bytes). */
+export type FakeMode = 'ok' | 'fail' | 'hang' | 'processing' | 'refuse' | 'refuse-garbled';
 
 export interface ExecutedRefund {
   refundId: string;
@@ -77,11 +78,11 @@ export async function startFakeProvider(opts: { secret: string }): Promise<FakeP
       answer(res, 503, { out_refund_no: id, refund_status: 'SYSTEM_ERROR', message: 'try later' });
       return;
     }
-    if (state.mode === 'refuse') {
+    if (state.mode === 'refuse' || state.mode === 'refuse-garbled') {
       answer(res, 400, {
         out_refund_no: id,
         refund_status: 'REFUND_FAILED',
-        message: 'trade not refundable',
+        message: state.mode === 'refuse' ? 'trade not refundable' : 'trade \u0000not refundable \ud800',
       });
       return;
     }

@@ -29,7 +29,8 @@ import {
 import type { Logger } from '../../core/logger.js';
 import type { Metrics } from '../../core/metrics.js';
 import { completeRefund, enqueuePaymentRefund, failRefund } from '../../core/refunds.js';
-import type { RefundProvider } from '../../core/payment-provider.js';
+import type { RefundAnswer, RefundProvider } from '../../core/payment-provider.js';
+import { storableText } from '../../core/db/storable-text.js';
 
 export interface RefundWorkerConfig {
   REFUND_WORKER_CRON: string;
@@ -102,18 +103,20 @@ export async function runRefundWorker(d: RefundWorkerDeps): Promise<RefundRunRep
       d.metrics.refunds.inc({ activity: r.activityId, outcome: 'retried' });
       continue;
     }
-    let answer;
+    let answer: RefundAnswer;
     try {
-      answer = await provider.refund({
-        refundId: r.refundId,
-        orderId: r.orderId,
-        tradeNo: r.tradeNo,
-        amount: r.amount,
-        reason: r.reason,
-      });
+      answer = storableAnswer(
+        await provider.refund({
+          refundId: r.refundId,
+          orderId: r.orderId,
+          tradeNo: r.tradeNo,
+          amount: r.amount,
+          reason: r.reason,
+        }),
+      );
     } catch (err) {
-      const message = (err as Error).message;
-      await noteRefundAttempt(d.pool, r.refundId, null, message.slice(0, 500));
+      const message = storableText((err as Error).message, 500);
+      await noteRefundAttempt(d.pool, r.refundId, null, message);
       d.logger.warn({ ...log, err: message }, 'refund call failed; retried with the same refund id');
       report.retried += 1;
       d.metrics.refunds.inc({ activity: r.activityId, outcome: 'retried' });
@@ -174,4 +177,25 @@ export function startRefundWorker(d: RefundWorkerDeps): { stop: () => Promise<vo
       await task.stop();
     },
   };
+}
+
+/**
+ * The provider's answer as PostgreSQL can store it (its status, refund number and error go to
+ * `refunds` and the journal): a NUL or a half surrogate pair in a gateway's error page or a signed
+ * `message` would otherwise fail every write of the answer, and the refund would be retried for
+ * ever, never FAILED, nobody paged.
+ */
+function storableAnswer(a: RefundAnswer): RefundAnswer {
+  switch (a.status) {
+    case 'succeeded':
+      return {
+        ...a,
+        providerStatus: storableText(a.providerStatus, 64),
+        providerRefundNo: a.providerRefundNo === null ? null : storableText(a.providerRefundNo, 128),
+      };
+    case 'processing':
+      return { ...a, providerStatus: storableText(a.providerStatus, 64) };
+    case 'rejected':
+      return { ...a, providerStatus: storableText(a.providerStatus, 64), error: storableText(a.error, 500) };
+  }
 }

@@ -624,4 +624,31 @@ describe('refunds (worker, fake provider, buyer endpoint, notifications, operato
     },
     TIMEOUT_MS,
   );
+
+  it(
+    'a refusal whose message PostgreSQL cannot store (a NUL, half a surrogate pair) still marks the refund FAILED, the text made storable',
+    async () => {
+      const o = nextOrder();
+      await pay(o.orderId);
+      fake.mode = 'refuse-garbled';
+      try {
+        const requested = await runRefundCli(
+          ['request', o.orderId],
+          { DATABASE_URL: f.db.url, LOG_LEVEL: 'silent' },
+          () => undefined,
+          () => undefined,
+        );
+        expect(requested).toBe(0);
+        const failed = await driveUntil('refused', async () => {
+          const r = await refundOf(o.orderId, 'ORDER');
+          return r?.state === 'FAILED' ? r : undefined;
+        });
+        expect(failed.lastError).toBe('trade \ufffdnot refundable \ufffd');
+        expect((await journalFor(f.pool, o.reservationId)).map((j) => j.event)).toContain('REFUND_FAILED');
+      } finally {
+        fake.mode = 'ok';
+      }
+    },
+    TIMEOUT_MS,
+  );
 });
