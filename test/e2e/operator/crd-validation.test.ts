@@ -352,6 +352,39 @@ describe('FlashSaleActivity CRD on the API server', () => {
   );
 
   it(
+    'refuses removing an item once warm-up has begun (it is loaded in Redis), allows it while Pending',
+    async () => {
+      const three = valid();
+      (three.items as unknown[]).push({ skuId: 'cable', name: '数据线', price: '19.9', stock: 50 });
+      await create('rm', three);
+      expect(await refusal(patch('rm', [{ op: 'remove', path: '/spec/items/2' }]))).toBeUndefined();
+      for (const phase of ['WarmingUp', 'Ready']) {
+        await setPhase('rm', phase);
+        expect({
+          phase,
+          refused: await refusal(patch('rm', [{ op: 'remove', path: '/spec/items/1' }])),
+        }).toEqual({
+          phase,
+          refused: expect.stringMatching(/spec\.items: .*items cannot be removed once warm-up has begun/),
+        });
+      }
+      // Adding one stays possible.
+      expect(
+        await refusal(
+          patch('rm', [
+            {
+              op: 'add',
+              path: '/spec/items/-',
+              value: { skuId: 'cable', name: '数据线', price: '19.9', stock: 5 },
+            },
+          ]),
+        ),
+      ).toBeUndefined();
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'allows only safe edits once the sale is Active, and none once it has ended',
     async () => {
       await create('live', valid());
