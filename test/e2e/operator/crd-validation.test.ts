@@ -385,6 +385,58 @@ describe('FlashSaleActivity CRD on the API server', () => {
   );
 
   it(
+    "lets an edit the operator refused (it raced the gate's opening) be undone while Active; refused again once accepted",
+    async () => {
+      await create('race', valid());
+      // Admitted in Ready at 1999.00 -> 1899.00, while the gate had just opened: the operator
+      // refused it (SpecAccepted False) and Redis sells at 1999.00.
+      const spec = (accepted: 'True' | 'False') =>
+        a.custom.patchNamespacedCustomObjectStatus({
+          group: GROUP,
+          version: VERSION,
+          namespace,
+          plural: PLURAL,
+          name: 'race',
+          body: [
+            {
+              op: 'add',
+              path: '/status',
+              value: {
+                phase: 'Active',
+                conditions: [
+                  {
+                    type: 'SpecAccepted',
+                    status: accepted,
+                    reason: accepted === 'True' ? 'SpecAccepted' : 'SpecChangeRefused',
+                    message: accepted === 'True' ? 'accepted' : 'sku phone: price 1999.00 -> 1899.00',
+                    lastTransitionTime: new Date().toISOString(),
+                  },
+                ],
+              },
+            },
+          ],
+        });
+      expect(
+        await refusal(patch('race', [{ op: 'replace', path: '/spec/items/0/price', value: '1899.00' }])),
+      ).toBeUndefined();
+      await spec('False');
+      // The undo, and a startAt or a settings edit of the same refused kind, are admitted.
+      for (const ops of [
+        [{ op: 'replace', path: '/spec/items/0/price', value: '1999.00' }],
+        [{ op: 'replace', path: '/spec/schedule/startAt', value: '2031-01-01T09:59:00Z' }],
+        [{ op: 'replace', path: '/spec/requireOrderCode', value: true }],
+      ])
+        expect({ ops, refused: await refusal(patch('race', ops)) }).toEqual({ ops, refused: undefined });
+      // Once the operator accepted the spec, the Active rules hold again.
+      await spec('True');
+      expect(
+        await refusal(patch('race', [{ op: 'replace', path: '/spec/items/0/price', value: '1.00' }])),
+      ).toMatch(/price, name and limitPerUser cannot change/);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'allows only safe edits once the sale is Active, and none once it has ended',
     async () => {
       await create('live', valid());
