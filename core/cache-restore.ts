@@ -104,7 +104,18 @@ async function measure(
   // A Redis that came back from a snapshot (or a lagging replica) taken before the last load of a
   // spec generation: what that generation added (stock, items, a later endAt) is gone from it.
   if (Number(meta.gen) < expectedGeneration) return { kind: 'CacheBehind', divergence };
-  const behind = divergence.skus.some((s) => s.redisTaken === null || s.postgresLive > s.redisTaken);
+  // A SKU PostgreSQL knows and the cache never listed, with nothing sold: an item added by a spec
+  // edit whose load did not finish (sync-spec records the SKU before it loads it). Not a cache
+  // that lost anything: the next load writes it, and a restore would pause a healthy sale.
+  const unlisted = divergence.skus.filter((s) => s.redisTaken === null && s.postgresLive === 0);
+  const listed =
+    unlisted.length > 0 ? await redis.smismember(k.skuIndex, ...unlisted.map((s) => s.skuId)) : [];
+  const notLoaded = new Set(unlisted.filter((_, i) => listed[i] === 0).map((s) => s.skuId));
+  const behind = divergence.skus.some(
+    (s) =>
+      (s.redisTaken === null && !notLoaded.has(s.skuId)) ||
+      (s.redisTaken !== null && s.postgresLive > s.redisTaken),
+  );
   return { kind: behind ? 'CacheBehind' : 'consistent', divergence };
 }
 

@@ -224,6 +224,23 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect((await beginRestore(sql, id, 'CacheBehind', check.divergence)).epoch).toBe(2);
   });
 
+  test('an item added by an edit whose load did not finish is not a cache that lost anything; one the cache listed and lost is', async () => {
+    const id = uniqueId('rsa');
+    const items: CatalogItem[] = [{ skuId: 'old', name: '汤圆', price: '5.00', stock: 10, limitPerUser: 1 }];
+    await openSale(id, items);
+    // sync-spec records the new SKU, then the load is interrupted (a SIGKILL, a Redis timeout).
+    await recordActivitySkus(
+      sql,
+      id,
+      [...items, { skuId: 'new', name: '元宵', price: '6.00', stock: 4, limitPerUser: 1 }],
+      'spec',
+    );
+    expect((await checkCache(redis, sql, id, 0, 10)).kind).toBe('consistent');
+    // A SKU the cache did list, gone with nothing sold, is a cache that lost something.
+    await redis.del(activityKeys(id).sku('old'));
+    expect((await checkCache(redis, sql, id, 0, 10)).kind).toBe('CacheBehind');
+  });
+
   test('a bucketed sale: healthy is never behind; an empty cache is rebuilt bucket by bucket', async () => {
     const id = uniqueId('rsb');
     const BUCKETS = 4;
