@@ -5,7 +5,8 @@
  * operator drives the steps (operator/reconcile/restore-cache.ts) and keeps their progress in
  * `cache_restores`; the functions here are the Redis and PostgreSQL work of each step, each
  * idempotent: every Redis write is an absolute value derived from PostgreSQL, fenced by the
- * restore's epoch, so a repeat after a crash writes the same thing again or nothing.
+ * restore's epoch: a repeat after a crash writes again from its own snapshot (reservations and
+ * stock alike), and an earlier restore's epoch never overwrites a later one's mark.
  *
  * The epoch mark: the load script writes the cache's `gen` (absent in an empty Redis), and each
  * restore's reload writes `epoch` (lua/restoreStock-var.lua). PostgreSQL remembers the last epoch
@@ -220,12 +221,11 @@ export async function holdForRestore(redis: RedisClient, t: RestoreTarget): Prom
 
 /**
  * Lifts the restore's hold mark (`restoring`) from the activity's meta hash and every bucket's,
- * before the gate opens. The reload lifts each mark as it rewrites a scope, but a repeat of the
- * reload (the operator died before recording it, or the reload is gone and done again) finds the
- * scopes it had written already marked with the epoch and writes nothing, while the repeated hold
- * has marked them again: left, a bucket's mark refuses its stock transfers (its units stranded,
- * buyers whose bucket is empty told the sale is paused) and the activity's late in-time payments,
- * for the rest of the sale. Idempotent; HDEL creates no key.
+ * before the gate opens. The reload lifts each mark as it rewrites a scope; this lifts any left
+ * (a scope a repeated hold marked again that no reload rewrote, an earlier version's reload that
+ * skipped a scope already marked with the epoch): left, a bucket's mark refuses its stock
+ * transfers (its units stranded, buyers whose bucket is empty told the sale is paused) and the
+ * activity's late in-time payments, for the rest of the sale. Idempotent; HDEL creates no key.
  */
 export async function endHold(redis: RedisClient, t: RestoreTarget): Promise<void> {
   const layout = await restoreLayout(redis, t);

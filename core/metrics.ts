@@ -13,12 +13,6 @@ export type Metrics = ReturnType<typeof createMetrics>;
  */
 export const UNKNOWN_ACTIVITY_LABEL = '_unknown';
 
-/**
- * `activityId`: the activity a per-activity runtime process serves. It becomes the `activity` label
- * of every series the process exports that has none of its own (HTTP, process, event loop), so
- * every series of one sale carries the same identity as the operator's (docs/install.md
- * "Monitoring"). A metric's own `activity` label wins (an api serving other activities).
- */
 /** Where a closed order's stock can go: flashsale_stock_returns_total's `via`. */
 const STOCK_RETURN_VIAS = [
   'redis',
@@ -37,6 +31,12 @@ export function stockReturnsFromZero(metrics: Metrics, activityId: string): void
   for (const via of STOCK_RETURN_VIAS) metrics.stockReturns.inc({ activity: activityId, via }, 0);
 }
 
+/**
+ * `activityId`: the activity a per-activity runtime process serves. It becomes the `activity` label
+ * of every series the process exports that has none of its own (HTTP, process, event loop), so
+ * every series of one sale carries the same identity as the operator's (docs/install.md
+ * "Monitoring"). A metric's own `activity` label wins (an api serving other activities).
+ */
 export function createMetrics(component: string, activityId?: string) {
   const registry = new client.Registry();
   registry.setDefaultLabels(activityId ? { component, activity: activityId } : { component });

@@ -10,10 +10,13 @@
     ARGV[2] window seconds (>= 1)
 
   Output:
-    {consumed, ttlMs}   the points of this window and the milliseconds until it ends;
-                        {0, 0}: nothing counted, Redis is at its maxmemory
+    {consumed, ttlMs}   the points of this window and the milliseconds until it ends
+    an OOM error        Redis is at its maxmemory: nothing counted, and the library falls back to
+                        its in-memory insurance limiter (a point counted as 0 would let a flood
+                        through the per-address limit while Redis is full)
 ]]
 --- @include "includes/buyerWindow"
 
-local consumed, ttl = countWindow(1, tonumber(ARGV[2]), tonumber(ARGV[1]))
+local consumed, ttl, full = countWindow(1, tonumber(ARGV[2]), tonumber(ARGV[1]))
+if full then return redis.error_reply('OOM command not allowed when used memory > maxmemory') end
 return {consumed, ttl}

@@ -23,8 +23,10 @@ export async function deleteActivityKeys(ctx: ReconcileContext): Promise<boolean
     // A release attempted before the freeze that did not answer (Redis full, a timeout) is proven
     // by its reservation alone: RELEASED, the write-back counted the unit free; RESERVED, held, and
     // it goes back in PostgreSQL. The settlement sweeper reads it; once the keys are gone the unit
-    // could only be flagged unresolved, one unit short for good.
-    const unproven = await countReleasesUnproven(ctx.deps.pool, ctx.activityId);
+    // could only be flagged unresolved, one unit short for good. Not at the resource's deletion
+    // (Settling, keys kept by Retain): no runtime may run to sweep then, and the finalizer must go;
+    // the after-sale role settles what is left, an unproven release flagged unresolved.
+    const unproven = ctx.deleting ? 0 : await countReleasesUnproven(ctx.deps.pool, ctx.activityId);
     if (unproven > 0)
       throw new FlashSaleError(
         'UNAVAILABLE',

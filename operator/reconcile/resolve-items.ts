@@ -23,8 +23,12 @@ export function catalogProblems(items: readonly CatalogItem[]): string[] {
   for (const i of items) {
     if (!SKU_ID.test(i.skuId))
       problems.push(`sku id ${JSON.stringify(i.skuId)} does not match ${SKU_ID.source}`);
-    else if (i.name.length === 0 || i.name.length > NAME_MAX)
-      problems.push(`sku ${i.skuId}: name must be 1 to ${NAME_MAX} characters (has ${i.name.length})`);
+    else {
+      // Characters as the CRD's maxLength counts them (code points, not UTF-16 units).
+      const length = [...i.name].length;
+      if (length === 0 || length > NAME_MAX)
+        problems.push(`sku ${i.skuId}: name must be 1 to ${NAME_MAX} characters (has ${length})`);
+    }
   }
   return problems;
 }

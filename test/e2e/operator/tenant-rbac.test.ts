@@ -1,4 +1,4 @@
-// The tenants' ClusterRole (config/rbac/tenant_role.yaml; the chart's `<release>-tenant` is a
+// The tenants' ClusterRole (config/rbac/tenant_role.yaml; the chart's `<fullname>-tenant` is a
 // copy) on a real API server, bound in a namespace as docs/install.md "Security" says: a tenant
 // runs and watches their sales there, and can neither read the runtime Secrets nor create or
 // change a workload (which could mount them), nor act in another namespace.
@@ -21,7 +21,7 @@ describe("the tenants' ClusterRole on the API server", () => {
     for (const name of [namespace, elsewhere]) await a.core.createNamespace({ body: { metadata: { name } } });
     const shipped = readYaml<V1ClusterRole>('config/rbac/tenant_role.yaml');
     await a.rbac.createClusterRole({ body: { ...shipped, metadata: { ...shipped.metadata, name: role } } });
-    // docs/install.md: kubectl create rolebinding <tenant> --clusterrole=<release>-tenant --group=<team> -n <namespace>
+    // docs/install.md: kubectl create rolebinding <tenant> --clusterrole=<fullname>-tenant --group=<team> -n <namespace>
     await a.rbac.createNamespacedRoleBinding({
       namespace,
       body: {

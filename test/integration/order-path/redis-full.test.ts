@@ -33,6 +33,7 @@ import { waitFor } from '../../../dev/roles.js';
 import { sample } from '../../fixtures/metrics-text.js';
 import { uniqueId } from '../../../dev/servers.js';
 import { loadOpenSale } from '../../fixtures/open-sale.js';
+import { redisLimiter } from '../../../runtime/api/rate-limit.js';
 
 describe('Redis at its maxmemory with half messages held, every role restarted', () => {
   const f = privateRedisSale('redis');
@@ -51,6 +52,23 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
     } finally {
       await redis.config('SET', 'maxmemory', '0');
       await redis.del(stream);
+      redis.disconnect();
+    }
+  });
+
+  test("the other limited routes' limiter falls back to its in-memory limit on a full Redis, never lets every request through", async () => {
+    const redis = new Redis(f.servers.redisUrl, { maxRetriesPerRequest: 3 });
+    const key = `${activityKeys(uniqueId('full-limit')).prefix}rl:address:`;
+    try {
+      expect(await redis.ping()).toBe('PONG');
+      const limiter = redisLimiter(redis, key, { requests: 2, perSeconds: 600 })!;
+      await redis.config('SET', 'maxmemory-policy', 'noeviction');
+      await redis.config('SET', 'maxmemory', '1');
+      await limiter.consume('flood');
+      await limiter.consume('flood');
+      await expect(limiter.consume('flood')).rejects.toMatchObject({ consumedPoints: 3 });
+    } finally {
+      await redis.config('SET', 'maxmemory', '0');
       redis.disconnect();
     }
   });

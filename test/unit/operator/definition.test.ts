@@ -164,6 +164,8 @@ describe('catalogProblems', () => {
   const item = { skuId: 'tea', name: '茶', price: '5.00', stock: 3, limitPerUser: 1 };
   it('finds none in rows the CRD would admit inline', () => {
     expect(catalogProblems([item, { ...item, skuId: 'A.b_c-9', name: 'x'.repeat(200) }])).toEqual([]);
+    // 200 characters as the CRD counts them, though 400 UTF-16 units.
+    expect(catalogProblems([{ ...item, name: '😀'.repeat(200) }])).toEqual([]);
   });
   it('names each row the CRD would refuse: an unsafe sku id, an empty or too long name', () => {
     expect(
