@@ -201,13 +201,13 @@ export class Relay {
     this.name = options.consumerName ?? hostname();
     this.streams = [this.keys.outbox];
     this.stream = this.keys.outbox;
-    // Exported from 0: the first batch is an increase the dashboards' rate() counts
-    // (core/metrics.ts stockReturnsFromZero says why).
-    options.metrics.relayPublished.inc({ activity: options.activityId }, 0);
-    options.metrics.relayReclaimed.inc({ activity: options.activityId }, 0);
   }
 
   async start(): Promise<void> {
+    // Exported from 0: the first batch is an increase the dashboards' rate() counts
+    // (core/metrics.ts stockReturnsFromZero says why).
+    this.options.metrics.relayPublished.inc({ activity: this.options.activityId }, 0);
+    this.options.metrics.relayReclaimed.inc({ activity: this.options.activityId }, 0);
     await this.refreshStreams(true);
     await this.connectProducer();
     this.running = true;
