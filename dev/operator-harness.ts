@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import {
   ApiextensionsV1Api,
   AppsV1Api,
+  AuthorizationV1Api,
   CoreV1Api,
   CustomObjectsApi,
   RbacAuthorizationV1Api,
@@ -87,6 +88,29 @@ async function createOrReplace<T extends { metadata?: { resourceVersion?: string
  * generic custom-objects path: the typed client's serializer would drop the `x-kubernetes-*`
  * keys of a plain object parsed from YAML.
  */
+/** Who asks, for a SubjectAccessReview: a user and the groups it belongs to. */
+export interface Subject {
+  user: string;
+  groups?: string[];
+}
+
+/** One access: verb, API group ('' = core), resource and optional subresource. */
+export type Access = [verb: string, group: string, resource: string, subresource?: string];
+
+/** The API server's own answer to whether `subject` may do `access` in namespace `ns`. */
+export async function canI(a: Admin, subject: Subject, access: Access, ns: string): Promise<boolean> {
+  const [verb, group, resource, subresource] = access;
+  const r = await a.kc.makeApiClient(AuthorizationV1Api).createSubjectAccessReview({
+    body: {
+      spec: {
+        ...subject,
+        resourceAttributes: { verb, group, resource, namespace: ns, ...(subresource ? { subresource } : {}) },
+      },
+    },
+  });
+  return r.status?.allowed ?? false;
+}
+
 export async function installCrd(a = admin()): Promise<void> {
   const crd = readYaml<V1CustomResourceDefinition>('crds/flashsale.io_flashsaleactivities.yaml');
   const name = crd.metadata?.name ?? '';

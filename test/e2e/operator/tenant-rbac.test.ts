@@ -2,10 +2,10 @@
 // copy) on a real API server, bound in a namespace as docs/install.md "Security" says: a tenant
 // runs and watches their sales there, and can neither read the runtime Secrets nor create or
 // change a workload (which could mount them), nor act in another namespace.
-import { AuthorizationV1Api } from '@kubernetes/client-node';
 import type { V1ClusterRole } from '@kubernetes/client-node';
 import { uniqueId } from '../../../dev/servers.js';
-import { admin, installCrd, readYaml } from '../../../dev/operator-harness.js';
+import { admin, canI, installCrd, readYaml } from '../../../dev/operator-harness.js';
+import type { Access, Subject } from '../../../dev/operator-harness.js';
 
 const TIMEOUT_MS = 60_000;
 
@@ -40,26 +40,8 @@ describe("the tenants' ClusterRole on the API server", () => {
   it(
     'runs and watches sales in its namespace only; no Secret, no workload it could mount one into',
     async () => {
-      const authz = a.kc.makeApiClient(AuthorizationV1Api);
-      const can = async ([verb, apiGroup, resource, sub]: Access, ns = namespace): Promise<boolean> => {
-        const r = await authz.createSubjectAccessReview({
-          body: {
-            spec: {
-              user: 'tenant-user',
-              groups: [group, 'system:authenticated'],
-              resourceAttributes: {
-                verb,
-                group: apiGroup,
-                resource,
-                namespace: ns,
-                ...(sub ? { subresource: sub } : {}),
-              },
-            },
-          },
-        });
-        return r.status?.allowed ?? false;
-      };
-      type Access = [verb: string, group: string, resource: string, subresource?: string];
+      const tenant: Subject = { user: 'tenant-user', groups: [group, 'system:authenticated'] };
+      const can = (access: Access, ns = namespace) => canI(a, tenant, access, ns);
       const granted: Access[] = [
         ['create', 'flashsale.io', 'flashsaleactivities'],
         ['patch', 'flashsale.io', 'flashsaleactivities'],

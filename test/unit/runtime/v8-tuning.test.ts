@@ -129,6 +129,14 @@ describe('V8 tuning per role', () => {
     expect(factors.length).toBeGreaterThan(0);
     expect(factors.filter((f) => Number(f) > 1.3)).toEqual([]);
   };
+  /**
+   * The flags' 2.0x, seen at least once. On a loaded machine V8's memory reducer may also shrink
+   * one step to its minimum (1.1x), whatever the flags say; nothing else may appear.
+   */
+  const expectFlagsFactor = (factors: string[]): void => {
+    expect(factors).toContain('2.0');
+    expect(factors.filter((f) => f !== '2.0' && Number(f) > 1.3)).toEqual([]);
+  };
 
   test('set at start-up, the flags change what V8 does in the roles they are for', () => {
     // The jobs role keeps V8's defaults: V8 weighs the same allocation sites for pretenuring there
@@ -140,11 +148,11 @@ describe('V8 tuning per role', () => {
     // The consumer: its growing factor, V8's pretenuring.
     const consumer = v8Trace('consumer');
     expect(consumer.pretenuring.length).toBeGreaterThan(0);
-    expect(consumer.factors).toEqual(['2.0']);
+    expectFlagsFactor(consumer.factors);
     expectV8sOwnFactors(v8Trace('consumer', { CONSUMER_V8_HEAP_GROWING_PERCENT: '0' }).factors);
     const api = v8Trace('api');
     expect(api.pretenuring).toEqual([]);
-    expect(api.factors).toEqual(['2.0']);
+    expectFlagsFactor(api.factors);
     const optedOut = v8Trace('api', { API_V8_PRETENURING: 'true', API_V8_HEAP_GROWING_PERCENT: '0' });
     expect(optedOut.pretenuring.length).toBeGreaterThan(0);
     expectV8sOwnFactors(optedOut.factors);
