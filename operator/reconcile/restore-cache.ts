@@ -11,7 +11,8 @@
  *                         orders − proven in-flight reservations; the epoch mark is written last
  *   reloaded -> resumed   only with the cache carrying the restore's epoch, the traffic policy is
  *                         synced again (requireReg, deny flags, rate windows), then the gate goes
- *                         back to what the phase wants
+ *                         back to what the phase wants; a cache that lost the reload again is
+ *                         held and the restore closed: the next pass opens a new one
  *
  * The step's truth is the `cache_restores` row (one open restore per activity, moved forward by
  * conditional updates) and Redis itself; nothing is kept in memory, so an operator killed at any
@@ -246,13 +247,28 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
   }
 
   if (row.step === 'reloaded') {
-    // The gate opens only on a cache that carries this restore's mark: a Redis that lost its data
-    // again after the reload starts the restore over from the hold.
+    // The gate opens only on a cache that carries this restore's mark. A Redis that lost its data
+    // again after the reload may have sold on the reopened gate (an operator killed after opening
+    // it, before recording the resume; a snapshot that came back open): orders of those sales may
+    // be in Kafka, in neither PostgreSQL nor Redis, so reloading now would sell their units again.
+    // The hold, then this restore closes unreported and the next pass opens a new one (a new
+    // epoch: a stock transfer fenced by this one lands before it), which settles and drains first.
     if ((await cacheEpoch(redis, ctx.activityId)) < row.epoch) {
-      condition(ctx, 'False', Reason.RestoreReloading, `restore ${row.epoch}: the reload is gone; reloading`);
+      condition(
+        ctx,
+        'False',
+        Reason.RestorePausing,
+        `restore ${row.epoch}: the reload is gone; restoring anew`,
+      );
       await holdForRestore(redis, t);
-      await reloadFromPostgres(redis, pool, t);
-      ctx.requeueAfter(config.drainCheckMs);
+      await advanceRestore(pool, ctx.activityId, row.epoch, 'reloaded');
+      await ctx.event(
+        'Warning',
+        EventReason.CacheDivergenceDetected,
+        `restore ${row.epoch}: the reload is gone before the resume was recorded; restoring anew, drained first`,
+      );
+      exportOpenRestore(ctx, undefined);
+      ctx.requeueAfter(0);
       return DONE;
     }
     condition(ctx, 'False', Reason.RestoreResuming, `restore ${row.epoch}: resuming`);

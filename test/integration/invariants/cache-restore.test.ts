@@ -837,6 +837,105 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect(await redis.hget(k.meta, 'gate')).toBe('open');
     expect(await Promise.all(metas.map((m) => redis.hexists(m, 'restoring')))).toEqual([0, 0, 0, 0]);
   });
+  /**
+   * `pool` that fails (as an operator killed there) the first query `kill` matches, whether it is
+   * asked of the pool itself or of a client taken from it (a step recorded in a transaction).
+   */
+  const killedAt = (pool: pg.Pool, kill: (text: string, params: unknown[] | undefined) => boolean): Pool => {
+    let fired = false;
+    const guarded =
+      <T extends object>(target: T) =>
+      (prop: string | symbol): unknown => {
+        const v: unknown = Reflect.get(target, prop);
+        if (prop === 'query')
+          return async (...args: unknown[]) => {
+            if (!fired && kill(String(args[0]), args[1] as unknown[] | undefined)) {
+              fired = true;
+              throw new Error('operator killed');
+            }
+            return (v as (...a: unknown[]) => Promise<unknown>).apply(target, args);
+          };
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      };
+    return new Proxy(pool, {
+      get(t, prop) {
+        if (prop === 'connect')
+          return async () => {
+            const client = await t.connect();
+            return new Proxy(client, { get: (c, p) => guarded(c)(p) });
+          };
+        return guarded(t)(prop);
+      },
+    }) as unknown as Pool;
+  };
+
+  test('a cache lost again after the resume opened the gate (the operator died before recording it) is restored anew, drained first: the orders then in flight keep their units', async () => {
+    const id = uniqueId('rsg');
+    const items: CatalogItem[] = [{ skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 5 }];
+    const settings = { requireOrderCode: false, reopenOnRelease: false };
+    const { start: startAt, end: endAt } = await openSale(id, items, settings);
+    await registerActivity(sql, {
+      activityId: id,
+      owner: 'default/rsg',
+      ownerUid: id,
+      startAt,
+      endAt,
+      ...settings,
+    });
+    const k = activityKeys(id);
+    await redis.del(...(await redis.keys(k.scanPattern)));
+    const fsa = activeResource(id, items, settings);
+    const schedule = { startAt, endAt };
+    await operatorPass(fsa, schedule, { restoreSettleMs: 0 });
+    const first = await openRestore(sql, id);
+    expect(first?.step).toBe('paused');
+
+    // The reload, the gate opened, and the operator dies before the resume is recorded.
+    const dying = killedAt(
+      sql,
+      (text, params) => /UPDATE cache_restores SET step/.test(text) && params?.[2] === 'reloaded',
+    );
+    await expect(operatorPass(fsa, schedule, { restoreSettleMs: 0, pool: dying })).rejects.toThrow(
+      'operator killed',
+    );
+    expect((await openRestore(sql, id))?.step).toBe('reloaded');
+    expect(await redis.hget(k.meta, 'gate')).toBe('open');
+
+    // A buyer reserves on the open gate; the relay sends the half message to Kafka; then Redis
+    // loses the sale again, the reservation with it. Its order is still on its way (lag 1).
+    const r = await reserve(redis, {
+      activityId: id,
+      userId: 'u1',
+      skuId: 'a',
+      quantity: 1,
+      requestId: 'q1',
+      traceId: 't',
+    });
+    const message = orderMessageOf(id, (await readReservation(redis, id, r.reservationId))!);
+    await redis.del(...(await redis.keys(k.scanPattern)));
+    let lag = 1;
+    const kafka = { lag: async () => lag };
+
+    // A new operator finds the restore at `reloaded` and the reload gone. It may not reload now:
+    // the order in Kafka is in neither PostgreSQL nor Redis. The sale stays paused until the
+    // restore that follows has drained.
+    await operatorPass(fsa, schedule, { restoreSettleMs: 0, deps: { kafka } });
+    await operatorPass(fsa, schedule, { restoreSettleMs: 0, deps: { kafka } });
+    expect(await redis.hget(k.meta, 'gate')).toBe('paused');
+    expect(await redis.hget(k.sku('a'), 'stock')).toBeNull();
+
+    // The consumer writes the order; the lag is 0; the restore reloads and resumes.
+    await insertOrders(sql, [message], 900);
+    lag = 0;
+    for (let pass = 0; pass < 4 && (await openRestore(sql, id)) !== undefined; pass += 1)
+      await operatorPass(fsa, schedule, { restoreSettleMs: 0, deps: { kafka } });
+    expect(await openRestore(sql, id)).toBeUndefined();
+    expect(await redis.hget(k.meta, 'gate')).toBe('open');
+    // Redis' stock plus PostgreSQL's live units is the sale's stock: the unit is sold once.
+    expect(await redis.hget(k.sku('a'), 'stock')).toBe('4');
+    expect(await lastReloadedEpoch(sql, id)).toBeGreaterThan(first!.epoch);
+  });
+
   /** The lifecycle's dependencies as the sweeper and the api give them. */
   const lifecycle = (): LifecycleDeps => ({
     pool: sql,
