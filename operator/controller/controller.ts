@@ -120,9 +120,14 @@ export class Controller {
   async start(): Promise<void> {
     if (this.running) return;
     this.running = true;
-    // Deployments first, so the first reconciles find the cache filled.
-    for (const informer of this.deploymentInformers.values()) await informer.start();
-    for (const informer of this.activityInformers) await informer.start();
+    const informers = [...this.deploymentInformers.values(), ...this.activityInformers];
+    for (const informer of informers) await informer.start();
+    // No pass before every cache was filled (client-go's WaitForCacheSync): an informer whose first
+    // list failed restarts with a backoff, and a pass reading its empty cache would take a live
+    // sale's Deployments for absent and apply them afresh, rolling its pods.
+    if (!this.synced) this.options.log.info('waiting for the informers to list before the first pass');
+    await Promise.all(informers.map((i) => i.whenSynced()));
+    if (!this.running) return; // stopped while waiting
     for (let i = 0; i < this.options.workers; i += 1) this.workers.push(this.work(i));
     this.options.log.info(
       {

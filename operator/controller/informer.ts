@@ -46,6 +46,9 @@ export class ResilientInformer<T extends KubernetesObject> {
   private restartDelay: number;
   private stopped = true;
   private syncedOnce = false;
+  /** When the informer in use was taken (listed); undefined once it failed. */
+  private takenAt: number | undefined;
+  private readonly syncWaiters: (() => void)[] = [];
   /** Incremented on every (re)start; events from older informers are ignored. */
   private epoch = 0;
 
@@ -56,6 +59,19 @@ export class ResilientInformer<T extends KubernetesObject> {
   /** True once a list has succeeded (the cache has been filled at least once). */
   get hasSynced(): boolean {
     return this.syncedOnce;
+  }
+
+  /**
+   * Resolves once a list has filled the cache (client-go's WaitForCacheSync), or once stopped: a
+   * pass that read an unfilled cache would take every object for absent.
+   */
+  whenSynced(): Promise<void> {
+    if (this.syncedOnce || this.stopped) return Promise.resolve();
+    return new Promise((resolve) => this.syncWaiters.push(resolve));
+  }
+
+  private releaseSyncWaiters(): void {
+    for (const resolve of this.syncWaiters.splice(0)) resolve();
   }
 
   get(name: string, namespace?: string): T | undefined {
@@ -80,6 +96,7 @@ export class ResilientInformer<T extends KubernetesObject> {
     if (this.relistTimer) clearInterval(this.relistTimer);
     if (this.restartTimer) clearTimeout(this.restartTimer);
     this.epoch += 1;
+    this.releaseSyncWaiters();
     const old = this.current;
     this.current = undefined;
     if (old) await old.stop().catch(() => undefined);
@@ -101,9 +118,6 @@ export class ResilientInformer<T extends KubernetesObject> {
       this.options.log.warn({ informer: this.options.name, err: String(err) }, 'informer failed; restarting');
       this.scheduleRestart();
     });
-    informer.on('connect', () => {
-      if (live()) this.restartDelay = this.options.minRestartMs ?? 500;
-    });
     // The informer being replaced keeps answering `get` and `list` until this one has listed: a
     // reconcile in between must find the objects, if a little stale, never none (a Deployment
     // missing from the cache reads as "not there yet" and would be applied again).
@@ -119,6 +133,8 @@ export class ResilientInformer<T extends KubernetesObject> {
     if (!failed && live()) {
       this.current = informer;
       this.syncedOnce = true;
+      this.takenAt = Date.now();
+      this.releaseSyncWaiters();
       this.options.log.debug({ informer: this.options.name, why }, 'informer listed and watching');
       if (old) await old.stop().catch(() => undefined);
       return;
@@ -131,8 +147,16 @@ export class ResilientInformer<T extends KubernetesObject> {
 
   private scheduleRestart(): void {
     if (this.stopped || this.restartTimer) return;
+    // The backoff starts over only after an informer ran for the longest delay without failing
+    // (client-go's reflector resets its backoff after a healthy period too). Not on `connect`:
+    // client-node reports it before each list, so a list or watch refused for good (429s, a
+    // missing `watch` right) would be retried every minRestartMs, each a full LIST.
+    const maxDelay = this.options.maxRestartMs ?? 30_000;
+    if (this.takenAt !== undefined && Date.now() - this.takenAt >= maxDelay)
+      this.restartDelay = this.options.minRestartMs ?? 500;
+    this.takenAt = undefined;
     const delay = this.restartDelay;
-    this.restartDelay = Math.min(this.options.maxRestartMs ?? 30_000, this.restartDelay * 2);
+    this.restartDelay = Math.min(maxDelay, this.restartDelay * 2);
     this.restartTimer = setTimeout(() => {
       this.restartTimer = undefined;
       void this.replace('restart');

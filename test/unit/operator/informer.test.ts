@@ -20,12 +20,13 @@ class FakeInformer implements Informer<KubernetesObject>, ObjectCache<Kubernetes
   listing: Promise<void> | undefined;
   async start(): Promise<void> {
     this.started += 1;
+    // client-node's ListWatch reports `connect` before it lists, whatever the list then answers.
+    this.fire('connect', undefined);
     await this.listing;
     if (this.startFails) this.fire('error', new Error('list failed'));
     else {
       this.store.set('d', obj('d'));
       this.listed = true;
-      this.fire('connect', undefined);
     }
   }
   async stop(): Promise<void> {
@@ -141,6 +142,45 @@ describe('ResilientInformer', () => {
     expect(made[0]?.stopped).toBe(1);
     expect(informer.get('d')?.metadata?.name).toBe('d');
     await informer.stop();
+  });
+
+  it('starts the backoff over only after an informer ran for the longest delay without failing', async () => {
+    const { informer, made } = setup(2);
+    await informer.start();
+    await jest.advanceTimersByTimeAsync(100 + 200); // two restarts: the third lists
+    expect(made).toHaveLength(3);
+    expect(informer.hasSynced).toBe(true);
+    // Its watch breaks at once: the delay goes on growing (400), not back to 100.
+    made[2]?.fire('error', new Error('watch refused'));
+    await jest.advanceTimersByTimeAsync(399);
+    expect(made).toHaveLength(3);
+    await jest.advanceTimersByTimeAsync(1);
+    expect(made).toHaveLength(4);
+    // This one runs for longer than the longest delay, then breaks: the backoff starts over.
+    await jest.advanceTimersByTimeAsync(400);
+    made[3]?.fire('error', new Error('watch broke'));
+    await jest.advanceTimersByTimeAsync(100);
+    expect(made).toHaveLength(5);
+    await informer.stop();
+  });
+
+  it('says when its cache was first filled, or that it stopped before', async () => {
+    const { informer } = setup(1);
+    let synced = false;
+    await informer.start();
+    void informer.whenSynced().then(() => (synced = true));
+    await flush();
+    expect(synced).toBe(false);
+    await jest.advanceTimersByTimeAsync(100);
+    expect(synced).toBe(true);
+    await informer.whenSynced(); // at once once synced
+    await informer.stop();
+
+    const never = setup(99).informer;
+    await never.start();
+    const waiting = never.whenSynced();
+    await never.stop();
+    await waiting; // a stopped informer releases its waiters
   });
 
   it('restarts after a watch error once it was running', async () => {
