@@ -175,8 +175,12 @@ async function repairOne(
   const message = orderMessageOf(a, rsv);
   if (!isValidOrderMessage(message)) {
     // The consumer would refuse it (core/order-message.ts), so it cannot become an order: nothing to close in PostgreSQL, only the stock to give back.
+    // What was read above may be stale: another replica's repair (JOBS_IN_CONSUMER runs one per
+    // consumer pod, on the same tick) can release the entry in between. Only the release that
+    // returned the unit compensates; one that finds it released did nothing.
+    let released;
     try {
-      await release(d.redis, {
+      released = await release(d.redis, {
         activityId: a,
         reservationId: rid,
         userId: rsv.userId,
@@ -185,7 +189,20 @@ async function repairOne(
       });
     } catch (err) {
       if (!(err instanceof FlashSaleError && err.code === 'FROZEN')) throw err;
+      // The freeze refuses every release, of released entries too: under it the state is final,
+      // so read it again. An entry released before the freeze had its unit in Redis, which the
+      // write-back counted: returning it to PostgreSQL once more would make a unit from nothing.
+      const now = await locateReservation(d.redis, a, rid);
+      if (now?.record.state !== 'RESERVED') {
+        if (now) await d.redis.zrem(now.scope.ledger, rid);
+        count('skipped', rid);
+        return;
+      }
       count((await compensateFrozen(d, found.scope.ledger, rid, rsv)) ? 'compensated' : 'skipped', rid);
+      return;
+    }
+    if (released.kind === 'already-released') {
+      count('skipped', rid);
       return;
     }
     await appendJournal(d.pool, [

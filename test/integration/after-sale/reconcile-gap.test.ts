@@ -336,6 +336,63 @@ describe('order-gap repair', () => {
   );
 
   it(
+    'two replicas repairing one invalid entry: the one whose release comes second (already released, or refused by the freeze) returns nothing and journals nothing',
+    async () => {
+      const { activityId, skuId } = await openActivity(f.redis, { stock: 10 }, f.pool);
+      const rids = await reserveFor(f.redis, activityId, skuId, ['raced-open', 'raced-frozen']);
+      const k = activityKeys(activityId);
+      for (const rid of rids) await f.redis.hset(k.reservation(rid), 'name', '');
+      await f.redis.del(k.outbox);
+      /** Replica X: reads the entry RESERVED, then its release waits until `go()`. */
+      const slowReplica = () => {
+        let go: () => void = () => undefined;
+        const gate = new Promise<void>((resolve) => (go = resolve));
+        let waiting = false;
+        const redis = new Proxy(f.redis, {
+          get(t, prop) {
+            const v: unknown = Reflect.get(t, prop);
+            if (prop === 'fs_release')
+              return async (...args: unknown[]) => {
+                waiting = true;
+                await gate;
+                return (v as (...a: unknown[]) => Promise<unknown>).apply(t, args);
+              };
+            return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+          },
+        });
+        return { redis, go: () => go(), waiting: () => waiting };
+      };
+      const journalled = async (rid: string) =>
+        (await journalFor(f.pool, rid)).filter((j) => j.event === 'GAP_COMPENSATED').length;
+
+      // While selling: Y releases first; X's release then finds it released.
+      const x1 = slowReplica();
+      const first = repairOrderGap({ ...deps(activityId), redis: x1.redis }, [rids[0]!]);
+      await until('X reads the entry and waits', async () => x1.waiting());
+      expect((await repairOrderGap(deps(activityId), [rids[0]!])).compensated).toEqual([rids[0]]);
+      x1.go();
+      expect((await first).compensated).toEqual([]);
+      expect(await journalled(rids[0]!)).toBe(1);
+
+      // Across the freeze: Y releases the unit to Redis, the write-back counts it, then X's release
+      // is refused FROZEN. The unit is in activity_stock once.
+      const x2 = slowReplica();
+      const second = repairOrderGap({ ...deps(activityId), redis: x2.redis }, [rids[1]!]);
+      await until('X reads the entry and waits', async () => x2.waiting());
+      expect((await repairOrderGap(deps(activityId), [rids[1]!])).compensated).toEqual([rids[1]]);
+      await freezeAndWriteBack(f, activityId, 0);
+      const remaining = () =>
+        countRows(f.pool, `SELECT remaining AS n FROM activity_stock WHERE activity_id = $1`, [activityId]);
+      expect(await remaining()).toBe(10);
+      x2.go();
+      expect((await second).compensated).toEqual([]);
+      expect(await remaining()).toBe(10);
+      expect(await journalled(rids[1]!)).toBe(1);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'a reservation whose outbox entry was deleted becomes exactly one order, even when re-published twice',
     async () => {
       const { activityId, skuId, topics } = await openActivityWithTopics(f, admin, prefix, { stock: 10 });
