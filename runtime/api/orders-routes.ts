@@ -212,6 +212,16 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
           if (err.code === 'SOLD_OUT' && stockLeftOf(err) === 0)
             deps.soldOut.markSoldOut(activityId, body.skuId);
         } else countFailure(activityId, err);
+        // Unanswered is not refused: a timed-out or cut-off call may have reserved (a stalled
+        // Redis runs it when it wakes; ioredis sends it again after a reconnect). Told "nothing
+        // was done", a buyer would submit anew and meet LIMIT_REACHED or a second order.
+        if (dependencyOutage(err) === 'unanswered') {
+          throw new FlashSaleError(
+            'UNAVAILABLE',
+            'Redis did not answer: the reservation may have been made; retry with the same requestId',
+            { reservationId: reservationIdFor(activityId, userId, body.requestId), cause: err },
+          );
+        }
         throw err;
       }
     }

@@ -88,10 +88,15 @@ describe('the api with its Redis stalled', () => {
       expect(stalled.contentType).toMatch(/^application\/problem\+json/);
       expect(stalled.json).toMatchObject({ code: 'UNAVAILABLE', status: 503 });
       expect(stalled.retryAfter).toBe('1');
+      // Unanswered is not refused: the stalled Redis ran the script when it woke (ioredis had
+      // sent it). The buyer is told so, with the reservation's id to poll, never "nothing was done".
+      expect(stalled.json.detail).toMatch(/may have been made; retry with the same requestId/);
+      expect(typeof stalled.json.reservationId).toBe('string');
 
-      // Redis runs again: the same submission is answered 202, reserved once.
+      // Redis runs again: the same submission is answered 202 with that reservation, reserved once.
       const retried = await submit('b2');
       expect(retried.status).toBe(202);
+      expect([retried.json.reservationId, retried.json.replayed]).toEqual([stalled.json.reservationId, true]);
       const again = await submit('b2');
       expect([again.status, again.json.reservationId]).toEqual([202, retried.json.reservationId]);
       const redis = new Redis(redisUrl);
