@@ -130,7 +130,7 @@ export interface ReplayAnswer {
  * sale): a replay of a submission that became an order gets that order back (the same contract as
  * the script's replay during the sale); anything else is refused by the registered sale window,
  * judged by the database clock: ENDED after endAt (or once written back), NOT_STARTED before
- * startAt or while not loaded, NOT_FOUND for an activity nobody registered.
+ * startAt, UNAVAILABLE (503, retry) inside the window, NOT_FOUND for an activity nobody registered.
  */
 export async function answerUnloadedSubmission(deps: ViewDeps, s: LateSubmission): Promise<ReplayAnswer> {
   const reservationId = reservationIdFor(s.activityId, s.userId, s.requestId);
@@ -154,5 +154,10 @@ export async function answerUnloadedSubmission(deps: ViewDeps, s: LateSubmission
   ]);
   if (writtenBack || position === 'ended') throw new FlashSaleError('ENDED', 'the sale has ended');
   if (position === 'unknown') throw new FlashSaleError('NOT_FOUND', `unknown activity ${s.activityId}`);
+  // Inside its window a registered sale has, or is about to have, a cache: Redis lost it and the
+  // restore has not put its hold in place yet, or the warm-up runs late. A final-looking
+  // "not open yet" would turn buyers away from a sale that is open: retry.
+  if (position === 'open')
+    throw new FlashSaleError('UNAVAILABLE', 'the sale is open but its cache is not loaded yet; retry');
   throw new FlashSaleError('NOT_STARTED', 'the sale is not open yet');
 }
