@@ -189,6 +189,19 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         await ack.confirm(activityId, outcome.reservationId, outcome.kind === 'replayed', outcome.scope);
       }
       count(activityId, outcome.kind === 'reserved' ? 'ok' : 'duplicate');
+      if (status === 'FAILED') {
+        // A replay of a released or cancelled reservation, whose order may exist (cancelled,
+        // timed out): the buyer is told what a poll says (CLOSED with its order and reason), not
+        // FAILED ("no order was or will be created"). Rare; one PostgreSQL read.
+        const view = await lookupOrder(deps, { activityId, userId, reservationId: outcome.reservationId });
+        answer202(
+          res,
+          activityId,
+          outcome.reservationId,
+          JSON.stringify({ reservationId: outcome.reservationId, ...view, replayed: true }),
+        );
+        return;
+      }
       // The ids come from safe alphabets: no escaping needed, no JSON.stringify of an object.
       answer202(
         res,
@@ -218,7 +231,7 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         if (dependencyOutage(err) === 'unanswered') {
           throw new FlashSaleError(
             'UNAVAILABLE',
-            'Redis did not answer: the reservation may have been made; retry with the same requestId',
+            'no answer in time: the reservation may have been made; retry with the same requestId',
             { reservationId: reservationIdFor(activityId, userId, body.requestId), cause: err },
           );
         }

@@ -93,6 +93,13 @@ describe('buyer cancellation', () => {
         ]);
         expect(await skuStock(f.redis, activityId, skuId)).toBe(stock + 1);
         expect(await returnedEvents(rid)).toBe(1);
+        // The submission again: the same answer as the poll (CLOSED, with its order and reason),
+        // not FAILED ("no order was or will be created"), and no unit taken.
+        const again = await buyer.submit(user, `${user}-1`);
+        const poll = await buyer.poll(user, rid);
+        expect(poll.body).toMatchObject({ status: 'CLOSED', reason: 'CANCELLED', orderId: order?.id });
+        expect([again.status, again.body]).toEqual([202, { ...poll.body, replayed: true }]);
+        expect(await skuStock(f.redis, activityId, skuId)).toBe(stock + 1);
       }
     },
     TIMEOUT_MS,
