@@ -19,7 +19,7 @@ import type { ActivitySkuRow } from './db/activity-skus-store.js';
 import type { RestoreDivergence, RestoreReason, RestoreReload } from './db/cache-restores-store.js';
 import { PAID_STATUSES, findByReservationIds, ordersForRestore } from './db/orders-store.js';
 import type { OrderStatus } from './db/orders-store.js';
-import { inTransaction } from './db/pool.js';
+import { inReadSnapshot } from './db/pool.js';
 import type { Pool, Queryable } from './db/pool.js';
 import { registeredBuyers } from './db/registrations-store.js';
 import { BucketKeys, activityKeys, groupByScope } from './keys.js';
@@ -304,10 +304,9 @@ export async function reloadFromPostgres(
   // reopened in between counted free while its reservation is PAID. An order that changes after
   // the snapshot is rebuilt as it was before; its settlement or payment follows the resume as on a
   // live cache. Read only: nothing to undo when the reload dies midway (a repeat reads anew).
-  const { reload, rebuiltReserved } = await inTransaction(pool, async (c) => {
-    await c.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY');
-    return reloadFromSnapshot(redis, c, t, maxLedger);
-  });
+  const { reload, rebuiltReserved } = await inReadSnapshot(pool, (c) =>
+    reloadFromSnapshot(redis, c, t, maxLedger),
+  );
   return { ...reload, paidDuringReload: await markPaidSinceSnapshot(redis, pool, t, rebuiltReserved) };
 }
 

@@ -86,6 +86,18 @@ export async function inTransaction<T>(pool: pg.Pool, fn: (c: pg.PoolClient) => 
 }
 
 /**
+ * Runs `fn`'s reads in one snapshot (a REPEATABLE READ, READ ONLY transaction on one pooled
+ * connection): figures read by several queries add up, whatever commits meanwhile. Read only,
+ * so nothing is undone when it fails (a repeat reads anew).
+ */
+export async function inReadSnapshot<T>(pool: pg.Pool, fn: (c: pg.PoolClient) => Promise<T>): Promise<T> {
+  return inTransaction(pool, async (c) => {
+    await c.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY');
+    return fn(c);
+  });
+}
+
+/**
  * Runs `fn` inside a savepoint of the caller's transaction: when it throws, or returns
  * `{ keep: false }`, only its own writes are undone and the transaction goes on.
  */

@@ -27,6 +27,7 @@ import { countUnconfirmed, readMeta, readStock, unconfirmedReservations } from '
 import { findByReservationIds, orderQuantities } from '../../core/db/orders-store.js';
 import { paymentFigures } from '../../core/db/payments-store.js';
 import { refundConsistency, refundCounts } from '../../core/db/refunds-store.js';
+import { inReadSnapshot } from '../../core/db/pool.js';
 import type { Pool } from '../../core/db/pool.js';
 import { restoresOf } from '../../core/db/cache-restores-store.js';
 import { insertReport, purgeOldReports } from '../../core/db/reconciliation-store.js';
@@ -108,14 +109,22 @@ async function measure(d: StockAuditDeps): Promise<Measurement> {
     : [undefined, 0, [] as Awaited<ReturnType<typeof unconfirmedReservations>>];
   const ledger = entries.map((e) => e.reservationId);
   const scopeOf = new Map(entries.map((e) => [e.reservationId, e.scope]));
-  const [q, pay, pgStock, refunds, refundStates] = await Promise.all([
-    orderQuantities(d.pool, a),
-    paymentFigures(d.pool, a),
-    wb ? readStockRows(d.pool, a) : Promise.resolve(undefined),
-    refundConsistency(d.pool, a),
-    refundCounts(d.pool, a),
-  ]);
-  const ordered = new Set((await findByReservationIds(d.pool, ledger)).map((o) => o.reservationId));
+  // Every PostgreSQL figure from one snapshot: read by separate statements, an order the consumer
+  // commits in between is in neither the live quantity (read before it) nor in flight (its order
+  // found after it), and the stock-held check fails falsely whenever orders flow.
+  const [q, pay, pgStock, refunds, refundStates, orderedRows] = await inReadSnapshot(
+    d.pool,
+    async (c) =>
+      [
+        await orderQuantities(c, a),
+        await paymentFigures(c, a),
+        wb ? await readStockRows(c, a) : undefined,
+        await refundConsistency(c, a),
+        await refundCounts(c, a),
+        await findByReservationIds(c, ledger),
+      ] as const,
+  );
+  const ordered = new Set(orderedRows.map((o) => o.reservationId));
   let inFlight = 0;
   let inFlightReservations = 0;
   for (const rid of ledger.filter((r) => !ordered.has(r))) {
