@@ -21,11 +21,12 @@ import { PAID_STATUSES, findByReservationIds, ordersForRestore } from './db/orde
 import type { OrderStatus } from './db/orders-store.js';
 import { inReadSnapshot } from './db/pool.js';
 import type { Pool, Queryable } from './db/pool.js';
+import { cancellationsBeforeReservation } from './db/journal-store.js';
 import { registeredBuyers } from './db/registrations-store.js';
 import { BucketKeys, activityKeys, groupByScope } from './keys.js';
 import type { ScopeKeys } from './keys.js';
 import { CLAIM_STATE } from './order-message.js';
-import { confirmPaid, readReservation } from './reservations.js';
+import { confirmPaid, readReservation, restoreCancelMarker } from './reservations.js';
 import type { ReservationRecord } from './reservations.js';
 import type { RedisClient } from './scripts.js';
 import { runScript } from './scripts.js';
@@ -518,6 +519,7 @@ async function reloadFromSnapshot(
   }
 
   await reflagRegistrations(redis, db, layout);
+  await remarkCancellations(redis, db, layout);
 
   // The activity's own scope: a bucketed SKU's hash holds no units (as loaded), and its counters
   // only the figures of the SKUs that are not bucketed.
@@ -585,6 +587,22 @@ async function reflagRegistrations(redis: RedisClient, db: Queryable, layout: Bu
       ELIGIBILITY_FIELDS.registered,
       true,
     );
+  }
+}
+
+/**
+ * The buyers' cancellations that arrived before their submissions (cancel markers, which only
+ * Redis held), from the journal, in every scope the buyer may reserve in: without them a late
+ * submission, or a client's retry, of a cancelled request would reserve after the resume, an
+ * order the buyer cancelled. Written after the reservations, so a marker never stands in for one.
+ */
+async function remarkCancellations(redis: RedisClient, db: Queryable, layout: BucketLayout): Promise<void> {
+  for (let after = '0'; ;) {
+    const page = await cancellationsBeforeReservation(db, layout.activityId, after, PAGE);
+    if (page.length === 0) break;
+    after = page.at(-1)!.id;
+    for (const c of page)
+      await restoreCancelMarker(redis, layout.scopesForUser(c.userId), c.reservationId, c.userId);
   }
 }
 

@@ -899,7 +899,8 @@ export async function cancelReservation(deps: LifecycleDeps, input: CancelInput)
           event: 'CANCELLED_BEFORE_RESERVATION',
           toStatus: 'CANCELLED',
           traceId,
-          detail: { ttlSeconds: r.ttlSeconds },
+          // The buyer, so that a cache restore can put the marker back (core/cache-restore.ts).
+          detail: { ttlSeconds: r.ttlSeconds, userId },
         },
       ]);
       return { reservationId, outcome: 'tombstoned' };

@@ -550,6 +550,28 @@ export async function cancelBeforeReserve(
   );
 }
 
+/**
+ * Puts a buyer's cancel marker back in each of `scopes` where the reservation id names nothing
+ * (a cache restore: core/cache-restore.ts), with the marker's usual expiry; idempotent (a marker
+ * or reservation already there is kept). Restored markers are not held to the per-buyer bound:
+ * each was admitted under it.
+ */
+export async function restoreCancelMarker(
+  redis: RedisClient,
+  scopes: readonly ScopeKeys[],
+  reservationId: string,
+  userId: string,
+): Promise<void> {
+  for (const k of scopes) {
+    await runScript(
+      redis,
+      'cancelBeforeReserve',
+      [k.meta, k.reservation(reservationId), k.buyer(userId)],
+      [userId, 'CANCELLED', DEFAULT_CANCEL_MARKER_POLICY.graceSeconds, Number.MAX_SAFE_INTEGER],
+    );
+  }
+}
+
 /** Where a reservation is (buyer and SKU): which scope holds it. */
 export interface ReservationOwner {
   userId: string;

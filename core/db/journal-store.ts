@@ -53,3 +53,33 @@ export async function journalFor(
   );
   return res.rows;
 }
+
+/** A buyer's cancellation recorded before its submission reached the cache, with no order since. */
+export interface CancelledBeforeReservation {
+  id: string;
+  reservationId: string;
+  userId: string;
+}
+
+/**
+ * The cancel markers a cache restore puts back (core/cache-restore.ts), a page at a time by
+ * journal id: the activity's `CANCELLED_BEFORE_RESERVATION` rows whose reservation has no order.
+ * Rows journalled without the buyer (before it was recorded) cannot be put back and are left out.
+ */
+export async function cancellationsBeforeReservation(
+  db: Queryable,
+  activityId: string,
+  afterId: string,
+  limit: number,
+): Promise<CancelledBeforeReservation[]> {
+  const res = await db.query<CancelledBeforeReservation>(
+    `SELECT j.id::text AS id, j.reservation_id AS "reservationId", j.detail->>'userId' AS "userId"
+       FROM order_journal j
+      WHERE j.activity_id = $1 AND j.event = 'CANCELLED_BEFORE_RESERVATION' AND j.id > $2::bigint
+        AND j.detail ? 'userId'
+        AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.reservation_id = j.reservation_id)
+      ORDER BY j.id LIMIT $3`,
+    [activityId, afterId, limit],
+  );
+  return res.rows;
+}

@@ -546,4 +546,15 @@ CREATE TABLE activity_registrations (
 ALTER TABLE orders ADD COLUMN unit_held_for_payment boolean NOT NULL DEFAULT false;
 `,
   },
+  {
+    version: 17,
+    name: 'journal-cancel-markers',
+    sql: `
+-- The buyers' cancellations recorded before their submissions reached the cache, which a cache
+-- restore puts back as cancel markers (core/db/journal-store.ts cancellationsBeforeReservation):
+-- found without reading the activity's whole journal.
+CREATE INDEX order_journal_cancelled_before_reservation ON order_journal (activity_id, id)
+  WHERE event = 'CANCELLED_BEFORE_RESERVATION';
+`,
+  },
 ];

@@ -40,7 +40,7 @@ import type { Pool } from '../../../core/db/pool.js';
 import { activityKeys, homeBucket } from '../../../core/keys.js';
 import type { CatalogItem, OrderMessage } from '../../../core/model.js';
 import type { LifecycleDeps } from '../../../core/order-lifecycle.js';
-import { closeOrder, settleStock } from '../../../core/order-lifecycle.js';
+import { cancelReservation, closeOrder, settleStock } from '../../../core/order-lifecycle.js';
 import {
   orderMessageOf,
   readReservation,
@@ -934,6 +934,61 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     // Redis' stock plus PostgreSQL's live units is the sale's stock: the unit is sold once.
     expect(await redis.hget(k.sku('a'), 'stock')).toBe('4');
     expect(await lastReloadedEpoch(sql, id)).toBeGreaterThan(first!.epoch);
+  });
+
+  test("a buyer's cancellation that arrived before its submission outlives a restore: the late submission is still refused", async () => {
+    const id = uniqueId('rsc');
+    const items: CatalogItem[] = [
+      { skuId: 'a', name: '汤圆', price: '5.00', stock: 5, limitPerUser: 2 },
+      { skuId: 'hot', name: '茅台', price: '1499.00', stock: 12, limitPerUser: 1, buckets: 3 },
+    ];
+    const settings = { requireOrderCode: false, reopenOnRelease: false };
+    const { start: startAt, end: endAt } = await openSale(id, items, settings);
+    await registerActivity(sql, {
+      activityId: id,
+      owner: 'default/rsc',
+      ownerUid: id,
+      startAt,
+      endAt,
+      ...settings,
+    });
+    // The buyers' 202s were lost: they cancel by requestId before their submissions arrive.
+    for (const [userId, requestId] of [
+      ['u1', 'plain'],
+      ['u2', 'bucketed'],
+    ] as const)
+      expect(
+        (
+          await cancelReservation(lifecycle(), {
+            activityId: id,
+            userId,
+            target: { requestId },
+            traceId: 't',
+          })
+        ).outcome,
+      ).toBe('tombstoned');
+    // Redis loses the sale; the restore runs.
+    const k = activityKeys(id);
+    await redis.del(...(await redis.keys(k.scanPattern)), ...(await redis.keys(k.bucketScanPattern)));
+    forgetBucketLayout(id);
+    const fsa = activeResource(id, items, settings);
+    for (let pass = 0; pass < 4 && (pass === 0 || (await openRestore(sql, id)) !== undefined); pass += 1)
+      await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0 });
+    expect(await openRestore(sql, id)).toBeUndefined();
+    expect(await redis.hget(k.meta, 'gate')).toBe('open');
+
+    // The late submissions arrive: refused as before the loss, nothing reserved.
+    const late = async (userId: string, requestId: string, skuId: string) =>
+      reserve(redis, { activityId: id, userId, skuId, quantity: 1, requestId, traceId: 't' }).then(
+        () => 'reserved',
+        (err: unknown) => (err as { code?: string }).code,
+      );
+    expect([await late('u1', 'plain', 'a'), await late('u2', 'bucketed', 'hot')]).toEqual([
+      'CANCELLED',
+      'CANCELLED',
+    ]);
+    // Another buyer is not affected.
+    expect(await late('u3', 'plain', 'a')).toBe('reserved');
   });
 
   /** The lifecycle's dependencies as the sweeper and the api give them. */
