@@ -49,6 +49,12 @@ export function createPool(
   // the pool; unhandled, that would crash the process. The pool has already discarded the client
   // and the next query connects anew, so there is nothing else to do.
   pool.on('error', () => undefined);
+  // A client checked out has no pool listener: the server ending it (a restart, a failover, an
+  // admin kill), which pg emits as 'error' on the client even mid-query, would be unhandled and
+  // end the process (every role: a consumer leaving its partitions stalled for its session
+  // timeout, an api dropping its requests in flight). The caller's query is rejected with the
+  // same error (a transient one: isTransientDbError), and the pool discards the client on release.
+  pool.on('connect', (client) => client.on('error', () => undefined));
   return pool;
 }
 

@@ -1,9 +1,12 @@
 // Smoke: transactions through pg on a fresh database cloned from a migrated template.
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
 import pg from 'pg';
 import { migrate } from '../../../core/db/migrate.js';
-import { createPool, inTransaction } from '../../../core/db/pool.js';
+import { createPool, inTransaction, isTransientDbError } from '../../../core/db/pool.js';
 import { migrations } from '../../../core/db/migrations.js';
 import { freshDatabase, testEnv, uniqueId, type FreshDatabase } from '../../../dev/servers.js';
+import { ROOT } from '../../../dev/roles.js';
 
 const SMOKE_TEMPLATE = 'flashsale_smoke_template';
 
@@ -61,6 +64,26 @@ describe('postgres smoke', () => {
       ]);
       await admin.end();
       expect(left.rows).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    'a pooled connection the server ends while it is checked out fails its query, not the process',
+    () => {
+      const r = spawnSync(
+        process.execPath,
+        ['--import', 'tsx', join(ROOT, 'test', 'fixtures', 'pg-server-ends-connection.ts'), db.url],
+        { cwd: ROOT, encoding: 'utf8', timeout: 60_000 },
+      );
+      expect({ status: r.status, stderr: r.status === 0 ? '' : r.stderr }).toEqual({ status: 0, stderr: '' });
+      const out = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as { answer: string; next: number };
+      expect(out.answer).toMatch(
+        /^(refused|transaction failed): .*(terminat|connection error|not queryable)/,
+      );
+      // pg's messages that isTransientDbError reads as an outage (answered 503, retried).
+      expect(isTransientDbError(new Error(out.answer))).toBe(true);
+      expect(out.next).toBe(1);
     },
     TIMEOUT_MS,
   );
