@@ -23,19 +23,22 @@ export interface ServiceAppOptions {
   shedding?: () => string | undefined;
 }
 
-/** /readyz on either port: 503 while shedding (a load balancer sends new connections elsewhere). */
+/**
+ * /readyz on either port: whether the role can do its work. Shedding is said (`shedding`: why) but
+ * does not make it unready: a sale's opening loads every replica at once, and a readiness that
+ * failed with the load would take them all out of the Service together (new connections refused
+ * instead of a fast 503 OVERLOADED with Retry-After, then flapping as the load moves).
+ */
 function readyz(opts: ServiceAppOptions): RequestHandler {
   return async (_req, res) => {
     const shedding = opts.shedding?.();
-    if (shedding) {
-      res.status(503).json({ status: 'shedding', reason: shedding });
-      return;
-    }
     const r = await opts.ready().catch(() => false);
     const ok = typeof r === 'boolean' ? r : r.ready;
-    res
-      .status(ok ? 200 : 503)
-      .json({ status: ok ? 'ready' : 'not ready', ...(typeof r === 'boolean' ? {} : { checks: r.checks }) });
+    res.status(ok ? 200 : 503).json({
+      status: ok ? 'ready' : 'not ready',
+      ...(shedding ? { shedding } : {}),
+      ...(typeof r === 'boolean' ? {} : { checks: r.checks }),
+    });
   };
 }
 

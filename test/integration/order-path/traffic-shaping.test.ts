@@ -120,6 +120,13 @@ describe('traffic shaping and eligibility', () => {
   };
 
   /**
+   * Whether the api sheds: a request without a token is refused OVERLOADED at arrival when it does,
+   * and 401 at once (before any Redis or PostgreSQL call) when it does not.
+   */
+  const shedding = async (apiUrl: string, path: string): Promise<boolean> =>
+    (await send(`${apiUrl}${path}`, { method: 'GET' })).code === 'OVERLOADED';
+
+  /**
    * Runs `whileHeld` while two orders take both admission slots of an api whose cap is 2: Redis
    * holds their reserve script (CLIENT PAUSE WRITE still answers reads and PING), so the slots
    * stay taken, deterministically. Both orders are accepted once the pause ends.
@@ -134,10 +141,7 @@ describe('traffic shaping and eligibility', () => {
           body: { skuId: 'tea', quantity: 1, requestId: `h${i}` },
         }),
       );
-      await waitFor(
-        'both slots taken',
-        async () => (await send(`${apiUrl}/readyz`, { method: 'GET' })).status === 503,
-      );
+      await waitFor('both slots taken', () => shedding(apiUrl, path));
       await whileHeld();
     } finally {
       await redis.call('CLIENT', 'UNPAUSE');
@@ -645,12 +649,29 @@ describe('traffic shaping and eligibility', () => {
     roles.push(api);
     const path = `/v1/activities/${activityId}/orders`;
 
-    await holdingTwoOrders(api.url, path, async () => {
+    // Still ready while shedding: at a sale's opening every replica sheds at once, and a readiness
+    // that failed with the load would empty the Service (connections refused instead of a fast
+    // 503). The slots are held by two polls waiting on PostgreSQL, so Redis answers the probe.
+    const locker = await sql.connect();
+    try {
+      await locker.query('BEGIN');
+      await locker.query('LOCK TABLE orders IN ACCESS EXCLUSIVE MODE');
+      const token = await tokenFor('poller');
+      const polls = [0, 1].map((i) => send(`${api.url}${path}?requestId=p${i}`, { method: 'GET', token }));
+      await waitFor('both slots taken by polls', () => shedding(api.url, path));
       const ready = await request(`${api.url}/readyz`);
       expect([ready.statusCode, await ready.body.json()]).toEqual([
-        503,
-        { status: 'shedding', reason: 'in_flight' },
+        200,
+        expect.objectContaining({ status: 'ready', shedding: 'in_flight' }),
       ]);
+      await locker.query('COMMIT');
+      expect((await Promise.all(polls)).map((p) => p.status)).toEqual([404, 404]);
+    } finally {
+      await locker.query('ROLLBACK').catch(() => undefined);
+      locker.release();
+    }
+
+    await holdingTwoOrders(api.url, path, async () => {
       expect((await send(`${api.url}/healthz`, { method: 'GET' })).status).toBe(200);
       const shed = await send(`${api.url}${path}`, {
         token: await tokenFor('b0'),
@@ -663,10 +684,7 @@ describe('traffic shaping and eligibility', () => {
         contentType: expect.stringMatching(/^application\/problem\+json/),
       });
     });
-    await waitFor(
-      'slots released',
-      async () => (await send(`${api.url}/readyz`, { method: 'GET' })).status === 200,
-    );
+    await waitFor('slots released', async () => !(await shedding(api.url, path)));
 
     // A flood far above the cap: every answer is a reservation outcome or a fast OVERLOADED.
     const tokens = await Promise.all(Array.from({ length: 300 }, (_, i) => tokenFor(`flood-${i}`)));
