@@ -139,6 +139,8 @@ release namespace then reads as absent) and skip the check.
 {{- /* Redis by URL, Sentinels or Cluster seed nodes (core/redis.ts redisEnvIssue). */ -}}
 {{- $redis := list "REDIS_URL|REDIS_SENTINELS|REDIS_CLUSTER_NODES" -}}
 {{- $jwt := list "JWT_HS256_SECRET|JWT_RS256_PUBLIC_KEY|JWT_JWKS" -}}
+{{- /* Buyer tokens are checked against both, as with the chart's own Secrets (flashsale.validate). */ -}}
+{{- if .Values.runtime.jwt.requireIssuerAudience }}{{ $jwt = concat $jwt (list "JWT_ISSUER" "JWT_AUDIENCE") }}{{ end -}}
 {{- $needs := dict "operator" (concat (list "DATABASE_URL" "KAFKA_BROKERS") $redis) -}}
 {{- if .Values.migrations.enabled }}{{ $_ := set $needs "migrations" (list "DATABASE_URL") }}{{ end -}}
 {{- /* The platform after-sale Deployment (templates/runtime/after-sale.yaml) answers buyers and

@@ -132,6 +132,8 @@ describe('connection settings', () => {
           REDIS_URL: 'redis://r:6379',
           KAFKA_BROKERS: 'k:9092',
           JWT_JWKS: '{}',
+          JWT_ISSUER: 'https://login.shop.example/',
+          JWT_AUDIENCE: 'flashsale-buyers',
         }),
         // The api's Secret lacks the buyer token key.
         secret(`${base}-api`, { DATABASE_URL: db, REDIS_URL: 'redis://r:6379' }),
@@ -152,6 +154,21 @@ describe('connection settings', () => {
         ),
       );
       k(['patch', 'secret', `${base}-api`, '-n', namespace, '-p', '{"stringData":{"JWT_JWKS":"{}"}}']);
+      // A token key without the issuer and audience would accept tokens issued for other services.
+      const noIssuer = install();
+      expect(noIssuer.status).not.toBe(0);
+      expect(noIssuer.stderr).toMatch(new RegExp(`Secret ${namespace}/${base}-api has no JWT_ISSUER`));
+      const optedOut = dryRunInstall(namespace, base, ['runtime.jwt.requireIssuerAudience=false']);
+      expect(optedOut.stderr).not.toMatch(/has no JWT_ISSUER/);
+      k([
+        'patch',
+        'secret',
+        `${base}-api`,
+        '-n',
+        namespace,
+        '-p',
+        '{"stringData":{"JWT_ISSUER":"https://login.shop.example/","JWT_AUDIENCE":"flashsale-buyers"}}',
+      ]);
       const missingSecret = install();
       expect(missingSecret.status).not.toBe(0);
       expect(missingSecret.stderr).toMatch(new RegExp(`Secret ${namespace}/${base}-consumer not found`));
