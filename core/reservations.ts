@@ -638,7 +638,17 @@ export async function reclaimPaid(
         [input.reservationId, input.userId, input.skuId],
       );
     } catch (err) {
-      if (!isSoldOut(err) || !(k instanceof BucketKeys) || attempt >= RECLAIM_REFILLS) throw err;
+      if (!isSoldOut(err) || !(k instanceof BucketKeys)) throw err;
+      if (attempt >= RECLAIM_REFILLS) {
+        // Outrun by other buyers' refills this often: the home bucket's SOLD_OUT speaks for the
+        // bucket only. Refused for the SKU (the payment refunded) only when no bucket has a unit;
+        // otherwise a retry (the provider's redelivery), as reserve() answers.
+        if ((await unitsLeft(redis, layout, input.skuId)) < input.quantity) throw err;
+        throw new FlashSaleError(
+          'UNAVAILABLE',
+          `units of ${input.skuId} keep moving between stock buckets; retry`,
+        );
+      }
       await refillAfterSoldOut(redis, layout, input.skuId, k, input.quantity, () => err);
       continue;
     }

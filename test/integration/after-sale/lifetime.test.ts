@@ -14,6 +14,7 @@ import {
   locateReservation,
   readReservation,
   reclaimPaid,
+  release,
   reservationIdFor,
 } from '../../../core/reservations.js';
 import { bucketLayout, unitsLeft } from '../../../core/buckets.js';
@@ -273,6 +274,66 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
       // Exactly one unit left the sale for the payment: 4 units, 3 sold, 1 left over the buckets.
       expect((await bucketStock()).reduce((n, x) => n + x, 0)).toBe(1);
       expect(await unitsLeft(f.redis, layout, sale.skuId)).toBe(1);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    "a late payment's unit taken back from a bucketed SKU whose every refill other buyers outrun: a retry (503), never a refund while units are left",
+    async () => {
+      // 1,200 units in 2 buckets of 600. The payer's unit went back to its home bucket, which other
+      // buyers emptied; the other bucket has its 600 (each refill moves half of a donor's units).
+      const sale = await openActivity(f.redis, {
+        stock: 1200,
+        price: '19.90',
+        skuId: 'sku-bkt-outrun',
+        buckets: 2,
+      });
+      const layout = await bucketLayout(f.redis, sale.activityId);
+      const home = (user: string): number => (layout.scopeFor(sale.skuId, user) as BucketKeys).index;
+      const payer = 'outrun-payer';
+      const homeBucket = layout.scopeFor(sale.skuId, payer) as BucketKeys;
+      const homeBuyers = Array.from({ length: 3000 }, (_, i) => `outrun-${i}`).filter(
+        (u) => home(u) === home(payer),
+      );
+      const [rid] = await reserveFor(f.redis, sale.activityId, sale.skuId, [payer]);
+      await release(f.redis, {
+        activityId: sale.activityId,
+        reservationId: rid!,
+        userId: payer,
+        skuId: sale.skuId,
+        reason: 'PAYMENT_TIMEOUT',
+      });
+      await reserveFor(f.redis, sale.activityId, sale.skuId, homeBuyers.splice(0, 600));
+      // Every unit a refill moves toward the payer's home bucket is bought by the next buyer there
+      // before the payment's retry in the bucket runs.
+      const outrun = new Proxy(f.redis, {
+        get(t, prop) {
+          const v: unknown = Reflect.get(t, prop);
+          if (prop === 'fs_transferStock')
+            return async (...args: unknown[]) => {
+              const r = await (v as (...a: unknown[]) => Promise<unknown>).apply(t, args);
+              const landed = Number((await f.redis.hget(homeBucket.sku(sale.skuId), 'stock')) ?? 0);
+              await reserveFor(f.redis, sale.activityId, sale.skuId, homeBuyers.splice(0, landed));
+              return r;
+            };
+          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+        },
+      });
+      const taken = await reclaimPaid(outrun, {
+        activityId: sale.activityId,
+        reservationId: rid!,
+        userId: payer,
+        skuId: sale.skuId,
+        quantity: 1,
+      }).then(
+        (o) => o.kind,
+        (err: unknown) => (err as { code?: string }).code,
+      );
+      const left = await unitsLeft(f.redis, layout, sale.skuId);
+      expect(left).toBeGreaterThan(0);
+      // SOLD_OUT would refund a payment made in time while units are left: the provider retries.
+      expect(taken).toBe('UNAVAILABLE');
     },
     TIMEOUT_MS,
   );
