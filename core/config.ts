@@ -17,8 +17,15 @@ export function readConfig<T extends z.ZodType>(schema: T, env: NodeJS.ProcessEn
 
 /** Helpers for environment values (always strings). */
 export const env = {
+  /**
+   * An integer; blank (`X=` in a Compose file or an env list) is unset, the default. Coerced as
+   * it is, a blank would read as 0, which turns off every limit whose 0 means "off".
+   */
   int: (def: number, min = 0, max = Number.MAX_SAFE_INTEGER) =>
-    z.coerce.number().int().min(min).max(max).default(def),
+    z.preprocess(
+      (v) => (typeof v === 'string' && v.trim() === '' ? undefined : v),
+      z.coerce.number().int().min(min).max(max).default(def),
+    ),
   bool: (def: boolean) =>
     z
       .enum(['true', 'false', '1', '0'])

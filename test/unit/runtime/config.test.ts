@@ -21,6 +21,23 @@ describe('runtime configuration', () => {
     expect(c.CONSUMER_FETCH_MAX_BYTES_PER_PARTITION).toBe(4 * 1024 * 1024);
   });
 
+  test('a blank number is unset (its default), never 0: a blank would turn off the limits whose 0 means off', () => {
+    const c = loadRuntimeConfig('api', {
+      ...base,
+      API_MAX_IN_FLIGHT: '',
+      API_MAX_EVENT_LOOP_DELAY_MS: ' ',
+      PAYMENT_SIGNATURE_TOLERANCE_SECONDS: '',
+      HTTP_PORT: '',
+    });
+    expect([
+      c.API_MAX_IN_FLIGHT,
+      c.API_MAX_EVENT_LOOP_DELAY_MS,
+      c.PAYMENT_SIGNATURE_TOLERANCE_SECONDS,
+      c.HTTP_PORT,
+    ]).toEqual([1000, loadRuntimeConfig('api', base).API_MAX_EVENT_LOOP_DELAY_MS, 300, 8080]);
+    expect(c.API_MAX_EVENT_LOOP_DELAY_MS).toBeGreaterThan(0);
+  });
+
   test('a bad value names the variable', () => {
     expect(() => loadRuntimeConfig('api', { ...base, HTTP_PORT: 'eighty' })).toThrow(/HTTP_PORT/);
     expect(() => loadRuntimeConfig('api', { ...base, DATABASE_URL: 'nope' })).toThrow(/DATABASE_URL/);
