@@ -517,6 +517,26 @@ describe('monitoring reaches every pod that serves /metrics', () => {
     }
   });
 
+  it('stops the after-sale pods only after their endpoints are gone: a preStop sleep, then 30 s to drain', () => {
+    const pod = (set: string[]) =>
+      at(
+        findObject(parseManifests(renderChart(helm, [], set)), 'Deployment', '-after-sale'),
+        'spec.template.spec',
+      );
+    // Payment notifications and buyers reach it through a Service: without the sleep, SIGTERM
+    // closes the listener while endpoints still send to it (connections refused at every rollout).
+    const byDefault = pod([]);
+    expect([
+      at(byDefault, 'containers.0.lifecycle.preStop.sleep.seconds'),
+      at(byDefault, 'terminationGracePeriodSeconds'),
+    ]).toEqual([5, 35]);
+    const off = pod(['afterSale.preStopSeconds=0']);
+    expect([at(off, 'containers.0.lifecycle'), at(off, 'terminationGracePeriodSeconds')]).toEqual([
+      undefined,
+      30,
+    ]);
+  });
+
   it('scrapes the after-sale pods in the release namespace when other namespaces are watched', () => {
     /** Whether a PodMonitor selects pods with these labels in this namespace (matchNames/any, matchLabels). */
     const selects = (monitor: K8sObject, namespace: string, labels: Record<string, string>): boolean => {
