@@ -6,7 +6,7 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { stringify } from 'yaml';
+import { parse, stringify } from 'yaml';
 import {
   alertRules,
   at,
@@ -107,6 +107,29 @@ describe('alert rules (promtool)', () => {
       // Only that alert is left out.
       expect(rules.length).toBe(all.length - 1);
     }
+  });
+
+  it("documents every threshold value with its default in docs/install.md's table", () => {
+    const thresholds = (
+      parse(readText(path.join(repoRoot, 'charts', 'flashsale', 'values.yaml'))) as {
+        metrics: { prometheusRule: { thresholds: Record<string, number | string> } };
+      }
+    ).metrics.prometheusRule.thresholds;
+    const page = readText(path.join(repoRoot, 'docs', 'install.md'));
+    // Rows `| `a`, `b` | 1, 2 | Alert |`: each value's name and its default, in order.
+    const documented = new Map<string, string>();
+    for (const [, names, defaults] of page.matchAll(
+      /^\| (`[A-Za-z0-9]+`(?:, `[A-Za-z0-9]+`)*) \| ([^|]+) \|/gm,
+    )) {
+      const keys = [...(names ?? '').matchAll(/`([A-Za-z0-9]+)`/g)].map((m) => m[1]!);
+      const values = (defaults ?? '').split(',').map((v) => v.trim().split(' ')[0]!);
+      keys.forEach((k, i) => documented.set(k, values[i] ?? ''));
+    }
+    expect(
+      Object.entries(thresholds)
+        .filter(([k, v]) => documented.get(k) !== String(v))
+        .map(([k, v]) => `${k}=${v}`),
+    ).toEqual([]);
   });
 
   it('promtool rejects a broken rule (the check can fail)', () => {

@@ -358,6 +358,22 @@ describe('least privilege', () => {
     expect(new Set(refs(at(pod, 'containers.0')))).toEqual(new Set(['flashsale-runtime-operator']));
   });
 
+  it("gives the after-sale role the api's and the consumer's extra keys: it runs both one's answers and the other's refunds", () => {
+    const objects = parseManifests(
+      renderChart(
+        helm,
+        [],
+        [...connection, 'runtime.extraSecretData.consumer.PAYMENT_HMAC_REFUND_URL=https://pay.example/refunds'],
+      ),
+    );
+    const afterSale = objects.find(
+      (o) => o.kind === 'Secret' && o.metadata.name === 'flashsale-runtime-after-sale',
+    );
+    expect(keysOf(afterSale!)).toEqual(
+      expect.arrayContaining(['PAYMENT_HMAC_REFUND_URL', 'PAYMENT_HMAC_SECRET']),
+    );
+  });
+
   it('gives the operator every Kafka TLS and SASL key the runtime pods get, also from an existingSecret', () => {
     // The runtime pods load their whole Secret (envFrom); the operator imports named keys, so each
     // KAFKA_* variable of core/kafka.ts must be among them (optional: set only when configured).
