@@ -632,6 +632,35 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
   );
 
   it(
+    'a submission finding no cache inside the sale window is told to retry (503), not NOT_STARTED',
+    async () => {
+      // A sale whose window is open but whose cache is not there (Redis lost it and the restore has
+      // not put the hold in place yet; a warm-up running late) is not "not open yet": retry.
+      const open = uniqueId('open');
+      await registerActivity(f.pool, {
+        activityId: open,
+        owner: 'test/open',
+        ownerUid: 'uid-open',
+        startAt: new Date(Date.now() - 60_000),
+        endAt: new Date(Date.now() + 3_600_000),
+        requireOrderCode: false,
+        reopenOnRelease: false,
+      });
+      const during = await buyerCall(api, 'POST', `/v1/activities/${open}/orders`, 'newcomer', {
+        skuId,
+        quantity: 1,
+        requestId: 'req-newcomer',
+      });
+      expect([during.status, during.body.code, during.headers['retry-after']]).toEqual([
+        503,
+        'UNAVAILABLE',
+        '1',
+      ]);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
     'after cleanup: a replay gets its order back, a new submission ENDED, an unknown activity NOT_FOUND, a future one NOT_STARTED; cancellation returns the unit to PostgreSQL',
     async () => {
       // The test wrote orders without a relay: the outbox still holds their half messages.
@@ -704,28 +733,6 @@ describe('orders outlive the sale: late payments and buyer answers', () => {
         requestId: 'req-newcomer',
       });
       expect([early.status, early.body.code]).toEqual([409, 'NOT_STARTED']);
-      // A sale whose window is open but whose cache is not there (Redis lost it and the restore has
-      // not put the hold in place yet; a warm-up running late) is not "not open yet": retry.
-      const open = uniqueId('open');
-      await registerActivity(f.pool, {
-        activityId: open,
-        owner: 'test/open',
-        ownerUid: 'uid-open',
-        startAt: new Date(Date.now() - 60_000),
-        endAt: new Date(Date.now() + 3_600_000),
-        requireOrderCode: false,
-        reopenOnRelease: false,
-      });
-      const during = await buyerCall(api, 'POST', `/v1/activities/${open}/orders`, 'newcomer', {
-        skuId,
-        quantity: 1,
-        requestId: 'req-newcomer',
-      });
-      expect([during.status, during.body.code, during.headers['retry-after']]).toEqual([
-        503,
-        'UNAVAILABLE',
-        '1',
-      ]);
       // A buyer can still cancel an unpaid order: closed, its unit returned to PostgreSQL.
       const stockBefore = await remaining();
       const cancel = await buyerCall(
