@@ -136,7 +136,16 @@ export class ResilientInformer<T extends KubernetesObject> {
       this.takenAt = Date.now();
       this.releaseSyncWaiters();
       this.options.log.debug({ informer: this.options.name, why }, 'informer listed and watching');
-      if (old) await old.stop().catch(() => undefined);
+      if (old) {
+        // Objects deleted while no watch ran (between the old informer's last event and this list)
+        // get no event from a fresh informer; client-go's Replace reports them as deletes too.
+        for (const o of old.list()) {
+          const { name, namespace } = o.metadata ?? {};
+          if (name !== undefined && informer.get(name, namespace) === undefined)
+            this.options.onEvent('delete', o);
+        }
+        await old.stop().catch(() => undefined);
+      }
       return;
     }
     // Not taken: it failed (a restart is scheduled; the previous cache answers until one lists),

@@ -183,6 +183,21 @@ describe('ResilientInformer', () => {
     await waiting; // a stopped informer releases its waiters
   });
 
+  it('reports a delete for an object the new list lacks: deleted while no watch ran (a relist, a restart)', async () => {
+    const { informer, made, events } = setup(0, (f, index) => {
+      if (index === 0) f.store.set('gone', obj('gone'));
+    });
+    await informer.start();
+    expect(informer.get('gone')).toBeDefined();
+    // The relist's list: `gone` was deleted between two watches; no watch event said so.
+    await jest.advanceTimersByTimeAsync(60_000);
+    await flush();
+    expect(made).toHaveLength(2);
+    expect(events).toEqual([['delete', 'gone']]);
+    expect(informer.get('gone')).toBeUndefined();
+    await informer.stop();
+  });
+
   it('restarts after a watch error once it was running', async () => {
     const { informer, made } = setup(0);
     await informer.start();
