@@ -42,6 +42,8 @@ export interface LeaderElectionOptions {
    * (tests), else performance.now().
    */
   elapsed?: () => number;
+  /** Waits between attempts (tests pass one that moves their clock); default: an unreferenced timer. */
+  wait?: (ms: number) => Promise<void>;
 }
 
 /** metav1.MicroTime wants exactly six fractional digits; the client sends Dates with three. */
@@ -82,6 +84,7 @@ export class LeaderElector {
   private takenOver = false;
   private readonly now: () => number;
   private readonly elapsed: () => number;
+  private readonly wait: (ms: number) => Promise<void>;
   private blocked: string | undefined;
   /** The acquire or renew attempt under way, if any (release() waits for it). */
   private attempt: Promise<unknown> | undefined;
@@ -89,6 +92,8 @@ export class LeaderElector {
   constructor(private readonly options: LeaderElectionOptions) {
     this.now = options.now ?? Date.now;
     this.elapsed = options.elapsed ?? options.now ?? (() => performance.now());
+    // Unreferenced: a candidate waiting for its next try never keeps the process alive.
+    this.wait = options.wait ?? ((ms) => sleep(ms, undefined, { ref: false }));
   }
 
   get isLeader(): boolean {
@@ -161,8 +166,13 @@ export class LeaderElector {
           return;
         }
       }
-      // Unreferenced: a candidate waiting for its next try never keeps the process alive.
-      await sleep(this.options.retryPeriodMs, undefined, { ref: false });
+      // A leader waits no longer than its renew deadline leaves: client-go's renew loop steps down
+      // exactly at the deadline; a whole retry period past it could outlast the lease a candidate
+      // waits out (deadline + period > duration is a valid setting), two leaders at once.
+      const left = this.options.renewDeadlineMs - (this.elapsed() - this.lastRenewAt);
+      await this.wait(
+        this.leading ? Math.min(this.options.retryPeriodMs, Math.max(0, left)) : this.options.retryPeriodMs,
+      );
     }
   }
 

@@ -214,6 +214,39 @@ describe('LeaderElector', () => {
     expect(a.elector.isLeader).toBe(false);
   });
 
+  it('steps down at its renew deadline, not a retry period after it: never past the lease a candidate waits out', async () => {
+    // 15 s lease, 13 s renew deadline, 4 s retry period (client-go's defaults are 15/10/2).
+    const fake = new FakeLeases();
+    const monotonic = { now: 0 };
+    let stoppedAt: number | undefined;
+    const elector = new LeaderElector({
+      api: fake.api('a'),
+      namespace: 'ns',
+      name: 'flashsale-operator',
+      identity: 'a',
+      leaseDurationMs: 15_000,
+      renewDeadlineMs: 13_000,
+      retryPeriodMs: 4_000,
+      log,
+      onStartedLeading: () => undefined,
+      onStoppedLeading: () => {
+        stoppedAt = monotonic.now;
+      },
+      now: () => 1_000_000 + monotonic.now,
+      elapsed: () => monotonic.now,
+      // Time passes only in the waits; every write after 9 s fails at once (the API server refuses).
+      wait: async (ms) => {
+        monotonic.now += ms;
+        if (monotonic.now >= 9_000) fake.failWritesOf.add('a');
+        await Promise.resolve();
+      },
+    });
+    await elector.run();
+    // The last renewal at 8 s: stepped down at 8 + 13 = 21 s, before a candidate takes the Lease
+    // at 8 + 15 = 23 s (a wait of a whole retry period from 20 s would end at 24 s, two leaders).
+    expect(stoppedAt).toBe(21_000);
+  });
+
   it('steps down at its renew deadline even when the wall clock is stepped back meanwhile (an NTP step)', async () => {
     const fake = new FakeLeases();
     const monotonic = { now: 5_000 };
