@@ -698,13 +698,21 @@ export async function soldOutCheck(
     window = undefined;
   }
   const counter = window ? activityKeys(input.activityId).rateLimitKey('buyer', input.userId) : k.none;
-  const answer = await checkSoldOut(redis, k.prefix, {
-    metaKey: k.meta,
-    reservationKey: k.reservation(rid),
-    counterKey: counter,
-    requests: window?.requests ?? 0,
-    perSeconds: window?.perSeconds ?? 0,
-  });
+  let answer;
+  try {
+    answer = await checkSoldOut(redis, k.prefix, {
+      metaKey: k.meta,
+      reservationKey: k.reservation(rid),
+      counterKey: counter,
+      requests: window?.requests ?? 0,
+      perSeconds: window?.perSeconds ?? 0,
+    });
+  } catch (err) {
+    // Counted in the activity's scope before the bucket's check failed: given back on a 5xx, as
+    // reserve() tags a bucket claim's count (countedBeforeFailure).
+    if (counted && err instanceof Error) (err as Error & { [COUNTED]?: WindowCount })[COUNTED] = counted;
+    throw err;
+  }
   if (window && answer.code === 1) counted = countOf(answer.consumed, answer.ttlMs);
   return { kind: answer.code === 2 ? 'replay' : 'sold-out', counted };
 }

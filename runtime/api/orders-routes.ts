@@ -152,6 +152,8 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         });
       } catch (err) {
         if (refusedByScript(limit, res, activityId, userId, err)) return;
+        // A bucketed SKU's point, counted before its bucket's check failed: given back on the 5xx.
+        if (countedBeforeFailure(err)) limit?.counted(res);
         countFailure(activityId, err);
         throw err;
       }

@@ -405,6 +405,34 @@ describe('traffic shaping and eligibility', () => {
     expect(Number.isFinite(inside.p50Ms) && Number.isFinite(inside.p99Ms)).toBe(true);
   }, 120_000);
 
+  test("a 5xx of a bucketed SKU's sold-out check gives back the point counted before it", async () => {
+    const activityId = uniqueId('giveback-bkt');
+    await setUpActivity(activityId, [{ ...item(2), buckets: 2 }]);
+    await writeTrafficPolicy(redis, activityId, policy({ perBuyer: { requests: 3, perSeconds: 600 } }));
+    const api = await startRole('api', { activityId, databaseUrl: db.url });
+    roles.push(api);
+    const path = `/v1/activities/${activityId}/orders`;
+    const buy = async (user: string) =>
+      send(`${api.url}${path}`, {
+        token: await tokenFor(user),
+        body: { skuId: 'tea', quantity: 1, requestId: `${user}-1` },
+      });
+    expect((await buy('b1')).status).toBe(202);
+    expect((await buy('b2')).status).toBe(202);
+    // Sold out: the api flags the SKU and answers the next ones on the fast path.
+    expect((await buy('b3')).code).toBe('SOLD_OUT');
+    // The check in the buyer's home bucket fails (its node answers an error): a 500, after the
+    // point was counted in the activity's scope.
+    const layout = await bucketLayout(redis, activityId, { refresh: true });
+    const home = layout.scopeFor('tea', 'unlucky');
+    await redis.del(home.meta);
+    await redis.set(home.meta, 'not a hash');
+    const r = await buy('unlucky');
+    expect(r.status).toBeGreaterThanOrEqual(500);
+    const counter = activityKeys(activityId).rateLimitKey('buyer', 'unlucky');
+    await waitFor('the point given back', async () => (await redis.get(counter)) === '0', 10_000, 50);
+  }, 120_000);
+
   test('a 5xx after the script counted the submission gives its point back; its retry is a replay and counts nothing', async () => {
     const activityId = uniqueId('giveback');
     await setUpActivity(activityId, [item(10)]);
