@@ -363,7 +363,10 @@ describe('least privilege', () => {
       renderChart(
         helm,
         [],
-        [...connection, 'runtime.extraSecretData.consumer.PAYMENT_HMAC_REFUND_URL=https://pay.example/refunds'],
+        [
+          ...connection,
+          'runtime.extraSecretData.consumer.PAYMENT_HMAC_REFUND_URL=https://pay.example/refunds',
+        ],
       ),
     );
     const afterSale = objects.find(
