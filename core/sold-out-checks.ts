@@ -44,6 +44,9 @@ export const checkSoldOut = scriptBatch<SoldOutCheckCall, CheckAnswer>({
   // Every check of one call is in one scope: its meta hash is read once.
   trailingKeys: (calls) => [calls[0]!.metaKey],
   answer: (reply, i) => {
+    // This check's own Redis error (a refused write), as its own call's ReplyError would be.
+    if (String(reply[1 + 3 * i]) === 'ERR')
+      return Object.assign(new Error(String(reply[2 + 3 * i])), { name: 'ReplyError' });
     const code = Number(reply[1 + 3 * i]);
     const consumed = Number(reply[2 + 3 * i]);
     const ttlMs = Number(reply[3 + 3 * i]);

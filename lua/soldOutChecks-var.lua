@@ -30,6 +30,9 @@
     1, consumed, ttlMs     not a replay: answer SOLD_OUT (consumed = 0 when no limit, or when
                            Redis at its maxmemory refused the count)
     -43, consumed, ttlMs   RATE_LIMITED: the window was used up
+    'ERR', message, 0      this submission's count failed (Redis refusing writes: MISCONF,
+                           NOREPLICAS, READONLY): for it alone, as its own call would have; the
+                           others of the call are answered (a replay writes nothing)
 ]]
 --- @include "includes/buyerWindow"
 
@@ -50,8 +53,14 @@ for i = 1, (#KEYS - 1) / 2 do
     if requests == 0 then
       answer(1, 0, 0)
     else
-      local consumed, ttl = countWindow(2 * i, tonumber(ARGV[2 * i]))
-      if consumed > requests then answer(-43, consumed, ttl) else answer(1, consumed, ttl) end
+      local ok, consumed, ttl = pcall(countWindow, 2 * i, tonumber(ARGV[2 * i]))
+      if not ok then
+        answer('ERR', type(consumed) == 'table' and consumed.err or tostring(consumed), 0)
+      elseif consumed > requests then
+        answer(-43, consumed, ttl)
+      else
+        answer(1, consumed, ttl)
+      end
     end
   end
 end

@@ -172,6 +172,47 @@ describe('Redis at its maxmemory with half messages held, every role restarted',
     }
   });
 
+  test('a Redis refusing writes (no replica for min-replicas-to-write): the sold-out checks of one call are answered alone, a replay still replays', async () => {
+    const redis = new Redis(f.servers.redisUrl, { maxRetriesPerRequest: 3 });
+    const window = { requests: 5, perSeconds: 60 };
+    const id = uniqueId('norepl');
+    await loadOpenSale(redis, id, [
+      { skuId: 'gone', name: 'gone', price: '10.00', stock: 1, limitPerUser: 1 },
+    ]);
+    const answer = async (userId: string) => {
+      try {
+        const r = await soldOutCheck(redis, {
+          activityId: id,
+          userId,
+          skuId: 'gone',
+          requestId: 'r1',
+          window,
+        });
+        return `ok:${r.kind}`;
+      } catch (err) {
+        return dependencyOutage(err) === 'refused' ? 'refused' : String(err);
+      }
+    };
+    try {
+      await reserve(redis, {
+        activityId: id,
+        userId: 'a',
+        skuId: 'gone',
+        quantity: 1,
+        requestId: 'r1',
+        traceId: 't',
+        window,
+      });
+      await redis.config('SET', 'min-replicas-to-write', '1');
+      // One turn, one call: the replay writes nothing and is answered; the new submission's count
+      // is refused (NOREPLICAS), for it alone.
+      expect(await Promise.all([answer('a'), answer('b')])).toEqual(['ok:replay', 'refused']);
+    } finally {
+      await redis.config('SET', 'min-replicas-to-write', '0');
+      redis.disconnect();
+    }
+  });
+
   test('the restarted relay drains the outbox, buyers get 503, and a retry reserves once Redis takes writes', async () => {
     const activityId = uniqueId('redis-full');
     const servers = f.servers;
