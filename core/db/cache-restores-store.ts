@@ -146,3 +146,30 @@ export async function restoresOf(db: Queryable, activityId: string, limit = 20):
   );
   return res.rows;
 }
+
+/**
+ * Closes restore `epoch` at `reloaded` (its reload gone before its resume was recorded) and opens
+ * the next one, in one transaction: at no moment is the cache, holding only the hold's paused gate,
+ * without an open restore (the stock returns, late payments and the audit wait for one).
+ * Returns the open restore either way (another pass may have done it).
+ */
+export async function supersedeRestore(
+  pool: Pool,
+  activityId: string,
+  epoch: number,
+  divergence: RestoreDivergence,
+): Promise<CacheRestoreRow> {
+  await inTransaction(pool, async (c) => {
+    await c.query(`SELECT pg_advisory_xact_lock(${RESTORE_FENCE})`, [activityId]);
+    if (!(await advanceRestore(c, activityId, epoch, 'reloaded'))) return;
+    await c.query(
+      `INSERT INTO cache_restores (activity_id, epoch, reason, divergence)
+       SELECT $1, coalesce(max(epoch), 0) + 1, 'CacheEmpty', $2::jsonb FROM cache_restores WHERE activity_id = $1
+       ON CONFLICT DO NOTHING`,
+      [activityId, JSON.stringify(divergence)],
+    );
+  });
+  const open = await openRestore(pool, activityId);
+  if (!open) throw new Error(`no open cache restore for ${activityId} after superseding ${epoch}`);
+  return open;
+}

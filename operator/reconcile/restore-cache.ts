@@ -44,6 +44,7 @@ import {
   beginRestore,
   lastReloadedEpoch,
   openRestore,
+  supersedeRestore,
 } from '../../core/db/cache-restores-store.js';
 import type { CacheRestoreRow, RestoreDivergence } from '../../core/db/cache-restores-store.js';
 import { findRegisteredActivity } from '../../core/db/activity-registry-store.js';
@@ -251,8 +252,9 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
     // again after the reload may have sold on the reopened gate (an operator killed after opening
     // it, before recording the resume; a snapshot that came back open): orders of those sales may
     // be in Kafka, in neither PostgreSQL nor Redis, so reloading now would sell their units again.
-    // The hold, then this restore closes unreported and the next pass opens a new one (a new
-    // epoch: a stock transfer fenced by this one lands before it), which settles and drains first.
+    // The hold, then this restore closes unreported and the next one opens in the same
+    // transaction (a new epoch: a stock transfer fenced by this one lands before it; never a
+    // moment without an open restore), which settles and drains first.
     if ((await cacheEpoch(redis, ctx.activityId)) < row.epoch) {
       condition(
         ctx,
@@ -261,13 +263,18 @@ export async function restoreCache(ctx: ReconcileContext): Promise<StepResult> {
         `restore ${row.epoch}: the reload is gone; restoring anew`,
       );
       await holdForRestore(redis, t);
-      await advanceRestore(pool, ctx.activityId, row.epoch, 'reloaded');
+      const next = await supersedeRestore(pool, ctx.activityId, row.epoch, {
+        redis: { present: false },
+        expectedEpoch: row.epoch,
+        skus: [],
+      });
+      countRestore(ctx, next.reason);
       await ctx.event(
         'Warning',
         EventReason.CacheDivergenceDetected,
-        `restore ${row.epoch}: the reload is gone before the resume was recorded; restoring anew, drained first`,
+        `restore ${row.epoch}: the reload is gone before the resume was recorded; restoring anew (epoch ${next.epoch}), drained first`,
       );
-      exportOpenRestore(ctx, undefined);
+      exportOpenRestore(ctx, next);
       ctx.requeueAfter(0);
       return DONE;
     }

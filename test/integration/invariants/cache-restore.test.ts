@@ -920,6 +920,8 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     // the order in Kafka is in neither PostgreSQL nor Redis. The sale stays paused until the
     // restore that follows has drained.
     await operatorPass(fsa, schedule, { restoreSettleMs: 0, deps: { kafka } });
+    // Never a moment without an open restore: the next one is open as this one closes.
+    expect((await openRestore(sql, id))?.epoch).toBe(first!.epoch + 1);
     await operatorPass(fsa, schedule, { restoreSettleMs: 0, deps: { kafka } });
     expect(await redis.hget(k.meta, 'gate')).toBe('paused');
     expect(await redis.hget(k.sku('a'), 'stock')).toBeNull();
