@@ -15,6 +15,15 @@ export function readConfig<T extends z.ZodType>(schema: T, env: NodeJS.ProcessEn
   return result.data;
 }
 
+/** A blank environment value (`X=`) reads as unset: coerced, it would be 0. */
+export const unsetIfBlank = (v: unknown): unknown =>
+  typeof v === 'string' && v.trim() === '' ? undefined : v;
+
+/** `schema` for a number read from the environment, a blank value being unset. */
+export function envNumber<T extends z.ZodType>(schema: T) {
+  return z.preprocess(unsetIfBlank, schema);
+}
+
 /** Helpers for environment values (always strings). */
 export const env = {
   /**
@@ -22,10 +31,7 @@ export const env = {
    * it is, a blank would read as 0, which turns off every limit whose 0 means "off".
    */
   int: (def: number, min = 0, max = Number.MAX_SAFE_INTEGER) =>
-    z.preprocess(
-      (v) => (typeof v === 'string' && v.trim() === '' ? undefined : v),
-      z.coerce.number().int().min(min).max(max).default(def),
-    ),
+    envNumber(z.coerce.number().int().min(min).max(max).default(def)),
   bool: (def: boolean) =>
     z
       .enum(['true', 'false', '1', '0'])

@@ -83,11 +83,6 @@ async function createOrReplace<T extends { metadata?: { resourceVersion?: string
   }
 }
 
-/**
- * Installs (or updates) the CRD from crds/ and waits until it is Established. Sent through the
- * generic custom-objects path: the typed client's serializer would drop the `x-kubernetes-*`
- * keys of a plain object parsed from YAML.
- */
 /** Who asks, for a SubjectAccessReview: a user and the groups it belongs to. */
 export interface Subject {
   user: string;
@@ -111,6 +106,11 @@ export async function canI(a: Admin, subject: Subject, access: Access, ns: strin
   return r.status?.allowed ?? false;
 }
 
+/**
+ * Installs (or updates) the CRD from crds/ and waits until it is Established. Sent through the
+ * generic custom-objects path: the typed client's serializer would drop the `x-kubernetes-*`
+ * keys of a plain object parsed from YAML.
+ */
 export async function installCrd(a = admin()): Promise<void> {
   const crd = readYaml<V1CustomResourceDefinition>('crds/flashsale.io_flashsaleactivities.yaml');
   const name = crd.metadata?.name ?? '';

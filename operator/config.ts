@@ -7,7 +7,7 @@ import type { V1EnvVar, V1TopologySpreadConstraint, V1Volume, V1VolumeMount } fr
 import { z } from 'zod';
 import { redisConnectionOf, redisEnvIssue, redisEnvShape } from '../core/redis.js';
 import type { RedisConnection } from '../core/redis.js';
-import { env, readConfig } from '../core/config.js';
+import { env, envNumber, readConfig } from '../core/config.js';
 import { defaultMinInsyncReplicas, kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
 import { MAX_BUCKETS } from '../core/buckets.js';
 import { MAX_SEMI_SPACE_MIB } from '../core/young-generation.js';
@@ -97,7 +97,7 @@ export type RuntimeRoleSettings = Omit<z.infer<typeof roleSettingsSchema>, 'topo
   topologySpreadConstraints: V1TopologySpreadConstraint[];
 };
 
-const durationSeconds = (def: number, min = 0) => z.coerce.number().min(min).default(def);
+const durationSeconds = (def: number, min = 0) => envNumber(z.coerce.number().min(min).default(def));
 
 export const operatorConfigSchema = z
   .object({
@@ -119,7 +119,7 @@ export const operatorConfigSchema = z
     KAFKA_MAX_TOPIC_PARTITIONS: env.int(64, 1),
     KAFKA_REPLICATION_FACTOR: env.int(1, 1),
     /** min.insync.replicas of the topics created; unset = replication factor - 1, at least 1. */
-    KAFKA_MIN_INSYNC_REPLICAS: z.coerce.number().int().min(1).optional(),
+    KAFKA_MIN_INSYNC_REPLICAS: envNumber(z.coerce.number().int().min(1).optional()),
     /** Kafka TLS and SASL: read and checked by core/kafka.ts kafkaSecurityFromEnv (README). */
     ...kafkaSecurityEnvShape,
     /**
@@ -224,14 +224,16 @@ export const operatorConfigSchema = z
      * stock is split (0 = never); unset = 15,000 on a Redis Cluster of several primaries, else 0
      * (core/buckets.ts defaultAutoBucketing).
      */
-    AUTO_BUCKETS_STOCK_THRESHOLD: z.coerce
-      .number()
-      .int()
-      .min(0)
-      .refine((n) => n === 0 || n >= 2, '0 (never split) or at least 2')
-      .optional(),
+    AUTO_BUCKETS_STOCK_THRESHOLD: envNumber(
+      z.coerce
+        .number()
+        .int()
+        .min(0)
+        .refine((n) => n === 0 || n >= 2, '0 (never split) or at least 2')
+        .optional(),
+    ),
     /** Buckets of such a SKU (2..64); unset = 2 per primary of the Redis Cluster. */
-    AUTO_BUCKETS: z.coerce.number().int().min(2).max(MAX_BUCKETS).optional(),
+    AUTO_BUCKETS: envNumber(z.coerce.number().int().min(2).max(MAX_BUCKETS).optional()),
   })
   .superRefine((c, ctx) => {
     const issue = redisEnvIssue(c);

@@ -1,6 +1,6 @@
 /** The runtime's configuration: one typed object from the environment, validated at start. */
 import { z } from 'zod';
-import { env, readConfig } from '../core/config.js';
+import { env, envNumber, readConfig } from '../core/config.js';
 import { kafkaSecurityEnvShape, kafkaSecurityFromEnv } from '../core/kafka.js';
 import { isSafeId } from '../core/keys.js';
 import { ORDER_BATCH_MAX_ORDERS } from '../core/order-message.js';
@@ -107,13 +107,15 @@ const schema = z
      * default.replication.factor; min.insync.replicas unset = factor - 1 (at least 1), or the
      * brokers' setting with -1. The operator passes its own settings to the pods it creates.
      */
-    KAFKA_REPLICATION_FACTOR: z.coerce
-      .number()
-      .int()
-      .min(-1)
-      .refine((n) => n !== 0, 'at least 1, or -1')
-      .default(-1),
-    KAFKA_MIN_INSYNC_REPLICAS: z.coerce.number().int().min(1).optional(),
+    KAFKA_REPLICATION_FACTOR: envNumber(
+      z.coerce
+        .number()
+        .int()
+        .min(-1)
+        .refine((n) => n !== 0, 'at least 1, or -1')
+        .default(-1),
+    ),
+    KAFKA_MIN_INSYNC_REPLICAS: envNumber(z.coerce.number().int().min(1).optional()),
     /** Kafka TLS and SASL: read and checked by core/kafka.ts kafkaSecurityFromEnv (README). */
     ...kafkaSecurityEnvShape,
     /** One-time order codes live this long. */
@@ -167,7 +169,9 @@ const schema = z
      * batch message (runtime/relay/relay.ts). 1 sends one message per order, the only format that
      * consumers older than batches read: set it while such consumers still run (CHANGELOG).
      */
-    RELAY_ORDERS_PER_MESSAGE: z.coerce.number().int().min(1).max(ORDER_BATCH_MAX_ORDERS).default(500),
+    RELAY_ORDERS_PER_MESSAGE: envNumber(
+      z.coerce.number().int().min(1).max(ORDER_BATCH_MAX_ORDERS).default(500),
+    ),
     /**
      * A half message pending this long on a silent relay (SIGKILLed, or its pod gone) is reclaimed
      * by another: a few seconds, so a crash does not hold orders back. A relay that is merely slow

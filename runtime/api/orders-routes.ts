@@ -195,7 +195,12 @@ export function ordersRoutes(deps: OrdersDeps): OrdersRoutes {
         // A replay of a released or cancelled reservation, whose order may exist (cancelled,
         // timed out): the buyer is told what a poll says (CLOSED with its order and reason), not
         // FAILED ("no order was or will be created"). Rare; one PostgreSQL read.
-        const view = await lookupOrder(deps, { activityId, userId, reservationId: outcome.reservationId });
+        // PostgreSQL unreachable: Redis' own answer, as before (released, no order said).
+        const view = await lookupOrder(deps, {
+          activityId,
+          userId,
+          reservationId: outcome.reservationId,
+        }).catch((): { status: 'FAILED' } => ({ status: 'FAILED' }));
         answer202(
           res,
           activityId,

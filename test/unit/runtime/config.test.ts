@@ -36,6 +36,18 @@ describe('runtime configuration', () => {
       c.HTTP_PORT,
     ]).toEqual([1000, loadRuntimeConfig('api', base).API_MAX_EVENT_LOOP_DELAY_MS, 300, 8080]);
     expect(c.API_MAX_EVENT_LOOP_DELAY_MS).toBeGreaterThan(0);
+    const relay = loadRuntimeConfig('relay', {
+      ...base,
+      ACTIVITY_ID: 'a1',
+      RELAY_ORDERS_PER_MESSAGE: '',
+      KAFKA_MIN_INSYNC_REPLICAS: '',
+      KAFKA_REPLICATION_FACTOR: '',
+    });
+    expect([
+      relay.RELAY_ORDERS_PER_MESSAGE,
+      relay.KAFKA_MIN_INSYNC_REPLICAS,
+      relay.KAFKA_REPLICATION_FACTOR,
+    ]).toEqual([500, undefined, -1]);
   });
 
   test('a bad value names the variable', () => {
