@@ -35,6 +35,8 @@ export interface ControllerOptions {
   retryMaxMs: number;
   metrics: OperatorMetrics;
   log: Logger;
+  /** How long the first lists may take before start() fails (default 2 minutes). */
+  cacheSyncTimeoutMs?: number;
   /** Builds each informer (tests substitute a fake); default: client-node's makeInformer. */
   makeInformer?: <T extends KubernetesObject>(o: ResilientInformerOptions<T>) => Informer<T> & ObjectCache<T>;
 }
@@ -126,8 +128,20 @@ export class Controller {
     // list failed restarts with a backoff, and a pass reading its empty cache would take a live
     // sale's Deployments for absent and apply them afresh, rolling its pods.
     if (!this.synced) this.options.log.info('waiting for the informers to list before the first pass');
-    await Promise.all(informers.map((i) => i.whenSynced()));
+    // Bounded, as controller-runtime's CacheSyncTimeout: a list refused for good (a namespace whose
+    // Role is missing) must not hold every other namespace's sales without a word. The caller
+    // exits; the Lease moves to a standby, and the restarts show in the pod's status.
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<'timeout'>((resolve) => {
+      timer = setTimeout(() => resolve('timeout'), this.options.cacheSyncTimeoutMs ?? 120_000);
+    });
+    const synced = await Promise.race([Promise.all(informers.map((i) => i.whenSynced())), timedOut]);
+    clearTimeout(timer);
     if (!this.running) return; // stopped while waiting
+    if (synced === 'timeout') {
+      const waiting = informers.filter((i) => !i.hasSynced).map((i) => i.name);
+      throw new Error(`informers did not list within the cache sync timeout: ${waiting.join(', ')}`);
+    }
     for (let i = 0; i < this.options.workers; i += 1) this.workers.push(this.work(i));
     this.options.log.info(
       {

@@ -56,6 +56,10 @@ export class ResilientInformer<T extends KubernetesObject> {
     this.restartDelay = options.minRestartMs ?? 500;
   }
 
+  get name(): string {
+    return this.options.name;
+  }
+
   /** True once a list has succeeded (the cache has been filled at least once). */
   get hasSynced(): boolean {
     return this.syncedOnce;

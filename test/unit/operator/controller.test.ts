@@ -87,6 +87,26 @@ describe('Controller.start', () => {
     await controller.stop();
   });
 
+  it('fails its start, naming the informer, when a list is refused past the cache sync timeout', async () => {
+    const passed: string[] = [];
+    const controller = new Controller({
+      ...baseOptions,
+      cacheSyncTimeoutMs: 300,
+      reconciler: { reconcile: async (key: string) => (passed.push(key), {}) },
+      makeInformer: <T extends KubernetesObject>(o: ResilientInformerOptions<T>) => {
+        const informer = new ListedInformer<T>([]);
+        informer.listFails = o.name.startsWith('deployments');
+        return informer;
+      },
+    } as unknown as ControllerOptions);
+    controller.queue.add('ns/a');
+    await expect(controller.start()).rejects.toThrow(
+      'informers did not list within the cache sync timeout: deployments/ns',
+    );
+    expect(passed).toEqual([]);
+    await controller.stop();
+  });
+
   it('stopped while waiting for its caches, starts no worker', async () => {
     const passed: string[] = [];
     const controller = new Controller({
