@@ -112,7 +112,11 @@ export class ResilientInformer<T extends KubernetesObject> {
     const informer = (this.options.make ?? defaultMake)(this.options);
     let failed = false;
     let retired = false;
-    const live = (): boolean => !retired && epoch === this.epoch && !this.stopped;
+    // The informer in use stays live while a replacement lists or waits for its restart (a failed
+    // relist): its watch still reports what changes, deletes included. Duplicates are harmless
+    // (handlers only enqueue).
+    const live = (): boolean =>
+      !retired && (epoch === this.epoch || informer === this.current) && !this.stopped;
     informer.on('add', (obj) => live() && this.options.onEvent('add', obj));
     informer.on('update', (obj) => live() && this.options.onEvent('update', obj));
     informer.on('delete', (obj) => live() && this.options.onEvent('delete', obj));

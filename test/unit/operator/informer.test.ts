@@ -198,6 +198,20 @@ describe('ResilientInformer', () => {
     await informer.stop();
   });
 
+  it('reports the events of the informer in use while a replacement fails and waits for its restart', async () => {
+    // The relist's informer (the second) fails its list; the first keeps watching meanwhile.
+    const { informer, made, events } = setup(0, (f, index) => {
+      if (index === 1) f.startFails = true;
+    });
+    await informer.start();
+    await jest.advanceTimersByTimeAsync(60_000);
+    await flush();
+    expect(made).toHaveLength(2);
+    made[0]?.fire('delete', obj('d'));
+    expect(events).toEqual([['delete', 'd']]);
+    await informer.stop();
+  });
+
   it('restarts after a watch error once it was running', async () => {
     const { informer, made } = setup(0);
     await informer.start();
