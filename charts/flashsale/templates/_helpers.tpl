@@ -140,7 +140,12 @@ release namespace then reads as absent) and skip the check.
 {{- $redis := list "REDIS_URL|REDIS_SENTINELS|REDIS_CLUSTER_NODES" -}}
 {{- $jwt := list "JWT_HS256_SECRET|JWT_RS256_PUBLIC_KEY|JWT_JWKS" -}}
 {{- /* Buyer tokens are checked against both, as with the chart's own Secrets (flashsale.validate). */ -}}
-{{- if .Values.runtime.jwt.requireIssuerAudience }}{{ $jwt = concat $jwt (list "JWT_ISSUER" "JWT_AUDIENCE") }}{{ end -}}
+{{- /* Not secret: runtime.extraEnv may set them instead (it reaches the api and after-sale pods too). */ -}}
+{{- $extraEnv := list -}}
+{{- range .Values.runtime.extraEnv }}{{ $extraEnv = append $extraEnv .name }}{{ end -}}
+{{- if .Values.runtime.jwt.requireIssuerAudience -}}
+{{- range $key := list "JWT_ISSUER" "JWT_AUDIENCE" }}{{ if not (has $key $extraEnv) }}{{ $jwt = append $jwt $key }}{{ end }}{{ end -}}
+{{- end -}}
 {{- $needs := dict "operator" (concat (list "DATABASE_URL" "KAFKA_BROKERS") $redis) -}}
 {{- if .Values.migrations.enabled }}{{ $_ := set $needs "migrations" (list "DATABASE_URL") }}{{ end -}}
 {{- /* The platform after-sale Deployment (templates/runtime/after-sale.yaml) answers buyers and

@@ -160,6 +160,14 @@ describe('connection settings', () => {
       expect(noIssuer.stderr).toMatch(new RegExp(`Secret ${namespace}/${base}-api has no JWT_ISSUER`));
       const optedOut = dryRunInstall(namespace, base, ['runtime.jwt.requireIssuerAudience=false']);
       expect(optedOut.stderr).not.toMatch(/has no JWT_ISSUER/);
+      // Not secret: runtime.extraEnv may set them instead.
+      const fromEnv = dryRunInstall(namespace, base, [
+        'runtime.extraEnv[0].name=JWT_ISSUER',
+        'runtime.extraEnv[0].value=https://login.shop.example/',
+        'runtime.extraEnv[1].name=JWT_AUDIENCE',
+        'runtime.extraEnv[1].value=flashsale-buyers',
+      ]);
+      expect(fromEnv.stderr).not.toMatch(/has no JWT_(ISSUER|AUDIENCE)/);
       k([
         'patch',
         'secret',
