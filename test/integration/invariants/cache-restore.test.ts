@@ -706,11 +706,15 @@ describe('cache restore steps (core/cache-restore.ts)', () => {
     expect(ctx!.status.conditions?.find((c) => c.type === 'CacheConsistent')?.message).toMatch(
       /waiting for the deny list .*the gate stays paused/,
     );
+    // A hold mark no reload lifted (a hold repeated after the reload, as while this restore waits,
+    // or an earlier version's reload): the resume lifts it, or the scope stays held for good.
+    await redis.hset(k.meta, 'restoring', String(ctx!.status.cache?.loadedGeneration ?? 1));
     // The list back: the restore resumes with the buyer denied again.
     const back = { readNamespacedConfigMap: async () => ({ data: { denied: 'mallory\n' } }) };
     await operatorPass(fsa, { startAt, endAt }, { restoreSettleMs: 0, deps: { core: back } });
     expect(await openRestore(sql, id)).toBeUndefined();
     expect(await redis.hget(k.meta, 'gate')).toBe('open');
+    expect(await redis.hexists(k.meta, 'restoring')).toBe(0);
     const denied = reserve(redis, {
       activityId: id,
       userId: 'mallory',
