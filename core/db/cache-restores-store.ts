@@ -91,6 +91,21 @@ export async function holdOffRestores(c: PoolClient, activityId: string): Promis
   await c.query(`SELECT pg_advisory_xact_lock_shared(${RESTORE_FENCE})`, [activityId]);
 }
 
+/** The next restore's row (epoch = the highest so far + 1), unless one is open; under RESTORE_FENCE. */
+async function insertNextRestore(
+  c: PoolClient,
+  activityId: string,
+  reason: RestoreReason,
+  divergence: RestoreDivergence,
+): Promise<void> {
+  await c.query(
+    `INSERT INTO cache_restores (activity_id, epoch, reason, divergence)
+     SELECT $1, coalesce(max(epoch), 0) + 1, $2, $3::jsonb FROM cache_restores WHERE activity_id = $1
+     ON CONFLICT DO NOTHING`,
+    [activityId, reason, JSON.stringify(divergence)],
+  );
+}
+
 /**
  * Opens the next restore (epoch = the highest so far + 1) unless one is open already, and returns
  * the open one either way: two operators racing here end up with the same row. The opening waits
@@ -104,12 +119,7 @@ export async function beginRestore(
 ): Promise<CacheRestoreRow> {
   await inTransaction(pool, async (c) => {
     await c.query(`SELECT pg_advisory_xact_lock(${RESTORE_FENCE})`, [activityId]);
-    await c.query(
-      `INSERT INTO cache_restores (activity_id, epoch, reason, divergence)
-       SELECT $1, coalesce(max(epoch), 0) + 1, $2, $3::jsonb FROM cache_restores WHERE activity_id = $1
-       ON CONFLICT DO NOTHING`,
-      [activityId, reason, JSON.stringify(divergence)],
-    );
+    await insertNextRestore(c, activityId, reason, divergence);
   });
   const open = await openRestore(pool, activityId);
   if (!open) throw new Error(`no open cache restore for ${activityId} after opening one`);
@@ -162,12 +172,7 @@ export async function supersedeRestore(
   await inTransaction(pool, async (c) => {
     await c.query(`SELECT pg_advisory_xact_lock(${RESTORE_FENCE})`, [activityId]);
     if (!(await advanceRestore(c, activityId, epoch, 'reloaded'))) return;
-    await c.query(
-      `INSERT INTO cache_restores (activity_id, epoch, reason, divergence)
-       SELECT $1, coalesce(max(epoch), 0) + 1, 'CacheEmpty', $2::jsonb FROM cache_restores WHERE activity_id = $1
-       ON CONFLICT DO NOTHING`,
-      [activityId, JSON.stringify(divergence)],
-    );
+    await insertNextRestore(c, activityId, 'CacheEmpty', divergence);
   });
   const open = await openRestore(pool, activityId);
   if (!open) throw new Error(`no open cache restore for ${activityId} after superseding ${epoch}`);
